@@ -1,0 +1,3 @@
+from entrypoint.cli import main
+
+raise SystemExit(main())
