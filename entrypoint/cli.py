@@ -1,0 +1,144 @@
+"""`entrypoint`: plan this node's part of a multi-node job, then start it.
+
+Commands:
+  plan [--json] [-- CMD...]   print the launch plan; launches nothing
+  run [-- CMD...]             plan, check, write configs, exec the launcher and trainer
+  settings [--markdown]       list the ENTRYPOINT_* settings
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from entrypoint import __version__
+from entrypoint.errors import EXIT_CONFIG, ConfigError
+
+_EPILOG = """Every value comes from, in order: ENTRYPOINT_* settings, the platform's own variables
+(SLURM, Kubeflow, torchrun-style, WORLD_SIZE/RANK platforms, MPI, SkyPilot, AWS Batch,
+SageMaker, Volcano, Kubernetes Indexed Jobs/JobSet), probes of this node, defaults.
+`entrypoint plan` shows each value with its source. `entrypoint settings` lists the settings."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="entrypoint",
+        description="Start this node's part of a multi-node PyTorch, DeepSpeed or JAX job, on any platform.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"entrypoint {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    plan = sub.add_parser("plan", help="print this node's launch plan; launches nothing",
+                          description="Print the launch plan this node would follow, with the "
+                                      "source of every value. Launches nothing.")
+    plan.add_argument("--json", action="store_true", help="print one JSON object")
+    plan.add_argument("trainer", nargs=argparse.REMAINDER,
+                      help="-- CMD ARGS...: the trainer command (default: the built-in job)")
+
+    run = sub.add_parser("run", help="plan, check, then exec the launcher and the trainer",
+                         description="Build the plan, check it against this node's hardware, "
+                                     "write the generated configs and replace this process with "
+                                     "the launcher (torchrun, accelerate, JAX or direct).")
+    run.add_argument("trainer", nargs=argparse.REMAINDER,
+                     help="-- CMD ARGS...: the trainer command (default: the built-in job)")
+
+    settings = sub.add_parser("settings", help="list the ENTRYPOINT_* settings",
+                              description="List every ENTRYPOINT_* setting with its default.")
+    settings.add_argument("--markdown", action="store_true", help="as a Markdown table")
+    return parser
+
+
+def _trainer(args) -> list[str] | None:
+    rest = list(args.trainer or [])
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    return rest or None
+
+
+def _prepare(env: dict[str, str], trainer, *, always_probe_gpus: bool):
+    from entrypoint import probe
+    from entrypoint.plan import gpus_stated, make_plan, read_platform
+
+    read = read_platform(env)
+    master = read[2].master_addr.value if read[2].master_addr else None
+    probe_gpus = always_probe_gpus or not gpus_stated(env, read[2])
+    facts = probe.facts(master_addr=master if read[2].nnodes.value > 1 else None,
+                        probe_gpus=probe_gpus)
+    return make_plan(env, facts, trainer, read=read), facts
+
+
+def cmd_plan(args, env: dict[str, str]) -> int:
+    from entrypoint import report, secrets
+
+    plan, _ = _prepare(env, _trainer(args), always_probe_gpus=False)
+    values = secrets.secret_values(env)
+    if args.json:
+        print(secrets.mask(plan.to_json(indent=2), values))
+    else:
+        print(report.table(plan, values))
+    return 0
+
+
+def cmd_run(args, env: dict[str, str]) -> int:
+    import importlib.util
+    from pathlib import Path
+
+    from entrypoint import launch, logs, report, secrets
+    from entrypoint.plan import BUILTIN_JOB
+    from entrypoint.settings import Settings
+
+    settings = Settings.from_env(env)
+    plan, facts = _prepare(env, _trainer(args), always_probe_gpus=True)
+    values = secrets.secret_values(env)
+    log = logs.setup(node_rank=plan.node_rank, level=settings.log_level, fmt=settings.log_format,
+                     all_nodes=settings.log_all_nodes, log_dir=settings.log_dir,
+                     secret_values=values)
+    launch.check_hardware(plan, env, facts)
+    if plan.trainer == BUILTIN_JOB and importlib.util.find_spec("entrypoint.job") is None:
+        raise ConfigError("command", None, "no trainer command given and this build has no built-in job",
+                          "Pass one after --, e.g. entrypoint run -- python train.py")
+    for warning in plan.warnings:
+        log.warning(warning)
+    for note in plan.notes:
+        log.info(note)
+    log.info("plan", platform=plan.platform, nnodes=plan.nnodes, nproc_per_node=plan.nproc_per_node,
+             world_size=plan.world_size, master=f"{plan.master_addr}:{plan.master_port or 'auto'}",
+             device=plan.device, cuda_visible_devices=plan.cuda_visible_devices,
+             config=plan.config, launcher=plan.launcher, ranks=report.rank_line(plan))
+    if plan.node_rank == 0:
+        print(report.table(plan, values), file=sys.stderr, flush=True)
+    plan_file = launch.apply(plan, Path(settings.run_dir))
+    log.info("exec", command=" ".join(plan.command))
+    launch.exec_plan(plan, env, plan_file)
+    return 0  # not reached: exec replaced this process
+
+
+def cmd_settings(args, env) -> int:
+    from entrypoint.settings import Settings, markdown_table
+
+    if args.markdown:
+        print(markdown_table())
+        return 0
+    for name, field in Settings.model_fields.items():
+        default = "unset" if field.default is None else field.default
+        print(f"ENTRYPOINT_{name.upper():<18} default {default!s:<18} {field.description}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    env = dict(os.environ)
+    handlers = {"plan": cmd_plan, "run": cmd_run, "settings": cmd_settings}
+    if args.command is None:
+        parser.print_help()
+        return EXIT_CONFIG
+    try:
+        return handlers[args.command](args, env)
+    except ConfigError as err:
+        print(f"entrypoint: error: {err.line()}", file=sys.stderr)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        return 130

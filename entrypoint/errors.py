@@ -1,0 +1,21 @@
+"""Errors the user can fix: one line, naming the variable, its value and what to do."""
+
+from __future__ import annotations
+
+# Exit codes a platform's retry policy can key on.
+EXIT_CONFIG = 2  # configuration error found before launch: retrying will not help
+
+
+class ConfigError(Exception):
+    """`<VARIABLE>=<value>: what is wrong. What to do.`"""
+
+    def __init__(self, variable: str, value: object, problem: str, fix: str) -> None:
+        self.variable = variable
+        self.value = value
+        self.problem = problem
+        self.fix = fix
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        shown = "(unset)" if self.value is None else repr(str(self.value))
+        return f"{self.variable}={shown}: {self.problem}. {self.fix}"

@@ -1,0 +1,61 @@
+"""NCCL and gloo settings for this node: which interface, InfiniBand, error handling.
+
+Pure: the facts come from entrypoint.probe. Anything NCCL_*/GLOO_* the user set wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from entrypoint.facts import Facts, is_local_only
+from entrypoint.settings import PREFIX, Settings
+
+IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+def choose_interface(facts: Facts, settings: Settings) -> tuple[str | None, str]:
+    if settings.socket_ifname:
+        return settings.socket_ifname, f"env {PREFIX}SOCKET_IFNAME"
+    route = facts.route_to_master
+    if route and not is_local_only(route):
+        return route, f"probe: routes to the master ({facts.master_ip})"
+    default = facts.default_route
+    if default and not is_local_only(default):
+        why = ("the master is this node" if route else "the master's name did not resolve yet")
+        return default, f"probe: default route ({why})"
+    return None, "probe: no interface other than loopback or a container bridge"
+
+
+def settle(env: Mapping[str, str], facts: Facts, settings: Settings, *, nnodes: int,
+           device: str) -> tuple[dict[str, str], dict[str, str], list[str]]:
+    out: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    warnings: list[str] = []
+
+    if nnodes > 1:
+        iface, why = choose_interface(facts, settings)
+        for name in IFNAME_VARS:
+            if name in env:
+                sources[name] = f"env {name} (set by you, kept)"
+            elif iface:
+                out[name], sources[name] = iface, why
+        if iface is None and not all(name in env for name in IFNAME_VARS):
+            warnings.append(f"no network interface found for traffic between nodes ({why}); "
+                            f"set {PREFIX}SOCKET_IFNAME to the interface that reaches the other nodes")
+
+    if facts.ib_hcas and device == "cuda":
+        if "NCCL_IB_HCA" in env:
+            sources["NCCL_IB_HCA"] = "env NCCL_IB_HCA (set by you, kept)"
+        else:
+            out["NCCL_IB_HCA"] = ",".join(facts.ib_hcas)
+            sources["NCCL_IB_HCA"] = "probe /sys/class/infiniband"
+
+    # Surface NCCL failures as errors instead of hangs (torch's TORCH_NCCL_ASYNC_ERROR_HANDLING=1:
+    # abort the communicator and tear down the process).
+    legacy = "NCCL_ASYNC_ERROR_HANDLING"
+    if "TORCH_NCCL_ASYNC_ERROR_HANDLING" in env or legacy in env:
+        sources["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "env (set by you, kept)"
+    else:
+        out["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+        sources["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "default 1: fail on NCCL errors, never hang"
+    return out, sources, warnings

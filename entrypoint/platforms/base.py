@@ -1,0 +1,93 @@
+"""What every platform module returns: the platform's own statement of where this node stands.
+
+A platform module is a small file with the same face:
+
+    NAME = "slurm"                       # the name users pass to ENTRYPOINT_PLATFORM
+    DOCS = "https://..."                 # where the platform documents its variables
+    def detect(env) -> str | None        # why this platform is recognised, or None
+    def read(env) -> Reading             # pure: environment in, Reading out (or ConfigError)
+
+Nothing here touches os.environ or the machine; the caller passes a plain mapping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from entrypoint.errors import ConfigError
+from entrypoint.values import Sourced, below, first, index, port, positive_int
+
+DEFAULT_MASTER_PORT = 29500  # torchrun's default
+
+
+@dataclass(frozen=True)
+class Reading:
+    """Where this node stands, as the platform states it. Counts are nodes, not processes,
+    unless the platform started one process per GPU itself (spawn is then False)."""
+
+    platform: str
+    nnodes: Sourced[int]
+    node_rank: Sourced[int]
+    master_addr: Sourced[str] | None
+    master_port: Sourced[int]
+    # False when the platform already started one process per GPU (srun --ntasks-per-node=8,
+    # mpirun -npernode 8): then rank/local_rank place this process and nothing is spawned.
+    spawn: Sourced[bool] = Sourced(True, "default: one process per node, the entrypoint spawns workers")
+    rank: Sourced[int] | None = None
+    local_rank: Sourced[int] | None = None
+    nproc_per_node: Sourced[int] | None = None
+    gpus_per_node: Sourced[int] | None = None
+    hosts: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+
+def read_index(env: Mapping[str, str], *names: str) -> Sourced[int] | None:
+    found = first(env, *names)
+    return None if found is None else Sourced(index(found[0], found[1]), f"env {found[0]}")
+
+
+def read_count(env: Mapping[str, str], *names: str) -> Sourced[int] | None:
+    found = first(env, *names)
+    return None if found is None else Sourced(positive_int(found[0], found[1]), f"env {found[0]}")
+
+
+def read_addr(env: Mapping[str, str], *names: str) -> Sourced[str] | None:
+    found = first(env, *names)
+    return None if found is None else Sourced(found[1], f"env {found[0]}")
+
+
+def read_port(env: Mapping[str, str], *names: str) -> Sourced[int]:
+    found = first(env, *names)
+    if found is None:
+        return Sourced(DEFAULT_MASTER_PORT, f"default {DEFAULT_MASTER_PORT} (torchrun's)")
+    return Sourced(port(found[0], found[1]), f"env {found[0]}")
+
+
+def require(value: Sourced[int] | None, names: str, what: str) -> Sourced[int]:
+    if value is None:
+        raise ConfigError(names, None, f"{what} is not set", f"Set {names}")
+    return value
+
+
+def node_reading(
+    platform: str,
+    env: Mapping[str, str],
+    *,
+    nnodes: Sourced[int],
+    node_rank: Sourced[int],
+    master_addr: Sourced[str] | None,
+    master_port: Sourced[int],
+    **more,
+) -> Reading:
+    """Check the node counts hang together, then build the Reading."""
+    below(node_rank.source.removeprefix("env "), node_rank.value,
+          nnodes.source.removeprefix("env "), nnodes.value)
+    return Reading(
+        platform=platform,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=master_port,
+        **more,
+    )

@@ -1,0 +1,138 @@
+"""The edge that looks at the machine: GPUs (NVML, /proc/driver/nvidia, nvidia-smi), network
+interfaces, routes, DNS, InfiniBand. Each probe is small and returns plain values (facts.py)."""
+
+from __future__ import annotations
+
+import array
+import fcntl
+import glob
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+from entrypoint.facts import Facts, Gpu, Interface
+
+_SIOCGIFADDR = 0x8915
+
+
+def gpus() -> tuple[tuple[Gpu, ...], str]:
+    """Every GPU this container sees, and how we know."""
+    try:
+        import pynvml  # nvidia-ml-py: a thin ctypes binding, cheap to import
+
+        pynvml.nvmlInit()
+        try:
+            found = []
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                name = pynvml.nvmlDeviceGetName(handle)
+                found.append(Gpu(
+                    index=i,
+                    uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+                    name=_text(name),
+                    memory_mib=pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1 << 20),
+                ))
+            return tuple(found), "probe nvml"
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver library, no device: fall through to the next probe
+        pass
+    proc = sorted(glob.glob("/proc/driver/nvidia/gpus/*/information"))
+    if proc:
+        return tuple(Gpu(index=i, name=_proc_model(p)) for i, p in enumerate(proc)), \
+            "probe /proc/driver/nvidia/gpus"
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+            lines = [ln for ln in out.stdout.splitlines() if ln.startswith("GPU ")]
+            return tuple(Gpu(index=i, name=ln.split(":", 1)[1].split("(")[0].strip(),
+                             uuid=ln.rsplit("UUID: ", 1)[-1].rstrip(")") if "UUID" in ln else "")
+                         for i, ln in enumerate(lines)), "probe nvidia-smi -L"
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return (), "probe: no NVIDIA driver found (NVML, /proc/driver/nvidia, nvidia-smi)"
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _proc_model(path: str) -> str:
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("Model:"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def interfaces() -> tuple[Interface, ...]:
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR,
+                                     struct.pack("256s", name[:15].encode()))
+                address = socket.inet_ntoa(packed[20:24])
+            except OSError:
+                address = ""
+            found.append(Interface(name, address))
+    return tuple(found)
+
+
+def default_route() -> str | None:
+    """The interface of the IPv4 default route (/proc/net/route)."""
+    try:
+        for line in Path("/proc/net/route").read_text().splitlines()[1:]:
+            fields = line.split()
+            if len(fields) > 2 and fields[1] == "00000000":
+                return fields[0]
+    except OSError:
+        pass
+    return None
+
+
+def resolve(name: str) -> str | None:
+    try:
+        return socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except (OSError, UnicodeError):
+        return None
+
+
+def source_address(ip: str) -> str | None:
+    """The local address the kernel would use to reach ip (a UDP connect sends nothing)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect((ip, 9))
+            return sock.getsockname()[0]
+    except OSError:
+        return None
+
+
+def ib_hcas() -> tuple[str, ...]:
+    return tuple(sorted(os.listdir("/sys/class/infiniband"))) if os.path.isdir(
+        "/sys/class/infiniband") else ()
+
+
+def facts(*, master_addr: str | None, probe_gpus: bool) -> Facts:
+    nics = interfaces()
+    master_ip = resolve(master_addr) if master_addr else None
+    route = None
+    if master_ip:
+        local = source_address(master_ip)
+        route = next((nic.name for nic in nics if local and nic.address == local), None)
+    found, how = gpus() if probe_gpus else (None, "not probed: the GPU count was stated")
+    return Facts(
+        hostname=socket.gethostname(),
+        python=sys.executable or "python3",
+        cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+        gpus=found,
+        gpu_probe=how,
+        interfaces=nics,
+        route_to_master=route,
+        default_route=default_route(),
+        master_ip=master_ip,
+        ib_hcas=ib_hcas(),
+    )

@@ -1,0 +1,75 @@
+"""The entrypoint's own settings: ENTRYPOINT_* variables, validated, each documented.
+
+The README's settings table is generated from these fields (`entrypoint settings --markdown`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from entrypoint.errors import ConfigError
+
+PREFIX = "ENTRYPOINT_"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore", frozen=True)
+
+    platform: str = Field("auto", description="Force a platform reading (see the platform table); `auto` detects it.")
+    world_size_means: Literal["auto", "nodes", "processes"] = Field(
+        "auto", description="How to read a bare WORLD_SIZE/RANK pair: as nodes (container platforms) or processes.")
+    nnodes: int | None = Field(None, ge=1, description="Number of nodes; beats the platform's value.")
+    node_rank: int | None = Field(None, ge=0, description="This node's index from 0; beats the platform's value.")
+    master_addr: str | None = Field(None, description="Address of node 0; beats the platform's value.")
+    master_port: int | None = Field(None, ge=1, le=65535, description="Rendezvous port on node 0; beats the platform's value.")
+    gpus_per_node: int | None = Field(None, ge=0, description="GPUs on each node; unset: the platform's count, else a probe (NVML).")
+    nproc_per_node: int | None = Field(None, ge=1, description="Workers per node; default one per GPU, or 1 on CPU.")
+    device: Literal["auto", "cuda", "cpu"] = Field("auto", description="`cuda` needs GPUs; `auto` uses them when present.")
+    launcher: Literal["auto", "torchrun", "accelerate", "jax", "direct"] = Field(
+        "auto", description="How workers start: torchrun (default), accelerate launch, JAX processes, or direct exec.")
+    config: str | None = Field(None, description="Training config: a shipped name (`8gpu`, `16gpu`, `cpu`...) or a directory; default: chosen by world size.")
+    socket_ifname: str | None = Field(None, description="Network interface for NCCL/gloo; default: the one that routes to the master.")
+    run_dir: Path = Field(Path("/tmp/entrypoint"), description="Where the entrypoint writes the configs it generates for this node.")
+    log_dir: Path | None = Field(None, description="Also write this node's log to `<log_dir>/node<rank>.log`.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level on node 0.")
+    log_format: Literal["auto", "console", "json"] = Field("auto", description="`auto`: readable on a terminal, JSON lines otherwise.")
+    log_all_nodes: bool = Field(False, description="Log informative lines on every node, not only node 0.")
+    xla_preallocate: bool | None = Field(None, description="JAX: sets XLA_PYTHON_CLIENT_PREALLOCATE (false stops JAX taking 75% of GPU memory at start).")
+    xla_mem_fraction: float | None = Field(None, gt=0, le=1, description="JAX: sets XLA_PYTHON_CLIENT_MEM_FRACTION.")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, **_others):
+        # Only what from_env() passes: the settings are a pure function of the given mapping.
+        return (init_settings,)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        given = {
+            name: env[PREFIX + name.upper()]
+            for name in cls.model_fields
+            if env.get(PREFIX + name.upper(), "").strip() != ""
+        }
+        try:
+            return cls(**given)
+        except ValidationError as err:
+            first = err.errors()[0]
+            name = PREFIX + str(first["loc"][0]).upper()
+            raise ConfigError(name, given.get(str(first["loc"][0])), first["msg"].lower(),
+                              f"Fix {name} or unset it (see `entrypoint settings`)") from None
+
+    def stated(self) -> dict[str, object]:
+        """Only the settings the user gave (for `sources`)."""
+        return {name: getattr(self, name) for name in self.model_fields_set}
+
+
+def markdown_table() -> str:
+    rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        default = "unset" if field.default is None else f"`{field.default}`"
+        rows.append(f"| `{PREFIX}{name.upper()}` | {default} | {field.description} |")
+    return "\n".join(rows)

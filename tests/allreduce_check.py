@@ -1,0 +1,27 @@
+"""A worker that all-reduces over the process group and reports what it saw (used by tests)."""
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+backend = "nccl" if torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES") else "gloo"
+if backend == "nccl":
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+dist.init_process_group(backend)
+rank, world = dist.get_rank(), dist.get_world_size()
+device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+value = torch.tensor([float(rank + 1)], device=device)
+dist.all_reduce(value)
+report = {"rank": rank, "world_size": world, "local_rank": int(os.environ["LOCAL_RANK"]),
+          "sum": value.item(), "expected": world * (world + 1) / 2, "backend": backend,
+          "env_world_size": int(os.environ["WORLD_SIZE"])}
+print("ALLREDUCE " + json.dumps(report), flush=True)
+out = os.environ.get("ALLREDUCE_OUT")
+if out:
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(report, f)
+dist.destroy_process_group()
+sys.exit(0 if report["sum"] == report["expected"] else 1)
