@@ -86,7 +86,7 @@ def cmd_run(args, env: dict[str, str]) -> int:
     from pathlib import Path
 
     from entrypoint import launch, logs, report, secrets
-    from entrypoint.plan import BUILTIN_JOB
+    from entrypoint.plan import BUILTIN_JOBS
     from entrypoint.settings import Settings
 
     settings = Settings.from_env(env)
@@ -96,7 +96,7 @@ def cmd_run(args, env: dict[str, str]) -> int:
                      all_nodes=settings.log_all_nodes, log_dir=settings.log_dir,
                      secret_values=values)
     launch.check_hardware(plan, env, facts)
-    if plan.trainer == BUILTIN_JOB and importlib.util.find_spec("entrypoint.job") is None:
+    if plan.trainer in BUILTIN_JOBS.values() and importlib.util.find_spec(plan.trainer[2]) is None:
         raise ConfigError("command", None, "no trainer command given and this build has no built-in job",
                           "Pass one after --, e.g. entrypoint run -- python train.py")
     for warning in plan.warnings:

@@ -19,8 +19,10 @@ from entrypoint.platforms.base import Reading
 from entrypoint.settings import PREFIX, Settings
 from entrypoint.values import Sourced, below
 
-# The image's built-in job (entrypoint/job), run when no trainer command is given.
-BUILTIN_JOB = ("python", "-m", "entrypoint.job")
+# The image's built-in jobs (entrypoint/job), run when no trainer command is given.
+BUILTIN_JOBS = {"deepspeed": ("python", "-m", "entrypoint.job"),
+                "jax": ("python", "-m", "entrypoint.job.jax_train")}
+BUILTIN_JOB = BUILTIN_JOBS["deepspeed"]
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,10 @@ def _device(settings: Settings, gpus: int, sources: dict) -> str:
     return "cuda" if gpus else "cpu"
 
 
-def _launcher(settings: Settings, spawn: bool, sources: dict) -> str:
+def _launcher(settings: Settings, spawn: bool, builtin_jax: bool, sources: dict) -> str:
+    if settings.launcher == "auto" and builtin_jax:
+        sources["launcher"] = f"the built-in JAX job ({PREFIX}JOB=jax)"
+        return "jax"
     if settings.launcher != "auto":
         sources["launcher"] = f"env {PREFIX}LAUNCHER"
         if settings.launcher in ("torchrun", "accelerate") and not spawn:
@@ -171,12 +176,12 @@ def _nproc(settings, reading: Reading, launcher: str, device: str, gpus: int, so
     return count.value
 
 
-def _trainer(command: Sequence[str] | None, sources: dict) -> tuple[str, ...]:
+def _trainer(command: Sequence[str] | None, settings: Settings, sources: dict) -> tuple[str, ...]:
     if command:
         sources["trainer"] = "command line after --"
         return tuple(command)
-    sources["trainer"] = "default: the image's built-in job"
-    return BUILTIN_JOB
+    sources["trainer"] = f"the image's built-in {settings.job} job ({PREFIX}JOB)"
+    return BUILTIN_JOBS[settings.job]
 
 
 def _torchrun_args(trainer: Sequence[str]) -> list[str]:
@@ -226,7 +231,8 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
     device = _device(settings, gpus, sources)
     spawn = reading.spawn.value
     sources["spawn"] = reading.spawn.source
-    launcher = _launcher(settings, spawn, sources)
+    trainer = _trainer(command, settings, sources)
+    launcher = _launcher(settings, spawn, trainer == BUILTIN_JOBS["jax"], sources)
     nproc = _nproc(settings, reading, launcher, device, gpus, sources)
     world = nnodes * nproc
     sources["world_size"] = f"nnodes {nnodes} x nproc_per_node {nproc}"
@@ -248,8 +254,7 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
     devices = nnodes * (gpus if launcher == "jax" and device == "cuda" else nproc)
     config, config_why = configs.select(settings.config, device=device, world_size=devices)
     sources["config"] = config_why
-    trainer = _trainer(command, sources)
-    needs_config = trainer == BUILTIN_JOB or launcher == "accelerate"
+    needs_config = trainer in BUILTIN_JOBS.values() or launcher == "accelerate"
     if config is None and needs_config:
         raise ConfigError(configs.VARIABLE, None, config_why.split(";")[0], config_why.split("; ")[1].capitalize())
     if config is None:
@@ -309,8 +314,15 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
                   "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(nproc),
                   "NODE_RANK": str(node_rank)}
         if launcher == "jax":
+            # jax.distributed.initialize() reads JAX_COORDINATOR_ADDRESS and JAX_LOCAL_DEVICE_IDS;
+            # the ids stop its SLURM/Open MPI detection from keeping only GPU SLURM_LOCALID.
             child |= {"JAX_COORDINATOR_ADDRESS": f"{master.value}:{port}",
                       "JAX_NUM_PROCESSES": str(world), "JAX_PROCESS_ID": str(place_rank)}
+            if cuda_visible is not None:
+                ids = range(gpus) if spawn else [local_rank]
+                child["JAX_LOCAL_DEVICE_IDS"] = ",".join(str(i) for i in ids)
+                sources["JAX_LOCAL_DEVICE_IDS"] = ("every GPU of this node" if spawn
+                                                   else "this process's LOCAL_RANK")
         cmd = list(trainer)
         if cmd[0] == "python":
             cmd[0] = facts.python

@@ -32,6 +32,8 @@ class Settings(BaseSettings):
     device: Literal["auto", "cuda", "cpu"] = Field("auto", description="`cuda` needs GPUs; `auto` uses them when present.")
     launcher: Literal["auto", "torchrun", "accelerate", "jax", "direct"] = Field(
         "auto", description="How workers start: torchrun (default), accelerate launch, JAX processes, or direct exec.")
+    job: Literal["deepspeed", "jax"] = Field(
+        "deepspeed", description="The built-in job run when no command is given: DeepSpeed ZeRO-2 (torchrun) or JAX data parallel.")
     config: str | None = Field(None, description="Training config: a shipped name (`8gpu`, `16gpu`, `cpu`...) or a directory; default: chosen by world size.")
     socket_ifname: str | None = Field(None, description="Network interface for NCCL/gloo; default: the one that routes to the master.")
     run_dir: Path = Field(Path("/tmp/entrypoint"), description="Where the entrypoint writes the configs it generates for this node.")

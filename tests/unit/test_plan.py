@@ -1,0 +1,195 @@
+"""The plan as a pure function of (environment, facts): no probing, no os.environ."""
+
+import json
+
+import pytest
+from conftest import node
+
+from entrypoint.errors import ConfigError
+from entrypoint.launch import check_hardware
+from entrypoint.plan import BUILTIN_JOB, make_plan
+
+SEED_004_WORKER_1 = {"MASTER_ADDR": "jo-dbxfe2k2l635222i-worker-0", "MASTER_PORT": "29500",
+                     "RANK": "1", "WORLD_SIZE": "2"}
+CONTRACT = {"platform", "nnodes", "node_rank", "nproc_per_node", "world_size", "master_addr",
+            "master_port", "spawn", "rank", "local_rank", "device", "cuda_visible_devices",
+            "config", "launcher", "command", "env", "sources"}
+
+
+def test_seed_004_two_nodes_of_eight_never_become_one_of_sixteen():
+    plan = make_plan(SEED_004_WORKER_1, node(8), ["python", "train.py"])
+    assert (plan.nnodes, plan.node_rank, plan.nproc_per_node, plan.world_size) == (2, 1, 8, 16)
+    assert plan.cuda_visible_devices == "0,1,2,3,4,5,6,7"
+    assert plan.ranks == (8, 15)
+    assert plan.config.endswith("/16gpu")
+    assert json.loads(plan.files["/tmp/entrypoint/deepspeed.json"])["gradient_accumulation_steps"] == 2
+    assert plan.command[:3] == ("/venv/bin/python", "-m", "torch.distributed.run")
+    assert "--nnodes=2" in plan.command and "--node-rank=1" in plan.command
+    assert "--nproc-per-node=8" in plan.command
+    assert "--master-addr=jo-dbxfe2k2l635222i-worker-0" in plan.command
+    assert plan.command[-1] == "train.py"
+
+
+def test_json_contract_has_every_key():
+    data = json.loads(make_plan(SEED_004_WORKER_1, node(8)).to_json())
+    assert CONTRACT <= data.keys()
+    assert data["trainer"] == list(BUILTIN_JOB)
+
+
+def test_eight_gpu_config_on_one_node():
+    plan = make_plan({}, node(8))
+    assert plan.config.endswith("/8gpu") and plan.world_size == 8
+    assert json.loads(plan.files["/tmp/entrypoint/deepspeed.json"])["gradient_accumulation_steps"] == 4
+
+
+def test_no_config_for_world_size_refused_for_builtin_job_lists_what_exists():
+    with pytest.raises(ConfigError) as err:
+        make_plan({"NNODES": "1", "GPUS_PER_NODE": "4"}, node())
+    assert err.value.variable == "ENTRYPOINT_CONFIG"
+    assert "4 GPUs" in err.value.line() and "16gpu" in err.value.line()
+
+
+def test_no_config_is_a_note_for_a_users_own_trainer():
+    plan = make_plan({"NNODES": "1", "GPUS_PER_NODE": "4"}, node(), ["python", "train.py"])
+    assert plan.config is None and any("no shipped config" in n for n in plan.notes)
+
+
+def test_named_config_wins():
+    plan = make_plan({"ENTRYPOINT_CONFIG": "8gpu", "GPUS_PER_NODE": "4", "NNODES": "2",
+                      "NODE_RANK": "0", "MASTER_ADDR": "m"}, node())
+    assert plan.config.endswith("/8gpu") and plan.sources["config"] == "env ENTRYPOINT_CONFIG=8gpu"
+
+
+def test_cpu_when_no_gpu():
+    plan = make_plan({}, node(0), ["python", "t.py"])
+    assert plan.device == "cpu" and plan.cuda_visible_devices is None
+    assert plan.env["DS_ACCELERATOR"] == "cpu" and plan.env["JAX_PLATFORMS"] == "cpu"
+    assert plan.config.endswith("/cpu") and plan.nproc_per_node == 1
+    assert "--standalone" in plan.command and plan.master_port is None
+
+
+def test_explicit_settings_beat_platform_values():
+    env = SEED_004_WORKER_1 | {"ENTRYPOINT_NNODES": "4", "ENTRYPOINT_MASTER_ADDR": "10.9.9.9",
+                               "ENTRYPOINT_NPROC_PER_NODE": "2", "ENTRYPOINT_MASTER_PORT": "1234"}
+    plan = make_plan(env, node(8), ["x"])
+    assert (plan.nnodes, plan.master_addr, plan.master_port, plan.nproc_per_node) == (
+        4, "10.9.9.9", 1234, 2)
+    assert plan.sources["nnodes"] == "env ENTRYPOINT_NNODES"
+    assert plan.cuda_visible_devices == "0,1"
+
+
+def test_cuda_visible_devices_restricts_the_node():
+    plan = make_plan({"CUDA_VISIBLE_DEVICES": "2,3"}, node(8), ["python", "t.py"])
+    assert plan.gpus_per_node == 2 and plan.cuda_visible_devices == "2,3"
+    assert plan.sources["cuda_visible_devices"] == "env CUDA_VISIBLE_DEVICES"
+
+
+def test_nvidia_visible_devices_uuids_restrict_the_probe():
+    plan = make_plan({"NVIDIA_VISIBLE_DEVICES": "GPU-0001,GPU-0003"}, node(4), ["python", "t.py"])
+    assert plan.cuda_visible_devices == "1,3"
+
+
+def test_more_workers_than_gpus_refused():
+    with pytest.raises(ConfigError) as err:
+        make_plan({"ENTRYPOINT_NPROC_PER_NODE": "16"}, node(8), ["x"])
+    assert err.value.line().startswith("ENTRYPOINT_NPROC_PER_NODE='16': asks for 16 GPU workers "
+                                       "but this node has 8 GPUs")
+
+
+def test_stated_gpus_checked_against_probe_at_run():
+    env = {"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "m", "GPUS_PER_NODE": "16"}
+    plan = make_plan(env, node(8), ["x"])  # as `run` makes it: probed, but stated wins
+    with pytest.raises(ConfigError) as err:
+        check_hardware(plan, env, node(8))
+    assert err.value.line().startswith("GPUS_PER_NODE='16': asks for 16 GPUs but this node has 8")
+
+
+def test_promised_gpus_but_none_visible():
+    env = {"NNODES": "1", "GPUS_PER_NODE": "8"}
+    plan = make_plan(env, node(0), ["x"])
+    with pytest.raises(ConfigError) as err:
+        check_hardware(plan, env, node(0))
+    assert "sees none" in err.value.line() and "--gpus all" in err.value.line()
+
+
+def test_device_cuda_without_gpus_refused():
+    with pytest.raises(ConfigError, match="ENTRYPOINT_DEVICE='cuda'"):
+        make_plan({"ENTRYPOINT_DEVICE": "cuda"}, node(0))
+
+
+def test_several_nodes_need_a_master():
+    with pytest.raises(ConfigError) as err:
+        make_plan({"NNODES": "2", "NODE_RANK": "1"}, node(8), ["x"])
+    assert err.value.line().startswith("MASTER_ADDR=(unset): 2 nodes but no master address")
+
+
+def test_network_interface_and_user_nccl_settings_win():
+    plan = make_plan(SEED_004_WORKER_1 | {"GLOO_SOCKET_IFNAME": "ib0"}, node(8, ib=("mlx5_0", "mlx5_1")), ["x"])
+    assert plan.env["NCCL_SOCKET_IFNAME"] == "eth0" and "GLOO_SOCKET_IFNAME" not in plan.env
+    assert plan.sources["GLOO_SOCKET_IFNAME"] == "env GLOO_SOCKET_IFNAME (set by you, kept)"
+    assert plan.env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
+    assert plan.env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+
+
+def test_never_loopback_or_docker_bridge_between_nodes():
+    plan = make_plan(SEED_004_WORKER_1 | {"RANK": "0"}, node(8, route="lo"), ["x"])
+    assert plan.env["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert "default route" in plan.sources["NCCL_SOCKET_IFNAME"]
+    plan = make_plan(SEED_004_WORKER_1, node(8, route="docker0"), ["x"])
+    assert plan.env["NCCL_SOCKET_IFNAME"] == "eth0"
+
+
+def test_single_node_sets_no_interface():
+    assert "NCCL_SOCKET_IFNAME" not in make_plan({}, node(8), ["x"]).env
+
+
+def test_one_process_per_gpu_platform_execs_directly():
+    env = {"WORLD_SIZE": "16", "RANK": "11", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8",
+           "MASTER_ADDR": "m", "MASTER_PORT": "29500"}
+    plan = make_plan(env, node(8), ["python", "train.py"])
+    assert (plan.spawn, plan.launcher, plan.rank, plan.local_rank) == (False, "direct", 11, 3)
+    assert plan.command == ("/venv/bin/python", "train.py")
+    assert plan.env["RANK"] == "11" and plan.env["WORLD_SIZE"] == "16"
+    assert plan.cuda_visible_devices == "0,1,2,3,4,5,6,7"  # LOCAL_RANK indexes into them
+
+
+def test_jax_one_process_per_node_owns_all_gpus():
+    env = SEED_004_WORKER_1 | {"ENTRYPOINT_LAUNCHER": "jax"}
+    plan = make_plan(env, node(8), ["python", "train_jax.py"])
+    assert (plan.nproc_per_node, plan.world_size) == (1, 2)
+    assert plan.env["JAX_COORDINATOR_ADDRESS"] == "jo-dbxfe2k2l635222i-worker-0:29500"
+    assert plan.env["JAX_PROCESS_ID"] == "1" and plan.env["JAX_NUM_PROCESSES"] == "2"
+    assert plan.env["JAX_LOCAL_DEVICE_IDS"] == "0,1,2,3,4,5,6,7"
+    assert plan.config.endswith("/16gpu")  # chosen by devices, not processes
+    assert plan.command == ("/venv/bin/python", "train_jax.py")
+
+
+def test_accelerate_config_written_for_this_node():
+    env = SEED_004_WORKER_1 | {"ENTRYPOINT_LAUNCHER": "accelerate"}
+    plan = make_plan(env, node(8), ["python", "train.py"])
+    import yaml
+
+    acc = yaml.safe_load(plan.files["/tmp/entrypoint/accelerate.yaml"])
+    assert (acc["num_machines"], acc["num_processes"], acc["machine_rank"]) == (2, 16, 1)
+    assert acc["main_process_ip"] == "jo-dbxfe2k2l635222i-worker-0"
+    assert acc["deepspeed_config"]["deepspeed_config_file"] == "/tmp/entrypoint/deepspeed.json"
+    assert plan.command[1:5] == ("-m", "accelerate.commands.launch", "--config_file",
+                                 "/tmp/entrypoint/accelerate.yaml")
+
+
+@pytest.mark.parametrize(("trainer", "tail"), [
+    (["python", "train.py", "--lr", "1"], ["train.py", "--lr", "1"]),
+    (["python", "-m", "pkg.train"], ["--module", "pkg.train"]),
+    (["train.py"], ["train.py"]),
+    (["bash", "go.sh"], ["--no-python", "bash", "go.sh"]),
+])
+def test_torchrun_trainer_forms(trainer, tail):
+    assert list(make_plan({}, node(1), trainer).command[-len(tail):]) == tail
+
+
+def test_plan_is_frozen():
+    plan = make_plan({}, node(1))
+    with pytest.raises(AttributeError):
+        plan.nnodes = 3
+    with pytest.raises(TypeError):
+        plan.env["X"] = "1"

@@ -1,0 +1,50 @@
+"""Hand-started nodes with torchrun's names. Sources: torchrun's flags and their PET_ variables
+(https://pytorch.org/docs/stable/elastic/run.html; torch/distributed/run.py `env` action);
+seeds 001, 003 and 004 (NNODES, NODE_RANK, GPUS_PER_NODE, MASTER_ADDR, MASTER_PORT)."""
+
+import pytest
+
+from entrypoint.errors import ConfigError
+from entrypoint.platforms import torchrun
+
+WORKER_1 = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "worker-0", "MASTER_PORT": "29500",
+            "GPUS_PER_NODE": "8"}
+PET = {"PET_NNODES": "4", "PET_NODE_RANK": "3", "PET_MASTER_ADDR": "10.0.0.1",
+       "PET_MASTER_PORT": "23456", "PET_NPROC_PER_NODE": "2"}
+
+
+def test_detect():
+    assert torchrun.detect(WORKER_1) == "NNODES and NODE_RANK set"
+    assert torchrun.detect(PET) == "PET_NNODES and PET_NODE_RANK set"
+    assert torchrun.detect({"MASTER_ADDR": "x"}) is None
+
+
+def test_hand_started_worker():
+    r = torchrun.read(WORKER_1)
+    assert (r.nnodes.value, r.node_rank.value, r.master_addr.value, r.master_port.value) == (
+        2, 1, "worker-0", 29500)
+    assert r.gpus_per_node.value == 8 and r.nproc_per_node is None and r.spawn.value
+
+
+def test_pet_variables():
+    r = torchrun.read(PET)
+    assert (r.nnodes.value, r.node_rank.value, r.master_addr.value, r.master_port.value) == (
+        4, 3, "10.0.0.1", 23456)
+    assert r.nproc_per_node.value == 2 and r.nproc_per_node.source == "env PET_NPROC_PER_NODE"
+
+
+def test_plain_names_beat_pet():
+    assert torchrun.read(PET | {"NODE_RANK": "0"}).node_rank.source == "env NODE_RANK"
+
+
+@pytest.mark.parametrize(("env", "variable"), [
+    (WORKER_1 | {"NODE_RANK": "2"}, "NODE_RANK"),
+    (WORKER_1 | {"NNODES": "0"}, "NNODES"),
+    (WORKER_1 | {"NNODES": "two"}, "NNODES"),
+    (WORKER_1 | {"MASTER_PORT": "0"}, "MASTER_PORT"),
+    ({"NODE_RANK": "0"}, "NNODES"),
+])
+def test_bad_values(env, variable):
+    with pytest.raises(ConfigError) as err:
+        torchrun.read(env)
+    assert err.value.variable == variable

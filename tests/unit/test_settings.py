@@ -1,0 +1,32 @@
+import pytest
+
+from entrypoint.errors import ConfigError
+from entrypoint.settings import Settings, markdown_table
+
+
+def test_reads_only_the_given_mapping(monkeypatch):
+    monkeypatch.setenv("ENTRYPOINT_NNODES", "7")
+    assert Settings.from_env({}).nnodes is None
+    assert Settings.from_env({"ENTRYPOINT_NNODES": "3"}).nnodes == 3
+
+
+def test_empty_means_unset():
+    assert Settings.from_env({"ENTRYPOINT_NNODES": " "}).nnodes is None
+
+
+@pytest.mark.parametrize(("env", "start"), [
+    ({"ENTRYPOINT_NNODES": "abc"}, "ENTRYPOINT_NNODES='abc': "),
+    ({"ENTRYPOINT_MASTER_PORT": "70000"}, "ENTRYPOINT_MASTER_PORT='70000': "),
+    ({"ENTRYPOINT_DEVICE": "tpu"}, "ENTRYPOINT_DEVICE='tpu': "),
+    ({"ENTRYPOINT_NPROC_PER_NODE": "0"}, "ENTRYPOINT_NPROC_PER_NODE='0': "),
+])
+def test_bad_values_one_line(env, start):
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env(env)
+    assert err.value.line().startswith(start) and "\n" not in err.value.line()
+
+
+def test_markdown_table_lists_every_setting():
+    table = markdown_table()
+    for name in Settings.model_fields:
+        assert f"`ENTRYPOINT_{name.upper()}`" in table
