@@ -109,7 +109,7 @@ def cmd_run(args, env: dict[str, str]) -> int:
              config=plan.config, launcher=plan.launcher, ranks=report.rank_line(plan))
     if plan.node_rank == 0:
         print(report.table(plan, values), file=sys.stderr, flush=True)
-    plan_file = launch.apply(plan, Path(settings.run_dir))
+    plan_file = launch.apply(plan, Path(settings.run_dir) / f"node{plan.node_rank}")
     log.info("exec", command=" ".join(plan.command))
     launch.exec_plan(plan, env, plan_file)
     return 0  # not reached: exec replaced this process

@@ -88,6 +88,17 @@ def _visible_ids(env: Mapping[str, str], facts: Facts) -> tuple[list[str] | None
         ids = [x.strip() for x in cvd.split(",") if x.strip()]
         if ids and ids[0].startswith("-"):
             return [], "env CUDA_VISIBLE_DEVICES (hides every GPU)"
+        if facts.gpus:  # probed: every listed GPU must exist here (seed 004's invalid ordinal)
+            uuids = [g.uuid for g in facts.gpus if g.uuid]
+            missing = [x for x in ids if not (
+                (x.isdigit() and int(x) < len(facts.gpus))
+                or (x.startswith(("GPU-", "MIG-")) and any(u.startswith(x) for u in uuids)))]
+            if missing:
+                n = len(facts.gpus)
+                raise ConfigError(
+                    "CUDA_VISIBLE_DEVICES", cvd,
+                    f"names GPU {','.join(missing)} but this node has {n} ({facts.gpu_probe})",
+                    f"List only this node's GPUs (0-{n - 1}) or unset it: a 2 x 8 job is not 1 x 16")
         return ids, "env CUDA_VISIBLE_DEVICES"
     if facts.gpus is None:
         return None, "not probed"
@@ -120,6 +131,10 @@ def _gpus(env, settings: Settings, reading: Reading, facts: Facts, sources: dict
         visible_from = f"0..{count.value - 1} from the stated count" if count.value else visible_from
     elif len(visible) > count.value:
         visible = visible[: count.value]
+    elif len(visible) < count.value and visible_from.startswith("env"):
+        raise ConfigError(count.source.removeprefix("env ").split(" ")[0], count.value,
+                          f"but {visible_from} leaves {len(visible)} GPUs visible",
+                          "State the number of GPUs this node really has, or widen CUDA_VISIBLE_DEVICES")
     return count.value, visible, visible_from
 
 
@@ -260,7 +275,7 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
     if config is None:
         notes.append(config_why)
 
-    run_dir = str(settings.run_dir)
+    run_dir = f"{settings.run_dir}/node{node_rank}"  # nodes sharing a host keep apart
     files: dict[str, str] = {}
     child: dict[str, str | None] = {}
     if config is not None:

@@ -22,7 +22,7 @@ def test_seed_004_two_nodes_of_eight_never_become_one_of_sixteen():
     assert plan.cuda_visible_devices == "0,1,2,3,4,5,6,7"
     assert plan.ranks == (8, 15)
     assert plan.config.endswith("/16gpu")
-    assert json.loads(plan.files["/tmp/entrypoint/deepspeed.json"])["gradient_accumulation_steps"] == 2
+    assert json.loads(plan.files["/tmp/entrypoint/node1/deepspeed.json"])["gradient_accumulation_steps"] == 2
     assert plan.command[:3] == ("/venv/bin/python", "-m", "torch.distributed.run")
     assert "--nnodes=2" in plan.command and "--node-rank=1" in plan.command
     assert "--nproc-per-node=8" in plan.command
@@ -39,7 +39,7 @@ def test_json_contract_has_every_key():
 def test_eight_gpu_config_on_one_node():
     plan = make_plan({}, node(8))
     assert plan.config.endswith("/8gpu") and plan.world_size == 8
-    assert json.loads(plan.files["/tmp/entrypoint/deepspeed.json"])["gradient_accumulation_steps"] == 4
+    assert json.loads(plan.files["/tmp/entrypoint/node0/deepspeed.json"])["gradient_accumulation_steps"] == 4
 
 
 def test_no_config_for_world_size_refused_for_builtin_job_lists_what_exists():
@@ -169,12 +169,12 @@ def test_accelerate_config_written_for_this_node():
     plan = make_plan(env, node(8), ["python", "train.py"])
     import yaml
 
-    acc = yaml.safe_load(plan.files["/tmp/entrypoint/accelerate.yaml"])
+    acc = yaml.safe_load(plan.files["/tmp/entrypoint/node1/accelerate.yaml"])
     assert (acc["num_machines"], acc["num_processes"], acc["machine_rank"]) == (2, 16, 1)
     assert acc["main_process_ip"] == "jo-dbxfe2k2l635222i-worker-0"
-    assert acc["deepspeed_config"]["deepspeed_config_file"] == "/tmp/entrypoint/deepspeed.json"
+    assert acc["deepspeed_config"]["deepspeed_config_file"] == "/tmp/entrypoint/node1/deepspeed.json"
     assert plan.command[1:5] == ("-m", "accelerate.commands.launch", "--config_file",
-                                 "/tmp/entrypoint/accelerate.yaml")
+                                 "/tmp/entrypoint/node1/accelerate.yaml")
 
 
 @pytest.mark.parametrize(("trainer", "tail"), [
@@ -193,3 +193,17 @@ def test_plan_is_frozen():
         plan.nnodes = 3
     with pytest.raises(TypeError):
         plan.env["X"] = "1"
+
+
+def test_seed_004_sixteen_gpu_list_on_an_eight_gpu_node_refused():
+    env = SEED_004_WORKER_1 | {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(16)))}
+    with pytest.raises(ConfigError) as err:
+        make_plan(env, node(8), ["x"])
+    assert err.value.line().startswith(
+        "CUDA_VISIBLE_DEVICES='0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15': names GPU 8,9,10,11,12,13,14,15 "
+        "but this node has 8 (probe nvml)")
+
+
+def test_stated_count_wider_than_visible_refused():
+    with pytest.raises(ConfigError, match="GPUS_PER_NODE='8': but env CUDA_VISIBLE_DEVICES leaves 4"):
+        make_plan({"NNODES": "1", "GPUS_PER_NODE": "8", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}, node(), ["x"])

@@ -32,7 +32,7 @@ def test_one_node_two_cpu_workers(tmp_path):
     got = reports(tmp_path)
     assert [r["rank"] for r in got] == [0, 1]
     assert all(r["world_size"] == 2 and r["sum"] == 3.0 and r["backend"] == "gloo" for r in got)
-    assert json.loads((tmp_path / "run" / "plan.json").read_text())["world_size"] == 2
+    assert json.loads((tmp_path / "run" / "node0" / "plan.json").read_text())["world_size"] == 2
 
 
 def test_two_nodes_hand_started_on_loopback(tmp_path):
@@ -43,7 +43,7 @@ def test_two_nodes_hand_started_on_loopback(tmp_path):
         env = BASE | {"NNODES": "2", "NODE_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
                       "MASTER_PORT": str(port), "ENTRYPOINT_NPROC_PER_NODE": "2",
                       "ENTRYPOINT_SOCKET_IFNAME": "lo", "ALLREDUCE_OUT": str(tmp_path),
-                      "ENTRYPOINT_RUN_DIR": str(tmp_path / f"run{rank}")}
+                      "ENTRYPOINT_RUN_DIR": str(tmp_path / "run")}
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "entrypoint", "run", "--", "python", CHECK],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -52,5 +52,5 @@ def test_two_nodes_hand_started_on_loopback(tmp_path):
     got = reports(tmp_path)
     assert [r["rank"] for r in got] == [0, 1, 2, 3]
     assert all(r["world_size"] == 4 and r["sum"] == 10.0 for r in got)
-    plan1 = json.loads((tmp_path / "run1" / "plan.json").read_text())
+    plan1 = json.loads((tmp_path / "run" / "node1" / "plan.json").read_text())
     assert plan1["ranks"] == [2, 3] and plan1["env"]["GLOO_SOCKET_IFNAME"] == "lo"
