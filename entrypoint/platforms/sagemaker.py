@@ -1,0 +1,64 @@
+"""Amazon SageMaker training jobs, as the SageMaker training toolkit exports them to the program:
+SM_HOSTS (JSON list of container host names, algo-1, algo-2, ...), SM_CURRENT_HOST, SM_NUM_GPUS.
+
+The toolkit (aws/sagemaker-training-toolkit, src/sagemaker_training/environment.py and
+torch_distributed.py) takes the first host of the list as master and the current host's position
+in the list as node rank; the list comes from /opt/ml/input/config/resourceconfig.json, which
+SageMaker writes sorted. The same is done here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from entrypoint.errors import ConfigError
+from entrypoint.platforms.base import Reading, node_reading, read_index, read_port
+from entrypoint.values import Sourced
+
+NAME = "sagemaker"
+DOCS = "https://github.com/aws/sagemaker-training-toolkit/blob/master/ENVIRONMENT_VARIABLES.md"
+
+HOSTS = "SM_HOSTS"
+CURRENT_HOST = "SM_CURRENT_HOST"
+NUM_GPUS = "SM_NUM_GPUS"
+MASTER_PORT = ("MASTER_PORT",)
+
+
+def detect(env: Mapping[str, str]) -> str | None:
+    if env.get(HOSTS, "").strip() and env.get(CURRENT_HOST, "").strip():
+        return f"{HOSTS} and {CURRENT_HOST} set"
+    return None
+
+
+def hosts(raw: str | None) -> list[str]:
+    try:
+        parsed = json.loads(raw or "")
+    except ValueError:
+        parsed = None
+    if not (isinstance(parsed, list) and parsed
+            and all(isinstance(h, str) and h.strip() for h in parsed)):
+        raise ConfigError(HOSTS, raw, "not a JSON list of host names",
+                          'Expect a value like ["algo-1","algo-2"], as SageMaker sets it')
+    if len(set(parsed)) != len(parsed):
+        raise ConfigError(HOSTS, raw, "names a host twice", "List every host once")
+    return parsed
+
+
+def read(env: Mapping[str, str]) -> Reading:
+    listed = hosts(env.get(HOSTS))
+    current = env.get(CURRENT_HOST, "").strip()
+    if current not in listed:
+        raise ConfigError(CURRENT_HOST, current or None, f"is not one of {HOSTS}={listed}",
+                          f"Run inside the SageMaker training container, where {CURRENT_HOST} "
+                          f"names one of {HOSTS}")
+    return node_reading(
+        NAME, env,
+        nnodes=Sourced(len(listed), f"count of hosts in {HOSTS}"),
+        node_rank=Sourced(listed.index(current), f"position of {CURRENT_HOST} in {HOSTS}"),
+        master_addr=Sourced(listed[0], f"first host of {HOSTS}"),
+        master_port=read_port(env, *MASTER_PORT),
+        # 0 on CPU instances: a count that may be zero.
+        gpus_per_node=read_index(env, NUM_GPUS),
+        hosts=tuple(listed),
+    )
