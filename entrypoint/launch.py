@@ -12,6 +12,7 @@ from pathlib import Path
 from entrypoint.errors import ConfigError
 from entrypoint.facts import Facts
 from entrypoint.plan import Plan, _visible_ids
+from entrypoint.values import variable_of
 
 _FIX_NO_GPU = ("Start the container with --gpus all (Docker) or the NVIDIA runtime "
                "(runtimeClassName: nvidia, nvidia.com/gpu limits on Kubernetes), or set "
@@ -20,7 +21,7 @@ _FIX_NO_GPU = ("Start the container with --gpus all (Docker) or the NVIDIA runti
 
 def _stated_variable(plan: Plan) -> str:
     source = plan.sources.get("gpus_per_node", "")
-    return source.removeprefix("env ").split(" ")[0] if source.startswith("env ") else "GPUs"
+    return variable_of(source) if source.startswith("env ") else "GPUs"
 
 
 def check_hardware(plan: Plan, env: Mapping[str, str], facts: Facts) -> None:

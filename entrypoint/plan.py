@@ -17,7 +17,7 @@ from entrypoint.errors import ConfigError
 from entrypoint.facts import Facts
 from entrypoint.platforms.base import Reading
 from entrypoint.settings import PREFIX, Settings
-from entrypoint.values import Sourced, below
+from entrypoint.values import Sourced, below, variable_of
 
 # The image's built-in jobs (entrypoint/job), run when no trainer command is given.
 BUILTIN_JOBS = {"deepspeed": ("python", "-m", "entrypoint.job"),
@@ -132,7 +132,7 @@ def _gpus(env, settings: Settings, reading: Reading, facts: Facts, sources: dict
     elif len(visible) > count.value:
         visible = visible[: count.value]
     elif len(visible) < count.value and visible_from.startswith("env"):
-        raise ConfigError(count.source.removeprefix("env ").split(" ")[0], count.value,
+        raise ConfigError(variable_of(count.source), count.value,
                           f"but {visible_from} leaves {len(visible)} GPUs visible",
                           "State the number of GPUs this node really has, or widen CUDA_VISIBLE_DEVICES")
     return count.value, visible, visible_from
@@ -183,7 +183,7 @@ def _nproc(settings, reading: Reading, launcher: str, device: str, gpus: int, so
     else:
         count = Sourced(1, "default 1 on CPU")
     if device == "cuda" and count.value > gpus:
-        raise ConfigError(count.source.removeprefix("env ").split(" ")[0], count.value,
+        raise ConfigError(variable_of(count.source), count.value,
                           f"asks for {count.value} GPU workers but this node has {gpus} GPUs "
                           f"({sources['gpus_per_node']})",
                           f"Ask for at most {gpus} workers per node, or run on nodes with more GPUs")
@@ -230,8 +230,7 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
     for key in ("nnodes", "node_rank", "master_port"):
         sources[key] = getattr(reading, key).source
     nnodes, node_rank = reading.nnodes.value, reading.node_rank.value
-    below(sources["node_rank"].removeprefix("env "), node_rank,
-          sources["nnodes"].removeprefix("env "), nnodes)
+    below(variable_of(sources["node_rank"]), node_rank, variable_of(sources["nnodes"]), nnodes)
     notes, warnings = list(reading.notes), []
 
     master = reading.master_addr

@@ -64,3 +64,8 @@ def below(rank_name: str, rank: int, size_name: str, size: int) -> None:
             f"must be below {size_name}={size} (ranks count from 0)",
             f"Give each node a {rank_name} from 0 to {size - 1}, or fix {size_name}",
         )
+
+
+def variable_of(source: str) -> str:
+    """`env RANK (as node index)` -> `RANK`: the variable a source names, for error lines."""
+    return source.removeprefix("env ").split(" ")[0]

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from entrypoint.errors import ConfigError
-from entrypoint.values import Sourced, below, first, index, port, positive_int
+from entrypoint.values import Sourced, below, first, index, port, positive_int, variable_of
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default
 
@@ -81,8 +81,7 @@ def node_reading(
     **more,
 ) -> Reading:
     """Check the node counts hang together, then build the Reading."""
-    below(node_rank.source.removeprefix("env "), node_rank.value,
-          nnodes.source.removeprefix("env "), nnodes.value)
+    below(variable_of(node_rank.source), node_rank.value, variable_of(nnodes.source), nnodes.value)
     return Reading(
         platform=platform,
         nnodes=nnodes,

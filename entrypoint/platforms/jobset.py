@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 from entrypoint.errors import ConfigError
 from entrypoint.platforms.base import Reading, node_reading, read_addr, read_count, read_index, read_port, require
-from entrypoint.values import Sourced, below
+from entrypoint.values import Sourced, below, variable_of
 
 NAME = "jobset"
 DOCS = "https://jobset.sigs.k8s.io/docs/concepts/"
@@ -60,7 +60,7 @@ def read(env: Mapping[str, str]) -> Reading:
         replicas = Sourced(1, f"default 1 ({REPLICATED_JOB_REPLICAS} unset)")
     below(JOB_INDEX, job.value, REPLICATED_JOB_REPLICAS, replicas.value)
     if nnodes.value % replicas.value:
-        raise ConfigError(nnodes.source.removeprefix("env "), nnodes.value,
+        raise ConfigError(variable_of(nnodes.source), nnodes.value,
                           f"is not a multiple of {REPLICATED_JOB_REPLICAS}={replicas.value}",
                           "Give every Job of the replicated job the same parallelism")
     per_job = nnodes.value // replicas.value

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from entrypoint.platforms.base import (
     Reading, node_reading, read_addr, read_count, read_index, read_port, require,
 )
-from entrypoint.values import Sourced
+from entrypoint.values import Sourced, first
 
 NAME = "torchrun"
 DOCS = "https://pytorch.org/docs/stable/elastic/run.html"
@@ -30,7 +30,16 @@ def detect(env: Mapping[str, str]) -> str | None:
     return f"{' and '.join(seen)} set" if seen else None
 
 
+# torchrun's --nproc-per-node also takes these words; the plan then decides from the devices.
+_NPROC_WORDS = ("auto", "gpu", "cpu", "xpu")
+
+
 def read(env: Mapping[str, str]) -> Reading:
+    nproc = first(env, *NPROC_PER_NODE)
+    notes = ()
+    if nproc and nproc[1].lower() in _NPROC_WORDS:
+        notes = (f"{nproc[0]}={nproc[1]}: workers per node decided from this node's devices",)
+        env = {k: v for k, v in env.items() if k not in NPROC_PER_NODE}
     nnodes = require(read_count(env, *NNODES), "NNODES", "the number of nodes")
     node_rank = read_index(env, *NODE_RANK) or Sourced(0, "default 0 (NODE_RANK unset)")
     return node_reading(
@@ -41,4 +50,5 @@ def read(env: Mapping[str, str]) -> Reading:
         master_port=read_port(env, *MASTER_PORT),
         nproc_per_node=read_count(env, *NPROC_PER_NODE),
         gpus_per_node=read_count(env, *GPUS_PER_NODE),
+        notes=notes,
     )

@@ -48,3 +48,8 @@ def test_bad_values(env, variable):
     with pytest.raises(ConfigError) as err:
         torchrun.read(env)
     assert err.value.variable == variable
+
+
+def test_nproc_words_leave_the_choice_to_the_plan():
+    r = torchrun.read(PET | {"PET_NPROC_PER_NODE": "auto"})
+    assert r.nproc_per_node is None and "auto" in r.notes[0]
