@@ -38,7 +38,7 @@ def check_hardware(plan: Plan, env: Mapping[str, str], facts: Facts) -> None:
     if plan.gpus_per_node > have:
         raise ConfigError(variable, plan.gpus_per_node,
                           f"asks for {plan.gpus_per_node} GPUs but this node has {have} ({how})",
-                          f"Ask for at most {have} GPUs per node; a 2 x 8 job is not 1 x 16")
+                          f"Ask for at most {have} per node; a 2 x 8 job is not 1 x 16")
     if not plan.spawn and plan.local_rank is not None and plan.local_rank >= have:
         raise ConfigError("LOCAL_RANK", plan.local_rank, f"but this node has {have} GPUs ({how})",
                           "Start at most one task per GPU on each node")

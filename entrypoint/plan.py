@@ -98,7 +98,8 @@ def _visible_ids(env: Mapping[str, str], facts: Facts) -> tuple[list[str] | None
                 raise ConfigError(
                     "CUDA_VISIBLE_DEVICES", cvd,
                     f"names GPU {','.join(missing)} but this node has {n} ({facts.gpu_probe})",
-                    f"List only this node's GPUs (0-{n - 1}) or unset it: a 2 x 8 job is not 1 x 16")
+                    f"List only this node's GPUs ({'0' if n == 1 else f'0-{n - 1}'}) or unset it: "
+                    "a 2 x 8 job is not 1 x 16")
         return ids, "env CUDA_VISIBLE_DEVICES"
     if facts.gpus is None:
         return None, "not probed"
