@@ -34,7 +34,8 @@ def heavy_imports() -> list[str]:
              "except SystemExit:\n    pass\n"
              "print(','.join(m for m in ('torch','jax','deepspeed','numpy') if m in sys.modules), file=sys.stderr)")
     out = subprocess.run([sys.executable, "-c", probe], env=ENV, capture_output=True, text=True)
-    return [m for m in out.stderr.strip().splitlines()[-1].split(",") if m]
+    lines = out.stderr.strip().splitlines()
+    return [m for m in (lines[-1] if lines else "").split(",") if m]
 
 
 def main() -> None:
