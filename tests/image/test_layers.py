@@ -1,0 +1,123 @@
+"""What is in the image's layers: one copy of each NVIDIA library, no build secret."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+# The CUDA user-space libraries torch and JAX load; each must exist exactly once.
+CUDA_LIB = re.compile(
+    r"^lib(cudart|cublas|cublasLt|cudnn\w*|nccl|cufft|cufftw|curand|cusolver|cusolverMg|cusparse"
+    r"|cusparseLt|nvJitLink|nvrtc|nvrtc-builtins|cupti|nvshmem\w*|nvToolsExt|cufile)\.so(\.\d+)*$")
+
+
+def test_one_copy_of_each_nvidia_library(image):
+    out = image.python(
+        "import importlib.metadata as md, os, re, sys\n"
+        "print('DIST', *sorted(d.metadata['Name'].lower().replace('_', '-') for d in md.distributions()))\n"
+        "for root, _, files in os.walk('/'):\n"
+        "    if root.startswith(('/proc', '/sys', '/dev')): continue\n"
+        "    for f in files:\n"
+        "        if '.so' in f: print('SO', os.path.join(root, f))\n")
+    dists = next(line.split()[1:] for line in out.splitlines() if line.startswith("DIST "))
+    assert len(dists) == len(set(dists)), "a distribution is installed twice"
+    nvidia = [d for d in dists if d.startswith("nvidia-") and d != "nvidia-ml-py"]
+    # nvidia-nccl-cu12 and nvidia-nccl-cu13 (or an unsuffixed nvidia-nccl) would be two NCCLs
+    families = [re.sub(r"-cu\d+$", "", d) for d in nvidia]
+    assert len(families) == len(set(families)), nvidia
+    assert all(d.endswith("-cu12") for d in nvidia if d != "nvidia-cuda-pathfinder"), nvidia
+    libs: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        if line.startswith("SO "):
+            path = line[3:]
+            if CUDA_LIB.match(os.path.basename(path)):
+                libs.setdefault(os.path.basename(path), []).append(path)
+    assert "libnccl.so.2" in libs and "libcudnn.so.9" in libs, sorted(libs)
+    # Triton's proton profiler carries a private CUPTI, loaded only when profiling with
+    # triton.profiler; torch and JAX load the nvidia-cuda-cupti-cu12 one.
+    libs = {name: [p for p in paths if "/triton/backends/nvidia/lib/cupti/" not in p]
+            for name, paths in libs.items()}
+    twice = {name: paths for name, paths in libs.items() if len(paths) > 1}
+    assert not twice, twice
+    # the CUDA libraries come from the wheels only, never from Debian packages
+    assert not [p for paths in libs.values() for p in paths if p.startswith("/usr/lib")], libs
+
+
+def _host_ca_bundle() -> Path | None:
+    """The bundle docker/build.sh passes as the build secret (same search order)."""
+    for var in ("CA_BUNDLE", "PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"):
+        path = os.environ.get(var)
+        if path and path != "none" and os.path.isfile(path):
+            return Path(path)
+    for path in ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"):
+        if os.path.isfile(path):
+            return Path(path)
+    return None
+
+
+def _pem_bodies(pem: bytes) -> set[bytes]:
+    """The first base64 line of every certificate: enough to recognise it anywhere."""
+    return {m.split(b"\n")[1] for m in re.findall(
+        rb"-----BEGIN CERTIFICATE-----\r?\n[^\n]+", pem)}
+
+
+def _layer_members(docker: str, tag: str):
+    """(layer, member, content or None) for every entry of every layer of `docker save`."""
+    proc = subprocess.Popen([docker, "save", tag], stdout=subprocess.PIPE)
+    with tarfile.open(fileobj=proc.stdout, mode="r|") as outer:
+        for blob in outer:
+            if not blob.isfile() or blob.name.endswith((".json", "repositories", "oci-layout")):
+                continue
+            try:
+                layer = tarfile.open(fileobj=outer.extractfile(blob), mode="r|*")  # noqa: SIM115
+            except tarfile.TarError:
+                continue
+            with layer:
+                for member in layer:
+                    content = None
+                    # certificates and secrets are small; the big .so files are skipped
+                    if member.isfile() and member.size < 4 << 20:
+                        content = layer.extractfile(member).read()
+                    yield blob.name, member, content
+    assert proc.wait() == 0, "docker save failed"
+
+
+def test_no_ca_bundle_and_no_secret_in_any_layer(image, docker):
+    host_ca = _host_ca_bundle()
+    if host_ca is None:
+        pytest.skip("this host has no CA bundle, so the build got no secret")
+    host_pem = host_ca.read_bytes()
+    # the image's own public roots: Debian's bundle and pip's vendored certifi
+    image_pem = image.run("/etc/ssl/certs/ca-certificates.crt", entrypoint="cat").stdout.encode()
+    image_pem += image.python("import os, pip._vendor.certifi as c;"
+                              "print(open(os.path.join(os.path.dirname(c.__file__), 'cacert.pem')).read())").encode()
+    # The certificates only the host trusts (a corporate or proxy CA): none may be in a layer.
+    own = _pem_bodies(host_pem) - _pem_bodies(image_pem)
+    host_sha = hashlib.sha256(host_pem).hexdigest()
+    same_as_image = _pem_bodies(host_pem) <= _pem_bodies(image_pem)
+    found, layers = [], set()
+    for layer, member, content in _layer_members(docker, image.tag):
+        layers.add(layer)
+        name = member.name
+        # BuildKit leaves the empty mount point run/secrets/ in a layer: entries under it are not
+        if re.search(r"(^|/)run/secrets/.", name) or name.endswith(("with-ca.sh", "99-build-ca")):
+            found.append(f"{layer}: {name}")
+        if content is None:
+            continue
+        if not same_as_image and hashlib.sha256(content).hexdigest() == host_sha:
+            found.append(f"{layer}: {name} is the host's CA bundle")
+        for body in own:
+            if body in content:
+                found.append(f"{layer}: {name} holds a certificate from {host_ca}")
+                break
+    assert len(layers) >= 3, layers
+    assert not found, found
+    history = subprocess.run([docker, "history", "--no-trunc", image.tag],
+                             capture_output=True, text=True, check=True).stdout
+    assert not [b for b in own if b.decode() in history]
