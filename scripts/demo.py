@@ -15,8 +15,8 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "cluster"))
-from cluster import Cluster, Node  # the helper the cluster tests use
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from entrypoint.cluster import Cluster, Node  # noqa: E402 - the helper the cluster tests use
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,6 @@
-"""A cluster of node containers on one machine: the cluster tests and `make demo` share it.
+"""A cluster of node containers on one machine: `entrypoint local`, `make demo` and the cluster
+tests share it. Needs the Docker SDK (`pip install 'multinode-entrypoint[local]'`), imported
+only when a Cluster is made, so the entrypoint inside the image never loads it.
 
 Each node is a container of the image on a private bridge network, named and hostnamed as the
 platform would name the machine, so that the platform's variables (MASTER_ADDR, a SLURM
@@ -26,11 +28,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
-from docker.errors import APIError, NotFound
-
-import docker
+if TYPE_CHECKING:
+    import docker
 
 # Where the built-in job writes when ENTRYPOINT_JOB_OUTPUT is unset (entrypoint/job/common.py).
 DEFAULT_OUTPUT = "/tmp/entrypoint-job"
@@ -111,7 +112,7 @@ class Cluster:
         self.network_name = f"{self.prefix}-net"
         self.shm_size = shm_size
         self.echo = echo
-        self.client = client or docker.from_env(timeout=120)
+        self.client = client or sdk().from_env(timeout=120)
         self.network = None
         self.containers: dict[str, object] = {}
         self._lines: list[str] = []
@@ -142,6 +143,8 @@ class Cluster:
 
     def close(self) -> None:
         """Remove every container and the network; never raises, says what it could not remove."""
+        from docker.errors import APIError, NotFound
+
         for name, container in list(self.containers.items()):
             try:
                 container.remove(force=True, v=True)
@@ -240,6 +243,8 @@ class Cluster:
             detach=True)
 
     def _kill(self, name: str) -> None:
+        from docker.errors import APIError, NotFound
+
         try:
             self.containers[name].kill()
         except (NotFound, APIError):
@@ -255,6 +260,8 @@ class Cluster:
     def _follow(self, name: str, container, node_run: NodeRun) -> None:
         """Stream one container's stdout and stderr, line by line (a progress bar's carriage
         returns end a line too)."""
+        from docker.errors import APIError, NotFound
+
         buffer = b""
         try:
             for chunk in container.logs(stream=True, follow=True, stdout=True, stderr=True):
@@ -274,6 +281,8 @@ class Cluster:
 
     def _results(self, name: str, output: str = DEFAULT_OUTPUT) -> list[dict]:
         """The rank<R>.json files this node's workers wrote, read from the stopped container."""
+        from docker.errors import APIError, NotFound
+
         try:
             stream, _ = self.containers[name].get_archive(f"{output}/results")
         except (NotFound, APIError):
@@ -286,6 +295,18 @@ class Cluster:
                 if member.isfile() and base.startswith("rank") and base.endswith(".json"):
                     found.append(json.loads(tar.extractfile(member).read()))
         return found
+
+
+def sdk():
+    """The Docker SDK, or a one-line error saying how to get it."""
+    try:
+        import docker
+    except ImportError:
+        from entrypoint.errors import ConfigError
+
+        raise ConfigError("docker", None, "the Docker SDK for Python is not installed",
+                          "pip install 'multinode-entrypoint[local]' (or pip install docker)") from None
+    return docker
 
 
 def _raise_interrupt(signum, frame):
