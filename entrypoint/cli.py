@@ -4,6 +4,7 @@ Commands:
   plan [--json] [-- CMD...]   print the launch plan; launches nothing
   run [-- CMD...]             plan, check, write configs, exec the launcher and trainer
   settings [--markdown]       list the ENTRYPOINT_* settings
+  local --nodes N [-- CMD...] run a job as N node containers on this machine (Docker)
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     settings = sub.add_parser("settings", help="list the ENTRYPOINT_* settings",
                               description="List every ENTRYPOINT_* setting with its default.")
     settings.add_argument("--markdown", action="store_true", help="as a Markdown table")
+
+    from entrypoint import local  # stdlib only at import: the Docker SDK loads when it runs
+    local.add_parser(sub)
     return parser
 
 
@@ -127,11 +131,17 @@ def cmd_settings(args, env) -> int:
     return 0
 
 
+def cmd_local(args, env: dict[str, str]) -> int:
+    from entrypoint.local import cmd_local as run_local
+
+    return run_local(args, env)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     env = dict(os.environ)
-    handlers = {"plan": cmd_plan, "run": cmd_run, "settings": cmd_settings}
+    handlers = {"plan": cmd_plan, "run": cmd_run, "settings": cmd_settings, "local": cmd_local}
     if args.command is None:
         parser.print_help()
         return EXIT_CONFIG

@@ -50,6 +50,7 @@ class Node:
     env: Mapping[str, str]
     delay: float = 0.0
     command: Sequence[str] | None = None  # None: the image's default (`run`, the built-in job)
+    gpus: Sequence[str] = ()  # this machine's GPU indices the node gets (a Docker device request)
 
 
 @dataclass
@@ -105,8 +106,9 @@ class Cluster:
 
     def __init__(self, image: str, *, prefix: str | None = None, shm_size: str = "1g",
                  echo: Callable[[str], None] | None = None,
-                 client: docker.DockerClient | None = None):
+                 client: docker.DockerClient | None = None, output: str = DEFAULT_OUTPUT):
         self.image = image
+        self.output = output  # the job's ENTRYPOINT_JOB_OUTPUT inside the nodes: results/ is read there
         # Unique per cluster, so that concurrent runs (CI, several developers) never collide.
         self.prefix = prefix or f"mn{secrets.token_hex(3)}"
         self.network_name = f"{self.prefix}-net"
@@ -228,7 +230,7 @@ class Cluster:
             thread.join(timeout=10)
         for name, node_run in runs.items():
             if node_run.started is not None:
-                node_run.results = self._results(name)
+                node_run.results = self._results(name, self.output)
         seconds = time.monotonic() - start
         with self._lock:
             lines = list(self._lines)
@@ -236,11 +238,14 @@ class Cluster:
                           timed_out=timed_out, killed_after_failure=[] if timed_out else killed)
 
     def _create(self, node: Node):
+        # Explicit device ids: each node sees only its own GPUs, numbered from 0 inside.
+        gpus = ([sdk().types.DeviceRequest(device_ids=list(node.gpus), capabilities=[["gpu"]])]
+                if node.gpus else None)
         return self.client.containers.create(
             self.image, command=list(node.command) if node.command is not None else None,
             name=node.name, hostname=node.name, network=self.network_name,
             environment=dict(node.env), shm_size=self.shm_size, labels={LABEL: self.prefix},
-            detach=True)
+            device_requests=gpus, detach=True)
 
     def _kill(self, name: str) -> None:
         from docker.errors import APIError, NotFound
@@ -281,20 +286,26 @@ class Cluster:
 
     def _results(self, name: str, output: str = DEFAULT_OUTPUT) -> list[dict]:
         """The rank<R>.json files this node's workers wrote, read from the stopped container."""
-        from docker.errors import APIError, NotFound
+        return read_results(self.containers[name], output)
 
-        try:
-            stream, _ = self.containers[name].get_archive(f"{output}/results")
-        except (NotFound, APIError):
-            return []  # no results directory: the job never got that far
-        data = io.BytesIO(b"".join(stream))
-        found = []
-        with tarfile.open(fileobj=data) as tar:
-            for member in tar.getmembers():
-                base = member.name.rsplit("/", 1)[-1]
-                if member.isfile() and base.startswith("rank") and base.endswith(".json"):
-                    found.append(json.loads(tar.extractfile(member).read()))
-        return found
+
+def read_results(container, output: str = DEFAULT_OUTPUT) -> list[dict]:
+    """The rank<R>.json files in <output>/results of a container (running or stopped), read
+    through the Docker API, so no host directory or uid has to match."""
+    from docker.errors import APIError, NotFound
+
+    try:
+        stream, _ = container.get_archive(f"{output}/results")
+    except (NotFound, APIError):
+        return []  # no results directory: the job never got that far
+    data = io.BytesIO(b"".join(stream))
+    found = []
+    with tarfile.open(fileobj=data) as tar:
+        for member in tar.getmembers():
+            base = member.name.rsplit("/", 1)[-1]
+            if member.isfile() and base.startswith("rank") and base.endswith(".json"):
+                found.append(json.loads(tar.extractfile(member).read()))
+    return found
 
 
 def sdk():
