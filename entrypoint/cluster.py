@@ -237,6 +237,18 @@ class Cluster:
         return ClusterRun(nodes=[runs[n.name] for n in nodes], lines=lines, seconds=seconds,
                           timed_out=timed_out, killed_after_failure=[] if timed_out else killed)
 
+    def start(self, node: Node) -> NodeRun:
+        """Create and start one long-running node container (daemons, driven with exec), its
+        log streamed like the others'; `close()` removes it with the rest."""
+        if self.network is None:
+            raise RuntimeError("use Cluster as a context manager: `with Cluster(image) as c:`")
+        container = self.containers[node.name] = self._create(node)
+        node_run = NodeRun(node.name, started=0.0)
+        container.start()
+        threading.Thread(target=self._follow, daemon=True,
+                         args=(node.name, container, node_run)).start()
+        return node_run
+
     def _create(self, node: Node):
         # Explicit device ids: each node sees only its own GPUs, numbered from 0 inside.
         gpus = ([sdk().types.DeviceRequest(device_ids=list(node.gpus), capabilities=[["gpu"]])]

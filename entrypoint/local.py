@@ -109,6 +109,16 @@ def summary(results: list[dict], nnodes: int, seconds: float) -> list[str]:
     return lines
 
 
+def save_results(results: list[dict], directory: str) -> None:
+    import json
+    from pathlib import Path
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    for r in results:
+        (out / f"rank{r['rank']}.json").write_text(json.dumps(r, indent=2) + "\n")
+
+
 def _env_pairs(pairs: Sequence[str]) -> dict[str, str]:
     env = {}
     for pair in pairs:
@@ -143,6 +153,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="set a variable on every node, e.g. -e ENTRYPOINT_JOB_STEPS=40 (repeatable)")
     p.add_argument("--timeout", type=float, default=0, metavar="SECONDS",
                    help="kill the nodes after this long (default 0: no limit)")
+    p.add_argument("--results", metavar="DIR",
+                   help="copy every worker's report (<output>/results/rank<R>.json in its node) "
+                        "to DIR before the containers are removed")
     p.add_argument("trainer", nargs=argparse.REMAINDER,
                    help="-- CMD ARGS...: run this on every node (default: the built-in job)")
     return p
@@ -199,6 +212,8 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
     except KeyboardInterrupt:
         print("local: interrupted; containers and network removed", file=sys.stderr)
         return 130
+    if args.results:
+        save_results(run.results, args.results)
     problem = run.problem()  # the logs were printed as they came
     if problem:
         print(f"local: FAILED: {problem}", file=sys.stderr)

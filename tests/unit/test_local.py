@@ -111,3 +111,25 @@ def test_missing_sdk_is_one_line(tmp_path):
     assert out.returncode == 2, out
     assert out.stderr.startswith("entrypoint: error: docker=(unset): the Docker SDK for Python is "
                                  "not installed. pip install"), out.stderr
+
+
+def test_gpu_nodes_become_device_requests_with_explicit_ids():
+    """What Docker is asked for (no engine: a client that records the call)."""
+    pytest.importorskip("docker")
+    from entrypoint.cluster import Cluster
+
+    class Containers:
+        def create(self, image, **kwargs):
+            self.kwargs = kwargs
+
+    client = type("Client", (), {"containers": Containers()})()
+    cluster = Cluster("img", prefix="x", client=client)
+    plan = layout(nnodes=2, gpus_per_node=2, workers=None, job="deepspeed", host_gpus=4,
+                  gpu_probe="probe nvml")
+    second = nodes(plan, lambda r: f"x-node-{r}")[1]
+    cluster._create(second)
+    (request,) = client.containers.kwargs["device_requests"]
+    assert (request.device_ids, request.capabilities, request.count) == (["2", "3"], [["gpu"]], 0)
+    cluster._create(nodes(layout(nnodes=2, gpus_per_node=0, workers=None, job="deepspeed",
+                                 host_gpus=4, gpu_probe="probe nvml"), lambda r: f"x{r}")[0])
+    assert client.containers.kwargs["device_requests"] is None

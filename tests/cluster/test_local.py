@@ -1,0 +1,86 @@
+"""`entrypoint local --nodes 2`, the real command in a subprocess, against the image: two node
+containers train the built-in job together. Checked from the workers' own reports (copied out
+with --results), the prefixed logs of both nodes, the exit code, and that nothing is left
+behind, also after Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from entrypoint.cluster import LABEL
+
+STEPS = 40
+WORKERS = 2
+TIMEOUT = 300
+
+
+def local(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "entrypoint", "local", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def leftovers(client, prefix: str) -> list[str]:
+    containers = client.containers.list(all=True, filters={"label": f"{LABEL}={prefix}"})
+    networks = client.networks.list(filters={"label": f"{LABEL}={prefix}"})
+    return [c.name for c in containers] + [n.name for n in networks]
+
+
+def test_two_nodes_train_together(image, docker_client, tmp_path):
+    began = time.monotonic()
+    proc = local("--nodes", "2", "--gpus-per-node", "0", "--workers", str(WORKERS), "--image",
+                 image, "-e", f"ENTRYPOINT_JOB_STEPS={STEPS}", "--results", str(tmp_path))
+    try:
+        out, _ = proc.communicate(timeout=TIMEOUT)
+    finally:
+        proc.kill()
+    seconds = time.monotonic() - began
+    print(out)
+    assert proc.returncode == 0, out[-6000:]
+    prefix = re.search(r"on network (local-[0-9a-f]+)-net", out).group(1)
+    names = [f"{prefix}-node-{r}" for r in (0, 1)]
+    for name in names:  # both nodes' logs, prefixed by node
+        assert f"[{name}] started" in out and out.count(f"[{name}] ") > 3, name
+    assert re.search(r"final loss \d+\.\d+ \(first \d+\.\d+\)\s*$", out), out[-600:]
+
+    reports = sorted((json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")),
+                     key=lambda r: r["rank"])
+    world = 2 * WORKERS
+    assert [r["rank"] for r in reports] == list(range(world))
+    for r in reports:
+        node_rank = r["rank"] // WORKERS
+        assert r["job"] == "deepspeed" and r["world_size"] == world, r
+        assert (r["node"], r["node_rank"]) == (names[node_rank], node_rank), r
+        assert r["local_rank"] == r["rank"] % WORKERS, r
+        assert r["steps"] == STEPS and r["final_loss"] < r["first_loss"] - 1.0, r
+    assert [r["rank"] for r in reports if r["checkpoint_writer"]] == [0]
+    assert leftovers(docker_client, prefix) == []
+    print(f"entrypoint local: {seconds:.1f} s")
+
+
+def test_ctrl_c_removes_everything(image, docker_client):
+    proc = local("--nodes", "2", "--gpus-per-node", "0", "--image", image)
+    lines, prefix = [], None
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until both nodes run
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            found = re.search(r"on network (local-[0-9a-f]+)-net", line)
+            prefix = prefix or (found and found.group(1))
+            if sum("] started (at" in ln for ln in lines) == 2:
+                break
+        assert prefix and leftovers(docker_client, prefix), "".join(lines)
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, "".join(lines) + rest
+    assert "interrupted; containers and network removed" in rest
+    assert leftovers(docker_client, prefix) == []
