@@ -4,6 +4,8 @@ Commands:
   plan [--json] [-- CMD...]   print the launch plan; launches nothing
   run [-- CMD...]             plan, check, write configs, exec the launcher and trainer
   settings [--markdown]       list the ENTRYPOINT_* settings
+  render PLATFORM --nodes N --gpus-per-node G --image IMAGE [-- CMD...]
+                              write a job spec for SLURM, Kubernetes, Kubeflow, Volcano or docker
   local --nodes N [-- CMD...] run a job as N node containers on this machine (Docker)
 """
 
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 
 from entrypoint import __version__
 from entrypoint.errors import EXIT_CONFIG, ConfigError
+from entrypoint.render import options as render_options
 
 _EPILOG = """Every value comes from, in order: ENTRYPOINT_* settings, the platform's own variables
 (SLURM, Kubeflow, torchrun-style, WORLD_SIZE/RANK platforms, MPI, SkyPilot, AWS Batch,
@@ -48,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     settings = sub.add_parser("settings", help="list the ENTRYPOINT_* settings",
                               description="List every ENTRYPOINT_* setting with its default.")
     settings.add_argument("--markdown", action="store_true", help="as a Markdown table")
+
+    render_options.add_parser(sub)  # entrypoint/render: one sub-command per platform
 
     from entrypoint import local  # stdlib only at import: the Docker SDK loads when it runs
     local.add_parser(sub)
@@ -141,7 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     env = dict(os.environ)
-    handlers = {"plan": cmd_plan, "run": cmd_run, "settings": cmd_settings, "local": cmd_local}
+    handlers = {"plan": cmd_plan, "run": cmd_run, "settings": cmd_settings,
+                "render": render_options.cmd_render, "local": cmd_local}
     if args.command is None:
         parser.print_help()
         return EXIT_CONFIG

@@ -1,0 +1,31 @@
+"""`entrypoint render`: a complete, commented job spec for one platform, from one Request.
+
+One small module per platform, all with the same face:
+
+    NAME = "slurm"                     # the PLATFORM argument
+    SUMMARY = "..."                    # one line for `entrypoint render --help`
+    DOCS = "https://..."               # where the platform documents what the spec uses
+    OPTIONS = ("--time", ...)          # the options it takes beyond the common ones
+    def render(request) -> str         # pure: the whole spec as text, produced in one place
+
+Each spec sets only what the entrypoint cannot derive on the node; the platform modules under
+entrypoint/platforms read what it leads to (tests/unit/test_render_roundtrip.py checks that).
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from entrypoint.render.request import Request
+
+# The order `entrypoint render --help` lists them in.
+PLATFORMS: tuple[str, ...] = ("slurm", "kubernetes", "pytorchjob", "trainjob", "volcano", "docker")
+
+
+def module(name: str) -> ModuleType:
+    return importlib.import_module(f"entrypoint.render.{name}")
+
+
+def render(request: Request) -> str:
+    return module(request.platform).render(request)

@@ -1,0 +1,67 @@
+"""Machines started by hand: one `docker run` per machine, the case of seed 004.
+
+Nothing assigns ranks, so each command states NNODES, NODE_RANK, MASTER_ADDR and MASTER_PORT,
+the torchrun-style names entrypoint/platforms/torchrun.py reads (seeds 001, 003 and 004 export
+the same by hand; https://pytorch.org/docs/stable/elastic/run.html), and GPUS_PER_NODE, which
+`entrypoint run` checks against the machine before it starts anything. Docker's side:
+https://docs.docker.com/reference/cli/docker/container/run/ (--gpus needs the NVIDIA Container
+Toolkit; --network host and --ipc host give NCCL the host's interfaces and shared memory).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from entrypoint.render import text
+from entrypoint.render.request import Request
+
+NAME = "docker"
+SUMMARY = "one docker run command per machine started by hand"
+DOCS = "https://docs.docker.com/reference/cli/docker/container/run/"
+OPTIONS = ("--master-addr", "--master-port")
+
+DEFAULT_PORT = 29500  # torchrun's
+# RDMA registers (pins) memory, and the default 8 MiB stack is small for some NCCL paths.
+ULIMITS = ("--ulimit memlock=-1", "--ulimit stack=67108864")
+
+
+def _command(request: Request, rank: int) -> list[str]:
+    port = request.master_port or DEFAULT_PORT
+    master = request.master_addr or "127.0.0.1"
+    lines = [f"docker run --rm --name {request.name}-node{rank}"]
+    lines.append(" ".join(["--gpus all"] * bool(request.gpus_per_node)
+                          + ["--network host", "--ipc host"]))
+    lines.append(" ".join(ULIMITS))
+    env = [f"NNODES={request.nodes}", f"NODE_RANK={rank}", f"MASTER_ADDR={master}",
+           f"MASTER_PORT={port}"]
+    if request.gpus_per_node:
+        env.append(f"GPUS_PER_NODE={request.gpus_per_node}")
+    lines.append(" ".join(f"-e {shlex.quote(item)}" for item in env))
+    extra = [f"-e {shlex.quote(key if value is None else f'{key}={value}')}"
+             for key, value in request.env]
+    if extra:
+        lines.append(" ".join(extra))
+    lines.append(shlex.join([request.image, *request.entrypoint_args()]))
+    return [" \\\n    ".join(lines)]
+
+
+def render(request: Request) -> str:
+    port = request.master_port or DEFAULT_PORT
+    opening = text.header(request, (
+        f"{request.name}: {text.count(request.nodes, 'machine')} x "
+        f"{text.count(request.gpus_per_node, 'GPU')}, started by hand from {request.image}"), [
+        "Run block i on machine i, in any order; node 0 waits for the others.",
+        *([f"Machine 0 is {request.master_addr}: the others reach it on TCP port {port}, so let "
+           "them through its firewall."] if request.nodes > 1 else []),
+        "--network host and --ipc host: NCCL uses the machine's interfaces and shared memory",
+        "(without --ipc host, give --shm-size=16g). With InfiniBand, add to each command:",
+        "  --device /dev/infiniband",
+        "the entrypoint then finds the HCAs in /sys/class/infiniband and sets NCCL_IB_HCA.",
+        *([f"{', '.join(request.secrets)}: secret, never written here: docker takes it from "
+           "the shell (export it there first)."] if request.secrets else []),
+    ])
+    blocks = []
+    for rank in range(request.nodes):
+        role = "node 0, the master" if rank == 0 else f"node {rank}"
+        blocks.append("\n".join([f"# Machine {rank} ({role})", *_command(request, rank)]))
+    return text.comment(opening) + "\n" + "\n\n".join(blocks) + "\n"

@@ -1,0 +1,85 @@
+"""Kubernetes: an Indexed Job (one pod per node) and a headless Service naming its pods.
+
+The Job controller gives each pod JOB_COMPLETION_INDEX and the host name <job>-<index>; with
+spec.template.spec.subdomain naming a headless Service that selects the pods, node 0 resolves as
+<job>-0.<service> (https://kubernetes.io/docs/concepts/workloads/controllers/job/#completion-mode,
+https://kubernetes.io/docs/tasks/job/job-with-pod-to-pod-communication/). The pod count and the
+master are not in the pod's environment, so the template states them as ENTRYPOINT_NNODES and
+MASTER_ADDR, the variables entrypoint/platforms/indexedjob.py reads.
+"""
+
+from __future__ import annotations
+
+from entrypoint.render import text
+from entrypoint.render.request import Request
+
+NAME = "kubernetes"
+SUMMARY = "an Indexed Job plus a headless Service (plain Kubernetes)"
+DOCS = "https://kubernetes.io/docs/concepts/workloads/controllers/job/#completion-mode"
+OPTIONS = ("--master-port", "--namespace", "--secret-name")
+
+NNODES = "ENTRYPOINT_NNODES"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+# The label the Job controller puts on its pods (every version; batch.kubernetes.io/job-name too
+# from 1.27).
+JOB_NAME_LABEL = "job-name"
+
+
+def master_addr(request: Request) -> str:
+    return f"{request.name}-0.{request.name}"
+
+
+def render(request: Request) -> str:
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": text.kube_metadata(request),
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                 "selector": {JOB_NAME_LABEL: request.name}},
+    }
+    fixed = [(NNODES, str(request.nodes)), (MASTER_ADDR, master_addr(request))]
+    if request.master_port is not None:
+        fixed.append((MASTER_PORT, str(request.master_port)))
+    container = text.kube_container(request, "node", fixed)
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": text.kube_metadata(request),
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": request.nodes,
+            "parallelism": request.nodes,
+            "backoffLimit": 0,
+            "template": {"spec": text.kube_pod_spec(container, subdomain=request.name)},
+        },
+    }
+    port = request.master_port or "29500, torchrun's default"
+    opening = text.header(request, (
+        f"{request.name}: {text.count(request.nodes, 'node')} x "
+        f"{text.count(request.gpus_per_node, 'GPU')}, a Kubernetes Indexed Job of {request.image}"), [
+        *text.kube_notes(request),
+        f"Pod <index> is node <index>; node 0 is reached as {master_addr(request)}:{port}.",
+        f"Logs: kubectl logs{' -n ' + request.namespace if request.namespace else ''} "
+        f"-f job/{request.name} (node 0).",
+    ])
+    return text.yaml_documents([
+        (service, [
+            ("clusterIP:", "Headless: a DNS name for each pod, <pod host>.<service>, no "
+                           "load-balancing."),
+            ("publishNotReadyAddresses:", "The names exist before the pods are ready: "
+                                          "the rendezvous happens while they start."),
+        ]),
+        (job, [
+            ("completionMode:", "Indexed: pod i gets JOB_COMPLETION_INDEX=i, the entrypoint's "
+                                "node rank, and the host name <job>-<i>."),
+            ("backoffLimit:", "A lost node breaks the rendezvous of all: fail the job "
+                              "rather than restart one pod."),
+            ("subdomain:", "The headless Service above: gives pod 0 the name "
+                           f"{master_addr(request)}."),
+            (f"- name: {NNODES}", "What the pods cannot know by themselves: how many they are, "
+                                  "and where node 0 is."),
+            *([("resources:", text.ENV_NOTES["gpu"])] if request.gpus_per_node else []),
+            ("volumes:", text.ENV_NOTES["shm"]),
+        ]),
+    ], opening)

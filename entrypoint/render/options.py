@@ -1,0 +1,131 @@
+"""`entrypoint render PLATFORM ...`: the options, and the command that writes the spec.
+
+One sub-command per platform, so that `-- CMD ARGS...` can follow the options (argparse gives
+the rest of the line to the last positional only when no other positional precedes it) and each
+platform's `--help` lists only the options it takes. Values are checked by request.build, so a
+bad one is a one-line ConfigError naming the option, not an argparse usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from pathlib import Path
+
+from entrypoint.errors import ConfigError
+from entrypoint.render import PLATFORMS, module, render
+from entrypoint.render.request import DEFAULT_NAME, DEFAULT_RUNTIME, DEFAULT_TIME, RUNTIMES, build
+
+_DESCRIPTION = """Write a complete, commented job spec that runs IMAGE on N nodes of G GPUs each,
+to standard output or to FILE. The spec sets only what the entrypoint cannot find out on the node
+(how many nodes there are and where node 0 is, where the platform does not say it); `entrypoint
+run` in each container does the rest. Secret variables (names with TOKEN, SECRET, PASSWORD or
+KEY) are never written into a spec: Kubernetes specs read them from a Secret, the others from the
+submitting shell.
+
+platforms:
+{platforms}
+
+options of every platform:
+{common}
+
+options of some platforms (`entrypoint render PLATFORM --help` for each):
+{more}"""
+
+_EXAMPLE = """example:
+  entrypoint render {platform} --nodes 2 --gpus-per-node 8 --image ghcr.io/org/multinode:1.0{more} \\
+      -- python train.py --epochs 3"""
+
+_EXAMPLE_MORE = {"slurm": " --runtime pyxis --partition gpu", "docker": " --master-addr 10.0.0.1"}
+
+# The options every platform takes: flags, then argparse keywords.
+_COMMON: tuple[tuple[tuple[str, ...], dict], ...] = (
+    (("--nodes",), dict(metavar="N", help="number of nodes (required)")),
+    (("--gpus-per-node",), dict(metavar="G", help="GPUs on each node, 0 for CPU only (required)")),
+    (("--image",), dict(metavar="IMAGE", help="the image to run (required)")),
+    (("--name",), dict(metavar="NAME", help=f"the job's name, lower case (default: {DEFAULT_NAME})")),
+    (("--env",), dict(metavar="KEY=VALUE", action="append", default=[],
+                      help="a variable for every node (repeatable); a secret by its name alone")),
+    (("-o", "--output"), dict(metavar="FILE", help="write the spec to FILE (default: standard "
+                                                   "output)")),
+)
+
+# Options beyond the common ones; each platform module names those it takes in its OPTIONS.
+_OPTIONS: dict[str, dict] = {
+    "--master-port": dict(metavar="PORT", help="rendezvous port on node 0 (default: the "
+                          "platform's, or the entrypoint's)"),
+    "--runtime": dict(metavar="RUNTIME", default=DEFAULT_RUNTIME,
+                      help=f"how srun runs the image: {', '.join(RUNTIMES)} (none: the nodes "
+                           f"run the image already) (default: {DEFAULT_RUNTIME})"),
+    "--time": dict(metavar="LIMIT", default=DEFAULT_TIME,
+                   help=f"time limit, as sbatch takes it (default: {DEFAULT_TIME})"),
+    "--partition": dict(metavar="NAME", help="SLURM partition"),
+    "--account": dict(metavar="NAME", help="SLURM account to charge"),
+    "--namespace": dict(metavar="NAME", help="Kubernetes namespace (default: kubectl's)"),
+    "--secret-name": dict(metavar="NAME", help="the Secret that holds the secret --env "
+                          "variables (default: NAME-secrets)"),
+    "--master-addr": dict(metavar="HOST", help="machine 0's host name or IP; required for more "
+                          "than one machine"),
+}
+_TRAINER_HELP = "the trainer command (default: the image's built-in job)"
+
+
+def _listing() -> dict[str, str]:
+    """The text of `entrypoint render --help`: every platform and every option."""
+    def row(left: str, right: str) -> str:
+        return textwrap.fill(right, 100, initial_indent=f"  {left:<22} ", subsequent_indent=" " * 25)
+
+    common = [row(" ".join(flags) + " " + kw["metavar"], kw["help"]) for flags, kw in _COMMON]
+    common.append(row("-- CMD ARGS", _TRAINER_HELP))
+    more = [row(flag + " " + kw["metavar"], "[" + ", ".join(
+        name for name in PLATFORMS if flag in module(name).OPTIONS) + "] " + kw["help"])
+        for flag, kw in _OPTIONS.items()]
+    return {"platforms": "\n".join(row(name, module(name).SUMMARY) for name in PLATFORMS),
+            "common": "\n".join(common), "more": "\n".join(more)}
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add `render` and one sub-command per platform to the entrypoint's sub-commands."""
+    parser = subparsers.add_parser(
+        "render", help="write a job spec for a platform: " + ", ".join(PLATFORMS),
+        description=_DESCRIPTION.format(**_listing()),
+        epilog=_EXAMPLE.format(platform="kubernetes", more=""),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    platforms = parser.add_subparsers(dest="platform", metavar="PLATFORM", required=True,
+                                      help="one of: " + ", ".join(PLATFORMS))
+    for name in PLATFORMS:
+        platform = module(name)
+        sub = platforms.add_parser(
+            name, description=platform.__doc__.split("\n\n")[0] + f"\n\nDocs: {platform.DOCS}",
+            epilog=_EXAMPLE.format(platform=name, more=_EXAMPLE_MORE.get(name, "")),
+            formatter_class=argparse.RawDescriptionHelpFormatter)
+        for flags, keywords in _COMMON:
+            sub.add_argument(*flags, **keywords)
+        for flag in platform.OPTIONS:
+            sub.add_argument(flag, **_OPTIONS[flag])
+        sub.add_argument("trainer", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
+                         help=_TRAINER_HELP)
+    return parser
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def cmd_render(args, env=None) -> int:
+    """Build the request from the options, render it, write it."""
+    extra = {_dest(flag): getattr(args, _dest(flag), None) for flag in _OPTIONS}
+    request = build(args.platform, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                    image=args.image, name=args.name, trainer=args.trainer, env=args.env, **extra)
+    spec = render(request)
+    if not args.output:
+        sys.stdout.write(spec)
+        return 0
+    try:
+        Path(args.output).write_text(spec)
+    except OSError as err:
+        raise ConfigError("--output", args.output, f"cannot be written ({err.strerror})",
+                          "Name a file in a directory that exists and that you may write") from None
+    print(f"entrypoint: wrote {args.output}", file=sys.stderr)
+    return 0

@@ -1,0 +1,76 @@
+"""Kubeflow training-operator v1 PyTorchJob: Master x1 and Worker x N-1, one pod per node.
+
+The operator names the pods <job>-master-0 and <job>-worker-<i> and gives every container named
+`pytorch` MASTER_ADDR=<job>-master-0, MASTER_PORT (the container port named pytorchjob-port,
+23456 unless stated), RANK (the pod's index) and, from v1.7, PET_NNODES, PET_NODE_RANK and
+PET_NPROC_PER_NODE=nprocPerNode, with WORLD_SIZE = pods x nprocPerNode
+(kubeflow/training-operator v1.9.0, pkg/controller.v1/pytorch/envvar.go and master.go;
+https://www.kubeflow.org/docs/components/trainer/legacy-v1/user-guides/pytorch/). So the spec
+states nothing but the replicas, nprocPerNode and, when asked, the port.
+"""
+
+from __future__ import annotations
+
+from entrypoint.render import text
+from entrypoint.render.request import Request
+
+NAME = "pytorchjob"
+SUMMARY = "a Kubeflow training-operator v1 PyTorchJob (Master + Workers)"
+DOCS = "https://www.kubeflow.org/docs/components/trainer/legacy-v1/user-guides/pytorch/"
+OPTIONS = ("--master-port", "--namespace", "--secret-name")
+
+CONTAINER = "pytorch"  # the operator sets its variables only in the container of this name
+PORT_NAME = "pytorchjob-port"
+DEFAULT_PORT = 23456  # PyTorchJobDefaultPort, pkg/apis/kubeflow.org/v1/pytorch_types.go
+
+
+def master_addr(request: Request) -> str:
+    return f"{request.name}-master-0"
+
+
+def _replica(request: Request, replicas: int) -> dict:
+    ports = ([{"name": PORT_NAME, "containerPort": request.master_port}]
+             if request.master_port is not None else [])
+    container = text.kube_container(request, CONTAINER, ports=ports)
+    # The operator copies the replica's restartPolicy into the pod.
+    return {"replicas": replicas, "restartPolicy": "Never",
+            "template": {"spec": text.kube_pod_spec(container, restart=None)}}
+
+
+def render(request: Request) -> str:
+    replicas = {"Master": _replica(request, 1)}
+    if request.nodes > 1:
+        replicas["Worker"] = _replica(request, request.nodes - 1)
+    job = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": text.kube_metadata(request),
+        "spec": {
+            "nprocPerNode": str(request.nproc_per_node),
+            "runPolicy": {"backoffLimit": 0},
+            "pytorchReplicaSpecs": replicas,
+        },
+    }
+    port = request.master_port or DEFAULT_PORT
+    opening = text.header(request, (
+        f"{request.name}: {text.count(request.nodes, 'node')} x "
+        f"{text.count(request.gpus_per_node, 'GPU')}, a Kubeflow PyTorchJob of {request.image}"), [
+        *text.kube_notes(request),
+        f"Node 0 is the Master pod, {master_addr(request)}:{port}; Worker i is node i + 1.",
+        "Needs training-operator v1.7 or later (PET_NNODES); the last v1 release is v1.9.",
+    ])
+    notes = [
+        ("nprocPerNode:", "Workers per node: one per GPU (one on CPU). The operator passes it as "
+                          "PET_NPROC_PER_NODE and counts WORLD_SIZE in processes."),
+        ("backoffLimit:", "A lost node breaks the rendezvous of all: fail the job rather than "
+                          "restart one pod."),
+        ("Master:", "Node 0: the operator points every pod's MASTER_ADDR here."),
+        (f"- name: {CONTAINER}", "The operator sets MASTER_ADDR, MASTER_PORT, RANK and PET_* only "
+                                 f"in the container named {CONTAINER}."),
+    ]
+    if request.master_port is not None:
+        notes.append(("ports:", f"The operator takes MASTER_PORT from the port named {PORT_NAME}."))
+    if request.gpus_per_node:
+        notes.append(("resources:", text.ENV_NOTES["gpu"]))
+    notes.append(("volumes:", text.ENV_NOTES["shm"]))
+    return text.yaml_documents([(job, notes)], opening)

@@ -1,0 +1,179 @@
+"""What `entrypoint render` was asked for: one frozen value, checked once, that every platform's
+renderer reads. Secret values never enter it: a secret variable is kept by name only.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from entrypoint.errors import ConfigError
+from entrypoint.secrets import MASK, is_secret
+from entrypoint.values import port, positive_int
+
+DEFAULT_NAME = "train"
+DEFAULT_TIME = "01:00:00"
+DEFAULT_RUNTIME = "pyxis"
+RUNTIMES = ("pyxis", "apptainer", "none")
+
+# Kubernetes object names (RFC 1035 label); 40 leaves room for `-worker-<i>` and `-node-0-<i>`
+# inside the 63-character pod host names the platforms derive from the job's name.
+_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+_TIME = re.compile(r"^(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2})$")
+_WORD = re.compile(r"^[\w.,-]+$")
+_HOST = re.compile(r"^[A-Za-z0-9._:-]+$")
+# Set by the rendered spec or by the platform itself: --env must not shadow them.
+_RESERVED = {"NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
+             "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GPUS_PER_NODE", "JOB_COMPLETION_INDEX",
+             "ENTRYPOINT_NNODES", "ENTRYPOINT_NODE_RANK", "ENTRYPOINT_MASTER_ADDR",
+             "ENTRYPOINT_MASTER_PORT"}
+_RESERVED_PREFIXES = ("PET_", "SLURM_", "VC_", "VK_")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One job: `nodes` machines with `gpus_per_node` GPUs each, all running `image`."""
+
+    platform: str
+    nodes: int
+    gpus_per_node: int
+    image: str
+    name: str = DEFAULT_NAME
+    command: tuple[str, ...] = ()  # the trainer; empty: the image's built-in job
+    master_port: int | None = None  # None: the platform's or the entrypoint's default
+    master_addr: str | None = None  # docker only: machine 0's address
+    # (name, value); value None for a secret, which the spec takes from elsewhere.
+    env: tuple[tuple[str, str | None], ...] = ()
+    runtime: str = DEFAULT_RUNTIME  # slurm only
+    time: str = DEFAULT_TIME  # slurm only
+    partition: str | None = None  # slurm only
+    account: str | None = None  # slurm only
+    namespace: str | None = None  # Kubernetes platforms only
+    secret_name: str | None = None  # Kubernetes platforms: the Secret holding secret --env names
+
+    @property
+    def secret(self) -> str:
+        return self.secret_name or f"{self.name}-secrets"
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        return tuple(name for name, value in self.env if value is None)
+
+    @property
+    def nproc_per_node(self) -> int:
+        """Workers per node as the entrypoint will choose them: one per GPU, one on CPU."""
+        return max(self.gpus_per_node, 1)
+
+    def entrypoint_args(self) -> list[str]:
+        """The image's entrypoint arguments: `run`, then the trainer after `--`."""
+        return ["run", "--", *self.command] if self.command else ["run"]
+
+    def command_line(self) -> str:
+        """The `entrypoint render` command that gives this spec again (secrets by name only)."""
+        words = ["entrypoint", "render", self.platform, "--nodes", str(self.nodes),
+                 "--gpus-per-node", str(self.gpus_per_node), "--image", self.image]
+        if self.name != DEFAULT_NAME:
+            words += ["--name", self.name]
+        for option, value, default in (
+                ("--runtime", self.runtime, DEFAULT_RUNTIME), ("--time", self.time, DEFAULT_TIME),
+                ("--partition", self.partition, None), ("--account", self.account, None),
+                ("--namespace", self.namespace, None), ("--secret-name", self.secret_name, None),
+                ("--master-addr", self.master_addr, None), ("--master-port", self.master_port, None)):
+            if value != default:
+                words += [option, str(value)]
+        for key, value in self.env:
+            words += ["--env", key if value is None else f"{key}={value}"]
+        if self.command:
+            words += ["--", *self.command]
+        return shlex.join(words)
+
+
+def _env(items: Sequence[str]) -> tuple[tuple[str, str | None], ...]:
+    out: dict[str, str | None] = {}
+    for item in items:
+        key, has_value, value = item.partition("=")
+        shown = f"{key}={MASK}" if has_value and is_secret(key) else item
+        if not _ENV_NAME.match(key):
+            raise ConfigError("--env", shown, "is not KEY=VALUE with a variable name as KEY",
+                              "Give --env NAME=value, for example --env NCCL_DEBUG=INFO")
+        if key in _RESERVED or key.startswith(_RESERVED_PREFIXES):
+            raise ConfigError("--env", shown, f"the rendered spec or the platform sets {key}",
+                              "Drop it; --nodes, --gpus-per-node and --master-port say what you "
+                              "want instead")
+        if key in out:
+            raise ConfigError("--env", shown, f"{key} is given twice", "Give each variable once")
+        if is_secret(key):
+            value = None  # never written into a spec: it comes from a Secret or the shell
+        elif not has_value:
+            raise ConfigError("--env", item, "has no value",
+                              f"Give --env {key}=value (only secret names, such as HF_TOKEN, "
+                              "come without one)")
+        out[key] = value
+    return tuple(out.items())
+
+
+def _match(option: str, raw: str | None, pattern: re.Pattern, what: str, example: str) -> str | None:
+    if raw is None:
+        return None
+    if not pattern.match(raw):
+        raise ConfigError(option, raw, f"is not {what}", f"Give {option} {example}")
+    return raw
+
+
+def _command(trainer: Sequence[str]) -> tuple[str, ...]:
+    rest = list(trainer)
+    if rest and rest[0] != "--":
+        raise ConfigError("CMD", shlex.join(rest), "comes without -- before it",
+                          "Put -- between the options and the trainer command, for example "
+                          "-- python train.py")
+    return tuple(rest[1:])
+
+
+def build(platform: str, *, nodes: str | None, gpus_per_node: str | None, image: str | None,
+          name: str | None = None, trainer: Sequence[str] = (), master_port: str | None = None,
+          master_addr: str | None = None, env: Sequence[str] = (), runtime: str | None = None,
+          time: str | None = None, partition: str | None = None, account: str | None = None,
+          namespace: str | None = None, secret_name: str | None = None) -> Request:
+    """The checked request, from the options as typed; a ConfigError names the bad option."""
+    for option, raw, example in (("--nodes", nodes, "2"), ("--gpus-per-node", gpus_per_node, "8"),
+                                 ("--image", image, "ghcr.io/org/multinode:1.0")):
+        if raw is None:
+            raise ConfigError(option, None, "is required", f"Give {option}, for example "
+                                                          f"{option} {example}")
+    if not image.strip() or any(c.isspace() for c in image):
+        raise ConfigError("--image", image, "is not an image reference",
+                          "Give --image as registry/name:tag, for example ghcr.io/org/multinode:1.0")
+    runtime = runtime or DEFAULT_RUNTIME
+    if runtime not in RUNTIMES:
+        raise ConfigError("--runtime", runtime, "is not a runtime render knows",
+                          f"Use one of: {', '.join(RUNTIMES)}")
+    request = Request(
+        platform=platform,
+        nodes=positive_int("--nodes", nodes),
+        gpus_per_node=positive_int("--gpus-per-node", gpus_per_node, allow_zero=True),
+        image=image,
+        name=_match("--name", name, _NAME, "a lower-case name of letters, digits and - "
+                    "(at most 40, starting with a letter)", "train-llm") or DEFAULT_NAME,
+        command=_command(trainer),
+        master_port=None if master_port is None else port("--master-port", master_port),
+        master_addr=_match("--master-addr", master_addr, _HOST, "a host name or IP address",
+                           "10.0.0.1 (machine 0's address)"),
+        env=_env(env),
+        runtime=runtime,
+        time=_match("--time", time, _TIME, "a SLURM time limit", "04:00:00 (or 2-00:00:00)")
+        or DEFAULT_TIME,
+        partition=_match("--partition", partition, _WORD, "a partition name", "gpu"),
+        account=_match("--account", account, _WORD, "an account name", "myproject"),
+        namespace=_match("--namespace", namespace, _NAMESPACE, "a Kubernetes namespace", "ml"),
+        secret_name=_match("--secret-name", secret_name, _NAMESPACE, "a Kubernetes object name",
+                           "train-secrets"),
+    )
+    if platform == "docker" and request.nodes > 1 and request.master_addr is None:
+        raise ConfigError("--master-addr", None, "machines started by hand need node 0's address",
+                          "Give --master-addr with machine 0's host name or IP")
+    return request

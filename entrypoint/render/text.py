@@ -1,0 +1,139 @@
+"""Text shared by the renderers: comment headers, and YAML with comments put in as text.
+
+pyyaml writes no comments, so a document is dumped first and each note is then put above the
+first line (after the previous note's) that starts with its key: stable, golden-testable text.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Sequence
+
+GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's resource name
+SHM_VOLUME = "dshm"
+SHM_PATH = "/dev/shm"
+NOTE_WIDTH = 100
+# A Secret's keys are the variable names; the value never appears in a spec.
+SECRET_HINT = "kubectl create secret generic {secret}{ns} {literals}"
+
+
+def comment(lines: Sequence[str]) -> str:
+    return "".join(f"# {line}".rstrip() + "\n" for line in lines)
+
+
+def count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else "s")
+
+
+def header(request, title: str, lines: Sequence[str] = ()) -> list[str]:
+    """The opening lines every spec starts with: what it is and how to get it again."""
+    return [title, f"Rendered by: {request.command_line()}", *lines]
+
+
+def annotate(text: str, notes: Sequence[tuple[str, str]]) -> str:
+    """Put `# note` above the first line, at or after the previous note's, starting with key."""
+    lines = text.splitlines()
+    out: list[str] = []
+    position = 0
+    for key, note in notes:
+        for index in range(position, len(lines)):
+            stripped = lines[index].lstrip()
+            if stripped.startswith(key):
+                out += lines[position:index]
+                indent = lines[index][: len(lines[index]) - len(stripped)]
+                width = max(40, NOTE_WIDTH - len(indent) - 2)
+                out += [f"{indent}# {line}" for line in textwrap.wrap(note, width)]
+                position = index
+                break
+        else:
+            raise AssertionError(f"no line starts with {key!r} after line {position}")
+    return "\n".join(out + lines[position:]) + "\n"
+
+
+def yaml_documents(documents: Sequence[tuple[dict, Sequence[tuple[str, str]]]],
+                   opening: Sequence[str]) -> str:
+    """A multi-document YAML stream: the opening comment, then each (object, notes)."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        # Indent list items under their key, as kubectl and the Kubernetes docs write them.
+        def increase_indent(self, flow=False, indentless=False):
+            return super().increase_indent(flow, False)
+
+    def short_list(dumper, items):
+        # A list of words (a command, plugin flags) reads best on one line.
+        flow = all(isinstance(item, str) for item in items)
+        return dumper.represent_sequence("tag:yaml.org,2002:seq", items, flow_style=flow)
+
+    Dumper.add_representer(list, short_list)
+
+    parts = []
+    for body, notes in documents:
+        text = yaml.dump(body, Dumper=Dumper, sort_keys=False, width=1000,
+                         default_flow_style=False)
+        parts.append(annotate(text, notes))
+    return comment(opening) + "---\n".join(parts)
+
+
+def kube_env(request, fixed: Sequence[tuple[str, str]] = ()) -> list[dict]:
+    """Container env: what the platform cannot say, then --env; secrets from the Secret."""
+    entries: list[dict] = [{"name": key, "value": value} for key, value in fixed]
+    for key, value in request.env:
+        if value is None:
+            entries.append({"name": key, "valueFrom": {"secretKeyRef": {
+                "name": request.secret, "key": key}}})
+        else:
+            entries.append({"name": key, "value": value})
+    return entries
+
+
+def kube_container(request, name: str, fixed_env: Sequence[tuple[str, str]] = (),
+                   ports: Sequence[dict] = ()) -> dict:
+    """The node's container: the image's entrypoint with `run`, GPUs as limits, /dev/shm."""
+    container: dict = {"name": name, "image": request.image, "args": request.entrypoint_args()}
+    env = kube_env(request, fixed_env)
+    if env:
+        container["env"] = env
+    if ports:
+        container["ports"] = list(ports)
+    if request.gpus_per_node:
+        container["resources"] = {"limits": {GPU_RESOURCE: request.gpus_per_node}}
+    container["volumeMounts"] = [{"name": SHM_VOLUME, "mountPath": SHM_PATH}]
+    return container
+
+
+def shm_volume() -> dict:
+    return {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}
+
+
+def kube_pod_spec(container: dict, restart: str | None = "Never", **more) -> dict:
+    """A pod of one container with /dev/shm in memory; restart None: the operator decides."""
+    spec = {**more, "restartPolicy": restart} if restart else dict(more)
+    return spec | {"containers": [container], "volumes": [shm_volume()]}
+
+
+def kube_metadata(request) -> dict:
+    meta = {"name": request.name}
+    if request.namespace:
+        meta["namespace"] = request.namespace
+    return meta
+
+
+def kube_notes(request) -> list[str]:
+    """Opening lines every Kubernetes spec shares: how to apply it, where secrets come from."""
+    ns = f" -n {request.namespace}" if request.namespace else ""
+    lines = [f"Apply: kubectl apply{ns} -f FILE"]
+    if request.secrets:
+        literals = " ".join(f"--from-literal={key}=..." for key in request.secrets)
+        lines += [f"{', '.join(request.secrets)}: secret, read from the Secret {request.secret} "
+                  "and never written here. Create it first:",
+                  "  " + SECRET_HINT.format(secret=request.secret, ns=ns, literals=literals)]
+    return lines
+
+
+ENV_NOTES = {
+    "shm": "NCCL and DataLoader workers share memory through /dev/shm; a container's default "
+           "is 64 MiB.",
+    "gpu": "The device plugin gives the container this many GPUs; the entrypoint starts one "
+           "worker per GPU it sees.",
+}

@@ -1,0 +1,76 @@
+"""Volcano Job (batch.volcano.sh/v1alpha1): task `master` x1 and task `worker` x N-1, gang
+scheduled, one pod per node.
+
+Its job plugins put the rest in the pods (volcano-sh/volcano, pkg/controllers/job/plugins;
+https://volcano.sh/en/docs/vcjob/): pytorch sets MASTER_ADDR=<job>-master-0.<job>, MASTER_PORT
+(its --port, 23456 unless stated), WORLD_SIZE (master + worker pods) and RANK (master 0, worker
+i -> i + 1); svc gives each pod the host name <job>-<task>-<i> under a headless Service named
+after the job, and VC_<TASK>_HOSTS/VC_<TASK>_NUM; env sets VC_TASK_INDEX. That is what
+entrypoint/platforms/volcano.py reads.
+"""
+
+from __future__ import annotations
+
+from entrypoint.render import text
+from entrypoint.render.request import Request
+
+NAME = "volcano"
+SUMMARY = "a Volcano Job with the pytorch, svc and env plugins"
+DOCS = "https://volcano.sh/en/docs/vcjob/"
+OPTIONS = ("--master-port", "--namespace", "--secret-name")
+
+MASTER = "master"
+WORKER = "worker"
+DEFAULT_PORT = 23456  # the pytorch plugin's DefaultPort
+
+
+def master_addr(request: Request) -> str:
+    return f"{request.name}-{MASTER}-0.{request.name}"
+
+
+def _task(request: Request, name: str, replicas: int, **more) -> dict:
+    container = text.kube_container(request, "node")
+    return {"name": name, "replicas": replicas, **more,
+            "template": {"spec": text.kube_pod_spec(container)}}
+
+
+def render(request: Request) -> str:
+    pytorch = [f"--master={MASTER}", f"--worker={WORKER}"]
+    if request.master_port is not None:
+        pytorch.append(f"--port={request.master_port}")
+    tasks = [_task(request, MASTER, 1,
+                   policies=[{"event": "TaskCompleted", "action": "CompleteJob"}])]
+    if request.nodes > 1:
+        tasks.append(_task(request, WORKER, request.nodes - 1))
+    job = {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": text.kube_metadata(request),
+        "spec": {
+            "schedulerName": "volcano",
+            "minAvailable": request.nodes,
+            "plugins": {"pytorch": pytorch, "svc": [], "env": []},
+            "policies": [{"event": "PodEvicted", "action": "RestartJob"},
+                         {"event": "PodFailed", "action": "AbortJob"}],
+            "tasks": tasks,
+        },
+    }
+    port = request.master_port or DEFAULT_PORT
+    opening = text.header(request, (
+        f"{request.name}: {text.count(request.nodes, 'node')} x "
+        f"{text.count(request.gpus_per_node, 'GPU')}, a Volcano Job of {request.image}"), [
+        *text.kube_notes(request),
+        f"Node 0 is the master task's pod, {master_addr(request)}:{port}; worker i is node i + 1.",
+    ])
+    notes = [
+        ("minAvailable:", "Gang scheduling: every node starts, or none does."),
+        ("plugins:", "pytorch: MASTER_ADDR, MASTER_PORT, WORLD_SIZE (pods) and RANK in every pod; "
+                     "svc: host names under a headless Service; env: VC_TASK_INDEX."),
+        ("policies:", "A lost node breaks the rendezvous of all: restart the whole job when a pod "
+                      "is evicted, stop it when one fails."),
+        (f"- name: {MASTER}", "Node 0. When it completes, the job has."),
+    ]
+    if request.gpus_per_node:
+        notes.append(("resources:", text.ENV_NOTES["gpu"]))
+    notes.append(("volumes:", text.ENV_NOTES["shm"]))
+    return text.yaml_documents([(job, notes)], opening)
