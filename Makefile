@@ -13,7 +13,7 @@ UV_COMPILE           := --generate-hashes --python-version 3.13 --python-platfor
 
 export IMAGE BASE_IMAGE OFFLINE_BASE_IMAGE TORCH_CUDA_ARCH_LIST
 
-.PHONY: help dev image base lock lint test test-unit test-image bench-image clean
+.PHONY: help dev image base lock lint demo test test-unit test-image bench-image clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -39,9 +39,13 @@ lock: $(VENV)/.done ## Re-resolve docker/requirements.lock and build-tools.lock,
 	$(VENV)/bin/uv pip compile -q $(UV_COMPILE) $(if $(UPGRADE),--upgrade) docker/build-tools.in -o docker/build-tools.lock
 	@echo "lock sha256: $$(sha256sum docker/requirements.lock | cut -d' ' -f1)"
 
-lint: $(VENV)/.done ## hadolint the Dockerfile, shellcheck the build scripts
-	$(VENV)/bin/hadolint docker/Dockerfile
-	$(VENV)/bin/shellcheck docker/*.sh docker/base/*.sh .ci/run
+lint: $(VENV)/.done ## hadolint the Dockerfiles, shellcheck the build and test scripts
+	$(VENV)/bin/hadolint docker/Dockerfile tests/slurm/Dockerfile
+	$(VENV)/bin/shellcheck docker/*.sh docker/base/*.sh .ci/run tests/slurm/*.sh tests/slurm/*.sbatch
+
+demo: $(VENV)/.done ## Build the image if needed, run its built-in job as 2 node containers here, 2 CPU workers each (ARGS: more `entrypoint local` options)
+	docker/build.sh
+	$(VENV)/bin/entrypoint local --nodes 2 --image $(IMAGE) $(ARGS)
 
 test: $(VENV)/.done ## Run every test; builds the image first when a Docker engine answers
 	@if docker/build.sh --check-engine 2>/dev/null; then docker/build.sh; \

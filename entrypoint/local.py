@@ -81,16 +81,22 @@ def nodes(plan: Layout, name, *, env: Mapping[str, str] = {},  # noqa: B006 - re
 
     master = name(0)
     common = {"NNODES": str(plan.nnodes), "MASTER_ADDR": master, "MASTER_PORT": MASTER_PORT,
-              "GPUS_PER_NODE": str(plan.gpus_per_node),
               # every node's lines, readable when a person watches: what `local` is for
               "ENTRYPOINT_LOG_ALL_NODES": "true", "PYTHONUNBUFFERED": "1"}
+    if plan.gpus_per_node:
+        common["GPUS_PER_NODE"] = str(plan.gpus_per_node)
+    else:  # GPUS_PER_NODE must be positive; a CPU node says so in the entrypoint's own setting
+        common["ENTRYPOINT_GPUS_PER_NODE"] = "0"
     if tty:
         common["ENTRYPOINT_LOG_FORMAT"] = "console"
     if plan.job != "deepspeed":
         common["ENTRYPOINT_JOB"] = plan.job
     if plan.workers is not None:
         common["ENTRYPOINT_NPROC_PER_NODE"] = str(plan.workers)
-    return [Node(name(rank), common | {"NODE_RANK": str(rank)} | dict(env),
+    # The image sets NVIDIA_VISIBLE_DEVICES=all: where the NVIDIA runtime is the default one, a
+    # node would see every GPU of the machine unless told its own ("void": none).
+    return [Node(name(rank), common | {"NODE_RANK": str(rank), "NVIDIA_VISIBLE_DEVICES":
+                                       ",".join(plan.gpu_ids[rank]) or "void"} | dict(env),
                  command=("run", "--", *command) if command else None, gpus=plan.gpu_ids[rank])
             for rank in range(plan.nnodes)]
 

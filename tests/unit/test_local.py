@@ -60,6 +60,7 @@ def test_nodes_are_hand_started_nodes_with_their_own_gpus():
             "NNODES": "2", "NODE_RANK": str(rank), "MASTER_ADDR": "x-node-0",
             "MASTER_PORT": "29500", "GPUS_PER_NODE": "2", "ENTRYPOINT_JOB_STEPS": "40"}
         assert "ENTRYPOINT_NPROC_PER_NODE" not in node.env  # one worker per GPU, the default
+        assert node.env["NVIDIA_VISIBLE_DEVICES"] == ("0,1", "2,3")[rank]
         assert node.command == ("run", "--", "python", "train.py")
     assert (tuple(a.gpus), tuple(b.gpus)) == (("0", "1"), ("2", "3"))
 
@@ -68,6 +69,8 @@ def test_cpu_nodes_get_workers_and_the_users_env_wins():
     plan = Layout(2, 0, 2, "deepspeed", ((), ()), "no GPU here")
     a, b = nodes(plan, lambda r: f"n{r}", env={"ENTRYPOINT_NPROC_PER_NODE": "1"})
     assert a.env["ENTRYPOINT_NPROC_PER_NODE"] == "1" and a.command is None and not a.gpus
+    assert (a.env["ENTRYPOINT_GPUS_PER_NODE"], a.env["NVIDIA_VISIBLE_DEVICES"]) == ("0", "void")
+    assert "GPUS_PER_NODE" not in a.env  # the torchrun platform's must be positive
     assert nodes(plan, lambda r: f"n{r}")[1].env["ENTRYPOINT_NPROC_PER_NODE"] == "2"
 
 
