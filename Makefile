@@ -13,7 +13,7 @@ UV_COMPILE           := --generate-hashes --python-version 3.13 --python-platfor
 
 export IMAGE BASE_IMAGE OFFLINE_BASE_IMAGE TORCH_CUDA_ARCH_LIST
 
-.PHONY: help dev image base lock lint demo test test-unit test-image bench-image clean
+.PHONY: help dev image base lock lint demo test test-unit golden test-image bench-image clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -41,7 +41,7 @@ lock: $(VENV)/.done ## Re-resolve docker/requirements.lock and build-tools.lock,
 
 lint: $(VENV)/.done ## hadolint the Dockerfiles, shellcheck the build and test scripts
 	$(VENV)/bin/hadolint docker/Dockerfile tests/slurm/Dockerfile
-	$(VENV)/bin/shellcheck docker/*.sh docker/base/*.sh .ci/run tests/slurm/*.sh tests/slurm/*.sbatch
+	$(VENV)/bin/shellcheck docker/*.sh docker/base/*.sh .ci/run tests/slurm/*.sh
 
 demo: $(VENV)/.done ## Build the image if needed, run its built-in job as 2 node containers here, 2 CPU workers each (ARGS: more `entrypoint local` options)
 	docker/build.sh
@@ -54,6 +54,9 @@ test: $(VENV)/.done ## Run every test; builds the image first when a Docker engi
 
 test-unit: $(VENV)/.done ## Run the unit tests
 	$(VENV)/bin/python -m pytest tests/unit
+
+golden: $(VENV)/.done ## Rewrite tests/golden/render from `entrypoint render` (review the diff)
+	UPDATE_GOLDEN=1 $(VENV)/bin/python -m pytest -q tests/unit/test_render_golden.py
 
 test-image: $(VENV)/.done ## Run the tests against the built image IMAGE
 	$(VENV)/bin/python -m pytest -m image tests/image

@@ -1,0 +1,25 @@
+# train: 2 machines x 8 GPUs, started by hand from ghcr.io/example/multinode:1.0
+# Rendered by: entrypoint render docker --nodes 2 --gpus-per-node 8 --image ghcr.io/example/multinode:1.0 --master-addr 10.0.0.1 --env NCCL_DEBUG=INFO --env HF_TOKEN -- python train.py --epochs 3
+# Run block i on machine i, in any order; node 0 waits for the others.
+# Machine 0 is 10.0.0.1: the others reach it on TCP port 29500, so let them through its firewall.
+# --network host and --ipc host: NCCL uses the machine's interfaces and shared memory
+# (without --ipc host, give --shm-size=16g). With InfiniBand, add to each command:
+#   --device /dev/infiniband
+# the entrypoint then finds the HCAs in /sys/class/infiniband and sets NCCL_IB_HCA.
+# HF_TOKEN: secret, never written here: docker takes it from the shell (export it there first).
+
+# Machine 0 (node 0, the master)
+docker run --rm --name train-node0 \
+    --gpus all --network host --ipc host \
+    --ulimit memlock=-1 --ulimit stack=67108864 \
+    -e NNODES=2 -e NODE_RANK=0 -e MASTER_ADDR=10.0.0.1 -e MASTER_PORT=29500 -e GPUS_PER_NODE=8 \
+    -e NCCL_DEBUG=INFO -e HF_TOKEN \
+    ghcr.io/example/multinode:1.0 run -- python train.py --epochs 3
+
+# Machine 1 (node 1)
+docker run --rm --name train-node1 \
+    --gpus all --network host --ipc host \
+    --ulimit memlock=-1 --ulimit stack=67108864 \
+    -e NNODES=2 -e NODE_RANK=1 -e MASTER_ADDR=10.0.0.1 -e MASTER_PORT=29500 -e GPUS_PER_NODE=8 \
+    -e NCCL_DEBUG=INFO -e HF_TOKEN \
+    ghcr.io/example/multinode:1.0 run -- python train.py --epochs 3
