@@ -1,6 +1,7 @@
 """Real SLURM: Debian's slurmctld and slurmd in two containers of the image (tests/slurm/), a
-controller+node and a node on a private network, and an sbatch script submitted with sbatch.
-Each srun task is `entrypoint run`, reading what SLURM itself set. Checked from the workers' own
+controller+node and a node on a private network, and the sbatch script that
+`entrypoint render slurm --runtime none` writes, submitted with sbatch. Each srun task is
+`entrypoint run`, reading what SLURM itself set. Checked from the workers' own
 results files (both containers) and from `scontrol show job`: the built-in job trained across
 both nodes on CPU, 2 workers per node, and the job COMPLETED.
 
@@ -14,6 +15,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -24,6 +26,7 @@ from entrypoint.cluster import LABEL, Cluster, Node, read_results
 
 ROOT = Path(__file__).parents[2]
 SLURM = ROOT / "tests" / "slurm"
+JOB = "multinode-test"
 STEPS = 40  # the loss falls clearly (~4.3 -> ~1.9) in a few seconds of training
 WORKERS = 2  # per node
 BUILD_TIMEOUT = 900  # first build downloads Debian's SLURM packages; later ones hit the cache
@@ -115,11 +118,21 @@ def put(container, path: str, text: str, mode: int = 0o755) -> None:
     container.put_archive(str(Path(path).parent), data.getvalue())
 
 
-def sbatch_script() -> str:
-    return (SLURM / "job.sbatch").read_text()
+def sbatch_script(tmp_path: Path, image: str) -> str:
+    """What a user submits: the real `entrypoint render` command's output."""
+    out = tmp_path / "job.sbatch"
+    subprocess.run([sys.executable, "-m", "entrypoint", "render", "slurm", "--runtime", "none",
+                    "--nodes", "2", "--gpus-per-node", "0", "--image", image, "--name", JOB,
+                    "--env", f"ENTRYPOINT_NPROC_PER_NODE={WORKERS}",
+                    "--env", f"ENTRYPOINT_JOB_STEPS={STEPS}",
+                    "--env", "ENTRYPOINT_LOG_ALL_NODES=true", "-o", str(out)],
+                   check=True, timeout=60)
+    return out.read_text()
 
 
-def test_sbatch_trains_across_two_nodes(slurm_image, docker_client):
+def test_sbatch_trains_across_two_nodes(slurm_image, docker_client, tmp_path):
+    script = sbatch_script(tmp_path, slurm_image)
+    print(script)
     with Cluster(slurm_image, client=docker_client, echo=print) as c:
         names = [c.hostname("slurm", i) for i in (0, 1)]  # node 0 also runs slurmctld
         began = time.monotonic()
@@ -129,11 +142,10 @@ def test_sbatch_trains_across_two_nodes(slurm_image, docker_client):
         wait_idle(controller, names, IDLE_TIMEOUT)
         up = time.monotonic() - began
 
-        put(controller, "/tmp/job.sbatch", sbatch_script())
-        env = {"ENTRYPOINT_NPROC_PER_NODE": str(WORKERS), "ENTRYPOINT_JOB_STEPS": str(STEPS),
-               "ENTRYPOINT_LOG_ALL_NODES": "true"}
+        put(controller, "/tmp/job.sbatch", script)
+        # the submit directory is where the logs go: the image user's home, on every node
         code, out = sh(controller, "cd /home/trainer && sbatch --parsable /tmp/job.sbatch",
-                       user="trainer", env=env)
+                       user="trainer")
         assert code == 0, out
         job_id = out.strip().split(";")[0]
         submitted = time.monotonic()
@@ -144,8 +156,9 @@ def test_sbatch_trains_across_two_nodes(slurm_image, docker_client):
                 break
             time.sleep(2)
         ran = time.monotonic() - submitted
-        _, output = sh(controller, f"cat /tmp/slurm-{job_id}.out")
-        print(f"--- job {job_id} output ---\n{output}\n--- end ---")
+        for name, container in zip(names, (controller, other), strict=True):
+            _, output = sh(container, f"cd /home/trainer && tail -n +1 {JOB}-{job_id}*.out")
+            print(f"--- job {job_id} output files on {name} ---\n{output}\n--- end ---")
         if state.get("JobState") not in ENDED:
             sh(controller, f"scancel {job_id}")
             pytest.fail(f"job {job_id} still {state.get('JobState')} after {JOB_TIMEOUT} s")
