@@ -1,7 +1,7 @@
 """Kubeflow training-operator v1 PyTorchJob: Master x1 and Worker x N-1, one pod per node.
 
-The operator names the pods <job>-master-0 and <job>-worker-<i> and gives every container named
-`pytorch` MASTER_ADDR=<job>-master-0, MASTER_PORT (the container port named pytorchjob-port,
+The operator names the pods <job>-master-0 and <job>-worker-<i> and gives every container
+MASTER_ADDR=<job>-master-0, MASTER_PORT (the container port named pytorchjob-port,
 23456 unless stated), RANK (the pod's index) and, from v1.7, PET_NNODES, PET_NODE_RANK and
 PET_NPROC_PER_NODE=nprocPerNode, with WORLD_SIZE = pods x nprocPerNode
 (kubeflow/training-operator v1.9.0, pkg/controller.v1/pytorch/envvar.go and master.go;
@@ -19,7 +19,7 @@ SUMMARY = "a Kubeflow training-operator v1 PyTorchJob (Master + Workers)"
 DOCS = "https://www.kubeflow.org/docs/components/trainer/legacy-v1/user-guides/pytorch/"
 OPTIONS = ("--master-port", "--namespace", "--secret-name")
 
-CONTAINER = "pytorch"  # the operator sets its variables only in the container of this name
+CONTAINER = "pytorch"  # the operator refuses a job without a container of this name
 PORT_NAME = "pytorchjob-port"
 DEFAULT_PORT = 23456  # PyTorchJobDefaultPort, pkg/apis/kubeflow.org/v1/pytorch_types.go
 
@@ -65,8 +65,8 @@ def render(request: Request) -> str:
         ("backoffLimit:", "A lost node breaks the rendezvous of all: fail the job rather than "
                           "restart one pod."),
         ("Master:", "Node 0: the operator points every pod's MASTER_ADDR here."),
-        (f"- name: {CONTAINER}", "The operator sets MASTER_ADDR, MASTER_PORT, RANK and PET_* only "
-                                 f"in the container named {CONTAINER}."),
+        (f"- name: {CONTAINER}", "The operator wants a container of this name, and takes the "
+                                 f"port from it."),
     ]
     if request.master_port is not None:
         notes.append(("ports:", f"The operator takes MASTER_PORT from the port named {PORT_NAME}."))
