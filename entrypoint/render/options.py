@@ -34,39 +34,41 @@ options of some platforms (`entrypoint render PLATFORM --help` for each):
 {more}"""
 
 _EXAMPLE = """example:
-  entrypoint render {platform} --nodes 2 --gpus-per-node 8 --image ghcr.io/org/multinode:1.0{more} \\
-      -- python train.py --epochs 3"""
+  entrypoint render {platform} --nodes 2 --gpus-per-node 8 \\
+      --image ghcr.io/org/multinode:1.0{more} -- python train.py --epochs 3"""
 
 _EXAMPLE_MORE = {"slurm": " --runtime pyxis --partition gpu", "docker": " --master-addr 10.0.0.1"}
 
 # The options every platform takes: flags, then argparse keywords.
 _COMMON: tuple[tuple[tuple[str, ...], dict], ...] = (
-    (("--nodes",), dict(metavar="N", help="number of nodes (required)")),
-    (("--gpus-per-node",), dict(metavar="G", help="GPUs on each node, 0 for CPU only (required)")),
-    (("--image",), dict(metavar="IMAGE", help="the image to run (required)")),
-    (("--name",), dict(metavar="NAME", help=f"the job's name, lower case (default: {DEFAULT_NAME})")),
-    (("--env",), dict(metavar="KEY=VALUE", action="append", default=[],
-                      help="a variable for every node (repeatable); a secret by its name alone")),
-    (("-o", "--output"), dict(metavar="FILE", help="write the spec to FILE (default: standard "
-                                                   "output)")),
+    (("--nodes",), {"metavar": "N", "help": "number of nodes (required)"}),
+    (("--gpus-per-node",), {"metavar": "G",
+                            "help": "GPUs on each node, 0 for CPU only (required)"}),
+    (("--image",), {"metavar": "IMAGE", "help": "the image to run (required)"}),
+    (("--name",), {"metavar": "NAME",
+                   "help": f"the job's name, lower case (default: {DEFAULT_NAME})"}),
+    (("--env",), {"metavar": "KEY=VALUE", "action": "append", "default": [],
+                  "help": "a variable for every node (repeatable); a secret by its name alone"}),
+    (("-o", "--output"), {"metavar": "FILE",
+                          "help": "write the spec to FILE (default: standard output)"}),
 )
 
 # Options beyond the common ones; each platform module names those it takes in its OPTIONS.
 _OPTIONS: dict[str, dict] = {
-    "--master-port": dict(metavar="PORT", help="rendezvous port on node 0 (default: the "
-                          "platform's, or the entrypoint's)"),
-    "--runtime": dict(metavar="RUNTIME", default=DEFAULT_RUNTIME,
-                      help=f"how srun runs the image: {', '.join(RUNTIMES)} (none: the nodes "
-                           f"run the image already) (default: {DEFAULT_RUNTIME})"),
-    "--time": dict(metavar="LIMIT", default=DEFAULT_TIME,
-                   help=f"time limit, as sbatch takes it (default: {DEFAULT_TIME})"),
-    "--partition": dict(metavar="NAME", help="SLURM partition"),
-    "--account": dict(metavar="NAME", help="SLURM account to charge"),
-    "--namespace": dict(metavar="NAME", help="Kubernetes namespace (default: kubectl's)"),
-    "--secret-name": dict(metavar="NAME", help="the Secret that holds the secret --env "
-                          "variables (default: NAME-secrets)"),
-    "--master-addr": dict(metavar="HOST", help="machine 0's host name or IP; required for more "
-                          "than one machine"),
+    "--master-port": {"metavar": "PORT", "help": "rendezvous port on node 0 (default: the "
+                                                 "platform's, or the entrypoint's)"},
+    "--runtime": {"metavar": "RUNTIME", "default": DEFAULT_RUNTIME,
+                  "help": f"how srun runs the image: {', '.join(RUNTIMES)} (none: the nodes run "
+                          f"the image already) (default: {DEFAULT_RUNTIME})"},
+    "--time": {"metavar": "LIMIT", "default": DEFAULT_TIME,
+               "help": f"time limit, as sbatch takes it (default: {DEFAULT_TIME})"},
+    "--partition": {"metavar": "NAME", "help": "SLURM partition"},
+    "--account": {"metavar": "NAME", "help": "SLURM account to charge"},
+    "--namespace": {"metavar": "NAME", "help": "Kubernetes namespace (default: kubectl's)"},
+    "--secret-name": {"metavar": "NAME", "help": "the Secret that holds the secret --env "
+                                                 "variables (default: NAME-secrets)"},
+    "--master-addr": {"metavar": "HOST", "help": "machine 0's host name or IP; required for "
+                                                 "more than one machine"},
 }
 _TRAINER_HELP = "the trainer command (default: the image's built-in job)"
 
@@ -74,7 +76,8 @@ _TRAINER_HELP = "the trainer command (default: the image's built-in job)"
 def _listing() -> dict[str, str]:
     """The text of `entrypoint render --help`: every platform and every option."""
     def row(left: str, right: str) -> str:
-        return textwrap.fill(right, 100, initial_indent=f"  {left:<22} ", subsequent_indent=" " * 25)
+        return textwrap.fill(right, 100, initial_indent=f"  {left:<22} ",
+                             subsequent_indent=" " * 25)
 
     common = [row(" ".join(flags) + " " + kw["metavar"], kw["help"]) for flags, kw in _COMMON]
     common.append(row("-- CMD ARGS", _TRAINER_HELP))

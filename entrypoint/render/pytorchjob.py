@@ -60,13 +60,13 @@ def render(request: Request) -> str:
         "Needs training-operator v1.7 or later (PET_NNODES); the last v1 release is v1.9.",
     ])
     notes = [
-        ("nprocPerNode:", "Workers per node: one per GPU (one on CPU). The operator passes it as "
-                          "PET_NPROC_PER_NODE and counts WORLD_SIZE in processes."),
-        ("backoffLimit:", "A lost node breaks the rendezvous of all: fail the job rather than "
-                          "restart one pod."),
+        ("nprocPerNode:", ("Workers per node: one per GPU (one on CPU). The operator passes it as "
+                           "PET_NPROC_PER_NODE and counts WORLD_SIZE in processes.")),
+        ("backoffLimit:", ("A lost node breaks the rendezvous of all: fail the job rather than "
+                           "restart one pod.")),
         ("Master:", "Node 0: the operator points every pod's MASTER_ADDR here."),
-        (f"- name: {CONTAINER}", "The operator wants a container of this name, and takes the "
-                                 f"port from it."),
+        (f"- name: {CONTAINER}", ("The operator wants a container of this name, and takes the "
+                                  "port from it.")),
     ]
     if request.master_port is not None:
         notes.append(("ports:", f"The operator takes MASTER_PORT from the port named {PORT_NAME}."))

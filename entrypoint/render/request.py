@@ -83,7 +83,8 @@ class Request:
                 ("--runtime", self.runtime, DEFAULT_RUNTIME), ("--time", self.time, DEFAULT_TIME),
                 ("--partition", self.partition, None), ("--account", self.account, None),
                 ("--namespace", self.namespace, None), ("--secret-name", self.secret_name, None),
-                ("--master-addr", self.master_addr, None), ("--master-port", self.master_port, None)):
+                ("--master-addr", self.master_addr, None),
+                ("--master-port", self.master_port, None)):
             if value != default:
                 words += [option, str(value)]
         for key, value in self.env:
@@ -117,7 +118,8 @@ def _env(items: Sequence[str]) -> tuple[tuple[str, str | None], ...]:
     return tuple(out.items())
 
 
-def _match(option: str, raw: str | None, pattern: re.Pattern, what: str, example: str) -> str | None:
+def _match(option: str, raw: str | None, pattern: re.Pattern, what: str,
+           example: str) -> str | None:
     if raw is None:
         return None
     if not pattern.match(raw):
@@ -147,7 +149,8 @@ def build(platform: str, *, nodes: str | None, gpus_per_node: str | None, image:
                                                           f"{option} {example}")
     if not image.strip() or any(c.isspace() for c in image):
         raise ConfigError("--image", image, "is not an image reference",
-                          "Give --image as registry/name:tag, for example ghcr.io/org/multinode:1.0")
+                          "Give --image as registry/name:tag, for example "
+                          "ghcr.io/org/multinode:1.0")
     runtime = runtime or DEFAULT_RUNTIME
     if runtime not in RUNTIMES:
         raise ConfigError("--runtime", runtime, "is not a runtime render knows",

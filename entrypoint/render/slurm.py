@@ -56,8 +56,8 @@ def _directives(request: Request) -> list[str]:
         "# Whole nodes: no other job shares their GPUs, memory or network.",
         "#SBATCH --exclusive",
         f"#SBATCH --time={request.time}",
-        f"# SIGTERM to every task {SIGNAL_AHEAD} s before the time limit: torchrun passes it to the",
-        "# workers, which can save a checkpoint before the SIGKILL at the limit.",
+        f"# SIGTERM to every task {SIGNAL_AHEAD} s before the time limit: the entrypoint and",
+        "# torchrun pass it to the workers, which can save a checkpoint before the SIGKILL.",
         f"#SBATCH --signal=TERM@{SIGNAL_AHEAD}",
         f"#SBATCH --output={SCRIPT_LOG}",
     ]
@@ -76,9 +76,9 @@ def _environment(request: Request) -> list[str]:
         if value is not None:
             lines.append(f"export {key}={shlex.quote(value)}")
     if request.secrets:
-        lines += [f"# {', '.join(request.secrets)}: secret, never written here. Export it in the "
-                  "shell you run sbatch", "# from: sbatch passes that environment on "
-                  "(--export=ALL, the default)."]
+        lines += [(f"# {', '.join(request.secrets)}: secret, never written here. Export it in the "
+                   "shell you run sbatch"), ("# from: sbatch passes that environment on "
+                   "(--export=ALL, the default).")]
     if lines:
         lines.insert(0, "# srun passes this environment to every task.")
     return lines
@@ -99,9 +99,9 @@ def _launch(request: Request) -> list[str]:
                      "with the job's GPUs.")
         run = [entrypoint]
     elif request.runtime == "apptainer":
-        notes += [f"# apptainer --nv binds the node's GPUs; faster: `apptainer pull image.sif "
-                  f"{apptainer_image(request.image)}`",
-                  "# once on a shared file system, then render with --image /path/image.sif."]
+        notes += [(f"# apptainer --nv binds the node's GPUs; faster: `apptainer pull image.sif "
+                   f"{apptainer_image(request.image)}`"),
+                   "# once on a shared file system, then render with --image /path/image.sif."]
         run = [f"apptainer exec --nv {shlex.quote(apptainer_image(request.image))}", entrypoint]
     else:
         notes.append(f"# The nodes' own environment is the image {request.image}: entrypoint "

@@ -125,9 +125,9 @@ def kube_notes(request) -> list[str]:
     lines = [f"Apply: kubectl apply{ns} -f FILE"]
     if request.secrets:
         literals = " ".join(f"--from-literal={key}=..." for key in request.secrets)
-        lines += [f"{', '.join(request.secrets)}: secret, read from the Secret {request.secret} "
-                  "and never written here. Create it first:",
-                  "  " + SECRET_HINT.format(secret=request.secret, ns=ns, literals=literals)]
+        lines += [(f"{', '.join(request.secrets)}: secret, read from the Secret {request.secret} "
+                   "and never written here. Create it first:"),
+                   "  " + SECRET_HINT.format(secret=request.secret, ns=ns, literals=literals)]
     return lines
 
 

@@ -64,11 +64,11 @@ def render(request: Request) -> str:
         f"Needs Kubeflow Trainer v2.3 or later with the {RUNTIME} ClusterTrainingRuntime.",
     ])
     notes = [
-        ("runtimeRef:", f"The {RUNTIME} runtime sets PET_NNODES, PET_NODE_RANK and "
-                        "PET_MASTER_ADDR in every pod; the entrypoint reads them."),
+        ("runtimeRef:", (f"The {RUNTIME} runtime sets PET_NNODES, PET_NODE_RANK and "
+                         "PET_MASTER_ADDR in every pod; the entrypoint reads them.")),
         ("args:", "Kept the image's entrypoint (tini, then entrypoint): only its arguments."),
-        ("numProcPerNode:", "Workers per node: one per GPU, one on CPU (the runtime's auto "
-                            "would start one per CPU core)."),
+        ("numProcPerNode:", ("Workers per node: one per GPU, one on CPU (the runtime's auto "
+                             "would start one per CPU core).")),
     ]
     if request.gpus_per_node:
         notes.append(("resourcesPerNode:", text.ENV_NOTES["gpu"]))

@@ -64,10 +64,10 @@ def render(request: Request) -> str:
     ])
     notes = [
         ("minAvailable:", "Gang scheduling: every node starts, or none does."),
-        ("plugins:", "pytorch: MASTER_ADDR, MASTER_PORT, WORLD_SIZE (pods) and RANK in every pod; "
-                     "svc: host names under a headless Service; env: VC_TASK_INDEX."),
-        ("policies:", "A lost node breaks the rendezvous of all: restart the whole job when a pod "
-                      "is evicted, stop it when one fails."),
+        ("plugins:", ("pytorch: MASTER_ADDR, MASTER_PORT, WORLD_SIZE (pods) and RANK in every pod; "
+                      "svc: host names under a headless Service; env: VC_TASK_INDEX.")),
+        ("policies:", ("A lost node breaks the rendezvous of all: restart the whole job when a pod "
+                       "is evicted, stop it when one fails.")),
         (f"- name: {MASTER}", "Node 0. When it completes, the job has."),
     ]
     if request.gpus_per_node:

@@ -28,7 +28,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name in ("--repo", "--path", "--commit", "--tag"):
         parser.add_argument(name, required=True)
-    parser.add_argument("--version", help="the CRD version to keep (default: the served storage one)")
+    parser.add_argument("--version", help="the CRD version to keep (default: the stored one)")
     args = parser.parse_args()
     crd = yaml.load(sys.stdin.read(), Loader=yaml.CSafeLoader)
     versions = crd["spec"]["versions"]
@@ -36,7 +36,8 @@ def main() -> int:
         args.version is None and v.get("storage")))
     kind = crd["spec"]["names"]["kind"]
     schema = strip_descriptions(chosen["schema"]["openAPIV3Schema"])
-    print(f"# openAPIV3Schema of {crd['spec']['group']}/{chosen['name']} {kind}, descriptions removed.\n"
+    group = crd["spec"]["group"]
+    print(f"# openAPIV3Schema of {group}/{chosen['name']} {kind}, descriptions removed.\n"
           f"# From {args.repo}, {args.path} at {args.tag} (commit {args.commit}).\n"
           f"# Regenerate: see tests/schemas/extract_crd_schema.py.")
     print(yaml.dump(schema, Dumper=yaml.CSafeDumper, sort_keys=True, width=1000), end="")

@@ -3,6 +3,7 @@ and compare with what was asked. Each `*_nodes` function plays the platform's pa
 rendered text (not the request), after the source named in its docstring.
 """
 
+import itertools
 import shlex
 
 import pytest
@@ -83,7 +84,8 @@ def pytorchjob_nodes(text: str):
         for index in range(replicas[rtype]["replicas"]):
             rank = str(index + offset)
             env = _literal_env(container) | {
-                "PYTHONUNBUFFERED": "1", "MASTER_ADDR": f"{name}-master-0", "MASTER_PORT": str(port),
+                "PYTHONUNBUFFERED": "1",
+                "MASTER_ADDR": f"{name}-master-0", "MASTER_PORT": str(port),
                 "PET_MASTER_ADDR": f"{name}-master-0", "PET_MASTER_PORT": str(port),
                 "WORLD_SIZE": str(pods * nproc_int), "RANK": rank, "PET_NODE_RANK": rank,
                 "PET_NNODES": str(pods)}
@@ -193,7 +195,7 @@ def docker_nodes(text: str):
     for argv in commands:
         assert {"--network", "--ipc"} <= set(argv) and argv[argv.index("--network") + 1] == "host"
         env = {}
-        for flag, value in zip(argv, argv[1:]):
+        for flag, value in itertools.pairwise(argv):
             if flag == "-e":
                 key, _, val = value.partition("=")
                 env[key] = val if "=" in value else "<from the shell>"
