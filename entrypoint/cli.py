@@ -94,7 +94,7 @@ def cmd_run(args, env: dict[str, str]) -> int:
     import importlib.util
     from pathlib import Path
 
-    from entrypoint import launch, logs, report, secrets
+    from entrypoint import launch, logs, report, secrets, supervise
     from entrypoint.plan import BUILTIN_JOBS
     from entrypoint.settings import Settings
 
@@ -118,10 +118,11 @@ def cmd_run(args, env: dict[str, str]) -> int:
              config=plan.config, launcher=plan.launcher, ranks=report.rank_line(plan))
     if plan.node_rank == 0:
         print(report.table(plan, values), file=sys.stderr, flush=True)
+    launch.check_command(plan, env)
     plan_file = launch.apply(plan, Path(settings.run_dir) / f"node{plan.node_rank}")
-    log.info("exec", command=" ".join(plan.command))
-    launch.exec_plan(plan, env, plan_file)
-    return 0  # not reached: exec replaced this process
+    log.info("start", command=secrets.mask(" ".join(plan.command), values))
+    return supervise.run(plan, launch.child_env(plan, env) | {"ENTRYPOINT_PLAN_FILE": str(plan_file)},
+                         settings, log)
 
 
 def cmd_settings(args, env) -> int:

@@ -65,13 +65,11 @@ def apply(plan: Plan, run_dir: Path) -> Path:
     return plan_file
 
 
-def exec_plan(plan: Plan, env: Mapping[str, str], plan_file: Path) -> None:
+def check_command(plan: Plan, env: Mapping[str, str]) -> None:
     program = plan.command[0]
     if shutil.which(program, path=env.get("PATH")) is None and not os.path.exists(program):
         raise ConfigError("command", program, "is not an executable on PATH",
                           "Check the trainer command after --, e.g. -- python train.py")
-    final = child_env(plan, env) | {"ENTRYPOINT_PLAN_FILE": str(plan_file)}
-    os.execvpe(program, list(plan.command), final)
 
 
 def plan_from_file(path: str) -> dict:

@@ -34,6 +34,7 @@ class Plan:
     world_size: int
     master_addr: str
     master_port: int | None
+    control_port: int | None  # the entrypoints' own channel on node 0; None: any free port
     spawn: bool
     rank: int | None
     local_rank: int | None
@@ -311,8 +312,11 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
             port, sources["master_port"] = None, "torchrun --standalone picks a free port"
         else:
             child["MASTER_PORT"] = str(port)
+        # Restarts are the entrypoint's (all nodes together); torchrun keeps each rank's
+        # stderr in logs/ (the failing rank's traceback is shown once, at node 0) and on screen.
         cmd = [facts.python, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
                f"--node-rank={node_rank}", f"--nproc-per-node={nproc}", *rendezvous,
+               "--max-restarts=0", f"--log-dir={run_dir}/logs", "--redirects=2", "--tee=2",
                *_torchrun_args(trainer)]
     elif launcher == "accelerate":
         acc_path = f"{run_dir}/accelerate.yaml"
@@ -342,9 +346,21 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
         if cmd[0] == "python":
             cmd[0] = facts.python
 
+    timeouts, timeout_warnings = _timeouts(env, settings, launcher, sources)
+    child |= timeouts
+    warnings += timeout_warnings
+    if settings.control_port is not None:
+        control_port, sources["control_port"] = settings.control_port, f"env {PREFIX}CONTROL_PORT"
+    elif reading.master_port.value and not standalone:
+        control_port = reading.master_port.value + 1
+        sources["control_port"] = f"master port + 1 ({PREFIX}CONTROL_PORT unset)"
+    else:
+        control_port, sources["control_port"] = None, "single node: any free port on loopback"
+
     plan_args = dict(
         platform=platform_name, nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc,
-        world_size=world, master_addr=master.value, master_port=port, spawn=spawn, rank=rank,
+        world_size=world, master_addr=master.value, master_port=port,
+        control_port=control_port, spawn=spawn, rank=rank,
         local_rank=local_rank, device=device, gpus_per_node=gpus,
         cuda_visible_devices=cuda_visible, config=str(config.path) if config else None,
         launcher=launcher, command=tuple(cmd), trainer=trainer, env=child, files=files,
@@ -353,6 +369,29 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
         gpu_names=tuple(g.name for g in facts.gpus or ()),
     )
     return Plan(**plan_args)
+
+
+def _timeouts(env: Mapping[str, str], settings: Settings, launcher: str,
+              sources: dict) -> tuple[dict[str, str], list[str]]:
+    """Collective timeouts short enough to surface a stuck rank, without DeepSpeed's or
+    accelerate's 30-minute defaults coming back silently. Node loss does not wait for these:
+    the heartbeats between entrypoints catch it in ENTRYPOINT_HEARTBEAT_TIMEOUT."""
+    seconds = settings.collective_timeout
+    out = {"ENTRYPOINT_COLLECTIVE_TIMEOUT": str(seconds)}
+    sources["ENTRYPOINT_COLLECTIVE_TIMEOUT"] = (f"env {PREFIX}COLLECTIVE_TIMEOUT"
+                                                if "collective_timeout" in settings.model_fields_set
+                                                else f"default {seconds} s")
+    warnings = []
+    if "DEEPSPEED_TIMEOUT" in env:
+        sources["DEEPSPEED_TIMEOUT"] = "env DEEPSPEED_TIMEOUT (set by you, kept)"
+    else:  # DeepSpeed reads it in minutes (deepspeed/constants.py); its default is 30
+        out["DEEPSPEED_TIMEOUT"] = str(-(-seconds // 60))
+        sources["DEEPSPEED_TIMEOUT"] = f"{PREFIX}COLLECTIVE_TIMEOUT in minutes (DeepSpeed's own: 30)"
+    if launcher == "accelerate":
+        warnings.append("accelerate's process-group timeout is 1800 s unless the trainer passes "
+                        "InitProcessGroupKwargs(timeout=...): read ENTRYPOINT_COLLECTIVE_TIMEOUT "
+                        "from the environment there")
+    return out, warnings
 
 
 def _accelerate_yaml(config, nnodes, node_rank, world, master, port, files, run_dir) -> str:

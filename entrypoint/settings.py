@@ -43,6 +43,17 @@ class Settings(BaseSettings):
     log_all_nodes: bool = Field(False, description="Log informative lines on every node, not only node 0.")
     xla_preallocate: bool | None = Field(None, description="JAX: sets XLA_PYTHON_CLIENT_PREALLOCATE (false stops JAX taking 75% of GPU memory at start).")
     xla_mem_fraction: float | None = Field(None, gt=0, le=1, description="JAX: sets XLA_PYTHON_CLIENT_MEM_FRACTION.")
+    control_port: int | None = Field(None, ge=1, le=65535, description="Port of the entrypoints' own channel on node 0 (join, checks, heartbeats); default MASTER_PORT + 1.")
+    join_timeout: float = Field(300, gt=0, description="Seconds `run` waits for node 0 to answer and for every node to join before it stops with exit 75.")
+    heartbeat_interval: float = Field(5, gt=0, description="Seconds between heartbeats between the nodes' entrypoints.")
+    heartbeat_timeout: float = Field(30, gt=0, description="A node silent this long (paused, hung, cut off) is lost: every node stops with exit 75.")
+    collective_timeout: int = Field(600, ge=10, description="Process-group timeout in seconds for a rank that is alive but stuck in a collective (DEEPSPEED_TIMEOUT, the built-in jobs); node loss is caught by heartbeats long before.")
+    grace_period: float = Field(25, ge=0, description="Seconds workers get after SIGTERM to checkpoint and exit before they are killed; keep it below the platform's (Kubernetes: terminationGracePeriodSeconds, 30 s).")
+    max_restarts: int = Field(0, ge=0, description="Restart every node's trainer together this many times after a worker fails; the built-in job resumes from its checkpoint.")
+    max_clock_skew: float = Field(30, gt=0, description="Nodes whose clocks differ from node 0's by more than this many seconds are refused (above 2 s: a warning).")
+    data_dir: Path | None = Field(None, description="A dataset directory that must exist and look the same (file count, size) on every node.")
+    monitor_interval: float = Field(300, ge=0, description="Node 0 logs a per-node table (GPU utilization and memory) this often, in seconds; 0: never.")
+    preflight_allreduce: bool = Field(False, description="Before the trainer, measure all-reduce bandwidth across all nodes (as `entrypoint doctor --allreduce`).")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, **_others):

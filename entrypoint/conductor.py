@@ -1,0 +1,292 @@
+"""Node 0's view of the job, as a pure state machine: events in, actions out.
+
+The entrypoints of all nodes talk over their own small channel (entrypoint.control), which
+does not depend on NCCL, gloo or the trainer. Node 0 runs the Conductor; it decides:
+
+- join: every node says hello with its fingerprint; when all have come, they are compared
+  (entrypoint.fingerprint) and every node gets `go`, or `stop` with the reason. Nodes that
+  never come stop the others after ENTRYPOINT_JOIN_TIMEOUT.
+- run: heartbeats both ways. A node whose connection closes without an exit report (killed,
+  crashed) or that stays silent past ENTRYPOINT_HEARTBEAT_TIMEOUT (paused, hung, cut off)
+  is lost: every node stops with EXIT_PEERS, and node 0's log names the lost node.
+- exit: a node whose trainer failed stops every node with the trainer's exit code (or, while
+  ENTRYPOINT_MAX_RESTARTS allows, restarts every node's trainer together); a node stopped by a
+  signal (preemption) stops every node the same way; when all exit 0, all are done.
+
+No sockets, no clock reads: the caller passes `now` (monotonic seconds) and carries out the
+returned actions. That is what makes every rule above a unit test.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+
+from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
+from entrypoint.fingerprint import Member, clock_problems, data_mismatches, mismatches
+
+ALL = -1  # Send.to: every connected member
+
+JOIN, RUN, END = "join", "run", "end"
+
+
+@dataclass(frozen=True)
+class Send:
+    to: int  # member id, or ALL
+    message: dict
+
+
+@dataclass(frozen=True)
+class Log:
+    level: str  # "info" | "warning" | "error"
+    text: str
+
+
+@dataclass(frozen=True)
+class Close:
+    member: int
+
+
+@dataclass
+class _State:
+    host: str
+    connected: bool = True
+    joined_at: float = 0.0
+    last_seen: float = 0.0
+    fingerprint: dict = field(default_factory=dict)
+    clock_offset: float = 0.0
+    exit_code: int | None = None
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Limits:
+    join_timeout: float = 300.0
+    heartbeat_timeout: float = 30.0
+    max_restarts: int = 0
+    max_clock_skew: float = 30.0
+    monitor_interval: float = 300.0
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+class Conductor:
+    def __init__(self, expected: int, limits: Limits, now: float, *, unit: str = "node",
+                 address: str = "?") -> None:
+        self.expected = expected
+        self.limits = limits
+        self.unit = unit  # "node", or "process" when the platform started one per GPU
+        self.address = address  # where node 0 listens, for messages
+        self.members: dict[int, _State] = {}
+        self.phase = JOIN
+        self.generation = 0
+        self.restarts_left = limits.max_restarts
+        self.join_deadline = now + limits.join_timeout
+        self.join_started = now
+        self.outcome: tuple[int, str] | None = None  # (exit code, reason) once the job ended
+        self._last_monitor = now
+
+    # -- names -----------------------------------------------------------------------------
+
+    def name(self, member: int) -> str:
+        state = self.members.get(member)
+        return f"{self.unit} {member}" + (f" ({state.host})" if state else "")
+
+    # -- events ----------------------------------------------------------------------------
+
+    def hello(self, member: int, message: dict, now: float, wall_now: float) -> list:
+        host = str(message.get("host", "?"))
+        if not 0 <= member < self.expected:
+            return [Send(member, self._stop_message(
+                EXIT_CONFIG, f"{self.unit} {member} ({host}) joined, but node 0 plans "
+                f"{self.expected} {self.unit}s (0-{self.expected - 1}): every node needs the same "
+                "node count; check NNODES/WORLD_SIZE on each")), Close(member)]
+        old = self.members.get(member)
+        if old is not None and old.connected and old.host != host:
+            reason = (f"{self.unit} {member} claimed by both {old.host} and {host}: give each node "
+                      "its own node rank (NODE_RANK, RANK or the platform's index)")
+            return self._end(EXIT_CONFIG, reason)
+        if self.phase == RUN:
+            # A node that comes back while the job runs was restarted by its platform: the job it
+            # belonged to is gone on that node.
+            return self._failure(member, None, f"{self.name(member)} started again while the job "
+                                 "was running (its container or pod was restarted)", EXIT_PEERS,
+                                 now)
+        if self.phase == END:
+            return [Send(member, self._stop_message(*self.outcome)), Close(member)]
+        self.members[member] = _State(
+            host=host, joined_at=now, last_seen=now,
+            fingerprint=dict(message.get("fingerprint") or {}),
+            clock_offset=float(message.get("time", wall_now)) - wall_now)
+        return self._maybe_go(now)
+
+    def beat(self, member: int, message: dict, now: float) -> list:
+        state = self.members.get(member)
+        if state is not None:
+            state.last_seen = now
+            if message.get("stats"):
+                state.stats = dict(message["stats"])
+        return []
+
+    def exited(self, member: int, message: dict, now: float) -> list:
+        state = self.members.get(member)
+        if state is None or self.phase == END:
+            return []
+        state.last_seen = now
+        code = int(message.get("code", 1))
+        state.exit_code = code
+        if message.get("signal"):
+            sig = int(message["signal"])
+            return self._end(128 + sig, f"{self.name(member)} stopped on {signal_name(sig)} "
+                             "(preemption, or the job was cancelled): every node checkpoints and "
+                             "stops")
+        if code == 0:
+            if self.phase == RUN and all(s.exit_code == 0 for s in self.members.values()) \
+                    and len(self.members) == self.expected:
+                self.phase, self.outcome = END, (0, "every node finished")
+                done = [Send(ALL, {"t": "done"})]
+                return done if self.expected == 1 else [
+                    Log("info", f"all {self.expected} {self.unit}s finished"), *done]
+            return []
+        return self._failure(member, message.get("failure"), message.get("reason") or
+                             f"{self.name(member)}'s trainer exited with code {code}", code, now)
+
+    def closed(self, member: int, now: float) -> list:
+        state = self.members.get(member)
+        if state is None:
+            return []
+        state.connected = False
+        if self.phase == JOIN:
+            del self.members[member]  # it may come back before the deadline
+            return [Log("warning", f"{self.unit} {member} ({state.host}) left before the job "
+                                   "started; waiting for it to come back")]
+        if self.phase == RUN and state.exit_code is None:
+            return self._lost(member, "its connection closed without an exit report (container "
+                              "killed, node crashed or rebooted)", now)
+        return []
+
+    def tick(self, now: float) -> list:
+        if self.phase == JOIN and now > self.join_deadline:
+            missing = [m for m in range(self.expected) if m not in self.members]
+            waited = now - self.join_started
+            reason = (f"{self._list(missing)} did not join within {waited:.0f} s "
+                      f"(ENTRYPOINT_JOIN_TIMEOUT={self.limits.join_timeout:g}); node 0 listens at "
+                      f"{self.address}. Check that they started, that their MASTER_ADDR is node "
+                      "0's address, and that the port is open between nodes")
+            return self._end(EXIT_PEERS, reason)
+        actions: list = []
+        if self.phase == RUN:
+            for member, state in sorted(self.members.items()):
+                silent = now - state.last_seen
+                if state.exit_code is None and silent > self.limits.heartbeat_timeout:
+                    return self._lost(member, f"silent for {silent:.0f} s (no heartbeat within "
+                                      f"ENTRYPOINT_HEARTBEAT_TIMEOUT="
+                                      f"{self.limits.heartbeat_timeout:g} s): it hangs, is paused "
+                                      "or is cut off from the network", now)
+            interval = self.limits.monitor_interval
+            if interval > 0 and now - self._last_monitor >= interval:
+                self._last_monitor = now
+                actions.append(Log("info", self.monitor_table(now)))
+        return actions
+
+    # -- decisions -------------------------------------------------------------------------
+
+    def _maybe_go(self, now: float) -> list:
+        if len(self.members) < self.expected:
+            return []
+        members = [Member(m, s.host, s.fingerprint, s.clock_offset)
+                   for m, s in sorted(self.members.items())]
+        problems = mismatches(members) + data_mismatches(members)
+        refusals, warnings = clock_problems(members, self.limits.max_clock_skew)
+        if problems or refusals:
+            return self._end(EXIT_CONFIG, "the nodes do not match, nothing was started: "
+                             + " | ".join(problems + refusals)
+                             + ". Run every node from the same image (tag and digest) with the "
+                             "same data, and synchronized clocks")
+        self.phase = RUN
+        for state in self.members.values():
+            state.last_seen, state.exit_code = now, None
+        took = now - self.join_started
+        first = members[0].fingerprint
+        actions: list = [Log("warning", w) for w in warnings]
+        if self.expected > 1:
+            actions.append(Log("info", f"all {self.expected} {self.unit}s joined in {took:.1f} s "
+                                       f"and match: lock {str(first.get('image_lock'))[:12]}, "
+                                       f"torch {first.get('torch')}, jax {first.get('jax')}, "
+                                       f"deepspeed {first.get('deepspeed')}, NCCL "
+                                       f"{first.get('nccl')}"))
+        actions.append(Send(ALL, {"t": "go", "generation": self.generation, "warnings": warnings}))
+        return actions
+
+    def _lost(self, member: int, why: str, now: float) -> list:
+        return self._failure(member, None, f"lost {self.name(member)}: {why}", EXIT_PEERS, now)
+
+    def _failure(self, member: int, failure: dict | None, reason: str, code: int,
+                 now: float) -> list:
+        summary = failure_summary(failure, self.name(member)) if failure else ""
+        if self.restarts_left > 0 and code != EXIT_CONFIG:
+            self.restarts_left -= 1
+            self.generation += 1
+            self.phase = JOIN
+            self.members.clear()  # every node says hello again before the restart goes ahead
+            self.join_started = now
+            self.join_deadline = self.join_started + self.limits.join_timeout
+            used = self.limits.max_restarts - self.restarts_left
+            actions: list = [Log("error", summary)] if summary else []
+            actions += [Log("warning", f"{reason}; restarting every {self.unit}'s trainer "
+                                       f"(restart {used} of {self.limits.max_restarts})"),
+                        Send(ALL, {"t": "restart", "generation": self.generation,
+                                   "reason": reason})]
+            return actions
+        return self._end(code, reason, summary)
+
+    def _end(self, code: int, reason: str, summary: str = "") -> list:
+        self.phase, self.outcome = END, (code, reason)
+        actions: list = [Log("error", summary)] if summary else []
+        actions += [Log("error", f"stopping every {self.unit} (exit {code}): {reason}"),
+                    Send(ALL, self._stop_message(code, reason))]
+        return actions
+
+    @staticmethod
+    def _stop_message(code: int, reason: str) -> dict:
+        return {"t": "stop", "code": code, "reason": reason}
+
+    def _list(self, members: list[int]) -> str:
+        if len(members) == 1:
+            return f"{self.unit} {members[0]}"
+        shown = ", ".join(str(m) for m in members[:10]) + (" ..." if len(members) > 10 else "")
+        return f"{len(members)} {self.unit}s ({shown})"
+
+    # -- the per-node table ----------------------------------------------------------------
+
+    def monitor_table(self, now: float) -> str:
+        rows = [f"{'node':<6}{'host':<28}{'last beat':<11}{'devices':<44}"]
+        for member, state in sorted(self.members.items()):
+            stats = state.stats
+            gpus = stats.get("gpus") or []
+            if gpus:
+                util = sum(g["util"] for g in gpus) / len(gpus)
+                used = sum(g["mem_used_mib"] for g in gpus) / 1024
+                total = sum(g["mem_total_mib"] for g in gpus) / 1024
+                devices = f"{len(gpus)} GPU, util {util:.0f}%, mem {used:.1f}/{total:.0f} GiB"
+            else:
+                devices = f"CPU, load {stats.get('load', 0):.1f}" if stats else "-"
+            rows.append(f"{member:<6}{state.host[:27]:<28}{now - state.last_seen:>5.0f} s ago "
+                        f"{devices}")
+        return "nodes:\n  " + "\n  ".join(rows)
+
+
+def failure_summary(failure: dict, where: str) -> str:
+    """The failing rank's error, once: rank, node, exit code, the last lines of its traceback."""
+    rank = failure.get("rank")
+    head = (f"worker failed: rank {rank}" if rank is not None else "worker failed") + \
+        f" on {where}" + (f" (local rank {failure['local_rank']})"
+                          if failure.get("local_rank") is not None else "") + \
+        f", exit code {failure.get('exitcode', '?')}"
+    tail = failure.get("tail") or []
+    return head + ("\n    " + "\n    ".join(tail) if tail else "")

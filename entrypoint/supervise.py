@@ -1,0 +1,489 @@
+"""The edge that runs the job on this node: join the other nodes, start the launcher, watch it.
+
+`entrypoint run` stays as a small parent of the launcher (torchrun, accelerate, JAX or the
+trainer itself) instead of exec'ing it, because only a process that outlives the trainer can:
+- wait for node 0 in any start order and refuse a cluster whose nodes differ (preflight);
+- exchange heartbeats with the other nodes' entrypoints, independent of NCCL and the trainer,
+  so that a killed, paused or cut-off node stops every node within seconds, naming it;
+- forward SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 to the workers within a second and kill
+  them when ENTRYPOINT_GRACE_PERIOD runs out (torchrun's own deadline is a fixed 30 s);
+- show the failing rank's error once, restart every node's trainer together, and exit with a
+  code a platform's retry policy can use;
+- be a child subreaper, so that no worker outlives it.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from entrypoint import control, fingerprint
+from entrypoint.conductor import Conductor, Limits
+from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
+from entrypoint.plan import Plan
+from entrypoint.settings import Settings
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # these end the job; USR1/2 do not
+_PR_SET_CHILD_SUBREAPER = 36
+_PEER_STOP_GRACE = 10.0  # seconds for workers to exit after another node failed
+
+
+class Stop(Exception):
+    """End this node with `code`; `reason` is logged unless empty (node 0's conductor has
+    logged the reasons it sends)."""
+
+    def __init__(self, code: int, reason: str = "") -> None:
+        super().__init__(reason)
+        self.code, self.reason = code, reason
+
+
+# -- processes ------------------------------------------------------------------------------
+
+def become_subreaper() -> None:
+    """Orphaned workers are re-parented to this process, not PID 1, so they can be found."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _children_map() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        tree[ppid].append(int(entry))
+    return tree
+
+
+def descendants(pid: int) -> list[int]:
+    tree, found, todo = _children_map(), [], [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _signal(pids, sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _reap(exclude: int) -> None:
+    """Collect orphaned workers that ended (this process is their subreaper), never the
+    launcher itself, whose exit code Popen reads."""
+    for pid in _children_map().get(os.getpid(), []):
+        if pid == exclude:
+            continue
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                os.waitpid(pid, os.WNOHANG)
+        except (OSError, ChildProcessError):
+            pass
+
+
+@dataclass
+class Launch:
+    """One start of the launcher, and how to reach its workers."""
+    process: subprocess.Popen
+    spawns_workers: bool  # torchrun/accelerate: the ranks are its children
+    tail: collections.deque  # the launcher's last stderr lines
+    started: float
+
+    def workers(self) -> list[int]:
+        if not self.spawns_workers:
+            return [self.process.pid]
+        return [pid for pid, parent in _parents().items() if parent == self.process.pid]
+
+    def forward(self, sig: int) -> list[int]:
+        pids = self.workers()
+        _signal(pids, sig)
+        return pids
+
+    def kill_all(self) -> None:
+        pids = [self.process.pid, *descendants(self.process.pid)]
+        _signal(pids, signal.SIGKILL)
+
+
+def _parents() -> dict[int, int]:
+    return {child: parent for parent, children in _children_map().items() for child in children}
+
+
+def start(plan: Plan, env: Mapping[str, str], generation: int, echo: Callable[[str], None]
+          ) -> Launch:
+    tail: collections.deque = collections.deque(maxlen=400)
+    child_env = dict(env) | {"ENTRYPOINT_RESTART_COUNT": str(generation)}
+    process = subprocess.Popen(list(plan.command), env=child_env, stderr=subprocess.PIPE,
+                               stdin=subprocess.DEVNULL)
+
+    def pump():
+        # The launcher's stderr, passed through line by line and kept for the failure summary,
+        # without torchrun's own traceback of ChildFailedError: node 0 shows the failing rank's.
+        held: list[str] = []
+        skipping = 0  # rulers of torchrun's failure table still to pass
+        for raw in iter(process.stderr.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            tail.append(line)
+            if skipping:
+                skipping -= line.startswith("=====")
+                continue
+            if held or line == "Traceback (most recent call last):":
+                held.append(line)
+                if "ChildFailedError" in line:
+                    held, skipping = [], 2
+                elif len(held) > 200 or not line.startswith((" ", "Traceback")):
+                    for kept in held:
+                        echo(kept)
+                    held = []
+                continue
+            echo(line)
+        for kept in held:
+            echo(kept)
+
+    threading.Thread(target=pump, daemon=True, name="launcher-stderr").start()
+    return Launch(process, plan.launcher in ("torchrun", "accelerate"), tail, time.monotonic())
+
+
+# -- what failed ----------------------------------------------------------------------------
+
+_ROOT_RANK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_ROOT_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
+_PREFIX = re.compile(r"^\[[a-z]*\d+\]:")
+
+
+def failure(plan: Plan, launch: Launch, code: int, log_dir: Path, lines: int = 12) -> dict:
+    """Rank, local rank, exit code and the last lines of the failing rank's stderr."""
+    text = list(launch.tail)
+    rank = local = exitcode = None
+    if launch.spawns_workers and any("Root Cause" in line for line in text):
+        block = text[max(i for i, line in enumerate(text) if "Root Cause" in line):]
+        for line in block:
+            if rank is None and (m := _ROOT_RANK.search(line)):
+                rank, local = int(m[1]), int(m[2])
+            if exitcode is None and (m := _ROOT_EXIT.search(line)):
+                exitcode = int(m[1])
+    elif not launch.spawns_workers:
+        rank = plan.rank if plan.rank is not None else plan.node_rank
+        local = plan.local_rank if plan.local_rank is not None else 0
+        exitcode = code
+    tail: list[str] = []
+    if local is not None and launch.spawns_workers:
+        runs = sorted(log_dir.glob("*/attempt_*/"), key=lambda p: p.stat().st_mtime)
+        if runs:
+            path = runs[-1] / str(local) / "stderr.log"
+            try:
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+            except OSError:
+                tail = []
+    if not tail:  # the trainer itself, or no per-rank file: the launcher's own last lines
+        tail = [_PREFIX.sub("", line) for line in text if "Root Cause" not in line][-lines:]
+    if exitcode is not None and exitcode < 0:
+        sig = -exitcode
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        hint = " (out of memory? the kernel's OOM killer sends SIGKILL)" if sig == 9 else ""
+        tail = tail + [f"killed by {name}{hint}"]
+    return {"rank": rank, "local_rank": local, "exitcode": exitcode if exitcode is not None
+            else code, "tail": tail}
+
+
+# -- resources for the heartbeat ------------------------------------------------------------
+
+class Stats:
+    """GPU utilization and memory (NVML) of this node's GPUs, or the CPU load."""
+
+    def __init__(self, gpu_indices: list[int]) -> None:
+        self.handles = []
+        self.nvml = None
+        if gpu_indices:
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                self.nvml = pynvml
+                self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in gpu_indices]
+            except Exception:  # stats are nice to have; never a reason to stop
+                self.handles = []
+
+    def read(self) -> dict:
+        gpus = []
+        for handle in self.handles:
+            try:
+                util = self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+                memory = self.nvml.nvmlDeviceGetMemoryInfo(handle)
+                gpus.append({"util": util, "mem_used_mib": memory.used >> 20,
+                             "mem_total_mib": memory.total >> 20})
+            except Exception:
+                continue
+        return {"gpus": gpus} if gpus else {"load": os.getloadavg()[0]}
+
+
+# -- the node's life ------------------------------------------------------------------------
+
+class Node:
+    def __init__(self, plan: Plan, env: Mapping[str, str], settings: Settings, log,
+                 echo: Callable[[str], None] | None = None) -> None:
+        self.plan, self.env, self.settings, self.log = plan, env, settings, log
+        self.echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.member = plan.node_rank if plan.spawn else plan.rank
+        self.expected = plan.nnodes if plan.spawn else plan.world_size
+        self.unit = "node" if plan.spawn else "process"
+        self.signals: collections.deque = collections.deque()
+        self.server: control.Server | None = None
+        self.channel: control.Channel | None = None
+        self.launch: Launch | None = None
+        self.generation = 0
+        self.log_dir = Path(settings.run_dir) / f"node{plan.node_rank}" / "logs"
+
+    # signals arrive in the main thread; they are handled in the loop
+    def _on_signal(self, number, _frame) -> None:
+        self.signals.append(number)
+
+    def run(self) -> int:
+        become_subreaper()
+        for sig in FORWARDED:
+            signal.signal(sig, self._on_signal)
+        try:
+            self._join()
+            while True:
+                code = self._supervise()
+                if code is not None:
+                    return code
+        except Stop as stop:
+            if stop.reason:
+                level = "info" if stop.code == 0 else "error"
+                getattr(self.log, level)(stop.reason, exit_code=stop.code)
+            return stop.code
+        except control.PeersError as err:
+            self.log.error(str(err), exit_code=EXIT_PEERS)
+            return EXIT_PEERS
+        finally:
+            self._cleanup()
+
+    # -- join -------------------------------------------------------------------------------
+
+    def _join(self) -> None:
+        plan, s = self.plan, self.settings
+        host, port = plan.master_addr, plan.control_port
+        if self.member == 0:
+            limits = Limits(join_timeout=s.join_timeout, heartbeat_timeout=s.heartbeat_timeout,
+                            max_restarts=s.max_restarts, max_clock_skew=s.max_clock_skew,
+                            monitor_interval=s.monitor_interval)
+            bind = "0.0.0.0" if self.expected > 1 else "127.0.0.1"
+            conductor = Conductor(self.expected, limits, time.monotonic(), unit=self.unit,
+                                  address=f"{host}:{port or 'auto'}")
+            self.server = control.Server(conductor, port or 0, heartbeat_interval=
+                                         s.heartbeat_interval, log=self._server_log, bind=bind)
+            self.server.start()
+            if port is None:
+                host, port = "127.0.0.1", self.server.port
+        self.channel = control.connect(host, port, timeout=s.join_timeout,
+                                       log=lambda line: self.log.warning(line))
+        self._hello()
+
+    def _hello(self) -> None:
+        fp = fingerprint.collect(gpus_per_node=self.plan.gpus_per_node,
+                                 gpu_names=self.plan.gpu_names, data_dir=self.settings.data_dir)
+        fp["layout"] = (f"{self.plan.nnodes} nodes x {self.plan.nproc_per_node} workers, "
+                        f"master {self.plan.master_addr}")
+        self.channel.send({"t": "hello", "protocol": control.PROTOCOL, "member": self.member,
+                           "node_rank": self.plan.node_rank, "host": socket.gethostname(),
+                           "generation": self.generation, "time": time.time(),
+                           "fingerprint": fp})
+        if self.member != 0:
+            self.log.info("joined node 0; waiting for every node", master=self.channel.address)
+        self._await_go()
+
+    def _await_go(self) -> None:
+        deadline_silent = self.settings.heartbeat_timeout
+        while True:
+            for message in self._receive(0.5):
+                kind = message.get("t")
+                if kind == "go":
+                    for warning in message.get("warnings", []):
+                        self.log.warning(warning)
+                    return
+                if kind == "stop":
+                    raise Stop(int(message["code"]), self._from_node0(message["reason"]))
+            self._check_master(deadline_silent)
+            for sig in self._take_signals():
+                if sig in STOPPING:
+                    raise Stop(128 + sig, f"received {signal.Signals(sig).name} before the "
+                                          "trainer started")
+
+    # -- supervise one launch ---------------------------------------------------------------
+
+    def _supervise(self) -> int | None:
+        """Start the launcher and watch it. An exit code ends the node; None: restart."""
+        s = self.settings
+        self.launch = start(self.plan, self.env, self.generation, self.echo)
+        stats = Stats(self._gpu_indices())
+        last_beat = 0.0
+        signalled: int | None = None
+        kill_at: float | None = None
+        reported = False
+        while True:
+            now = time.monotonic()
+            if now - last_beat >= s.heartbeat_interval:
+                last_beat = now
+                self.channel.send({"t": "beat", "stats": stats.read()})
+            for sig in self._take_signals():
+                pids = self.launch.forward(sig) if self.launch.process.poll() is None else []
+                self.log.warning(f"received {signal.Signals(sig).name}: forwarded to "
+                                 f"{len(pids)} worker process(es)" + (
+                                     f"; they have {s.grace_period:g} s (ENTRYPOINT_GRACE_PERIOD) "
+                                     "to checkpoint and exit" if sig in STOPPING else ""))
+                if sig in STOPPING and signalled is None:
+                    signalled, kill_at = sig, now + s.grace_period
+            if kill_at is not None and now > kill_at and self.launch.process.poll() is None:
+                self.log.error(f"workers still running {s.grace_period:g} s after the signal: "
+                               "killing them")
+                self.launch.kill_all()
+                kill_at = None
+            code = self.launch.process.poll()
+            if code is not None and not reported:
+                reported = True
+                self._report_exit(code, signalled)
+            _reap(exclude=self.launch.process.pid)
+            for message in self._receive(0.2 if code is None else 0.5):
+                kind = message.get("t")
+                if kind == "stop":
+                    return self._stopped(int(message["code"]), message["reason"], signalled)
+                if kind == "done":
+                    self._wait_launcher(5)
+                    return 0 if code == 0 else (code or 0)
+                if kind == "restart":
+                    self._end_launch(_PEER_STOP_GRACE)
+                    self.generation = int(message["generation"])
+                    self.log.warning(f"restarting the trainer ({message.get('reason', '')})",
+                                     restart=self.generation)
+                    self._hello()
+                    return None
+            self._check_master(s.heartbeat_timeout)
+
+    def _report_exit(self, code: int, signalled: int | None) -> None:
+        message: dict = {"t": "exit", "code": code}
+        if code != 0 and signalled is None:
+            found = failure(self.plan, self.launch, code, self.log_dir)
+            # A worker that stopped on a signal another node's workers passed on (the built-in
+            # job shares a stop flag each step) was preempted, not broken.
+            by_signal = {128 + int(sig) for sig in FORWARDED} | {-int(sig) for sig in FORWARDED}
+            if found["exitcode"] in by_signal:
+                signalled = abs(found["exitcode"]) % 128
+            else:
+                message["failure"] = found
+        if signalled is not None:
+            message["signal"] = signalled
+        elif code != 0:
+            found = message["failure"]
+            first, last = self.plan.ranks
+            who = f"rank {found['rank']}" if found["rank"] is not None else f"ranks {first}-{last}"
+            message["reason"] = (f"{self.unit} {self.member} ({socket.gethostname()}): {who} "
+                                 f"failed with exit code {found['exitcode']}")
+        self.channel.send(message)
+
+    def _stopped(self, code: int, reason: str, signalled: int | None) -> int:
+        running = self.launch.process.poll() is None
+        if running:
+            # Another node failed or was preempted: the workers stop too (checkpointing when a
+            # signal started it), and are killed if they do not.
+            grace = self.settings.grace_period if code > 128 else _PEER_STOP_GRACE
+            sig = code - 128 if code > 128 else signal.SIGTERM
+            self.launch.forward(sig)
+            self._wait_launcher(grace)
+        raise Stop(code, self._from_node0(reason))
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _receive(self, timeout: float) -> list[dict]:
+        messages = self.channel.receive(timeout)
+        if self.channel.closed:
+            if self.launch is not None and self.launch.process.poll() is None:
+                self.launch.forward(signal.SIGTERM)
+                self._wait_launcher(_PEER_STOP_GRACE)
+            raise Stop(EXIT_PEERS, f"lost node 0 ({self.plan.master_addr}): its connection "
+                                   "closed (container killed, node crashed or rebooted)")
+        return messages
+
+    def _check_master(self, timeout: float) -> None:
+        silent = time.monotonic() - self.channel.last_heard
+        if silent > timeout:
+            if self.launch is not None and self.launch.process.poll() is None:
+                self.launch.forward(signal.SIGTERM)
+                self._wait_launcher(_PEER_STOP_GRACE)
+            raise Stop(EXIT_PEERS, f"node 0 ({self.plan.master_addr}) silent for {silent:.0f} s "
+                                   f"(ENTRYPOINT_HEARTBEAT_TIMEOUT={timeout:g}): it hangs, is "
+                                   "paused or this node is cut off from it")
+
+    def _take_signals(self) -> list[int]:
+        taken = []
+        while self.signals:
+            taken.append(self.signals.popleft())
+        return taken
+
+    def _wait_launcher(self, seconds: float) -> None:
+        if self.launch is None:
+            return
+        try:
+            self.launch.process.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            self.launch.kill_all()
+            try:
+                self.launch.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def _end_launch(self, grace: float) -> None:
+        if self.launch is not None and self.launch.process.poll() is None:
+            self.launch.forward(signal.SIGTERM)
+            self._wait_launcher(grace)
+
+    def _from_node0(self, reason: str) -> str:
+        return f"stopped by node 0: {reason}" if self.member != 0 else ""
+
+    def _server_log(self, level: str, text: str) -> None:
+        if text.startswith("worker failed"):  # the failure summary: readable, once, at node 0
+            print(f"\n{text}\n", file=sys.stderr, flush=True)
+            return
+        getattr(self.log, level)(text)
+
+    def _gpu_indices(self) -> list[int]:
+        if not self.plan.cuda_visible_devices:
+            return []
+        return [int(x) for x in self.plan.cuda_visible_devices.split(",") if x.isdigit()]
+
+    def _cleanup(self) -> None:
+        if self.launch is not None:
+            pids = descendants(os.getpid())
+            if pids:
+                _signal(pids, signal.SIGKILL)
+        if self.channel is not None:
+            self.channel.close()
+        if self.server is not None:
+            self.server.finished.wait(timeout=12)
+            self.server.stop()
+
+
+def run(plan: Plan, env: Mapping[str, str], settings: Settings, log) -> int:
+    code = Node(plan, env, settings, log).run()
+    return code if code is not None else EXIT_CONFIG

@@ -1,0 +1,63 @@
+"""A small real trainer for the supervision tests: gloo all-reduces in a loop, a 'checkpoint'
+(the last step, in <FAULT_OUT>/ckpt) that a restart resumes from, and faults on request.
+
+FAULT_OUT       directory for ckpt and the per-rank reports (rank<R>.json)
+FAULT_STEPS     steps to run (default 400; each step sleeps FAULT_STEP_SECONDS, default 0.05)
+FAULT_CRASH     "<rank>:<step>": that rank raises at that step, on the first start only
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+out = Path(os.environ["FAULT_OUT"])
+out.mkdir(parents=True, exist_ok=True)
+steps = int(os.environ.get("FAULT_STEPS", "400"))
+pause = float(os.environ.get("FAULT_STEP_SECONDS", "0.05"))
+crash = os.environ.get("FAULT_CRASH", "")
+restart = int(os.environ.get("ENTRYPOINT_RESTART_COUNT", "0"))
+stop_signal = None
+
+
+def on_signal(number, _frame):
+    global stop_signal
+    stop_signal = number
+
+
+for sig in (signal.SIGTERM, signal.SIGUSR1):
+    signal.signal(sig, on_signal)
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+ckpt = out / "ckpt"
+start = int(ckpt.read_text()) if ckpt.exists() else 0
+print(f"rank {rank}/{world} starts at step {start} (restart {restart})", flush=True)
+(out / f"started{rank}.{restart}").write_text(str(os.getpid()))
+signals_seen = []
+step = start
+for step in range(start + 1, steps + 1):
+    if crash and restart == 0 and crash == f"{rank}:{step}":
+        raise ValueError(f"injected failure on rank {rank} at step {step}")
+    flag = torch.tensor([0 if stop_signal is None else stop_signal])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # a signal on any rank stops every rank
+    if flag.item():
+        signals_seen.append(int(flag.item()))
+        if rank == 0:
+            ckpt.write_text(str(step - 1))
+        break
+    value = torch.ones(1)
+    dist.all_reduce(value)
+    time.sleep(pause)
+    if rank == 0 and step % 20 == 0:
+        ckpt.write_text(str(step))
+report = {"rank": rank, "world_size": world, "start": start, "last_step": step,
+          "restart": restart, "signal": signals_seen[0] if signals_seen else None}
+(out / f"rank{rank}.json").write_text(json.dumps(report))
+dist.destroy_process_group()
+sys.exit(128 + signals_seen[0] if signals_seen else 0)
