@@ -51,8 +51,10 @@ def render(request: Request) -> str:
         f"{request.name}: {text.count(request.nodes, 'machine')} x "
         f"{text.count(request.gpus_per_node, 'GPU')}, started by hand from {request.image}"), [
         "Run block i on machine i, in any order; node 0 waits for the others.",
-        *([(f"Machine 0 is {request.master_addr}: the others reach it on TCP port {port}, so let "
-            "them through its firewall.")] if request.nodes > 1 else []),
+        *([(f"Machine 0 is {request.master_addr}: the others reach it on TCP ports {port} "
+            f"(rendezvous) and {port + 1}"),
+           "(the entrypoints' own channel), so let them through its firewall."]
+          if request.nodes > 1 else []),
         "--network host and --ipc host: NCCL uses the machine's interfaces and shared memory",
         "(without --ipc host, give --shm-size=16g). With InfiniBand, add to each command:",
         "  --device /dev/infiniband",
