@@ -142,6 +142,19 @@ def build(platform: str, *, nodes: str | None, gpus_per_node: str | None, image:
           time: str | None = None, partition: str | None = None, account: str | None = None,
           namespace: str | None = None, secret_name: str | None = None) -> Request:
     """The checked request, from the options as typed; a ConfigError names the bad option."""
+    from entrypoint.render import PLATFORMS, module
+
+    if platform not in PLATFORMS:
+        raise ConfigError("PLATFORM", platform, "is not a platform render knows",
+                          f"Use one of: {', '.join(PLATFORMS)}")
+    taken = module(platform).OPTIONS
+    for option, value in (("--master-port", master_port), ("--master-addr", master_addr),
+                          ("--runtime", runtime), ("--time", time), ("--partition", partition),
+                          ("--account", account), ("--namespace", namespace),
+                          ("--secret-name", secret_name)):
+        if value is not None and option not in taken:
+            raise ConfigError(option, value, f"is not an option of {platform}",
+                              f"Drop it; entrypoint render {platform} --help lists its options")
     for option, raw, example in (("--nodes", nodes, "2"), ("--gpus-per-node", gpus_per_node, "8"),
                                  ("--image", image, "ghcr.io/org/multinode:1.0")):
         if raw is None:
