@@ -48,8 +48,7 @@ def _command(request: Request, rank: int) -> list[str]:
 def render(request: Request) -> str:
     port = request.master_port or DEFAULT_PORT
     opening = text.header(request, (
-        f"{request.name}: {text.count(request.nodes, 'machine')} x "
-        f"{text.count(request.gpus_per_node, 'GPU')}, started by hand from {request.image}"), [
+        f"{request.name}: {text.shape(request, 'machine')} started by hand, {request.image}"), [
         "Run block i on machine i, in any order; node 0 waits for the others.",
         *([(f"Machine 0 is {request.master_addr}: the others reach it on TCP ports {port} "
             f"(rendezvous) and {port + 1}"),

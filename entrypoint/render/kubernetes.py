@@ -56,8 +56,7 @@ def render(request: Request) -> str:
     }
     port = request.master_port or "29500, torchrun's default"
     opening = text.header(request, (
-        f"{request.name}: {text.count(request.nodes, 'node')} x "
-        f"{text.count(request.gpus_per_node, 'GPU')}, a Kubernetes Indexed Job of "
+        f"{request.name}: {text.shape(request)}, a Kubernetes Indexed Job of "
         f"{request.image}"), [
         *text.kube_notes(request),
         f"Pod <index> is node <index>; node 0 is reached as {master_addr(request)}:{port}.",

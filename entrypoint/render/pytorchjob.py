@@ -53,8 +53,7 @@ def render(request: Request) -> str:
     }
     port = request.master_port or DEFAULT_PORT
     opening = text.header(request, (
-        f"{request.name}: {text.count(request.nodes, 'node')} x "
-        f"{text.count(request.gpus_per_node, 'GPU')}, a Kubeflow PyTorchJob of {request.image}"), [
+        f"{request.name}: {text.shape(request)}, a Kubeflow PyTorchJob of {request.image}"), [
         *text.kube_notes(request),
         f"Node 0 is the Master pod, {master_addr(request)}:{port}; Worker i is node i + 1.",
         "Needs training-operator v1.7 or later (PET_NNODES); the last v1 release is v1.9.",

@@ -47,7 +47,7 @@ def _directives(request: Request) -> list[str]:
     lines = [
         f"#SBATCH --job-name={request.name}",
         f"#SBATCH --nodes={request.nodes}",
-        "# One task per node: the entrypoint on each node starts one worker per GPU.",
+        "# One task per node: the entrypoint on each node starts its workers, one per GPU.",
         "#SBATCH --ntasks-per-node=1",
     ]
     if request.gpus_per_node:
@@ -112,8 +112,7 @@ def _launch(request: Request) -> list[str]:
 
 
 def render(request: Request) -> str:
-    title = (f"{request.name}: {text.count(request.nodes, 'node')} x "
-             f"{text.count(request.gpus_per_node, 'GPU')} under SLURM, image {request.image} "
+    title = (f"{request.name}: {text.shape(request)} under SLURM, image {request.image} "
              f"(runtime: {request.runtime})")
     opening = text.header(request, title, [
         f"Submit: sbatch FILE. Logs: {SCRIPT_LOG} (this script), {NODE_LOG} (each node).",

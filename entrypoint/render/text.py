@@ -25,6 +25,13 @@ def count(number: int, noun: str) -> str:
     return f"{number} {noun}" + ("" if number == 1 else "s")
 
 
+def shape(request, noun: str = "node") -> str:
+    """`2 nodes x 8 GPUs`, or `2 CPU nodes`."""
+    if request.gpus_per_node:
+        return f"{count(request.nodes, noun)} x {count(request.gpus_per_node, 'GPU')}"
+    return count(request.nodes, f"CPU {noun}")
+
+
 def header(request, title: str, lines: Sequence[str] = ()) -> list[str]:
     """The opening lines every spec starts with: what it is and how to get it again."""
     return [title, f"Rendered by: {request.command_line()}", *lines]

@@ -57,8 +57,7 @@ def render(request: Request) -> str:
         },
     }
     opening = text.header(request, (
-        f"{request.name}: {text.count(request.nodes, 'node')} x "
-        f"{text.count(request.gpus_per_node, 'GPU')}, a Kubeflow TrainJob of {request.image}"), [
+        f"{request.name}: {text.shape(request)}, a Kubeflow TrainJob of {request.image}"), [
         *text.kube_notes(request),
         f"Node 0 is pod {master_addr(request)}:{MASTER_PORT} (the Trainer fixes the port).",
         f"Needs Kubeflow Trainer v2.3 or later with the {RUNTIME} ClusterTrainingRuntime.",

@@ -57,8 +57,7 @@ def render(request: Request) -> str:
     }
     port = request.master_port or DEFAULT_PORT
     opening = text.header(request, (
-        f"{request.name}: {text.count(request.nodes, 'node')} x "
-        f"{text.count(request.gpus_per_node, 'GPU')}, a Volcano Job of {request.image}"), [
+        f"{request.name}: {text.shape(request)}, a Volcano Job of {request.image}"), [
         *text.kube_notes(request),
         f"Node 0 is the master task's pod, {master_addr(request)}:{port}; worker i is node i + 1.",
     ])

@@ -1,4 +1,4 @@
-# train: 2 machines x 8 GPUs, started by hand from ghcr.io/example/multinode:1.0
+# train: 2 machines x 8 GPUs started by hand, ghcr.io/example/multinode:1.0
 # Rendered by: entrypoint render docker --nodes 2 --gpus-per-node 8 --image ghcr.io/example/multinode:1.0 --master-addr 10.0.0.1 --env NCCL_DEBUG=INFO --env HF_TOKEN -- python train.py --epochs 3
 # Run block i on machine i, in any order; node 0 waits for the others.
 # Machine 0 is 10.0.0.1: the others reach it on TCP ports 29500 (rendezvous) and 29501
