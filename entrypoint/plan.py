@@ -373,9 +373,9 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
 
 def _timeouts(env: Mapping[str, str], settings: Settings, launcher: str,
               sources: dict) -> tuple[dict[str, str], list[str]]:
-    """Collective timeouts short enough to surface a stuck rank, without DeepSpeed's or
-    accelerate's 30-minute defaults coming back silently. Node loss does not wait for these:
-    the heartbeats between entrypoints catch it in ENTRYPOINT_HEARTBEAT_TIMEOUT."""
+    """One collective timeout for every library, so that a stuck rank surfaces in a known time
+    and no library's own default (DeepSpeed 0.19: 10 min; accelerate: 30 min on gloo) comes back
+    silently. Node loss does not wait for these: the entrypoints' heartbeats catch it."""
     seconds = settings.collective_timeout
     out = {"ENTRYPOINT_COLLECTIVE_TIMEOUT": str(seconds)}
     sources["ENTRYPOINT_COLLECTIVE_TIMEOUT"] = (f"env {PREFIX}COLLECTIVE_TIMEOUT"
@@ -384,13 +384,13 @@ def _timeouts(env: Mapping[str, str], settings: Settings, launcher: str,
     warnings = []
     if "DEEPSPEED_TIMEOUT" in env:
         sources["DEEPSPEED_TIMEOUT"] = "env DEEPSPEED_TIMEOUT (set by you, kept)"
-    else:  # DeepSpeed reads it in minutes (deepspeed/constants.py); its default is 30
+    else:  # DeepSpeed reads it in minutes (deepspeed/constants.py default_pg_timeout)
         out["DEEPSPEED_TIMEOUT"] = str(-(-seconds // 60))
-        sources["DEEPSPEED_TIMEOUT"] = f"{PREFIX}COLLECTIVE_TIMEOUT in minutes (DeepSpeed's own: 30)"
+        sources["DEEPSPEED_TIMEOUT"] = f"{PREFIX}COLLECTIVE_TIMEOUT in minutes (DeepSpeed's own: 10)"
     if launcher == "accelerate":
-        warnings.append("accelerate's process-group timeout is 1800 s unless the trainer passes "
-                        "InitProcessGroupKwargs(timeout=...): read ENTRYPOINT_COLLECTIVE_TIMEOUT "
-                        "from the environment there")
+        warnings.append("accelerate's process-group timeout is 1800 s on gloo (600 s on NCCL) "
+                        "unless the trainer passes InitProcessGroupKwargs(timeout=...): read "
+                        "ENTRYPOINT_COLLECTIVE_TIMEOUT from the environment there")
     return out, warnings
 
 

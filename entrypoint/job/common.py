@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -28,6 +29,9 @@ _SETTINGS = (  # (name, type, default, help)
     ("seed", int, 0, "seed of the synthetic data and the model's initial weights"),
     ("resume", str, "auto", ("auto: resume from the last checkpoint when every worker can read it; "
                              "never: start fresh (the old checkpoints are moved aside)")),
+    ("fail_at_step", int, 0, ("fault injection for tests of restarts and failure reports: raise at "
+                              "this step on --fail-rank, on the first start only (0: never)")),
+    ("fail_rank", int, 0, "the global rank that --fail-at-step fails"),
 )
 
 
@@ -39,6 +43,8 @@ class JobArgs:
     log_every: int
     seed: int
     resume: str
+    fail_at_step: int = 0
+    fail_rank: int = 0
 
     @property
     def checkpoints(self) -> Path:
@@ -66,7 +72,36 @@ def parse_args(argv: list[str] | None, prog: str, description: str) -> JobArgs:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
     return JobArgs(steps=args.steps, output=Path(args.output), save_every=args.save_every,
-                   log_every=args.log_every, seed=args.seed, resume=args.resume)
+                   log_every=args.log_every, seed=args.seed, resume=args.resume,
+                   fail_at_step=args.fail_at_step, fail_rank=args.fail_rank)
+
+
+def maybe_fail(args: JobArgs, rank: int, step: int) -> None:
+    """--fail-at-step: a real exception on one rank, once (a restarted job gets past it)."""
+    first_start = os.environ.get("ENTRYPOINT_RESTART_COUNT", "0") == "0"
+    if args.fail_at_step == step and args.fail_rank == rank and first_start:
+        raise RuntimeError(f"injected failure at step {step} on rank {rank} (--fail-at-step)")
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+class StopRequest:
+    """A stop signal (preemption: SIGTERM; SLURM's --signal: SIGUSR1/2) noted by a handler.
+    The job asks every worker each step (one tiny collective) so that a signal reaching any
+    worker makes all of them checkpoint together, then exit with 128 + the signal."""
+
+    def __init__(self) -> None:
+        self.signal = 0
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._note)
+
+    def _note(self, number, _frame) -> None:
+        self.signal = self.signal or int(number)
+
+    @staticmethod
+    def name(number: int) -> str:
+        return signal.Signals(number).name
 
 
 @dataclass(frozen=True)
@@ -197,6 +232,7 @@ class Results:
     checkpoint_writer: bool  # this worker wrote the model weights and the `latest` marker
     checkpoint: str | None  # the last checkpoint saved (or resumed from)
     seconds: float  # wall time from the job's start to its end
+    stopped_by: str | None = None  # the signal that stopped it early (checkpoint saved), if any
     format: int = RESULTS_FORMAT
 
     def write(self, directory: Path) -> Path:

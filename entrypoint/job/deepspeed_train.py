@@ -10,6 +10,7 @@ ENTRYPOINT_JOB_VERBOSE=1 keeps DeepSpeed's own info logs.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import math
@@ -124,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cuda":
         torch.cuda.set_device(place.local_rank)
     torch.manual_seed(args.seed)
-    deepspeed.init_distributed(dist_backend=backend)
+    stop = common.StopRequest()
+    timeout = datetime.timedelta(seconds=int(os.environ.get("ENTRYPOINT_COLLECTIVE_TIMEOUT", 600)))
+    deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
     import torch.distributed as dist
 
     world = dist.get_world_size()
@@ -200,9 +203,19 @@ def main(argv: list[str] | None = None) -> int:
         console.log(f"checkpoint step {step} saved to {folder}")
         return str(folder)
 
+    def agreed_stop() -> int:  # the signal any worker got, known to all
+        flag = torch.tensor([stop.signal], dtype=torch.long, device=engine.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag.item())
+
     first_loss = final_loss = None
+    stopped_by = 0
+    done = start
     engine.train()
     for step in range(start + 1, args.steps + 1):
+        if stopped_by := agreed_stop():
+            break
+        common.maybe_fail(args, place.rank, step)
         total = 0.0
         for _ in range(accumulation):
             loss = engine(*next_batch())
@@ -219,7 +232,13 @@ def main(argv: list[str] | None = None) -> int:
             console.log(f"step {step}/{args.steps} loss {mean:.4f}", meter=True)
         if last or step % args.save_every == 0:
             checkpoint = save(step)
+        done = step
     console.close()
+    if stopped_by:
+        name = common.StopRequest.name(stopped_by)
+        console.log(f"{name}: stopping after step {done} of {args.steps}")
+        if done > start and not (checkpoint or "").endswith(f"step{done}"):
+            checkpoint = save(done)
 
     if first_loss is None:  # nothing trained: report the loss the checkpoint reaches
         engine.eval()
@@ -229,12 +248,16 @@ def main(argv: list[str] | None = None) -> int:
     results = common.Results(
         job="deepspeed", rank=place.rank, world_size=world, local_rank=place.local_rank,
         node_rank=place.node_rank, node=place.node, backend=backend, device=device,
-        devices=world, steps=max(start, args.steps), trained_steps=max(0, args.steps - start),
+        devices=world, steps=max(start, done), trained_steps=max(0, done - start),
         resumed_from=resumed_from, first_loss=first_loss, final_loss=final_loss,
         loss_floor=task.floor, global_batch=global_batch, checkpoint_writer=is_writer,
-        checkpoint=checkpoint, seconds=round(time.monotonic() - started, 2))
+        checkpoint=checkpoint, seconds=round(time.monotonic() - started, 2),
+        stopped_by=common.StopRequest.name(stopped_by) if stopped_by else None)
     results.write(args.results)
     barrier()
+    if stopped_by:
+        dist.destroy_process_group()
+        return 128 + stopped_by
     console.log(f"done: loss {first_loss:.4f} -> {final_loss:.4f} (floor {task.floor:.3f}) in "
                 f"{results.trained_steps} steps, {results.seconds:.1f} s; results in {args.results}")
     dist.destroy_process_group()

@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     if plan.get("device", "cpu") == "cpu":
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+    stop = common.StopRequest()
     import jax
 
     try:  # cross-process collectives on CPU (gloo is the default in newer JAX); before any backend
@@ -236,8 +237,26 @@ def main(argv: list[str] | None = None) -> int:
     if start >= args.steps:
         console.log(f"the checkpoint already has {start} steps (--steps {args.steps}): nothing "
                     "to train; raise --steps to train more")
+    def agreed_stop() -> int:  # the signal any process got, known to all
+        if processes == 1:
+            return stop.signal
+        seen = multihost_utils.process_allgather(np.array([stop.signal], np.int32))
+        return int(np.asarray(seen).max())
+
+    def save(step: int) -> str:
+        if not is_writer:
+            return str(directory / f"step{step}.npz")
+        path = str(save_checkpoint(jax, directory, step, params, state, meta))
+        console.log(f"checkpoint step {step} saved to {path}")
+        return path
+
+    stopped_by = 0
+    done = start
     console.progress(total=args.steps, initial=min(start, args.steps))
     for step in range(start + 1, args.steps + 1):
+        if stopped_by := agreed_stop():
+            break
+        common.maybe_fail(args, jax.process_index(), step)
         params, state, loss = train_step(params, state, next_batch())
         console.advance()
         last = step == args.steps
@@ -246,25 +265,30 @@ def main(argv: list[str] | None = None) -> int:
             first_loss = final_loss if first_loss is None else first_loss
             console.log(f"step {step}/{args.steps} loss {final_loss:.4f}", meter=True)
         if last or step % args.save_every == 0:
-            if is_writer:
-                checkpoint = str(save_checkpoint(jax, directory, step, params, state, meta))
-                console.log(f"checkpoint step {step} saved to {checkpoint}")
-            else:
-                checkpoint = str(directory / f"step{step}.npz")
+            checkpoint = save(step)
+        done = step
     console.close()
+    if stopped_by:
+        console.log(f"{common.StopRequest.name(stopped_by)}: stopping after step {done} of "
+                    f"{args.steps}")
+        if done > start and not (checkpoint or "").endswith(f"step{done}.npz"):
+            checkpoint = save(done)
     if first_loss is None:
         first_loss = final_loss = float(eval_loss(params, next_batch()))
 
     results = common.Results(
         job="jax", rank=jax.process_index(), world_size=jax.process_count(),
         local_rank=0, node_rank=place.node_rank, node=place.node, backend=f"jax-{backend}",
-        device=device, devices=len(devices), steps=max(start, args.steps),
-        trained_steps=max(0, args.steps - start), resumed_from=resumed_from,
+        device=device, devices=len(devices), steps=max(start, done),
+        trained_steps=max(0, done - start), resumed_from=resumed_from,
         first_loss=first_loss, final_loss=final_loss, loss_floor=task.floor,
         global_batch=global_batch, checkpoint_writer=is_writer, checkpoint=checkpoint,
-        seconds=round(time.monotonic() - started, 2))
+        seconds=round(time.monotonic() - started, 2),
+        stopped_by=common.StopRequest.name(stopped_by) if stopped_by else None)
     results.write(args.results)
     multihost_utils.sync_global_devices("entrypoint-job-done")
+    if stopped_by:
+        return 128 + stopped_by
     console.log(f"done: loss {first_loss:.4f} -> {final_loss:.4f} (floor {task.floor:.3f}) in "
                 f"{results.trained_steps} steps, {results.seconds:.1f} s; results in {args.results}")
     return 0
