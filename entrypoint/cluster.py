@@ -106,9 +106,10 @@ class Cluster:
 
     def __init__(self, image: str, *, prefix: str | None = None, shm_size: str = "1g",
                  echo: Callable[[str], None] | None = None,
-                 client: docker.DockerClient | None = None, output: str = DEFAULT_OUTPUT):
+                 client: docker.DockerClient | None = None,
+                 output: str = DEFAULT_OUTPUT):
         self.image = image
-        self.output = output  # the job's ENTRYPOINT_JOB_OUTPUT inside the nodes: results/ is read there
+        self.output = output  # the job's ENTRYPOINT_JOB_OUTPUT in the nodes: results/ is there
         # Unique per cluster, so that concurrent runs (CI, several developers) never collide.
         self.prefix = prefix or f"mn{secrets.token_hex(3)}"
         self.network_name = f"{self.prefix}-net"

@@ -46,12 +46,14 @@ def layout(*, nnodes: int, gpus_per_node: int | None, workers: int | None, job: 
            host_gpus: int, gpu_probe: str) -> Layout:
     """Check the request against this machine and split its GPUs; raises ConfigError."""
     if nnodes < 1:
-        raise ConfigError("--nodes", nnodes, "must be 1 or more", "Pass --nodes 2 for two node containers")
+        raise ConfigError("--nodes", nnodes, "must be 1 or more",
+                          "Pass --nodes 2 for two node containers")
     if gpus_per_node is not None and gpus_per_node < 0:
         raise ConfigError("--gpus-per-node", gpus_per_node, "must be 0 or more",
                           "Pass --gpus-per-node 0 for CPU workers")
     if workers is not None and workers < 1:
-        raise ConfigError("--workers", workers, "must be 1 or more", "Pass --workers 2, or leave it out")
+        raise ConfigError("--workers", workers, "must be 1 or more",
+                          "Pass --workers 2, or leave it out")
     if job == "jax" and workers is not None:
         raise ConfigError("--workers", workers, "the JAX job runs one process per node, owning its "
                           "devices", "Leave --workers out with --job jax")
@@ -156,7 +158,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--job", choices=("deepspeed", "jax"), default="deepspeed",
                    help="the built-in job when no command is given (default deepspeed)")
     p.add_argument("-e", "--env", action="append", default=[], metavar="VAR=VALUE",
-                   help="set a variable on every node, e.g. -e ENTRYPOINT_JOB_STEPS=40 (repeatable)")
+                   help="set a variable on every node, e.g. -e ENTRYPOINT_JOB_STEPS=40 "
+                        "(repeatable)")
     p.add_argument("--timeout", type=float, default=0, metavar="SECONDS",
                    help="kill the nodes after this long (default 0: no limit)")
     p.add_argument("--results", metavar="DIR",
@@ -183,7 +186,8 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
         client = docker.from_env(timeout=120)
         client.ping()
     except docker.errors.DockerException as err:
-        raise ConfigError("DOCKER_HOST", env.get("DOCKER_HOST"), f"no Docker engine answers ({err})",
+        raise ConfigError("DOCKER_HOST", env.get("DOCKER_HOST"),
+                          f"no Docker engine answers ({err})",
                           "Start dockerd, or point DOCKER_HOST at one") from None
     try:
         client.images.get(args.image)

@@ -34,8 +34,10 @@ def test_layout_splits_this_machines_gpus(ask, host, want):
 @pytest.mark.parametrize(("ask", "host", "start"), [
     ((0, None, None, "deepspeed"), 0, "--nodes='0': must be 1 or more"),
     ((-1, None, None, "deepspeed"), 0, "--nodes='-1': must be 1 or more"),
-    ((2, 1, None, "deepspeed"), 0, "--gpus-per-node='1': 2 nodes x 1 GPUs need 2 but this machine has 0"),
-    ((2, 4, None, "deepspeed"), 7, "--gpus-per-node='4': 2 nodes x 4 GPUs need 8 but this machine has 7"),
+    ((2, 1, None, "deepspeed"), 0,
+     "--gpus-per-node='1': 2 nodes x 1 GPUs need 2 but this machine has 0"),
+    ((2, 4, None, "deepspeed"), 7,
+     "--gpus-per-node='4': 2 nodes x 4 GPUs need 8 but this machine has 7"),
     ((2, -1, None, "deepspeed"), 0, "--gpus-per-node='-1': must be 0 or more"),
     ((2, 0, 0, "deepspeed"), 0, "--workers='0': must be 1 or more"),
     ((2, 0, 2, "jax"), 0, "--workers='2': the JAX job runs one process per node"),
@@ -98,8 +100,9 @@ def test_cli_no_engine_is_one_line():
                           "--gpus-per-node", "0"], capture_output=True, text=True, env=BAD_DOCKER,
                          timeout=60)
     assert out.returncode == 2, out
-    assert out.stderr.startswith("entrypoint: error: DOCKER_HOST='unix:///nonexistent/docker.sock': "
-                                 "no Docker engine answers"), out.stderr
+    assert out.stderr.startswith("entrypoint: error: DOCKER_HOST="
+                                 "'unix:///nonexistent/docker.sock': no Docker engine answers"), \
+        out.stderr
     assert out.stderr.count("\n") == 1
 
 
