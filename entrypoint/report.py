@@ -30,6 +30,7 @@ def table(plan: Plan, secret_values: tuple[str, ...] = ()) -> str:
         ("ranks", rank_line(plan), "spawned here" if plan.spawn else src.get("spawn")),
         ("master", f"{plan.master_addr}:{plan.master_port or 'auto'}",
          f"{src.get('master_addr')}; {src.get('master_port')}"),
+        ("control port", plan.control_port or "auto", src.get("control_port")),
         ("device", plan.device + (f" x {plan.gpus_per_node}" if plan.device == "cuda" else ""),
          f"{src.get('device')}; GPUs: {src.get('gpus_per_node')}"),
         ("CUDA_VISIBLE_DEVICES", plan.cuda_visible_devices or "-", src.get("cuda_visible_devices", "")),

@@ -207,3 +207,19 @@ def test_seed_004_sixteen_gpu_list_on_an_eight_gpu_node_refused():
 def test_stated_count_wider_than_visible_refused():
     with pytest.raises(ConfigError, match="GPUS_PER_NODE='8': but env CUDA_VISIBLE_DEVICES leaves 4"):
         make_plan({"NNODES": "1", "GPUS_PER_NODE": "8", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}, node(), ["x"])
+
+
+def test_control_port_is_the_master_port_plus_one_unless_set():
+    env = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "m", "MASTER_PORT": "29600"}
+    assert make_plan(env, node(8)).control_port == 29601
+    assert make_plan(env | {"ENTRYPOINT_CONTROL_PORT": "40000"}, node(8)).control_port == 40000
+    assert make_plan({}, node(1)).control_port is None  # one node: any free port on loopback
+
+
+def test_collective_timeout_reaches_deepspeed_in_minutes_and_yours_is_kept():
+    env = {"NNODES": "1", "ENTRYPOINT_COLLECTIVE_TIMEOUT": "90"}
+    plan = make_plan(env, node(8))
+    assert (plan.env["ENTRYPOINT_COLLECTIVE_TIMEOUT"], plan.env["DEEPSPEED_TIMEOUT"]) == ("90", "2")
+    assert "DEEPSPEED_TIMEOUT" not in make_plan(env | {"DEEPSPEED_TIMEOUT": "5"}, node(8)).env
+    plan = make_plan({"ENTRYPOINT_LAUNCHER": "accelerate"}, node(8), ["python", "train.py"])
+    assert any("InitProcessGroupKwargs" in w for w in plan.warnings)
