@@ -82,34 +82,40 @@ class Server(threading.Thread):
         self._stop = threading.Event()
 
     def run(self) -> None:
-        last_beat = last_tick = time.monotonic()
-        ended_at = None
         try:
-            while not self._stop.is_set():
-                for key, _ in self.selector.select(timeout=0.2):
-                    if key.fileobj is self.listener:
-                        self._accept()
-                    else:
-                        self._read(key.fileobj)
-                now = time.monotonic()
-                if now - last_tick >= 0.5:
-                    last_tick = now
-                    self._apply(self.conductor.tick(now))
-                if now - last_beat >= self.interval:
-                    last_beat = now
-                    self._send(ALL, {"t": "beat"})
-                if self.conductor.phase == "end":
-                    ended_at = ended_at or now
-                    # The verdict is in every socket's buffer already; a moment for the nodes
-                    # to read it, not for a paused one to come back.
-                    if not self.readers or now - ended_at > 1:
-                        break
+            self._loop()
+        except Exception as err:  # a bug here must not look like a silent node 0
+            self.log("error", f"node 0's control server failed: {err!r}; every node will stop "
+                              "when its heartbeat times out")
         finally:
             for sock in list(self.readers):
                 self._drop(sock)
             self.selector.close()
             self.listener.close()
             self.finished.set()
+
+    def _loop(self) -> None:
+        last_beat = last_tick = time.monotonic()
+        ended_at = None
+        while not self._stop.is_set():
+            for key, _ in self.selector.select(timeout=0.2):
+                if key.fileobj is self.listener:
+                    self._accept()
+                else:
+                    self._read(key.fileobj)
+            now = time.monotonic()
+            if now - last_tick >= 0.5:
+                last_tick = now
+                self._apply(self.conductor.tick(now))
+            if now - last_beat >= self.interval:
+                last_beat = now
+                self._send(ALL, {"t": "beat"})
+            if self.conductor.phase == "end":
+                ended_at = ended_at or now
+                # The verdict is in every socket's buffer already; a moment for the nodes to
+                # read it, not for a paused one to come back.
+                if not self.readers or now - ended_at > 1:
+                    return
 
     def stop(self) -> None:
         self._stop.set()

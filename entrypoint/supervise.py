@@ -347,6 +347,7 @@ class Node:
             if now - last_beat >= s.heartbeat_interval:
                 last_beat = now
                 self.channel.send({"t": "beat", "stats": stats.read()})
+                _reap(exclude=self.launch.process.pid)
             for sig in self._take_signals():
                 pids = self.launch.forward(sig) if self.launch.process.poll() is None else []
                 self.log.warning(f"received {signal.Signals(sig).name}: forwarded to "
@@ -364,7 +365,6 @@ class Node:
             if code is not None and not reported:
                 reported = True
                 self._report_exit(code, signalled)
-            _reap(exclude=self.launch.process.pid)
             for message in self._receive(0.2 if code is None else 0.5):
                 kind = message.get("t")
                 if kind == "stop":
