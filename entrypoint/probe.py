@@ -3,7 +3,6 @@ interfaces, routes, DNS, InfiniBand. Each probe is small and returns plain value
 
 from __future__ import annotations
 
-import array
 import fcntl
 import glob
 import os
@@ -99,6 +98,34 @@ def resolve(name: str) -> str | None:
         return socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
     except (OSError, UnicodeError):
         return None
+
+
+def tcp_connect(ip: str, port: int, timeout: float = 2.0) -> str:
+    """`open`, `refused`, `timeout` or `unreachable (why)`: a plain TCP connect, nothing sent."""
+    try:
+        with socket.create_connection((ip, port), timeout=timeout):
+            return "open"
+    except ConnectionRefusedError:
+        return "refused"
+    except (TimeoutError, socket.timeout):
+        return "timeout"
+    except OSError as err:
+        return f"unreachable ({err.strerror or err})"
+
+
+def nvidia_driver() -> tuple[str | None, str | None]:
+    """(driver version, the newest CUDA version it supports, e.g. "12.4") from NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            cuda = pynvml.nvmlSystemGetCudaDriverVersion()
+            return _text(pynvml.nvmlSystemGetDriverVersion()), f"{cuda // 1000}.{cuda % 1000 // 10}"
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver library or no device
+        return None, None
 
 
 def source_address(ip: str) -> str | None:
