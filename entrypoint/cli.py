@@ -7,6 +7,9 @@ Commands:
   render PLATFORM --nodes N --gpus-per-node G --image IMAGE [-- CMD...]
                               write a job spec for SLURM, Kubernetes, Kubeflow, Volcano or docker
   local --nodes N [-- CMD...] run a job as N node containers on this machine (Docker)
+  doctor [--json] [--allreduce]
+                              check this node (versions, GPUs, network, master), each problem
+                              with its fix; --allreduce: measure bandwidth across all nodes
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ def _parser() -> argparse.ArgumentParser:
 
     from entrypoint import local  # stdlib only at import: the Docker SDK loads when it runs
     local.add_parser(sub)
+    from entrypoint import doctor  # stdlib only at import: torch and JAX load when it runs
+    doctor.add_parser(sub)
     return parser
 
 
@@ -91,6 +96,16 @@ def cmd_plan(args, env: dict[str, str]) -> int:
 
 
 def cmd_run(args, env: dict[str, str]) -> int:
+    from entrypoint.settings import Settings
+
+    Settings.from_env(env)  # a bad setting is reported before any probe
+    plan, facts = _prepare(env, _trainer(args), always_probe_gpus=True)
+    return run_plan(plan, facts, env)
+
+
+def run_plan(plan, facts, env: dict[str, str]) -> int:
+    """Check the plan against this node, write its configs, then join the other nodes and
+    supervise the launcher (`run`, and `doctor --allreduce` with its own trainer)."""
     import importlib.util
     from pathlib import Path
 
@@ -99,7 +114,6 @@ def cmd_run(args, env: dict[str, str]) -> int:
     from entrypoint.settings import Settings
 
     settings = Settings.from_env(env)
-    plan, facts = _prepare(env, _trainer(args), always_probe_gpus=True)
     values = secrets.secret_values(env)
     log = logs.setup(node_rank=plan.node_rank, level=settings.log_level, fmt=settings.log_format,
                      all_nodes=settings.log_all_nodes, log_dir=settings.log_dir,
@@ -137,6 +151,12 @@ def cmd_settings(args, env) -> int:
     return 0
 
 
+def cmd_doctor(args, env: dict[str, str]) -> int:
+    from entrypoint.doctor import cmd_doctor as doctor
+
+    return doctor(args, env)
+
+
 def cmd_local(args, env: dict[str, str]) -> int:
     from entrypoint.local import cmd_local as run_local
 
@@ -148,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     env = dict(os.environ)
     handlers = {"plan": cmd_plan, "run": cmd_run, "settings": cmd_settings,
-                "render": render_options.cmd_render, "local": cmd_local}
+                "render": render_options.cmd_render, "local": cmd_local, "doctor": cmd_doctor}
     if args.command is None:
         parser.print_help()
         return EXIT_CONFIG

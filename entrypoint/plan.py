@@ -23,6 +23,8 @@ from entrypoint.values import Sourced, below, variable_of
 BUILTIN_JOBS = {"deepspeed": ("python", "-m", "entrypoint.job"),
                 "jax": ("python", "-m", "entrypoint.job.jax_train")}
 BUILTIN_JOB = BUILTIN_JOBS["deepspeed"]
+# `entrypoint doctor --allreduce`'s trainer, and what ENTRYPOINT_PREFLIGHT_ALLREDUCE runs first.
+ALLREDUCE = ("python", "-m", "entrypoint.job.allreduce")
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,23 @@ def _trainer(command: Sequence[str] | None, settings: Settings, sources: dict) -
     return BUILTIN_JOBS[settings.job]
 
 
+def _preflight(trainer: tuple[str, ...], settings: Settings, launcher: str,
+               sources: dict) -> tuple[str, ...]:
+    """ENTRYPOINT_PREFLIGHT_ALLREDUCE: each worker measures all-reduce bandwidth, then execs
+    the trainer in the same process. Only torchrun's agent store outlives that measurement."""
+    if not settings.preflight_allreduce or tuple(trainer[:3]) == ALLREDUCE:
+        return trainer
+    if launcher not in ("torchrun", "accelerate"):
+        raise ConfigError(f"{PREFIX}PREFLIGHT_ALLREDUCE", "true",
+                          "measures in the workers torchrun starts, then execs the trainer in "
+                          f"them; the {launcher} launcher starts no torchrun",
+                          "Unset it, and measure the nodes first with `entrypoint doctor "
+                          "--allreduce`")
+    sources["preflight_allreduce"] = (f"env {PREFIX}PREFLIGHT_ALLREDUCE: each worker measures "
+                                      "all-reduce bandwidth, then execs the trainer")
+    return (*ALLREDUCE, "--then", *trainer)
+
+
 def _torchrun_args(trainer: Sequence[str]) -> list[str]:
     """torchrun runs a script with its own Python: `python x.py` -> `x.py`, `python -m m` -> `-m m`."""
     head, rest = trainer[0], list(trainer[1:])
@@ -305,6 +324,7 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
             child[key] = str(value).lower() if isinstance(value, bool) else str(value)
 
     standalone = nnodes == 1 and settings.master_port is None and "MASTER_PORT" not in env
+    launched = _preflight(trainer, settings, launcher, sources)
     if launcher == "torchrun":
         rendezvous = (["--standalone"] if standalone else
                       [f"--master-addr={master.value}", f"--master-port={port}"])
@@ -317,14 +337,14 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
         cmd = [facts.python, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
                f"--node-rank={node_rank}", f"--nproc-per-node={nproc}", *rendezvous,
                "--max-restarts=0", f"--log-dir={run_dir}/logs", "--redirects=2", "--tee=2",
-               *_torchrun_args(trainer)]
+               *_torchrun_args(launched)]
     elif launcher == "accelerate":
         acc_path = f"{run_dir}/accelerate.yaml"
         files[acc_path] = _accelerate_yaml(config, nnodes, node_rank, world, master.value, port,
                                            files, run_dir)
         child |= {"MASTER_PORT": str(port), "ENTRYPOINT_ACCELERATE_CONFIG": acc_path}
         cmd = [facts.python, "-m", "accelerate.commands.launch", "--config_file", acc_path,
-               *(_torchrun_args(trainer) if not trainer[0].endswith(".py") else trainer)]
+               *(_torchrun_args(launched) if not launched[0].endswith(".py") else launched)]
     else:  # jax and direct: this process is the worker
         child["MASTER_PORT"] = str(port)
         place_rank = node_rank if spawn else rank

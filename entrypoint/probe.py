@@ -107,7 +107,7 @@ def tcp_connect(ip: str, port: int, timeout: float = 2.0) -> str:
             return "open"
     except ConnectionRefusedError:
         return "refused"
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         return "timeout"
     except OSError as err:
         return f"unreachable ({err.strerror or err})"

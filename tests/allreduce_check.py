@@ -3,9 +3,14 @@
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
+
+# A slow rank 0 (tests of the all-reduce preflight: the others must not read stale store keys).
+if os.environ.get("RANK") == "0":
+    time.sleep(float(os.environ.get("ALLREDUCE_RANK0_DELAY", "0")))
 
 backend = "nccl" if torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES") else "gloo"
 if backend == "nccl":
