@@ -81,6 +81,7 @@ class Conductor:
         self.expected = expected
         self.limits = limits
         self.unit = unit  # "node", or "process" when the platform started one per GPU
+        self.units = "processes" if unit == "process" else f"{unit}s"
         self.address = address  # where node 0 listens, for messages
         self.members: dict[int, _State] = {}
         self.phase = JOIN
@@ -104,7 +105,7 @@ class Conductor:
         if not 0 <= member < self.expected:
             return [Send(member, self._stop_message(
                 EXIT_CONFIG, f"{self.unit} {member} ({host}) joined, but node 0 plans "
-                f"{self.expected} {self.unit}s (0-{self.expected - 1}): every node needs the same "
+                f"{self.expected} {self.units} (0-{self.expected - 1}): every node needs the same "
                 "node count; check NNODES/WORLD_SIZE on each")), Close(member)]
         old = self.members.get(member)
         if old is not None and old.connected and old.host != host:
@@ -151,7 +152,7 @@ class Conductor:
                 self.phase, self.outcome = END, (0, "every node finished")
                 done = [Send(ALL, {"t": "done"})]
                 return done if self.expected == 1 else [
-                    Log("info", f"all {self.expected} {self.unit}s finished"), *done]
+                    Log("info", f"all {self.expected} {self.units} finished"), *done]
             return []
         return self._failure(member, message.get("failure"), message.get("reason") or
                              f"{self.name(member)}'s trainer exited with code {code}", code, now)
@@ -215,8 +216,9 @@ class Conductor:
         first = members[0].fingerprint
         actions: list = [Log("warning", w) for w in warnings]
         if self.expected > 1:
-            actions.append(Log("info", f"all {self.expected} {self.unit}s joined in {took:.1f} s "
-                                       f"and match: lock {str(first.get('image_lock'))[:12]}, "
+            lock = str(first.get("image_lock"))
+            actions.append(Log("info", f"all {self.expected} {self.units} joined in {took:.1f} s "
+                                       f"and match: lock {lock[:12] if lock[:4] != 'none' else lock}, "
                                        f"torch {first.get('torch')}, jax {first.get('jax')}, "
                                        f"deepspeed {first.get('deepspeed')}, NCCL "
                                        f"{first.get('nccl')}"))
@@ -260,7 +262,7 @@ class Conductor:
         if len(members) == 1:
             return f"{self.unit} {members[0]}"
         shown = ", ".join(str(m) for m in members[:10]) + (" ..." if len(members) > 10 else "")
-        return f"{len(members)} {self.unit}s ({shown})"
+        return f"{len(members)} {self.units} ({shown})"
 
     # -- the per-node table ----------------------------------------------------------------
 

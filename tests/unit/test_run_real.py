@@ -54,3 +54,27 @@ def test_two_nodes_hand_started_on_loopback(tmp_path):
     assert all(r["world_size"] == 4 and r["sum"] == 10.0 for r in got)
     plan1 = json.loads((tmp_path / "run" / "node1" / "plan.json").read_text())
     assert plan1["ranks"] == [2, 3] and plan1["env"]["GLOO_SOCKET_IFNAME"] == "lo"
+
+
+def test_platform_started_processes_run_directly_and_join_as_processes(tmp_path):
+    """A platform that starts one process per GPU itself (WORLD_SIZE/RANK with LOCAL_RANK and
+    LOCAL_WORLD_SIZE, as torchrun-launched or srun --ntasks-per-node=G tasks see them): no
+    launcher is spawned, each process starts the trainer directly and joins node 0's channel as
+    a process of its own."""
+    port = free_port()
+    procs = []
+    for rank in (1, 0):
+        env = BASE | {"WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": "0",
+                      "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                      "MASTER_PORT": str(port), "ENTRYPOINT_SOCKET_IFNAME": "lo",
+                      "ALLREDUCE_OUT": str(tmp_path), "ENTRYPOINT_RUN_DIR": str(tmp_path / "run")}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "entrypoint", "run", "--", "python", CHECK],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    got = reports(tmp_path)
+    assert [(r["rank"], r["world_size"], r["sum"]) for r in got] == [(0, 2, 3.0), (1, 2, 3.0)]
+    plan0 = json.loads((tmp_path / "run" / "node0" / "plan.json").read_text())
+    assert (plan0["spawn"], plan0["launcher"], plan0["nnodes"]) == (False, "direct", 2)
+    assert "all 2 processes joined" in outputs[1]
