@@ -217,8 +217,9 @@ class Conductor:
         actions: list = [Log("warning", w) for w in warnings]
         if self.expected > 1:
             lock = str(first.get("image_lock"))
+            lock = lock if lock.startswith("none") else lock[:12]
             actions.append(Log("info", f"all {self.expected} {self.units} joined in {took:.1f} s "
-                                       f"and match: lock {lock[:12] if lock[:4] != 'none' else lock}, "
+                                       f"and match: lock {lock}, "
                                        f"torch {first.get('torch')}, jax {first.get('jax')}, "
                                        f"deepspeed {first.get('deepspeed')}, NCCL "
                                        f"{first.get('nccl')}"))
