@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -35,15 +36,48 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def packages() -> dict[str, str]:
-    """name -> version of every installed distribution (package metadata only: no imports)."""
-    from importlib import metadata
+def _headers(path: str) -> tuple[str, str]:
+    """(Name, Version) from a METADATA or PKG-INFO file's header lines."""
+    name = version = ""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the headers end at the first blank line; the description follows
+                if line.startswith("Name:"):
+                    name = line[5:].strip()
+                elif line.startswith("Version:"):
+                    version = line[8:].strip()
+                if name and version:
+                    break
+    except OSError:
+        pass
+    return name, version
 
-    found = {}
-    for dist in metadata.distributions():
-        name = (dist.metadata.get("Name") or "").lower().replace("_", "-")
-        if name:
-            found[name] = dist.version
+
+def packages(paths: list[str] | None = None) -> dict[str, str]:
+    """name -> version of every installed distribution: the Name and Version headers of each
+    *.dist-info/METADATA and *.egg-info on sys.path, first found wins, as importlib.metadata
+    finds them. No imports, and no email parser (importlib.metadata's was 90% of the join's
+    time: 80 ms a node, seconds when 32 nodes share a machine)."""
+    found: dict[str, str] = {}
+    for entry in sys.path if paths is None else paths:
+        try:
+            items = sorted(os.listdir(entry or "."))
+        except OSError:
+            continue
+        for item in items:
+            where = os.path.join(entry or ".", item)
+            if item.endswith(".dist-info"):
+                meta = os.path.join(where, "METADATA")
+            elif item.endswith(".egg-info"):
+                meta = where if os.path.isfile(where) else os.path.join(where, "PKG-INFO")
+            else:
+                continue
+            name, version = _headers(meta)
+            key = name.lower().replace("_", "-")
+            if key and key not in found:
+                found[key] = version
     return dict(sorted(found.items()))
 
 
