@@ -13,7 +13,7 @@ UV_COMPILE           := --generate-hashes --python-version 3.13 --python-platfor
 
 export IMAGE BASE_IMAGE OFFLINE_BASE_IMAGE TORCH_CUDA_ARCH_LIST
 
-.PHONY: help dev image base lock lint demo test test-unit golden test-image bench-image clean
+.PHONY: help dev image base lock lint demo doctor test test-unit golden test-image bench-image clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -46,6 +46,9 @@ lint: $(VENV)/.done ## hadolint the Dockerfiles, shellcheck the build and test s
 demo: $(VENV)/.done ## Build the image if needed, run its built-in job as 2 node containers here, 2 CPU workers each (ARGS: more `entrypoint local` options)
 	docker/build.sh
 	$(VENV)/bin/entrypoint local --nodes 2 --image $(IMAGE) $(ARGS)
+
+doctor: ## Run `entrypoint doctor` in the image IMAGE here (ARGS: --json)
+	docker run --rm --shm-size=8g $(if $(wildcard /dev/nvidia0),--gpus all) $(IMAGE) doctor $(ARGS)
 
 test: $(VENV)/.done ## Run every test; builds the image first when a Docker engine answers
 	@if docker/build.sh --check-engine 2>/dev/null; then docker/build.sh; \

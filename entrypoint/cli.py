@@ -2,7 +2,8 @@
 
 Commands:
   plan [--json] [-- CMD...]   print the launch plan; launches nothing
-  run [-- CMD...]             plan, check, write configs, exec the launcher and trainer
+  run [-- CMD...]             plan, check, join the other nodes, then start and supervise the
+                              launcher and trainer
   settings [--markdown]       list the ENTRYPOINT_* settings
   render PLATFORM --nodes N --gpus-per-node G --image IMAGE [-- CMD...]
                               write a job spec for SLURM, Kubernetes, Kubeflow, Volcano or docker
@@ -44,10 +45,13 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("trainer", nargs=argparse.REMAINDER,
                       help="-- CMD ARGS...: the trainer command (default: the built-in job)")
 
-    run = sub.add_parser("run", help="plan, check, then exec the launcher and the trainer",
+    run = sub.add_parser("run", help="plan, check, join the other nodes, then start and "
+                                     "supervise the launcher and the trainer",
                          description="Build the plan, check it against this node's hardware, "
-                                     "write the generated configs and replace this process with "
-                                     "the launcher (torchrun, accelerate, JAX or direct).")
+                                     "write the generated configs, join the other nodes (in any "
+                                     "start order; their environments must match), then start "
+                                     "the launcher (torchrun, accelerate, JAX or direct) and "
+                                     "supervise it: heartbeats, signals, failures, restarts.")
     run.add_argument("trainer", nargs=argparse.REMAINDER,
                      help="-- CMD ARGS...: the trainer command (default: the built-in job)")
 

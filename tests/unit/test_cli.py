@@ -23,7 +23,7 @@ def test_version():
     assert out.returncode == 0 and out.stdout.strip() == f"entrypoint {__version__}"
 
 
-@pytest.mark.parametrize("command", [[], ["plan"], ["run"], ["settings"]])
+@pytest.mark.parametrize("command", [[], ["plan"], ["run"], ["settings"], ["doctor"]])
 def test_help(command):
     out = entrypoint(*command, "--help")
     assert out.returncode == 0 and "usage: entrypoint" in out.stdout
