@@ -63,8 +63,23 @@ def _parser() -> argparse.ArgumentParser:
 
     from entrypoint import local  # stdlib only at import: the Docker SDK loads when it runs
     local.add_parser(sub)
-    from entrypoint import doctor  # stdlib only at import: torch and JAX load when it runs
-    doctor.add_parser(sub)
+    doctor = sub.add_parser(  # entrypoint/doctor.py, imported when it runs
+        "doctor", help="check this node: versions, GPUs, plan, network, master; each problem "
+                       "with its fix",
+        description="Report this node's OS, Python, torch, JAX, DeepSpeed, CUDA, NCCL and driver "
+                    "versions, its GPUs, the plan, the network interfaces and the one chosen, "
+                    "and whether the master's name resolves and its ports answer; then each "
+                    "problem with its fix. Exit 0: no problem; 1: problems; 2: configuration "
+                    "error. With --allreduce (on every node, like run), measure all-reduce "
+                    "bandwidth across all nodes.")
+    doctor.add_argument("--json", action="store_true", help="print one JSON object")
+    doctor.add_argument("--allreduce", action="store_true",
+                        help="then all-reduce across every node (run this on all of them) and "
+                             "report algorithm and bus bandwidth (gloo on CPU, NCCL on GPUs)")
+    doctor.add_argument("--sizes", default=None, metavar="MIB,...",
+                        help="with --allreduce: tensor sizes in MiB (default 1,16,64)")
+    doctor.add_argument("--iters", type=int, default=None, metavar="N",
+                        help="with --allreduce: timed calls per size (default 5)")
     return parser
 
 

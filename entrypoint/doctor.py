@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import resource
 import sys
 from collections import Counter
 from collections.abc import Mapping
@@ -269,6 +267,8 @@ def table(rep: dict, plan_table: str) -> str:
 # -- the edge -------------------------------------------------------------------------------
 
 def _os_name() -> str:
+    import platform
+
     try:
         return platform.freedesktop_os_release().get("PRETTY_NAME", platform.system())
     except OSError:
@@ -335,6 +335,9 @@ def _jax(found: dict, has_gpus: bool) -> None:
 
 
 def look(plan, facts, settings) -> Findings:
+    import platform
+    import resource
+
     from entrypoint import fingerprint, probe
 
     has_gpus = bool(facts.gpus)
@@ -379,33 +382,24 @@ def look(plan, facts, settings) -> Findings:
 
 # -- the command ----------------------------------------------------------------------------
 
-def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "doctor", help="check this node: versions, GPUs, plan, network, master; each problem "
-                       "with its fix",
-        description="Report this node's OS, Python, torch, JAX, DeepSpeed, CUDA, NCCL and driver "
-                    "versions, its GPUs, the plan, the network interfaces and the one chosen, "
-                    "and whether the master's name resolves and its ports answer; then each "
-                    "problem with its fix. Exit 0: no problem; 1: problems; 2: configuration "
-                    "error. With --allreduce (on every node, like run), measure all-reduce "
-                    "bandwidth across all nodes.")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--allreduce", action="store_true",
-                   help="then all-reduce across every node (run this on all of them) and report "
-                        "algorithm and bus bandwidth (gloo on CPU, NCCL on GPUs)")
-    p.add_argument("--sizes", default=None, metavar="MIB,...",
-                   help="with --allreduce: tensor sizes in MiB (default 1,16,64)")
-    p.add_argument("--iters", type=int, default=None, metavar="N",
-                   help="with --allreduce: timed calls per size (default 5)")
-
-
 def allreduce_trainer(args) -> list[str]:
+    from entrypoint.errors import ConfigError
     from entrypoint.plan import ALLREDUCE
+
+    if args.iters is not None and args.iters < 1:
+        raise ConfigError("--iters", args.iters, "must be at least 1", "Give --iters 5, say")
+    try:
+        sizes = [float(x) for x in (args.sizes or "1").split(",")]
+    except ValueError:
+        sizes = [0.0]
+    if min(sizes) <= 0:
+        raise ConfigError("--sizes", args.sizes, "not a list of positive MiB figures",
+                          "Give --sizes 1,16,64, say")
 
     trainer = [*ALLREDUCE, "--format", "none" if args.json else "table"]
     if args.sizes:
         trainer += ["--sizes", args.sizes]
-    if args.iters:
+    if args.iters is not None:
         trainer += ["--iters", str(args.iters)]
     return trainer
 

@@ -156,3 +156,12 @@ def test_configuration_error_exits_2_with_the_same_line_as_run():
     out = doctor(env={"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "m"})
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.startswith("entrypoint: error: RANK='2': must be below WORLD_SIZE=2")
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--sizes", "1,x"], "--sizes='1,x': not a list of positive MiB figures"),
+    (["--iters", "0"], "--iters='0': must be at least 1"),
+])
+def test_allreduce_options_checked_before_anything_starts(args, line):
+    out = doctor("--allreduce", *args, env={})
+    assert out.returncode == 2 and out.stderr.startswith(f"entrypoint: error: {line}")
