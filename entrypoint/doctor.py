@@ -112,6 +112,9 @@ def problems(plan, facts, found: Findings, settings) -> list[str]:
     if found.jax is None and found.jax_error:
         out.append(f"JAX: does not import ({found.jax_error}). Run the image's Python or "
                    "reinstall jax from the image's lock")
+    elif found.jax and found.jax_error:
+        out.append(f"JAX {found.jax}: jax.devices() failed ({found.jax_error}). If a job holds "
+                   "the GPUs, run doctor before it starts; else check the driver (nvidia-smi)")
     if gpus:
         runtime, driver_cuda = _major(found.cuda_runtime), _major(found.driver_cuda)
         if runtime and driver_cuda and driver_cuda < runtime:
@@ -221,7 +224,8 @@ def table(rep: dict, plan_table: str) -> str:
          if s["image_lock"] else "none (not running in the image)"),
         ("software", ""),
         ("torch", torch_line),
-        ("JAX", f"{sw['jax']}, devices: {sw['jax_devices']}" if sw["jax"] else
+        ("JAX", f"{sw['jax']}, devices: " + (sw["jax_devices"] or f"none ({sw['jax_error']})")
+         if sw["jax"] else
          f"does not import ({sw['jax_error']})" if sw["jax_error"] else "not installed"),
         ("DeepSpeed", sw["deepspeed"] or "not installed"),
         ("NCCL", f"{sw['nccl'] or 'not installed'} ({sw['nccl_source']})"),

@@ -54,6 +54,8 @@ def test_healthy_single_cpu_node_has_no_problem():
     (replace(GPU_OK, torch_gpus=0), node(8),
      "torch 2.10.0+cu128: sees no GPU although the driver lists 8"),
     (replace(GPU_OK, jax_devices="cpu x1"), node(8), "JAX 0.8.0: sees only cpu x1"),
+    (replace(GPU_OK, jax_devices=None, jax_error="RuntimeError: CUDA_ERROR_OUT_OF_MEMORY"),
+     node(8), "JAX 0.8.0: jax.devices() failed (RuntimeError: CUDA_ERROR_OUT_OF_MEMORY)"),
     (replace(GPU_OK, torch=None, torch_error="ImportError: libcudnn.so.9"), node(8),
      "torch: does not import (ImportError: libcudnn.so.9)"),
     (replace(GPU_OK, shm_bytes=64 << 20), node(8), "/dev/shm: 64 MiB"),
@@ -165,3 +167,18 @@ def test_configuration_error_exits_2_with_the_same_line_as_run():
 def test_allreduce_options_checked_before_anything_starts(args, line):
     out = doctor("--allreduce", *args, env={})
     assert out.returncode == 2 and out.stderr.startswith(f"entrypoint: error: {line}")
+
+
+@pytest.mark.parametrize("findings, shown", [
+    (replace(GPU_OK, jax_devices=None, jax_error="RuntimeError: busy"),
+     "JAX 0.8.0, devices: none (RuntimeError: busy)"),
+    (replace(GPU_OK, jax=None, jax_devices=None, jax_error="ImportError: x"),
+     "JAX does not import (ImportError: x)"),
+    (replace(GPU_OK, jax=None, jax_devices=None), "JAX not installed"),
+    (replace(GPU_OK, torch=None, torch_error="ImportError: y"), "torch does not import"),
+])
+def test_table_rows_when_a_library_fails(findings, shown):
+    plan, found, findings = found_for(WORKER, node(8), findings, rendezvous="open",
+                                      control="open")
+    text = table(report(plan, node(8), findings, Settings.from_env(WORKER), found), "")
+    assert shown in " ".join(text.split())
