@@ -14,6 +14,12 @@ always removed: on success, failure, timeout, Ctrl-C and SIGTERM.
         a, b = cluster.hostname("worker", 0), cluster.hostname("worker", 1)
         run = cluster.run([Node(a, {...}), Node(b, {...})], timeout=240)
         run.check()  # raises ClusterFailed with every node's log unless all exited 0
+
+Faults for the failure tests: `run(nodes, faults=[Fault(...)])` carries out an action while it
+collects (kill with a signal, `docker stop`, pause, unpause, disconnect from the network, exec),
+at a time, once a node's log shows a line, or once a node has exited, and records when it fired;
+`Cluster(shared=PATH)` mounts one named volume at PATH in every node (writable by uid 1000),
+as a shared filesystem is on a real cluster, so that a second `run` of the same nodes resumes.
 """
 
 from __future__ import annotations
@@ -53,6 +59,22 @@ class Node:
     gpus: Sequence[str] = ()  # this machine's GPU indices the node gets (a Docker device request)
 
 
+@dataclass(frozen=True)
+class Fault:
+    """Something done to the cluster while `run` collects, once: `action(cluster)` (e.g.
+    `lambda c: c.kill(name)`), run in its own thread so that a slow one (`docker stop -t`)
+    does not hold up the collecting. It fires `delay` seconds after the first of its triggers
+    that is set: `at` seconds after the cluster's start, a line containing `line` in the log of
+    node `node`, or node `exited` having exited."""
+    name: str
+    action: Callable[[Cluster], object]
+    at: float | None = None
+    node: str | None = None
+    line: str | None = None
+    exited: str | None = None
+    delay: float = 0.0
+
+
 @dataclass
 class NodeRun:
     name: str
@@ -61,6 +83,15 @@ class NodeRun:
     results: list[dict] = field(default_factory=list)  # this node's workers' reports
     started: float | None = None  # seconds after the cluster's start
     ended: float | None = None
+    times: list[float] = field(default_factory=list)  # when each of `lines` arrived, likewise
+
+    def when(self, text: str) -> float | None:
+        """Seconds after the cluster's start at which a line containing `text` arrived."""
+        return next((t for line, t in zip(self.lines, self.times, strict=False) if text in line),
+                    None)
+
+    def log(self) -> str:
+        return "\n".join(self.lines)
 
 
 @dataclass
@@ -70,15 +101,22 @@ class ClusterRun:
     seconds: float
     timed_out: bool
     killed_after_failure: list[str]
+    faults: dict[str, float] = field(default_factory=dict)  # name: seconds after the start
+    fault_errors: dict[str, str] = field(default_factory=dict)  # name: what the action raised
 
     @property
     def exit_codes(self) -> dict[str, int | None]:
         return {n.name: n.exit_code for n in self.nodes}
 
+    def node(self, name: str) -> NodeRun:
+        return next(n for n in self.nodes if n.name == name)
+
     @property
     def results(self) -> list[dict]:
-        """Every worker's report across the nodes, by global rank."""
-        return sorted((r for n in self.nodes for r in n.results), key=lambda r: r["rank"])
+        """Every worker's report across the nodes, by global rank (once, also when the nodes
+        share the output directory)."""
+        by_rank = {r["rank"]: r for n in self.nodes for r in n.results}
+        return [by_rank[rank] for rank in sorted(by_rank)]
 
     def log(self, tail: int | None = None) -> str:
         lines = self.lines if tail is None else self.lines[len(self.lines) - tail:]
@@ -107,7 +145,7 @@ class Cluster:
     def __init__(self, image: str, *, prefix: str | None = None, shm_size: str = "1g",
                  echo: Callable[[str], None] | None = None,
                  client: docker.DockerClient | None = None,
-                 output: str = DEFAULT_OUTPUT):
+                 output: str = DEFAULT_OUTPUT, shared: str | None = None):
         self.image = image
         self.output = output  # the job's ENTRYPOINT_JOB_OUTPUT in the nodes: results/ is there
         # Unique per cluster, so that concurrent runs (CI, several developers) never collide.
@@ -117,10 +155,14 @@ class Cluster:
         self.echo = echo
         self.client = client or sdk().from_env(timeout=120)
         self.network = None
+        self.shared = shared  # where every node mounts the one volume, or None
+        self.volume_name = f"{self.prefix}-shared"
+        self.volume = None
         self.containers: dict[str, object] = {}
         self._lines: list[str] = []
         self._lock = threading.Lock()
         self._old_sigterm = None
+        self._t0 = time.monotonic()  # the current run's start, for NodeRun.times
 
     def hostname(self, role: str, index: int) -> str:
         """`<prefix>-<role>-<index>`, e.g. mn1a2b3c-worker-0 (a Kubeflow pod is <job>-master-0)."""
@@ -136,6 +178,8 @@ class Cluster:
             self.network = self.client.networks.create(
                 self.network_name, driver="bridge", labels={LABEL: self.prefix},
                 check_duplicate=True)
+            if self.shared:
+                self._make_volume()
         except BaseException:
             self.close()
             raise
@@ -150,6 +194,9 @@ class Cluster:
 
         for name, container in list(self.containers.items()):
             try:
+                container.reload()
+                if container.status == "paused":  # a paused container cannot be killed
+                    container.unpause()
                 container.remove(force=True, v=True)
             except NotFound:
                 pass
@@ -165,6 +212,15 @@ class Cluster:
                 print(f"cluster: could not remove network {self.network_name}: {err}",
                       file=sys.stderr)
             self.network = None
+        if self.volume is not None:
+            try:
+                self.volume.remove(force=True)
+            except NotFound:
+                pass
+            except APIError as err:
+                print(f"cluster: could not remove volume {self.volume_name}: {err}",
+                      file=sys.stderr)
+            self.volume = None
         if self._old_sigterm is not None:
             signal.signal(signal.SIGTERM, self._old_sigterm)
             self._old_sigterm = None
@@ -172,11 +228,13 @@ class Cluster:
     # -- running -----------------------------------------------------------------------------
 
     def run(self, nodes: Sequence[Node], *, timeout: float = 300, grace: float = 20,
-            poll: float = 0.5) -> ClusterRun:
+            poll: float = 0.5, faults: Sequence[Fault] = ()) -> ClusterRun:
         """Start the nodes (each at its delay), wait until all have exited, collect their logs
         and results. At `timeout` seconds every node still running is killed; once a node has
         failed the others get `grace` seconds to fail too, then are killed (a worker whose peer
-        died would otherwise wait for it until torch's own timeouts, many minutes)."""
+        died would otherwise wait for it until torch's own timeouts, many minutes). `faults`
+        are carried out as their triggers come (see Fault). Running the same nodes again (a
+        restart) replaces their old containers."""
         if self.network is None:
             raise RuntimeError("use Cluster as a context manager: `with Cluster(image) as c:`")
         names = [n.name for n in nodes]
@@ -184,11 +242,18 @@ class Cluster:
             raise ValueError(f"node names must be unique: {names}")
         runs = {n.name: NodeRun(n.name) for n in nodes}
         for node in nodes:  # created up front: a bad option fails before anything runs
+            self._remove(node.name)
             self.containers[node.name] = self._create(node)
         threads: list[threading.Thread] = []
         pending = sorted(nodes, key=lambda n: n.delay)
+        waiting = list(faults)
+        fired: dict[str, float] = {}
+        errors: dict[str, str] = {}
+        triggered: dict[str, float] = {}  # fault name: when its trigger came
         running: set[str] = set()
-        start = time.monotonic()
+        with self._lock:
+            first_line = len(self._lines)
+        start = self._t0 = time.monotonic()
         failed_at: float | None = None
         timed_out = False
         killed: list[str] = []
@@ -214,6 +279,16 @@ class Cluster:
                     running.discard(name)
                     if code != 0 and failed_at is None:
                         failed_at = now
+            for fault in list(waiting):
+                if fault.name not in triggered and _triggered(fault, now, runs):
+                    triggered[fault.name] = now
+                if fault.name in triggered and now >= triggered[fault.name] + fault.delay:
+                    waiting.remove(fault)
+                    fired[fault.name] = time.monotonic() - start
+                    self._say(fault.exited or fault.node or "cluster",
+                              f"fault {fault.name} (at {fired[fault.name]:.1f} s)")
+                    threading.Thread(target=self._carry_out, args=(fault, errors),
+                                     daemon=True, name=f"fault-{fault.name}").start()
             if now > timeout:
                 timed_out = True
             if timed_out or (failed_at is not None and now > failed_at + grace):
@@ -234,9 +309,10 @@ class Cluster:
                 node_run.results = self._results(name, self.output)
         seconds = time.monotonic() - start
         with self._lock:
-            lines = list(self._lines)
+            lines = self._lines[first_line:]
         return ClusterRun(nodes=[runs[n.name] for n in nodes], lines=lines, seconds=seconds,
-                          timed_out=timed_out, killed_after_failure=[] if timed_out else killed)
+                          timed_out=timed_out, killed_after_failure=[] if timed_out else killed,
+                          faults=fired, fault_errors=errors)
 
     def start(self, node: Node) -> NodeRun:
         """Create and start one long-running node container (daemons, driven with exec), its
@@ -258,7 +334,62 @@ class Cluster:
             self.image, command=list(node.command) if node.command is not None else None,
             name=node.name, hostname=node.name, network=self.network_name,
             environment=dict(node.env), shm_size=self.shm_size, labels={LABEL: self.prefix},
-            device_requests=gpus, detach=True)
+            device_requests=gpus, detach=True,
+            volumes={self.volume_name: {"bind": self.shared, "mode": "rw"}} if self.shared
+            else None)
+
+    def _make_volume(self) -> None:
+        self.volume = self.client.volumes.create(self.volume_name, labels={LABEL: self.prefix})
+        # A new volume's root belongs to root; the nodes run as uid 1000 (the image's user).
+        self.client.containers.run(
+            self.image, entrypoint=["chown", "1000:0", self.shared], user="0", remove=True,
+            volumes={self.volume_name: {"bind": self.shared, "mode": "rw"}},
+            labels={LABEL: self.prefix})
+
+    def _remove(self, name: str) -> None:
+        """Remove an earlier container of this name (the node's previous run)."""
+        from docker.errors import NotFound
+
+        container = self.containers.pop(name, None)
+        if container is not None:
+            try:
+                container.remove(force=True, v=True)
+            except NotFound:
+                pass
+
+    # -- faults: what `Fault` actions call -----------------------------------------------------
+
+    def kill(self, name: str, signal: str = "SIGKILL") -> None:
+        """`docker kill --signal SIGNAL`: to the container's PID 1 (tini passes it on)."""
+        self.containers[name].kill(signal=signal)
+
+    def stop(self, name: str, timeout: float) -> None:
+        """`docker stop -t TIMEOUT`, as Kubernetes ends a pod: SIGTERM, then SIGKILL after
+        TIMEOUT seconds (its terminationGracePeriodSeconds). Returns once it stopped."""
+        self.containers[name].stop(timeout=int(timeout))
+
+    def pause(self, name: str) -> None:
+        """`docker pause`: every process frozen, sockets open (a hung or swapped-out node)."""
+        self.containers[name].pause()
+
+    def unpause(self, name: str) -> None:
+        self.containers[name].unpause()
+
+    def disconnect(self, name: str) -> None:
+        """`docker network disconnect`: the node is cut off, its connections never close."""
+        self.network.disconnect(self.containers[name], force=True)
+
+    def exec(self, name: str, command: Sequence[str], user: str | None = None) -> tuple[int, str]:
+        """`docker exec`: (exit code, output)."""
+        code, output = self.containers[name].exec_run(list(command), user=user or "")
+        return code, output.decode(errors="replace")
+
+    def _carry_out(self, fault: Fault, errors: dict[str, str]) -> None:
+        try:
+            fault.action(self)
+        except Exception as err:  # noqa: BLE001 - reported in ClusterRun.fault_errors
+            errors[fault.name] = f"{type(err).__name__}: {err}"
+            self._say("cluster", f"fault {fault.name} failed: {err}")
 
     def _kill(self, name: str) -> None:
         from docker.errors import APIError, NotFound
@@ -288,18 +419,22 @@ class Cluster:
                 for raw in complete:
                     if raw.strip():
                         line = raw.decode(errors="replace")
+                        node_run.times.append(time.monotonic() - self._t0)
                         node_run.lines.append(line)
                         self._say(name, line)
         except (APIError, NotFound, OSError):
             pass  # the container went away (killed at the deadline): what came is kept
         if buffer.strip():
             line = buffer.decode(errors="replace")
+            node_run.times.append(time.monotonic() - self._t0)
             node_run.lines.append(line)
             self._say(name, line)
 
     def _results(self, name: str, output: str = DEFAULT_OUTPUT) -> list[dict]:
-        """The rank<R>.json files this node's workers wrote, read from the stopped container."""
-        return read_results(self.containers[name], output)
+        """The rank<R>.json files this node's workers wrote, read from the stopped container
+        (with a shared output, the ones whose `node` is this node's name)."""
+        found = read_results(self.containers[name], output)
+        return [r for r in found if r.get("node", name) == name] if self.shared else found
 
 
 def read_results(container, output: str = DEFAULT_OUTPUT) -> list[dict]:
@@ -319,6 +454,17 @@ def read_results(container, output: str = DEFAULT_OUTPUT) -> list[dict]:
             if member.isfile() and base.startswith("rank") and base.endswith(".json"):
                 found.append(json.loads(tar.extractfile(member).read()))
     return found
+
+
+def _triggered(fault: Fault, now: float, runs: Mapping[str, NodeRun]) -> bool:
+    if fault.at is not None and now >= fault.at:
+        return True
+    if fault.line is not None:
+        lines = runs[fault.node].lines if fault.node in runs else []
+        if any(fault.line in line for line in list(lines)):
+            return True
+    return fault.exited is not None and fault.exited in runs and \
+        runs[fault.exited].exit_code is not None
 
 
 def sdk():

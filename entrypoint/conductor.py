@@ -10,8 +10,14 @@ does not depend on NCCL, gloo or the trainer. Node 0 runs the Conductor; it deci
   crashed) or that stays silent past ENTRYPOINT_HEARTBEAT_TIMEOUT (paused, hung, cut off)
   is lost: every node stops with EXIT_PEERS, and node 0's log names the lost node.
 - exit: a node whose trainer failed stops every node with the trainer's exit code (or, while
-  ENTRYPOINT_MAX_RESTARTS allows, restarts every node's trainer together); a node stopped by a
-  signal (preemption) stops every node the same way; when all exit 0, all are done.
+  ENTRYPOINT_MAX_RESTARTS allows, restarts every node's trainer together). The first failure
+  is the cause: failures reported within `failure_window` seconds of each other (a worker's
+  crash breaks its peers' collectives a moment later) are ordered by when each rank failed, on
+  node 0's clock, and only that one is shown. When all exit 0, all are done.
+- signals: a node that receives SIGTERM, SIGINT or SIGHUP (preemption of one pod, a cancelled
+  job) says so at once, and node 0 passes the signal on to every node's workers, so that all
+  checkpoint together within the grace period; the job ends with 128 + the signal, naming the
+  node that received it.
 
 No sockets, no clock reads: the caller passes `now` (monotonic seconds) and carries out the
 returned actions. That is what makes every rule above a unit test.
@@ -26,6 +32,7 @@ from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
 from entrypoint.fingerprint import Member, clock_problems, data_mismatches, mismatches
 
 ALL = -1  # Send.to: every connected member
+STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # these end the job; USR1/2 do not
 
 JOIN, RUN, END = "join", "run", "end"
 
@@ -66,6 +73,7 @@ class Limits:
     max_restarts: int = 0
     max_clock_skew: float = 30.0
     monitor_interval: float = 300.0
+    failure_window: float = 0.0  # seconds to wait for more failure reports before naming one
 
 
 def signal_name(number: int) -> str:
@@ -91,6 +99,9 @@ class Conductor:
         self.join_started = now
         self.outcome: tuple[int, str] | None = None  # (exit code, reason) once the job ended
         self._last_monitor = now
+        self.failures: dict[int, tuple[dict, int, int]] = {}  # member: (message, code, order)
+        self.decide_at: float | None = None  # when the failures reported so far are judged
+        self.received: dict[int, int] = {}  # signal number: the member that received it first
 
     # -- names -----------------------------------------------------------------------------
 
@@ -143,7 +154,8 @@ class Conductor:
         state.exit_code = code
         if message.get("signal"):
             sig = int(message["signal"])
-            return self._end(128 + sig, f"{self.name(member)} stopped on {signal_name(sig)} "
+            who = self.name(self.received.get(sig, member))
+            return self._end(128 + sig, f"stopped on {signal_name(sig)}, which {who} received "
                              "(preemption, or the job was cancelled): every node checkpoints and "
                              "stops")
         if code == 0:
@@ -154,8 +166,25 @@ class Conductor:
                 return done if self.expected == 1 else [
                     Log("info", f"all {self.expected} {self.units} finished"), *done]
             return []
-        return self._failure(member, message.get("failure"), message.get("reason") or
-                             f"{self.name(member)}'s trainer exited with code {code}", code, now)
+        self.failures[member] = (message, code, len(self.failures))
+        if self.decide_at is None:
+            self.decide_at = now + self.limits.failure_window
+        everyone = all(s.exit_code is not None or not s.connected for s in self.members.values())
+        return self._judge(now) if now >= self.decide_at or everyone else []
+
+    def signalled(self, member: int, message: dict, now: float) -> list:
+        """A node received a signal and passed it to its workers; a stopping one goes to every
+        node's workers too (one pod preempted: its peers must checkpoint with it)."""
+        sig = int(message.get("signal", 0))
+        if member not in self.members or self.phase != RUN or sig in self.received:
+            return []
+        self.received[sig] = member
+        if sig not in STOPPING:
+            return [Log("info", f"{self.name(member)} received {signal_name(sig)}: passed to its "
+                                "workers")]
+        reason = f"{self.name(member)} received {signal_name(sig)}"
+        return [Log("warning", f"{reason}: passing it to every {self.unit}'s workers"),
+                Send(ALL, {"t": "signal", "signal": sig, "reason": reason})]
 
     def closed(self, member: int, now: float) -> list:
         state = self.members.get(member)
@@ -181,6 +210,8 @@ class Conductor:
                       "0's address, and that the port is open between nodes")
             return self._end(EXIT_PEERS, reason)
         actions: list = []
+        if self.phase == RUN and self.decide_at is not None and now >= self.decide_at:
+            return self._judge(now)
         if self.phase == RUN:
             for member, state in sorted(self.members.items()):
                 silent = now - state.last_seen
@@ -226,6 +257,20 @@ class Conductor:
         actions.append(Send(ALL, {"t": "go", "generation": self.generation, "warnings": warnings}))
         return actions
 
+    def _judge(self, now: float) -> list:
+        """The failure that came first, by the failing rank's own time on node 0's clock (the
+        report's order when a time is missing), is the one shown and acted on."""
+        def first(item):
+            member, (message, _code, order) = item
+            when = (message.get("failure") or {}).get("time")
+            offset = self.members[member].clock_offset if member in self.members else 0.0
+            return (float(when) - offset if when is not None else float("inf"), order)
+
+        member, (message, code, _) = min(self.failures.items(), key=first)
+        self.failures, self.decide_at = {}, None
+        return self._failure(member, message.get("failure"), message.get("reason") or
+                             f"{self.name(member)}'s trainer exited with code {code}", code, now)
+
     def _lost(self, member: int, why: str, now: float) -> list:
         return self._failure(member, None, f"lost {self.name(member)}: {why}", EXIT_PEERS, now)
 
@@ -235,6 +280,7 @@ class Conductor:
         if self.restarts_left > 0 and code != EXIT_CONFIG:
             self.restarts_left -= 1
             self.generation += 1
+            self.received = {}
             self.phase = JOIN
             self.members.clear()  # every node says hello again before the restart goes ahead
             self.join_started = now
@@ -250,6 +296,7 @@ class Conductor:
 
     def _end(self, code: int, reason: str, summary: str = "") -> list:
         self.phase, self.outcome = END, (code, reason)
+        self.failures, self.decide_at = {}, None
         actions: list = [Log("error", summary)] if summary else []
         actions += [Log("error", f"stopping every {self.unit} (exit {code}): {reason}"),
                     Send(ALL, self._stop_message(code, reason))]

@@ -6,7 +6,8 @@ start order: it retries name resolution and connection with backoff, prints prog
 up after ENTRYPOINT_JOIN_TIMEOUT with a message naming the address, the port, the time waited
 and the likely causes.
 
-Messages: client -> node 0: hello, beat, exit; node 0 -> clients: go, stop, restart, beat, done.
+Messages: client -> node 0: hello, beat, signal, exit; node 0 -> clients: go, stop, restart,
+signal, beat, done.
 """
 
 from __future__ import annotations
@@ -165,6 +166,8 @@ class Server(threading.Thread):
                 self._apply(self.conductor.beat(member[0], message, now))
             elif kind == "exit":
                 self._apply(self.conductor.exited(member[0], message, now))
+            elif kind == "signal":
+                self._apply(self.conductor.signalled(member[0], message, now))
 
     def _closed(self, sock: socket.socket) -> None:
         member = self.readers.get(sock, (None, [None]))[1][0]

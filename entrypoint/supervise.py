@@ -28,16 +28,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from entrypoint import control, fingerprint
-from entrypoint.conductor import Conductor, Limits
+from entrypoint import control, fingerprint, secrets
+from entrypoint.conductor import STOPPING, Conductor, Limits
 from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
 from entrypoint.plan import Plan
 from entrypoint.settings import Settings
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # these end the job; USR1/2 do not
 _PR_SET_CHILD_SUBREAPER = 36
 _PEER_STOP_GRACE = 10.0  # seconds for workers to exit after another node failed
+# A crash breaks its peers' collectives a moment later: node 0 waits this long for every
+# node's report before it names the first failure as the cause.
+_FAILURE_WINDOW = 3.0
 
 
 class Stop(Exception):
@@ -90,6 +92,14 @@ def _signal(pids, sig: int) -> None:
             pass
 
 
+def _state(pid: int) -> str | None:
+    """A process's state letter (R, S, Z...), or None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def _reap(exclude: int) -> None:
     """Collect orphaned workers that ended (this process is their subreaper), never the
     launcher itself, whose exit code Popen reads."""
@@ -124,6 +134,12 @@ class Launch:
     def kill_all(self) -> None:
         pids = [self.process.pid, *descendants(self.process.pid)]
         _signal(pids, signal.SIGKILL)
+
+
+def exit_status(returncode: int) -> int:
+    """A process's exit status as a shell reports it: 128 + N when signal N ended it (Popen
+    gives -N, which sys.exit would turn into 256 - N)."""
+    return 128 - returncode if returncode < 0 else returncode
 
 
 def _parents() -> dict[int, int]:
@@ -172,8 +188,10 @@ _ROOT_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
 _PREFIX = re.compile(r"^\[[a-z]*\d+\]:")
 
 
-def failure(plan: Plan, launch: Launch, code: int, log_dir: Path, lines: int = 12) -> dict:
-    """Rank, local rank, exit code and the last lines of the failing rank's stderr."""
+def failure(plan: Plan, launch: Launch, code: int, log_dir: Path, lines: int = 12,
+            seen: float | None = None) -> dict:
+    """Rank, local rank, exit code, the last lines of the failing rank's stderr, and when it
+    failed (its error file's last write, else `seen`: when the launcher's exit was seen)."""
     text = list(launch.tail)
     rank = local = exitcode = None
     if launch.spawns_workers and any("Root Cause" in line for line in text):
@@ -188,23 +206,31 @@ def failure(plan: Plan, launch: Launch, code: int, log_dir: Path, lines: int = 1
         local = plan.local_rank if plan.local_rank is not None else 0
         exitcode = code
     tail: list[str] = []
+    killed = ""  # how the launcher itself died, when a signal killed it
+    when = seen if seen is not None else time.time()
     if local is not None and launch.spawns_workers:
         runs = sorted(log_dir.glob("*/attempt_*/"), key=lambda p: p.stat().st_mtime)
         if runs:
             path = runs[-1] / str(local) / "stderr.log"
             try:
                 tail = path.read_text(errors="replace").splitlines()[-lines:]
+                when = path.stat().st_mtime
             except OSError:
                 tail = []
     if not tail:  # the trainer itself, or no per-rank file: the launcher's own last lines
         tail = [_PREFIX.sub("", line) for line in text if "Root Cause" not in line][-lines:]
+    if launch.spawns_workers and exitcode is None and code < 0:
+        # The launcher itself was killed (OOM killer, a stray kill): its workers are orphans.
+        launcher = " ".join([Path(launch.process.args[0]).name, *launch.process.args[1:3]])
+        killed = f"the launcher ({launcher}) was killed by {signal.Signals(-code).name}"
+        tail, exitcode = [*tail, killed], exit_status(code)
     if exitcode is not None and exitcode < 0:
         sig = -exitcode
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
         hint = " (out of memory? the kernel's OOM killer sends SIGKILL)" if sig == 9 else ""
         tail = tail + [f"killed by {name}{hint}"]
     return {"rank": rank, "local_rank": local, "exitcode": exitcode if exitcode is not None
-            else code, "tail": tail}
+            else exit_status(code), "tail": tail, "time": when, "killed": killed}
 
 
 # -- resources for the heartbeat ------------------------------------------------------------
@@ -244,7 +270,10 @@ class Node:
     def __init__(self, plan: Plan, env: Mapping[str, str], settings: Settings, log,
                  echo: Callable[[str], None] | None = None) -> None:
         self.plan, self.env, self.settings, self.log = plan, env, settings, log
-        self.echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.secret_values = secrets.secret_values(env)
+        raw_echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
+        # The trainer's stderr passes through here: a token in a traceback is masked too.
+        self.echo = lambda line: raw_echo(secrets.mask(line, self.secret_values))
         self.member = plan.node_rank if plan.spawn else plan.rank
         self.expected = plan.nnodes if plan.spawn else plan.world_size
         self.unit = "node" if plan.spawn else "process"
@@ -288,7 +317,8 @@ class Node:
         if self.member == 0:
             limits = Limits(join_timeout=s.join_timeout, heartbeat_timeout=s.heartbeat_timeout,
                             max_restarts=s.max_restarts, max_clock_skew=s.max_clock_skew,
-                            monitor_interval=s.monitor_interval)
+                            monitor_interval=s.monitor_interval,
+                            failure_window=_FAILURE_WINDOW if self.expected > 1 else 0.0)
             bind = "0.0.0.0" if self.expected > 1 else "127.0.0.1"
             conductor = Conductor(self.expected, limits, time.monotonic(), unit=self.unit,
                                   address=f"{host}:{port or 'auto'}")
@@ -328,6 +358,8 @@ class Node:
             self._check_master(deadline_silent)
             for sig in self._take_signals():
                 if sig in STOPPING:
+                    # Said to node 0, so that the other nodes stop now, not at the join timeout.
+                    self.channel.send({"t": "exit", "code": 128 + sig, "signal": sig})
                     raise Stop(128 + sig, f"received {signal.Signals(sig).name} before the "
                                           "trainer started")
 
@@ -349,12 +381,14 @@ class Node:
                 self.channel.send({"t": "beat", "stats": stats.read()})
                 _reap(exclude=self.launch.process.pid)
             for sig in self._take_signals():
-                pids = self.launch.forward(sig) if self.launch.process.poll() is None else []
-                self.log.warning(f"received {signal.Signals(sig).name}: forwarded to "
-                                 f"{len(pids)} worker process(es)" + (
-                                     f"; they have {s.grace_period:g} s (ENTRYPOINT_GRACE_PERIOD) "
-                                     "to checkpoint and exit" if sig in STOPPING else ""))
-                if sig in STOPPING and signalled is None:
+                if sig in STOPPING and signalled is not None:
+                    self.log.warning(f"received {signal.Signals(sig).name} again: already "
+                                     "stopping, the workers are killed when the grace ends")
+                    continue
+                self._pass_on(sig, f"received {signal.Signals(sig).name}")
+                # Node 0 passes a stopping signal to every node's workers (one pod preempted).
+                self.channel.send({"t": "signal", "signal": sig})
+                if sig in STOPPING:
                     signalled, kill_at = sig, now + s.grace_period
             if kill_at is not None and now > kill_at and self.launch.process.poll() is None:
                 self.log.error(f"workers still running {s.grace_period:g} s after the signal: "
@@ -362,13 +396,20 @@ class Node:
                 self.launch.kill_all()
                 kill_at = None
             code = self.launch.process.poll()
+            code = exit_status(code) if code is not None else None
             if code is not None and not reported:
-                reported = True
-                self._report_exit(code, signalled)
+                reported, seen = True, time.time()
+                self._kill_leftovers()  # a launcher that died leaves its workers headless
+                self._report_exit(code, signalled, seen)
             for message in self._receive(0.2 if code is None else 0.5):
                 kind = message.get("t")
                 if kind == "stop":
-                    return self._stopped(int(message["code"]), message["reason"], signalled)
+                    return self._stopped(int(message["code"]), message["reason"], signalled,
+                                         kill_at)
+                if kind == "signal" and signalled is None and code is None:
+                    sig = int(message["signal"])
+                    self._pass_on(sig, str(message.get("reason", "another node received it")))
+                    signalled, kill_at = sig, now + s.grace_period
                 if kind == "done":
                     self._wait_launcher(5)
                     return 0 if code == 0 else (code or 0)
@@ -381,10 +422,18 @@ class Node:
                     return None
             self._check_master(s.heartbeat_timeout)
 
-    def _report_exit(self, code: int, signalled: int | None) -> None:
+    def _pass_on(self, sig: int, why: str) -> None:
+        pids = self.launch.forward(sig) if self.launch.process.poll() is None else []
+        grace = (f"; they have {self.settings.grace_period:g} s (ENTRYPOINT_GRACE_PERIOD) to "
+                 "checkpoint and exit" if sig in STOPPING else "")
+        self.log.warning(f"{why}: forwarded to {len(pids)} worker process(es){grace}")
+
+    def _report_exit(self, code: int, signalled: int | None, seen: float) -> None:
         message: dict = {"t": "exit", "code": code}
         if code != 0 and signalled is None:
-            found = failure(self.plan, self.launch, code, self.log_dir)
+            found = failure(self.plan, self.launch, self.launch.process.returncode, self.log_dir,
+                            seen=seen)
+            found["tail"] = [secrets.mask(line, self.secret_values) for line in found["tail"]]
             # A worker that stopped on a signal another node's workers passed on (the built-in
             # job shares a stop flag each step) was preempted, not broken.
             by_signal = {128 + int(sig) for sig in FORWARDED} | {-int(sig) for sig in FORWARDED}
@@ -398,13 +447,17 @@ class Node:
             found = message["failure"]
             first, last = self.plan.ranks
             who = f"rank {found['rank']}" if found["rank"] is not None else f"ranks {first}-{last}"
-            message["reason"] = (f"{self.unit} {self.member} ({socket.gethostname()}): {who} "
-                                 f"failed with exit code {found['exitcode']}")
+            what = found["killed"] or f"{who} failed with exit code {found['exitcode']}"
+            message["reason"] = f"{self.unit} {self.member} ({socket.gethostname()}): {what}"
         self.channel.send(message)
 
-    def _stopped(self, code: int, reason: str, signalled: int | None) -> int:
+    def _stopped(self, code: int, reason: str, signalled: int | None,
+                 kill_at: float | None) -> int:
         running = self.launch.process.poll() is None
-        if running:
+        if running and signalled is not None and kill_at is not None:
+            # The workers have the signal already: what is left of their grace.
+            self._wait_launcher(max(0.0, kill_at - time.monotonic()))
+        elif running:
             # Another node failed or was preempted: the workers stop too (checkpointing when a
             # signal started it), and are killed if they do not.
             grace = self.settings.grace_period if code > 128 else _PEER_STOP_GRACE
@@ -457,6 +510,21 @@ class Node:
         if self.launch is not None and self.launch.process.poll() is None:
             self.launch.forward(signal.SIGTERM)
             self._wait_launcher(grace)
+        self._kill_leftovers()  # a restart must not start beside the last launch's orphans
+
+    def _kill_leftovers(self) -> None:
+        """Kill every process still below this one: workers orphaned when their launcher died
+        are re-parented here (subreaper), and none may outlive the entrypoint."""
+        pids = [pid for pid in descendants(os.getpid()) if _state(pid) not in ("Z", None)]
+        if not pids:
+            return
+        self.log.warning(f"killing {len(pids)} process(es) left behind by the launcher "
+                         "(workers whose launcher died)", pids=pids[:20])
+        _signal(pids, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(_state(pid) not in ("Z", None) for pid in pids):
+            time.sleep(0.05)
+        _reap(exclude=self.launch.process.pid if self.launch else -1)
 
     def _from_node0(self, reason: str) -> str:
         return f"stopped by node 0: {reason}" if self.member != 0 else ""
@@ -474,9 +542,7 @@ class Node:
 
     def _cleanup(self) -> None:
         if self.launch is not None:
-            pids = descendants(os.getpid())
-            if pids:
-                _signal(pids, signal.SIGKILL)
+            self._kill_leftovers()
         if self.channel is not None:
             self.channel.close()
         if self.server is not None:

@@ -4,6 +4,7 @@
 FAULT_OUT       directory for ckpt and the per-rank reports (rank<R>.json)
 FAULT_STEPS     steps to run (default 400; each step sleeps FAULT_STEP_SECONDS, default 0.05)
 FAULT_CRASH     "<rank>:<step>": that rank raises at that step, on the first start only
+FAULT_CRASH_SAY text added to that exception's message (a secret's value, to see it masked)
 """
 
 import json
@@ -23,11 +24,13 @@ pause = float(os.environ.get("FAULT_STEP_SECONDS", "0.05"))
 crash = os.environ.get("FAULT_CRASH", "")
 restart = int(os.environ.get("ENTRYPOINT_RESTART_COUNT", "0"))
 stop_signal = None
+signal_at = None  # when a signal reached this rank itself (not through the shared flag)
 
 
 def on_signal(number, _frame):
-    global stop_signal
+    global stop_signal, signal_at
     stop_signal = number
+    signal_at = signal_at or time.time()
 
 
 for sig in (signal.SIGTERM, signal.SIGUSR1):
@@ -43,7 +46,8 @@ signals_seen = []
 step = start
 for step in range(start + 1, steps + 1):
     if crash and restart == 0 and crash == f"{rank}:{step}":
-        raise ValueError(f"injected failure on rank {rank} at step {step}")
+        raise ValueError(f"injected failure on rank {rank} at step {step}"
+                         + os.environ.get("FAULT_CRASH_SAY", ""))
     flag = torch.tensor([0 if stop_signal is None else stop_signal])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # a signal on any rank stops every rank
     if flag.item():
@@ -57,7 +61,8 @@ for step in range(start + 1, steps + 1):
     if rank == 0 and step % 20 == 0:
         ckpt.write_text(str(step))
 report = {"rank": rank, "world_size": world, "start": start, "last_step": step,
-          "restart": restart, "signal": signals_seen[0] if signals_seen else None}
+          "restart": restart, "signal": signals_seen[0] if signals_seen else None,
+          "signal_at": signal_at}
 (out / f"rank{rank}.json").write_text(json.dumps(report))
 dist.destroy_process_group()
 sys.exit(128 + signals_seen[0] if signals_seen else 0)

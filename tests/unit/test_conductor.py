@@ -190,3 +190,76 @@ def test_join_is_linear_in_node_count(n):
     for m in range(n - 1):
         assert c.hello(m, hello(m), now=1, wall_now=1000) == []
     assert c.hello(n - 1, hello(n - 1), now=1, wall_now=1000)[-1].message["t"] == "go"
+
+
+# -- which failure is the cause, and signals passed on (tests/cluster/test_faults.py shows both
+# in real containers) --------------------------------------------------------------------------
+
+WINDOW = Limits(join_timeout=60, heartbeat_timeout=30, monitor_interval=0, failure_window=3)
+CRASH = {"rank": 3, "local_rank": 1, "exitcode": 1, "time": 1002.0,
+         "tail": ["RuntimeError: injected failure at step 25 on rank 3"]}
+BROKEN_PEER = {"rank": 0, "local_rank": 0, "exitcode": 1, "time": 1004.0,
+               "tail": ["RuntimeError: [gloo/transport/tcp/pair.cc:547] Connection closed by peer"]}
+
+
+def summaries(actions):
+    return [a.text for a in actions if isinstance(a, Log) and a.text.startswith("worker failed")]
+
+
+def test_the_crash_is_named_not_the_peer_it_broke_that_reported_first():
+    """Rank 3 crashes; rank 0's collective breaks 2 s later, but node 0's report arrives first:
+    node 0 waits for every node's report and names the rank that failed first."""
+    c = joined(limits=WINDOW)
+    assert c.exited(0, {"code": 1, "failure": BROKEN_PEER}, now=10) == []
+    actions = c.exited(1, {"code": 1, "failure": CRASH}, now=11)  # every node reported: judged
+    (summary,) = summaries(actions)
+    assert summary.startswith("worker failed: rank 3 on node 1 (worker-1) (local rank 1)")
+    assert "injected failure" in summary and "Connection closed" not in summary
+    assert stops(actions)[0]["code"] == 1
+
+
+def test_a_lone_failure_is_judged_when_the_window_ends():
+    c = joined(limits=WINDOW)
+    assert c.exited(1, {"code": 1, "failure": CRASH}, now=10) == []
+    assert stops(c.tick(12.5)) == []
+    actions = c.tick(13.5)  # node 0's trainer still runs (or hangs): 3 s, no more
+    assert stops(actions)[0]["code"] == 1 and "rank 3 on node 1" in summaries(actions)[0]
+    assert c.exited(0, {"code": 1, "failure": BROKEN_PEER}, now=14) == []  # judged once
+
+
+def test_failure_times_are_compared_on_node_0s_clock():
+    """Node 1's clock runs 3 s ahead: its 1004.0 is node 0's 1001.0, before node 0's 1002.0."""
+    c = Conductor(2, WINDOW, now=0.0)
+    c.hello(0, hello(0, time=1000.0), now=1, wall_now=1000.0)
+    c.hello(1, hello(1, time=1003.0), now=1, wall_now=1000.0)
+    c.exited(0, {"code": 1, "failure": CRASH | {"rank": 0, "time": 1002.0}}, now=10)
+    actions = c.exited(1, {"code": 1, "failure": CRASH | {"rank": 2, "time": 1004.0}}, now=10)
+    assert summaries(actions)[0].startswith("worker failed: rank 2 on node 1")
+
+
+def test_a_lost_node_during_the_window_ends_the_job_at_once():
+    c = joined(limits=WINDOW)
+    c.exited(0, {"code": 1, "failure": BROKEN_PEER}, now=10)
+    (stop,) = stops(c.closed(1, now=10.5))
+    assert stop["code"] == EXIT_PEERS and c.tick(20) == []
+
+
+def test_a_stopping_signal_goes_to_every_node_and_the_end_names_who_received_it():
+    """One pod preempted (Kubernetes sends SIGTERM to that pod only): its peers must checkpoint
+    with it, so node 0 passes the signal on to every node at once."""
+    c = joined()
+    actions = c.signalled(1, {"signal": 15}, now=5)
+    assert Send(ALL, {"t": "signal", "signal": 15, "reason": "node 1 (worker-1) received SIGTERM"}
+                ) in actions
+    assert c.signalled(0, {"signal": 15}, now=5.1) == []  # passed on once
+    (stop,) = stops(c.exited(0, {"code": 143, "signal": 15}, now=9))  # node 0's workers first
+    assert stop["code"] == 143
+    assert stop["reason"].startswith("stopped on SIGTERM, which node 1 (worker-1) received")
+
+
+def test_usr1_is_noted_but_not_passed_on():
+    """SLURM's --signal=USR1@T reaches every node's task itself; passing it on would double it."""
+    c = joined()
+    actions = c.signalled(0, {"signal": 10}, now=5)
+    assert [a for a in actions if isinstance(a, Send)] == []
+    assert "node 0 (worker-0) received SIGUSR1" in actions[0].text

@@ -203,3 +203,69 @@ def test_nodes_whose_data_differ_stop_before_training(nodes, tmp_path):
     assert c.wait(60) == {0: 2, 1: 2}
     assert "data directory" in c.log(1) and "has 2 files" in c.log(1)
     assert not list((tmp_path / "out").glob("started*"))  # nothing trained
+
+
+def _forwarded_at(log: str) -> list[float]:
+    """Wall times of the entrypoint's 'forwarded to N worker process(es)' lines (JSON logs)."""
+    from datetime import datetime
+
+    return [datetime.fromisoformat(json.loads(line)["timestamp"]).timestamp()
+            for line in log.splitlines() if line.startswith("{") and "forwarded to" in line]
+
+
+def test_sigterm_on_one_node_reaches_every_nodes_workers_within_a_second(nodes):
+    """One pod preempted (Kubernetes signals that pod only): node 0 passes the signal on, so
+    that every node's workers have it within a second, not only at the trainer's next
+    collective (a trainer without a shared stop flag would never learn of it)."""
+    c = nodes(ENTRYPOINT_GRACE_PERIOD="20")
+    c.start(0), c.start(1)
+    c.wait_training(4)
+    sent = time.time()
+    c.procs[1].send_signal(signal.SIGTERM)
+    assert c.wait(60) == {0: 143, 1: 143}
+    (on_1,), (on_0,) = _forwarded_at(c.log(1)), _forwarded_at(c.log(0))
+    assert on_1 - sent < 1 and on_0 - sent < 1, (on_1 - sent, on_0 - sent)
+    forwarded = "received SIGTERM: forwarded to 2 worker process(es)"
+    assert "node 1 (" in c.log(0) and forwarded in c.log(0)  # node 0 passed node 1's on
+    assert "stopped on SIGTERM, which node 1 (" in c.log(0)  # the one preempted, not node 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has ended; only its parent's wait is missing
+
+
+def test_a_killed_launcher_leaves_no_worker_behind(nodes):
+    """torchrun SIGKILLed (the OOM killer picks the biggest process; here the launcher): its
+    workers become orphans of the entrypoint (a subreaper), which kills them, reports exit
+    137 (128 + SIGKILL, not Popen's -9) and stops every node; none outlives `run`."""
+    c = nodes()
+    c.start(0), c.start(1)
+    c.wait_training(4)
+    workers = [int((c.tmp / "out" / f"started{r}.0").read_text()) for r in range(4)]
+    (launcher,) = [pid for pid in _tree(c.procs[1].pid)[1:]
+                   if b"torch.distributed.run" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    os.kill(launcher, signal.SIGKILL)
+    killed = time.monotonic()
+    assert c.wait(60) == {0: 137, 1: 137}, c.log(1)[-3000:]
+    assert time.monotonic() - killed < 20
+    assert [pid for pid in workers if _alive(pid)] == []
+    assert "killing 2 process(es) left behind by the launcher" in c.log(1)
+    assert "worker failed on node 1" in c.log(0)
+    assert "torch.distributed.run) was killed by SIGKILL" in c.log(0)  # said once, at node 0
+
+
+def test_a_secret_in_a_workers_error_is_masked_in_every_log(nodes):
+    """A library's error message that quotes a token (a URL with credentials): the entrypoint
+    relays the worker's stderr and shows the error at node 0, masked both times."""
+    token = "hf_leaky0123456789"
+    c = nodes(FAULT_CRASH="3:15", FAULT_CRASH_SAY=f" (token={token})", HF_TOKEN=token)
+    c.start(0), c.start(1)
+    assert c.wait() == {0: 1, 1: 1}
+    summary = c.log(0)[c.log(0).index("worker failed: rank 3"):]
+    assert "injected failure on rank 3 at step 15 (token=***)" in summary
+    assert "(token=***)" in c.log(1)  # relayed by node 1's entrypoint, masked
+    assert token not in c.log(0) + c.log(1)
