@@ -1,4 +1,5 @@
-"""What is in the image's layers: one copy of each NVIDIA library, no build secret."""
+"""What is in the image's layers: one copy of each NVIDIA library, no build secret, no
+credential and no variable named like a secret (entrypoint/secrets.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
+
+from entrypoint.secrets import is_secret
 
 # The CUDA user-space libraries torch and JAX load; each must exist exactly once.
 CUDA_LIB = re.compile(
@@ -88,19 +91,45 @@ def _layer_members(docker: str, tag: str):
     assert proc.wait() == 0, "docker save failed"
 
 
+# Files that hold credentials: netrc (wandb, pip), git's store, the Hugging Face token, PyPI's
+# and Docker's configs. None belongs in an image: they come from the platform's secrets at run.
+CREDENTIAL_FILE = re.compile(r"(^|/)(\.netrc|_netrc|\.git-credentials|\.pypirc|huggingface/token|"
+                             r"\.docker/config\.json)$")
+
+
+def _secret_values_here() -> list[bytes]:
+    """Values of this shell's secret-named variables (a CI token, a developer's HF_TOKEN): the
+    build ran beside them, and none may have reached a layer."""
+    return [v.encode() for k, v in os.environ.items() if is_secret(k) and len(v) >= 8]
+
+
+def test_no_secret_named_variable_in_the_config_or_a_build_argument(image, docker):
+    """ENV and ARG values stay in the image for anyone who pulls it (`docker inspect`,
+    `docker history`): none may be named like a secret (HF_TOKEN, *_KEY, *PASSWORD*...)."""
+    env = [e.split("=", 1)[0] for e in image.config["Config"].get("Env") or []]
+    assert not [name for name in env if is_secret(name)], env
+    history = subprocess.run([docker, "history", "--no-trunc", "--format", "{{.CreatedBy}}",
+                              image.tag], capture_output=True, text=True, check=True).stdout
+    named = set(re.findall(r"\b([A-Za-z_][A-Za-z0-9_]*)=", history))
+    assert not [name for name in named if is_secret(name)], sorted(named)
+
+
 def test_no_ca_bundle_and_no_secret_in_any_layer(image, docker):
     host_ca = _host_ca_bundle()
-    if host_ca is None:
-        pytest.skip("this host has no CA bundle, so the build got no secret")
-    host_pem = host_ca.read_bytes()
+    host_pem = host_ca.read_bytes() if host_ca is not None else b""  # none: no CA secret given
     # the image's own public roots: Debian's bundle and pip's vendored certifi
-    image_pem = image.run("/etc/ssl/certs/ca-certificates.crt", entrypoint="cat").stdout.encode()
-    image_pem += image.python("import os, pip._vendor.certifi as c;"
-                              "print(open(os.path.join(os.path.dirname(c.__file__), 'cacert.pem')).read())").encode()
+    image_pem = b""
+    if host_ca is not None:
+        image_pem = image.run("/etc/ssl/certs/ca-certificates.crt",
+                              entrypoint="cat").stdout.encode()
+        image_pem += image.python(
+            "import os, pip._vendor.certifi as c;"
+            "print(open(os.path.join(os.path.dirname(c.__file__), 'cacert.pem')).read())").encode()
     # The certificates only the host trusts (a corporate or proxy CA): none may be in a layer.
     own = _pem_bodies(host_pem) - _pem_bodies(image_pem)
     host_sha = hashlib.sha256(host_pem).hexdigest()
     same_as_image = _pem_bodies(host_pem) <= _pem_bodies(image_pem)
+    values = _secret_values_here()
     found, layers = [], set()
     for layer, member, content in _layer_members(docker, image.tag):
         layers.add(layer)
@@ -108,8 +137,12 @@ def test_no_ca_bundle_and_no_secret_in_any_layer(image, docker):
         # BuildKit leaves the empty mount point run/secrets/ in a layer: entries under it are not
         if re.search(r"(^|/)run/secrets/.", name) or name.endswith(("with-ca.sh", "99-build-ca")):
             found.append(f"{layer}: {name}")
+        if CREDENTIAL_FILE.search(name):
+            found.append(f"{layer}: {name} is a credential file")
         if content is None:
             continue
+        if any(value in content for value in values):
+            found.append(f"{layer}: {name} holds the value of a secret variable of this shell")
         if not same_as_image and hashlib.sha256(content).hexdigest() == host_sha:
             found.append(f"{layer}: {name} is the host's CA bundle")
         for body in own:
