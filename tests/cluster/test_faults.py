@@ -8,8 +8,9 @@ asserted with margin, as CI machines are slow and shared) and the message. `pyte
 the measured times (lines `MEASURED ...`): the README's table of faults comes from them. The
 same faults with processes on loopback, without Docker, are in tests/unit/test_supervise_real.py.
 
-Defaults are kept (ENTRYPOINT_HEARTBEAT_TIMEOUT=30 s) except in the partition case, which runs
-with a 10 s timeout to keep the file short; the paused node shows the default figure.
+Every case runs with the default settings (ENTRYPOINT_HEARTBEAT_TIMEOUT=30 s,
+ENTRYPOINT_GRACE_PERIOD=25 s), so the figures are the ones users get. The whole file takes about
+5 minutes on 2 idle cores (each cluster starts in ~12 s idle, ~30 s when the cores are shared).
 """
 
 from __future__ import annotations
@@ -104,20 +105,20 @@ def test_a_paused_node_is_caught_by_the_heartbeat_with_the_defaults(image, docke
 
 def test_a_node_cut_off_the_network_ends_the_job_on_both_sides(image, docker_client):
     """`docker network disconnect` of node 1: no connection closes and no message passes, so
-    both sides see the other go silent and stop on their own, each naming the other."""
-    fast = {"ENTRYPOINT_HEARTBEAT_INTERVAL": "2", "ENTRYPOINT_HEARTBEAT_TIMEOUT": "10"}
+    both sides see the other go silent and stop on their own after the heartbeat timeout (30 s)
+    and the workers' 10 s, each naming the other."""
     with Cluster(image, client=docker_client, echo=print) as c:
         first, cut = c.hostname("node", 0), c.hostname("node", 1)
-        run = c.run(nodes(c, **fast), timeout=TIMEOUT, grace=90,
+        run = c.run(nodes(c), timeout=TIMEOUT, grace=90,
                     faults=[when_training(c, "disconnect", lambda c: c.disconnect(cut))])
         assert run.exit_codes == {first: 75, cut: 75}, run.log(80)
-        assert took(run, first, "disconnect") < BOUND and took(run, cut, "disconnect") < BOUND
+        for node in (first, cut):
+            assert 25 < took(run, node, "disconnect") < BOUND, run.log(40)
         assert f"lost node 1 ({cut}): silent for" in run.node(first).log()
         assert f"node 0 ({first}) silent for" in run.node(cut).log()
         assert_no_secret(run.log())
-        measured("partition (heartbeat timeout 10 s): node 0 exited",
-                 took(run, first, "disconnect"))
-        measured("partition (heartbeat timeout 10 s): node 1 exited", took(run, cut, "disconnect"))
+        measured("partition: node 0 exited", took(run, first, "disconnect"))
+        measured("partition: node 1 exited", took(run, cut, "disconnect"))
 
 
 def test_sigterm_on_one_node_checkpoints_everywhere_and_the_next_start_resumes(
