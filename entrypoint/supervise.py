@@ -352,6 +352,8 @@ class Node:
                 if kind == "go":
                     for warning in message.get("warnings", []):
                         self.log.warning(warning)
+                    # A node its platform started again joins the job's restart, not start 0.
+                    self.generation = int(message.get("generation", self.generation))
                     return
                 if kind == "stop":
                     raise Stop(int(message["code"]), self._from_node0(message["reason"]))

@@ -269,3 +269,20 @@ def test_a_secret_in_a_workers_error_is_masked_in_every_log(nodes):
     assert "injected failure on rank 3 at step 15 (token=***)" in summary
     assert "(token=***)" in c.log(1)  # relayed by node 1's entrypoint, masked
     assert token not in c.log(0) + c.log(1)
+
+
+def test_a_lost_node_started_again_by_its_platform_joins_the_restart(nodes):
+    """ENTRYPOINT_MAX_RESTARTS=1 and node 1 killed whole: the survivors restart and wait for it
+    (up to ENTRYPOINT_JOIN_TIMEOUT); the platform starts node 1 again, which joins restart 1
+    (ENTRYPOINT_RESTART_COUNT=1 on every rank, not 0 on the new node), and all resume."""
+    c = nodes(ENTRYPOINT_MAX_RESTARTS="1", FAULT_STEPS="60")
+    c.start(0), c.start(1)
+    c.wait_training(4)
+    for pid in _tree(c.procs[1].pid):
+        os.kill(pid, signal.SIGKILL)
+    c.procs[1].wait()
+    time.sleep(2)
+    c.start(1)  # what Kubernetes does with a failed pod of a Job
+    assert c.wait() == {0: 0, 1: 0}, c.log(0)[-3000:]
+    assert [(r["restart"], r["last_step"]) for r in c.reports()] == [(1, 60)] * 4
+    assert "restarting every node's trainer (restart 1 of 1)" in c.log(0)
