@@ -285,8 +285,7 @@ class Cluster:
                 if fault.name in triggered and now >= triggered[fault.name] + fault.delay:
                     waiting.remove(fault)
                     fired[fault.name] = time.monotonic() - start
-                    self._say(fault.exited or fault.node or "cluster",
-                              f"fault {fault.name} (at {fired[fault.name]:.1f} s)")
+                    self._say("cluster", f"fault {fault.name} (at {fired[fault.name]:.1f} s)")
                     threading.Thread(target=self._carry_out, args=(fault, errors),
                                      daemon=True, name=f"fault-{fault.name}").start()
             if now > timeout:
