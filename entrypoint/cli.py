@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -153,7 +154,7 @@ def run_plan(plan, facts, env: dict[str, str]) -> int:
         print(report.table(plan, values), file=sys.stderr, flush=True)
     launch.check_command(plan, env)
     plan_file = launch.apply(plan, Path(settings.run_dir) / f"node{plan.node_rank}")
-    log.info("start", command=secrets.mask(" ".join(plan.command), values))
+    log.info("start", command=secrets.mask(shlex.join(plan.command), values))
     return supervise.run(plan, launch.child_env(plan, env) | {"ENTRYPOINT_PLAN_FILE": str(plan_file)},
                          settings, log)
 

@@ -220,11 +220,15 @@ def _preflight(trainer: tuple[str, ...], settings: Settings, launcher: str,
     return (*ALLREDUCE, "--then", *trainer)
 
 
-def _torchrun_args(trainer: Sequence[str]) -> list[str]:
-    """torchrun runs a script with its own Python: `python x.py` -> `x.py`, `python -m m` -> `-m m`."""
+def _torchrun_args(trainer: Sequence[str], python: str) -> list[str]:
+    """torchrun runs a script with its own Python: `python x.py` -> `x.py`, `python -m m` ->
+    `--module m`; other interpreter options (`python -c CODE`, `python -u x.py`) keep the
+    interpreter: `--no-python <python> -c CODE`."""
     head, rest = trainer[0], list(trainer[1:])
     if os.path.basename(head).startswith("python") and rest:
-        return ["--module", *rest[1:]] if rest[0] == "-m" else rest
+        if rest[0] == "-m":
+            return ["--module", *rest[1:]]
+        return ["--no-python", python, *rest] if rest[0].startswith("-") else rest
     if head.endswith(".py"):
         return list(trainer)
     return ["--no-python", *trainer]
@@ -337,14 +341,14 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
         cmd = [facts.python, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
                f"--node-rank={node_rank}", f"--nproc-per-node={nproc}", *rendezvous,
                "--max-restarts=0", f"--log-dir={run_dir}/logs", "--redirects=2", "--tee=2",
-               *_torchrun_args(launched)]
+               *_torchrun_args(launched, facts.python)]
     elif launcher == "accelerate":
         acc_path = f"{run_dir}/accelerate.yaml"
         files[acc_path] = _accelerate_yaml(config, nnodes, node_rank, world, master.value, port,
                                            files, run_dir)
         child |= {"MASTER_PORT": str(port), "ENTRYPOINT_ACCELERATE_CONFIG": acc_path}
         cmd = [facts.python, "-m", "accelerate.commands.launch", "--config_file", acc_path,
-               *(_torchrun_args(launched) if not launched[0].endswith(".py") else launched)]
+               *(_torchrun_args(launched, facts.python) if not launched[0].endswith(".py") else launched)]
     else:  # jax and direct: this process is the worker
         child["MASTER_PORT"] = str(port)
         place_rank = node_rank if spawn else rank

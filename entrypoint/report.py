@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from entrypoint import secrets
 from entrypoint.plan import Plan
 
@@ -47,7 +49,7 @@ def table(plan: Plan, secret_values: tuple[str, ...] = ()) -> str:
     for path in plan.files:
         lines.append(f"writes {path}")
     lines.append("")
-    lines.append("command: " + " ".join(plan.command))
+    lines.append("command: " + shlex.join(plan.command))  # copy-pastable
     for note in plan.notes:
         lines.append(f"note: {note}")
     for warning in plan.warnings:

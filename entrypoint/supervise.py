@@ -213,7 +213,8 @@ def failure(plan: Plan, launch: Launch, code: int, log_dir: Path, lines: int = 1
         if runs:
             path = runs[-1] / str(local) / "stderr.log"
             try:
-                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                tail = [_PREFIX.sub("", line)  # torch's own [rankN]: prefix
+                        for line in path.read_text(errors="replace").splitlines()[-lines:]]
                 when = path.stat().st_mtime
             except OSError:
                 tail = []
@@ -418,8 +419,9 @@ class Node:
                 if kind == "restart":
                     self._end_launch(_PEER_STOP_GRACE)
                     self.generation = int(message["generation"])
-                    self.log.warning(f"restarting the trainer ({message.get('reason', '')})",
-                                     restart=self.generation)
+                    if self.member != 0:  # node 0's conductor has said it already
+                        self.log.warning(f"restarting the trainer ({message.get('reason', '')})",
+                                         restart=self.generation)
                     self._hello()
                     return None
             self._check_master(s.heartbeat_timeout)

@@ -223,3 +223,15 @@ def test_collective_timeout_reaches_deepspeed_in_minutes_and_yours_is_kept():
     assert "DEEPSPEED_TIMEOUT" not in make_plan(env | {"DEEPSPEED_TIMEOUT": "5"}, node(8)).env
     plan = make_plan({"ENTRYPOINT_LAUNCHER": "accelerate"}, node(8), ["python", "train.py"])
     assert any("InitProcessGroupKwargs" in w for w in plan.warnings)
+
+
+@pytest.mark.parametrize("trainer, args", [
+    (["python", "train.py", "--lr", "1"], ["train.py", "--lr", "1"]),
+    (["python", "-m", "pkg.train"], ["--module", "pkg.train"]),
+    (["python", "-c", "print(1)"], ["--no-python", "/venv/bin/python", "-c", "print(1)"]),
+    (["python", "-u", "train.py"], ["--no-python", "/venv/bin/python", "-u", "train.py"]),
+    (["bash", "-c", "echo hi"], ["--no-python", "bash", "-c", "echo hi"]),
+])
+def test_trainer_commands_reach_torchrun_as_it_takes_them(trainer, args):
+    plan = make_plan({}, node(2), trainer)
+    assert list(plan.command[-len(args):]) == args
