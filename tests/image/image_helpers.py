@@ -14,7 +14,6 @@ REPO = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("IMAGE", "multinode:dev")
 LOCK = REPO / "docker" / "requirements.lock"
 LOCK_IN_IMAGE = "/etc/entrypoint/lock.sha256"
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 def _docker_client() -> str:

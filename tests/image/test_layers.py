@@ -10,8 +10,6 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-import pytest
-
 from entrypoint.secrets import is_secret
 
 # The CUDA user-space libraries torch and JAX load; each must exist exactly once.

@@ -1,0 +1,32 @@
+"""What every test folder shares: the `image` and `cluster` marks, and how a test that needs
+Docker behaves without it: outside CI it skips with the reason; under CI (CI=true) it fails,
+so that a broken build can never pass as "skipped"."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+MARKS = {"image": pytest.mark.image, "cluster": pytest.mark.cluster}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(str(item.fspath))
+        if HERE in path.parents and path.relative_to(HERE).parts[0] in MARKS:
+            item.add_marker(MARKS[path.relative_to(HERE).parts[0]])
+
+
+@pytest.fixture(scope="session")
+def unavailable():
+    """unavailable(why): skip, or fail under CI."""
+    def say(why: str):
+        if IN_CI:
+            pytest.fail(f"{why} (CI=true: tests that need Docker must run, not skip)",
+                        pytrace=False)
+        pytest.skip(why)
+    return say
