@@ -204,22 +204,10 @@ class Cluster:
                 print(f"cluster: could not remove container {name}: {err}", file=sys.stderr)
             self.containers.pop(name, None)
         if self.network is not None:
-            try:
-                self.network.remove()
-            except NotFound:
-                pass
-            except APIError as err:
-                print(f"cluster: could not remove network {self.network_name}: {err}",
-                      file=sys.stderr)
+            _remove(f"network {self.network_name}", self.network.remove)
             self.network = None
         if self.volume is not None:
-            try:
-                self.volume.remove(force=True)
-            except NotFound:
-                pass
-            except APIError as err:
-                print(f"cluster: could not remove volume {self.volume_name}: {err}",
-                      file=sys.stderr)
+            _remove(f"volume {self.volume_name}", lambda: self.volume.remove(force=True))
             self.volume = None
         if self._old_sigterm is not None:
             signal.signal(signal.SIGTERM, self._old_sigterm)
@@ -464,6 +452,18 @@ def _triggered(fault: Fault, now: float, runs: Mapping[str, NodeRun]) -> bool:
             return True
     return fault.exited is not None and fault.exited in runs and \
         runs[fault.exited].exit_code is not None
+
+
+def _remove(what: str, remove: Callable[[], None]) -> None:
+    """Remove one Docker object; gone already is fine, anything else is said, never raised."""
+    from docker.errors import APIError, NotFound
+
+    try:
+        remove()
+    except NotFound:
+        pass
+    except APIError as err:
+        print(f"cluster: could not remove {what}: {err}", file=sys.stderr)
 
 
 def sdk():

@@ -121,7 +121,6 @@ def test_missing_sdk_is_one_line(tmp_path):
 
 def test_gpu_nodes_become_device_requests_with_explicit_ids():
     """What Docker is asked for (no engine: a client that records the call)."""
-    pytest.importorskip("docker")
     from entrypoint.cluster import Cluster
 
     class Containers:

@@ -23,6 +23,16 @@ def reports(out_dir):
                   key=lambda r: r["rank"])
 
 
+def run_nodes(envs: list[dict]) -> list[str]:
+    """Start one `entrypoint run` per environment at once, wait, check every one exited 0."""
+    procs = [subprocess.Popen([sys.executable, "-m", "entrypoint", "run", "--", "python", CHECK],
+                              env=BASE | env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for env in envs]
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * len(procs), "\n".join(o[-2000:] for o in outputs)
+    return outputs
+
+
 def test_one_node_two_cpu_workers(tmp_path):
     env = BASE | {"ENTRYPOINT_NPROC_PER_NODE": "2", "ALLREDUCE_OUT": str(tmp_path),
                   "ENTRYPOINT_RUN_DIR": str(tmp_path / "run")}
@@ -38,17 +48,11 @@ def test_one_node_two_cpu_workers(tmp_path):
 def test_two_nodes_hand_started_on_loopback(tmp_path):
     """Two entrypoints as two hand-started nodes (seed 004), two workers each: world size 4."""
     port = free_port()
-    procs = []
-    for rank in (1, 0):  # the worker starts first: order must not matter
-        env = BASE | {"NNODES": "2", "NODE_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
-                      "MASTER_PORT": str(port), "ENTRYPOINT_NPROC_PER_NODE": "2",
-                      "ENTRYPOINT_SOCKET_IFNAME": "lo", "ALLREDUCE_OUT": str(tmp_path),
-                      "ENTRYPOINT_RUN_DIR": str(tmp_path / "run")}
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "entrypoint", "run", "--", "python", CHECK],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [p.communicate(timeout=240)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    run_nodes([{"NNODES": "2", "NODE_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port), "ENTRYPOINT_NPROC_PER_NODE": "2",
+                "ENTRYPOINT_SOCKET_IFNAME": "lo", "ALLREDUCE_OUT": str(tmp_path),
+                "ENTRYPOINT_RUN_DIR": str(tmp_path / "run")}
+               for rank in (1, 0)])  # the worker starts first: order must not matter
     got = reports(tmp_path)
     assert [r["rank"] for r in got] == [0, 1, 2, 3]
     assert all(r["world_size"] == 4 and r["sum"] == 10.0 for r in got)
@@ -62,17 +66,11 @@ def test_platform_started_processes_run_directly_and_join_as_processes(tmp_path)
     launcher is spawned, each process starts the trainer directly and joins node 0's channel as
     a process of its own."""
     port = free_port()
-    procs = []
-    for rank in (1, 0):
-        env = BASE | {"WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": "0",
-                      "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                      "MASTER_PORT": str(port), "ENTRYPOINT_SOCKET_IFNAME": "lo",
-                      "ALLREDUCE_OUT": str(tmp_path), "ENTRYPOINT_RUN_DIR": str(tmp_path / "run")}
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "entrypoint", "run", "--", "python", CHECK],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [p.communicate(timeout=240)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    outputs = run_nodes([{"WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": "0",
+                          "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                          "MASTER_PORT": str(port), "ENTRYPOINT_SOCKET_IFNAME": "lo",
+                          "ALLREDUCE_OUT": str(tmp_path),
+                          "ENTRYPOINT_RUN_DIR": str(tmp_path / "run")} for rank in (1, 0)])
     got = reports(tmp_path)
     assert [(r["rank"], r["world_size"], r["sum"]) for r in got] == [(0, 2, 3.0), (1, 2, 3.0)]
     plan0 = json.loads((tmp_path / "run" / "node0" / "plan.json").read_text())
