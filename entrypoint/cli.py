@@ -129,7 +129,7 @@ def run_plan(plan, facts, env: dict[str, str]) -> int:
     import importlib.util
     from pathlib import Path
 
-    from entrypoint import launch, logs, report, secrets, supervise
+    from entrypoint import dsops, launch, logs, report, secrets, supervise
     from entrypoint.plan import BUILTIN_JOBS
     from entrypoint.settings import Settings
 
@@ -153,6 +153,7 @@ def run_plan(plan, facts, env: dict[str, str]) -> int:
     if plan.node_rank == 0:
         print(report.table(plan, values), file=sys.stderr, flush=True)
     launch.check_command(plan, env)
+    dsops.check(plan, launch.child_env(plan, env))  # a DeepSpeed op the image lacks, before launch
     plan_file = launch.apply(plan, Path(settings.run_dir) / f"node{plan.node_rank}")
     log.info("start", command=secrets.mask(shlex.join(plan.command), values))
     return supervise.run(plan, launch.child_env(plan, env) | {"ENTRYPOINT_PLAN_FILE": str(plan_file)},
