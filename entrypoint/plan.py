@@ -289,23 +289,29 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
         cuda_visible = ",".join(chosen)
         sources["cuda_visible_devices"] = visible_from
 
-    # Config: chosen by world size (devices for JAX) unless named.
+    # Config: the named one, else the one for the nearest world size (devices for JAX).
     devices = nnodes * (gpus if launcher == "jax" and device == "cuda" else nproc)
-    config, config_why = configs.select(settings.config, device=device, world_size=devices)
-    sources["config"] = config_why
+    config, sources["config"] = configs.select(settings.config, device=device, world_size=devices)
     needs_config = trainer in BUILTIN_JOBS.values() or launcher == "accelerate"
-    if config is None and needs_config:
-        raise ConfigError(configs.VARIABLE, None, config_why.split(";")[0], config_why.split("; ")[1].capitalize())
-    if config is None:
-        notes.append(config_why)
-
     run_dir = f"{settings.run_dir}/node{node_rank}"  # nodes sharing a host keep apart
     files: dict[str, str] = {}
     child: dict[str, str | None] = {}
-    if config is not None:
+    try:
+        split = configs.split(config, devices)
+    except ConfigError as err:
+        if needs_config:
+            raise
+        split = None
+        notes.append(f"config {config.name} does not fit; your trainer does not use it: "
+                     f"{err.line()}")
+    else:
         ds_path = f"{run_dir}/deepspeed.json"
         files[ds_path] = json.dumps(configs.derive_deepspeed(config, devices), indent=2) + "\n"
         child |= {"ENTRYPOINT_CONFIG_DIR": str(config.path), "ENTRYPOINT_DEEPSPEED_CONFIG": ds_path}
+    if split is not None:
+        sources["train_batch_size"] = split.why
+        if split.global_batch != split.asked:
+            (warnings if needs_config else notes).append(split.why)
 
     net_env, net_sources, net_warnings = network.settle(env, facts, settings, nnodes=nnodes,
                                                         device=device)
@@ -386,7 +392,7 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
         world_size=world, master_addr=master.value, master_port=port,
         control_port=control_port, spawn=spawn, rank=rank,
         local_rank=local_rank, device=device, gpus_per_node=gpus,
-        cuda_visible_devices=cuda_visible, config=str(config.path) if config else None,
+        cuda_visible_devices=cuda_visible, config=str(config.path),
         launcher=launcher, command=tuple(cmd), trainer=trainer, env=child, files=files,
         sources=sources, ranks=ranks, hosts=reading.hosts, notes=tuple(notes),
         warnings=tuple(warnings),
