@@ -17,7 +17,8 @@ from entrypoint.errors import ConfigError
 from entrypoint.facts import Facts
 from entrypoint.platforms.base import Reading
 from entrypoint.settings import PREFIX, Settings
-from entrypoint.values import Sourced, below, variable_of
+from entrypoint.settings import control_port as control_port_of
+from entrypoint.values import Sourced, below, device_list, variable_of
 
 # The image's built-in jobs (entrypoint/job), run when no trainer command is given.
 BUILTIN_JOBS = {"deepspeed": ("python", "-m", "entrypoint.job"),
@@ -87,11 +88,11 @@ def _overlay(reading: Reading, settings: Settings) -> Reading:
 def _visible_ids(env: Mapping[str, str], facts: Facts) -> tuple[list[str] | None, str]:
     """The GPU ids this node may use (as CUDA_VISIBLE_DEVICES spells them), when known."""
     cvd = env.get("CUDA_VISIBLE_DEVICES")
-    if cvd is not None and cvd.strip() not in ("", "all"):
-        ids = [x.strip() for x in cvd.split(",") if x.strip()]
-        if ids and ids[0].startswith("-"):
+    if cvd is not None:
+        ids = list(device_list("CUDA_VISIBLE_DEVICES", cvd))  # '' or -1: no GPU, as CUDA reads it
+        if not ids:
             return [], "env CUDA_VISIBLE_DEVICES (hides every GPU)"
-        if facts.gpus:  # probed: every listed GPU must exist here (seed 004's invalid ordinal)
+        if facts.gpus is not None:  # probed: every listed GPU must exist here (seed 004)
             uuids = [g.uuid for g in facts.gpus if g.uuid]
             missing = [x for x in ids if not (
                 (x.isdigit() and int(x) < len(facts.gpus))
@@ -102,7 +103,8 @@ def _visible_ids(env: Mapping[str, str], facts: Facts) -> tuple[list[str] | None
                     "CUDA_VISIBLE_DEVICES", cvd,
                     f"names GPU {','.join(missing)} but this node has {n} ({facts.gpu_probe})",
                     f"List only this node's GPUs ({'0' if n == 1 else f'0-{n - 1}'}) or unset it: "
-                    "a 2 x 8 job is not 1 x 16")
+                    "a 2 x 8 job is not 1 x 16" if n else "Unset it, or start the container "
+                    "with its GPUs (--gpus all, the NVIDIA runtime)")
         return ids, "env CUDA_VISIBLE_DEVICES"
     if facts.gpus is None:
         return None, "not probed"
@@ -256,7 +258,7 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
         sources[key] = getattr(reading, key).source
     nnodes, node_rank = reading.nnodes.value, reading.node_rank.value
     below(variable_of(sources["node_rank"]), node_rank, variable_of(sources["nnodes"]), nnodes)
-    notes, warnings = list(reading.notes), []
+    notes, warnings = list(reading.notes), list(reading.warnings)
 
     master = reading.master_addr
     if master is None:
@@ -379,13 +381,8 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
     timeouts, timeout_warnings = _timeouts(env, settings, launcher, sources)
     child |= timeouts
     warnings += timeout_warnings
-    if settings.control_port is not None:
-        control_port, sources["control_port"] = settings.control_port, f"env {PREFIX}CONTROL_PORT"
-    elif reading.master_port.value and not standalone:
-        control_port = reading.master_port.value + 1
-        sources["control_port"] = f"master port + 1 ({PREFIX}CONTROL_PORT unset)"
-    else:
-        control_port, sources["control_port"] = None, "single node: any free port on loopback"
+    control_port, sources["control_port"] = control_port_of(
+        settings, reading.master_port.value, reading.master_port.source, standalone)
 
     plan_args = dict(
         platform=platform_name, nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc,

@@ -86,28 +86,34 @@ class Settings(BaseSettings):
             name = PREFIX + str(first["loc"][0]).upper()
             raise ConfigError(name, given.get(str(first["loc"][0])), first["msg"].lower(),
                               f"Fix {name} or unset it (see `entrypoint settings`)") from None
-        settings._check_heartbeat()
+        settings._check_heartbeat(given)
         return settings
 
-    def _check_heartbeat(self) -> None:
+    def _check_heartbeat(self, given: Mapping[str, str]) -> None:
         """The timeout is relative to the interval, whatever their defaults."""
         need = MIN_BEATS_PER_TIMEOUT * self.heartbeat_interval
         if self.heartbeat_timeout >= need:
             return
         timeout, interval = PREFIX + "HEARTBEAT_TIMEOUT", PREFIX + "HEARTBEAT_INTERVAL"
-        blamed = interval if "heartbeat_timeout" not in self.model_fields_set else timeout
-        raise ConfigError(
-            blamed, self.heartbeat_timeout if blamed == timeout else self.heartbeat_interval,
-            f"{timeout}={self.heartbeat_timeout:g} s must be at least {MIN_BEATS_PER_TIMEOUT} x "
-            f"{interval}={self.heartbeat_interval:g} s ({need:g} s), or one late heartbeat of a "
-            "healthy node stops the job",
-            f"Raise {timeout} to {need:g} or more, or lower {interval}")
+        why = "one late heartbeat of a healthy node would stop the job"
+        if "heartbeat_timeout" in given:
+            raise ConfigError(timeout, given["heartbeat_timeout"],
+                              f"is below {MIN_BEATS_PER_TIMEOUT} x {interval}="
+                              f"{self.heartbeat_interval:g} ({need:g} s): {why}",
+                              f"Raise it to {need:g} or more, or lower {interval}")
+        raise ConfigError(interval, given.get("heartbeat_interval"),
+                          f"{MIN_BEATS_PER_TIMEOUT} intervals ({need:g} s) exceed {timeout}="
+                          f"{self.heartbeat_timeout:g}: {why}",
+                          f"Lower it to {self.heartbeat_timeout / MIN_BEATS_PER_TIMEOUT:g} or "
+                          f"less, or raise {timeout} to {need:g}")
 
     def stated(self) -> dict[str, object]:
         """Only the settings the user gave (for `sources`)."""
         return {name: getattr(self, name) for name in self.model_fields_set}
 
 
+# Settings that name a file or directory (ENTRYPOINT_CONFIG may be a shipped name or a path).
+_PATHS = ("config", "run_dir", "log_dir", "data_dir")
 _DECIMAL = re.compile(r"^(?:[0-9]{1,12}(?:\.[0-9]{0,9})?|\.[0-9]{1,9})$")
 
 
@@ -130,6 +136,12 @@ def _check_text(name: str, raw: str) -> None:
     variable = PREFIX + name.upper()
     if name == "master_addr":
         host(variable, raw)
+        return
+    if name in _PATHS:
+        parts = raw.strip().encode(errors="surrogateescape").split(b"/")
+        if len(raw) > 4095 or max(len(part) for part in parts) > 255:
+            raise ConfigError(variable, raw[:300], "not a usable path (Linux allows 255 bytes "
+                              "per name, 4095 in all)", f"Set {variable} to a shorter path")
         return
     annotation = Settings.model_fields[name].annotation
     kinds = {annotation, *get_args(annotation)}

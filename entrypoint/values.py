@@ -66,14 +66,16 @@ def number(name: str, raw: str | None, *, low: int, high: int, noun: str = "",
     if not text:
         raise _empty(name, raw)
     if not (text.isascii() and text.isdigit()):
-        raise ConfigError(name, raw, "not a whole number (ASCII digits 0-9 only, no sign)",
+        what = "a positive whole number" if low >= 1 else "a whole number"
+        raise ConfigError(name, raw, f"not {what} (ASCII digits 0-9 only, no sign)",
                           f"Set {name} to a number from {low} to {high}, for example {example}")
     if len(text.lstrip("0")) > _MAX_DIGITS or int(text) > high:
         raise ConfigError(name, raw, f"is above the limit of {high}{unit}",
                           f"Set {name} to a number from {low} to {high}")
     value = int(text)
     if value < low:
-        raise ConfigError(name, raw, f"is below {low}",
+        problem = "not a positive whole number" if low == 1 else f"is below {low}"
+        raise ConfigError(name, raw, problem,
                           f"Set {name} to a number from {low} to {high}, for example {example}")
     return value
 
@@ -96,7 +98,13 @@ def positive_int(name: str, raw: str | None, *, allow_zero: bool = False,
 
 
 def port(name: str, raw: str | None) -> int:
-    return number(name, raw, low=1, high=PORTS.high, example=29500)
+    try:
+        return number(name, raw, low=1, high=PORTS.high, example=29500)
+    except ConfigError as err:
+        if raw is None or not raw.strip():
+            raise
+        raise ConfigError(name, raw, "not a TCP port (a number from 1 to 65535, ASCII digits)",
+                          f"Set {name} to a free port such as 29500") from None
 
 
 def first(env: Mapping[str, str], *names: str) -> tuple[str, str] | None:
