@@ -22,8 +22,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "unit")]
 
-from entrypoint.errors import ConfigError  # noqa: E402
-from hostile_env import draw, plan_once, violations  # noqa: E402
+from hostile_env import draw, plan_once, violations
+
+from entrypoint.errors import ConfigError
 
 
 def main() -> int:

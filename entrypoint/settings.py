@@ -178,7 +178,8 @@ def control_port(settings: Settings, master_port: int | None, master_source: str
         return None, "single node: any free port on loopback"
     if master_port < 65535:
         return master_port + 1, f"master port + 1 ({PREFIX}CONTROL_PORT unset)"
-    return master_port - 1, f"master port - 1, as 65535 is the last port ({PREFIX}CONTROL_PORT unset)"
+    return master_port - 1, (f"master port - 1, as 65535 is the last port ({PREFIX}CONTROL_PORT "
+                             "unset)")
 
 
 def markdown_table() -> str:

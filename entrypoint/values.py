@@ -100,7 +100,7 @@ def positive_int(name: str, raw: str | None, *, allow_zero: bool = False,
 def port(name: str, raw: str | None) -> int:
     try:
         return number(name, raw, low=1, high=PORTS.high, example=29500)
-    except ConfigError as err:
+    except ConfigError:
         if raw is None or not raw.strip():
             raise
         raise ConfigError(name, raw, "not a TCP port (a number from 1 to 65535, ASCII digits)",

@@ -17,7 +17,17 @@ from dataclasses import dataclass, field
 
 from entrypoint.errors import ConfigError
 from entrypoint.values import (
-    NODES, PER_NODE, Limit, Sourced, below, count, first, host, index, port, variable_of,
+    NODES,
+    PER_NODE,
+    Limit,
+    Sourced,
+    below,
+    count,
+    first,
+    host,
+    index,
+    port,
+    variable_of,
 )
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default

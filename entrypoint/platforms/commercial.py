@@ -12,7 +12,13 @@ from collections.abc import Mapping
 
 from entrypoint.errors import ConfigError
 from entrypoint.platforms.base import (
-    Reading, node_reading, read_addr, read_count, read_index, read_port, require,
+    Reading,
+    node_reading,
+    read_addr,
+    read_count,
+    read_index,
+    read_port,
+    require,
 )
 from entrypoint.values import NODES, PER_NODE, PROCESSES, Sourced, below
 
@@ -66,12 +72,14 @@ def read(env: Mapping[str, str]) -> Reading:
             master_addr=addr, master_port=port, notes=(note,),
         )
 
-    per_node = read_count(env, LOCAL_WORLD_SIZE, limit=PER_NODE) or Sourced(1, f"default 1 ({LOCAL_WORLD_SIZE} unset)")
+    per_node = (read_count(env, LOCAL_WORLD_SIZE, limit=PER_NODE)
+                or Sourced(1, f"default 1 ({LOCAL_WORLD_SIZE} unset)"))
     if world.value % per_node.value:
         raise ConfigError(WORLD_SIZE, world.value,
                           f"is not a multiple of {LOCAL_WORLD_SIZE}={per_node.value}",
                           "Give every node the same number of processes")
-    local_rank = read_index(env, LOCAL_RANK, limit=PER_NODE) or Sourced(0, f"default 0 ({LOCAL_RANK} unset)")
+    local_rank = (read_index(env, LOCAL_RANK, limit=PER_NODE)
+                  or Sourced(0, f"default 0 ({LOCAL_RANK} unset)"))
     below(LOCAL_RANK, local_rank.value, LOCAL_WORLD_SIZE, per_node.value)
     # torchrun numbers ranks node by node: RANK = GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK.
     if rank.value % per_node.value != local_rank.value:

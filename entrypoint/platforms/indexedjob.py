@@ -13,7 +13,13 @@ from collections.abc import Mapping
 
 from entrypoint.errors import ConfigError
 from entrypoint.platforms.base import (
-    Reading, node_reading, read_addr, read_count, read_index, read_port, require,
+    Reading,
+    node_reading,
+    read_addr,
+    read_count,
+    read_index,
+    read_port,
+    require,
 )
 from entrypoint.values import NODES
 
@@ -33,7 +39,8 @@ def detect(env: Mapping[str, str]) -> str | None:
 
 
 def read(env: Mapping[str, str]) -> Reading:
-    node_rank = require(read_index(env, JOB_COMPLETION_INDEX, limit=NODES), JOB_COMPLETION_INDEX, "the index")
+    node_rank = require(read_index(env, JOB_COMPLETION_INDEX, limit=NODES),
+                        JOB_COMPLETION_INDEX, "the index")
     nnodes = read_count(env, *NNODES, limit=NODES)
     if nnodes is None:
         raise ConfigError(NNODES[0], None, "an Indexed Job does not tell its pods how many there are",

@@ -23,7 +23,13 @@ from collections.abc import Mapping
 
 from entrypoint.errors import ConfigError
 from entrypoint.platforms.base import (
-    Reading, node_reading, read_addr, read_count, read_index, read_port, require,
+    Reading,
+    node_reading,
+    read_addr,
+    read_count,
+    read_index,
+    read_port,
+    require,
 )
 from entrypoint.values import NODES, Sourced, below, host, variable_of
 
@@ -47,12 +53,14 @@ def detect(env: Mapping[str, str]) -> str | None:
 
 
 def read(env: Mapping[str, str]) -> Reading:
-    pod = require(read_index(env, JOB_COMPLETION_INDEX, limit=NODES), JOB_COMPLETION_INDEX, "the pod index")
+    pod = require(read_index(env, JOB_COMPLETION_INDEX, limit=NODES), JOB_COMPLETION_INDEX,
+                  "the pod index")
     nnodes = read_count(env, *NNODES, limit=NODES)
     if nnodes is None:
         raise ConfigError(NNODES[0], None, "a JobSet does not tell its pods how many there are",
                           f"Set {NNODES[0]} in the pod template to replicas x parallelism")
-    job = read_index(env, JOB_INDEX, limit=NODES) or Sourced(0, f"default 0 ({JOB_INDEX} unset: one Job)")
+    job = (read_index(env, JOB_INDEX, limit=NODES)
+           or Sourced(0, f"default 0 ({JOB_INDEX} unset: one Job)"))
     replicas = read_count(env, REPLICATED_JOB_REPLICAS, limit=NODES)
     if replicas is None:
         if job.value:

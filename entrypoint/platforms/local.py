@@ -32,10 +32,11 @@ def read(env: Mapping[str, str]) -> Reading:
     warnings = ()
     by_hand = bool(env.get("ENTRYPOINT_NNODES", "").strip())
     if seen and not by_hand:
-        warnings = (f"{', '.join(seen)} set, but no platform is recognised from it: planned as "
-                    "a single machine. For several nodes give each node its place too (RANK with "
-                    "WORLD_SIZE, NODE_RANK with NNODES; see `entrypoint --help`), or set "
-                    "ENTRYPOINT_PLATFORM",)
+        warning = (f"{', '.join(seen)} set, but no platform is recognised from it: planned as "
+                   "a single machine. For several nodes give each node its place too (RANK with "
+                   "WORLD_SIZE, NODE_RANK with NNODES; see `entrypoint --help`), or set "
+                   "ENTRYPOINT_PLATFORM")
+        warnings = (warning,)
     return Reading(
         platform=NAME,
         nnodes=Sourced(1, "default 1 (no platform variables)"),

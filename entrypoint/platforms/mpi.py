@@ -22,7 +22,13 @@ from collections.abc import Mapping
 
 from entrypoint.errors import ConfigError
 from entrypoint.platforms.base import (
-    Reading, node_reading, read_addr, read_count, read_index, read_port, require,
+    Reading,
+    node_reading,
+    read_addr,
+    read_count,
+    read_index,
+    read_port,
+    require,
 )
 from entrypoint.values import PER_NODE, PROCESSES, Sourced, below
 
@@ -59,8 +65,10 @@ def read(env: Mapping[str, str]) -> Reading:
     world = require(read_count(env, size_n, limit=PROCESSES), size_n, "the number of ranks")
     rank = require(read_index(env, rank_n, limit=PROCESSES), rank_n, "the rank")
     below(rank_n, rank.value, size_n, world.value)
-    local_size = read_count(env, lsize_n, limit=PER_NODE) or Sourced(1, f"default 1 ({lsize_n} unset)")
-    local_rank = read_index(env, lrank_n, limit=PER_NODE) or Sourced(0, f"default 0 ({lrank_n} unset)")
+    local_size = (read_count(env, lsize_n, limit=PER_NODE)
+                  or Sourced(1, f"default 1 ({lsize_n} unset)"))
+    local_rank = (read_index(env, lrank_n, limit=PER_NODE)
+                  or Sourced(0, f"default 0 ({lrank_n} unset)"))
     below(lrank_n, local_rank.value, lsize_n, local_size.value)
 
     if local_size.value == 1:

@@ -18,7 +18,14 @@ from collections.abc import Mapping
 
 from entrypoint.errors import ConfigError
 from entrypoint.platforms.base import (
-    Reading, node_reading, read_addr, read_count, read_index, read_nproc, read_port, require,
+    Reading,
+    node_reading,
+    read_addr,
+    read_count,
+    read_index,
+    read_nproc,
+    read_port,
+    require,
 )
 from entrypoint.values import NODES, PROCESSES, Sourced, below, first
 
@@ -79,7 +86,8 @@ def read(env: Mapping[str, str]) -> Reading:
 
     if _set(env, PET_NNODES):
         nnodes = pods(env)
-        node_rank = read_index(env, PET_NODE_RANK, limit=NODES) or Sourced(rank.value, f"env {RANK}")
+        node_rank = (read_index(env, PET_NODE_RANK, limit=NODES)
+                     or Sourced(rank.value, f"env {RANK}"))
         if node_rank.value != rank.value:
             raise ConfigError(PET_NODE_RANK, node_rank.value, f"differs from {RANK}={rank.value}",
                               "Do not set RANK or PET_NODE_RANK in the pod template; "

@@ -11,7 +11,13 @@ from collections.abc import Mapping
 
 from entrypoint.errors import ConfigError
 from entrypoint.platforms.base import (
-    Reading, node_reading, read_count, read_hosts, read_index, read_port, require,
+    Reading,
+    node_reading,
+    read_count,
+    read_hosts,
+    read_index,
+    read_port,
+    require,
 )
 from entrypoint.values import GPUS, NODES, Sourced
 
@@ -39,7 +45,8 @@ def read(env: Mapping[str, str]) -> Reading:
                           "Start the entrypoint from the task's run section, where SkyPilot sets it")
     ips = list(read_hosts(NODE_IPS, raw_ips.replace("\n", ","), ips))
     node_rank = require(read_index(env, NODE_RANK, limit=NODES), NODE_RANK, "the node rank")
-    nnodes = read_count(env, NUM_NODES, limit=NODES) or Sourced(len(ips), f"count of lines in {NODE_IPS}")
+    nnodes = (read_count(env, NUM_NODES, limit=NODES)
+              or Sourced(len(ips), f"count of lines in {NODE_IPS}"))
     if nnodes.value != len(ips):
         raise ConfigError(NODE_IPS, raw_ips.replace("\n", ","),
                           f"lists {len(ips)} nodes but {NUM_NODES}={nnodes.value}",

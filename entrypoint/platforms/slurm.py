@@ -80,12 +80,14 @@ def read(env: Mapping[str, str]) -> Reading:
     nodelist_name, nodelist_raw = found
     hosts = expand_var(nodelist_name, nodelist_raw)
     master = host(nodelist_name, hosts[0])
-    nnodes = read_count(env, *NNODES, limit=NODES) or Sourced(len(hosts), f"count of hosts in {nodelist_name}")
+    nnodes = (read_count(env, *NNODES, limit=NODES)
+              or Sourced(len(hosts), f"count of hosts in {nodelist_name}"))
     if nnodes.value != len(hosts):
         raise ConfigError(nodelist_name, nodelist_raw,
                           f"lists {len(hosts)} hosts but {nnodes.source} says {nnodes.value}",
                           "Launch the step with srun so both describe the same nodes")
-    node_rank = read_index(env, *NODEID, limit=NODES) or Sourced(0, "default 0 (SLURM_NODEID unset)")
+    node_rank = (read_index(env, *NODEID, limit=NODES)
+                 or Sourced(0, "default 0 (SLURM_NODEID unset)"))
     notes: list[str] = [f"master is the first host of {nodelist_name} ({hosts[0]})"]
     if STEP_ID not in env and nnodes.value > 1:
         notes.append(

@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from entrypoint.platforms.base import (
-    Reading, node_reading, read_addr, read_count, read_index, read_nproc, read_port, require,
+    Reading,
+    node_reading,
+    read_addr,
+    read_count,
+    read_index,
+    read_nproc,
+    read_port,
+    require,
 )
 from entrypoint.values import GPUS, NODES, Sourced
 
@@ -34,7 +41,8 @@ def read(env: Mapping[str, str]) -> Reading:
     nproc, word = read_nproc(env, *NPROC_PER_NODE)
     notes = (word,) if word else ()
     nnodes = require(read_count(env, *NNODES, limit=NODES), "NNODES", "the number of nodes")
-    node_rank = read_index(env, *NODE_RANK, limit=NODES) or Sourced(0, "default 0 (NODE_RANK unset)")
+    node_rank = (read_index(env, *NODE_RANK, limit=NODES)
+                 or Sourced(0, "default 0 (NODE_RANK unset)"))
     return node_reading(
         NAME, env,
         nnodes=nnodes,

@@ -16,6 +16,7 @@ import json
 from collections.abc import Callable, Sequence
 
 from entrypoint import platforms, report, secrets
+from entrypoint.errors import ConfigError
 from entrypoint.facts import Facts, Gpu, Interface
 from entrypoint.launch import check_hardware
 from entrypoint.plan import Plan, gpus_stated, make_plan, read_platform
@@ -180,7 +181,7 @@ def violations(plan: Plan, node: Facts) -> list[str]:
         out.append(f"control_port {plan.control_port} is the master port")
     try:
         host("master_addr", plan.master_addr)
-    except Exception as err:  # noqa: BLE001 - any refusal here is the violation
+    except ConfigError as err:
         out.append(f"master_addr {plan.master_addr!r} is not one IPv4 host: {err}")
     if plan.cuda_visible_devices is not None:
         ids = plan.cuda_visible_devices.split(",")
