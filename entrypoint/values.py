@@ -217,9 +217,9 @@ _UUID = re.compile(r"^(GPU|MIG)-[A-Za-z0-9/-]{1,120}$")
 
 def device_list(name: str, raw: str) -> tuple[str, ...]:
     """CUDA_VISIBLE_DEVICES as CUDA reads it: `''` hides every GPU (an empty tuple), so does a
-    leading negative index; else indices (ASCII digits, below GPUS.high) or UUIDs (`GPU-...`,
-    `MIG-...`), kept as written. Duplicates, empty entries, words and later negatives, which
-    CUDA would read as "stop here" without a word, are refused."""
+    leading negative index; else indices (ASCII digits, below GPUS.high; `02` read as 2) or
+    UUIDs (`GPU-...`, `MIG-...`), kept as written. Duplicates, empty entries, words and later
+    negatives, which CUDA would read as "stop here" without a word, are refused."""
     text = raw.strip()
     if not text:
         return ()
@@ -229,12 +229,12 @@ def device_list(name: str, raw: str) -> tuple[str, ...]:
     fix = (f"List this node's GPUs once each, by index (0,1,2) or UUID (GPU-...), or unset "
            f"{name} to use them all")
     seen: set[str] = set()
+    ids = []
     for entry in entries:
         if not entry:
             raise ConfigError(name, raw, "has an empty entry", fix)
         if entry.isascii() and entry.isdigit():
-            number(name, entry, low=0, high=GPUS.high - 1)
-            key = str(int(entry))
+            key = str(number(name, entry, low=0, high=GPUS.high - 1))  # `02` is GPU 2 to CUDA
         elif _UUID.match(entry):
             key = entry
         elif entry == "all":
@@ -247,4 +247,5 @@ def device_list(name: str, raw: str) -> tuple[str, ...]:
         if key in seen:
             raise ConfigError(name, raw, f"names GPU {entry} twice", fix)
         seen.add(key)
-    return tuple(entries)
+        ids.append(key)
+    return tuple(ids)

@@ -220,7 +220,7 @@ def test_host_refusals_say_what_to_do(raw, words):
 
 
 @pytest.mark.parametrize(("raw", "ids"), [
-    ("", ()), ("-1", ()), ("0,1", ("0", "1")), ("3, 1", ("3", "1")),
+    ("", ()), ("-1", ()), ("0,1", ("0", "1")), ("3, 1", ("3", "1")), ("02", ("2",)),
     ("GPU-8e1c-aa,MIG-4f/1/0", ("GPU-8e1c-aa", "MIG-4f/1/0")),
 ])
 def test_device_list_reads_as_cuda_does(raw, ids):
@@ -267,7 +267,7 @@ def _check(env, node, command):
 
 
 @pytest.mark.parametrize("template", sorted(TEMPLATES))
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_any_environment_plans_or_is_refused_in_one_line(template, data):
     env, node, command = draw(lambda seq: data.draw(st.sampled_from(list(seq))), template)
@@ -275,7 +275,7 @@ def test_any_environment_plans_or_is_refused_in_one_line(template, data):
 
 
 @pytest.mark.parametrize("platform", platforms.ORDER)
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_a_forced_platform_reads_any_environment_or_refuses(platform, data):
     env, node, command = draw(lambda seq: data.draw(st.sampled_from(list(seq))))
