@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
-from entrypoint import configs, network, platforms
+from entrypoint import configs, jax_cluster, network, platforms
 from entrypoint.errors import ConfigError
 from entrypoint.facts import Facts
 from entrypoint.platforms.base import Reading
@@ -362,16 +362,22 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
         child |= {"RANK": str(place_rank), "LOCAL_RANK": str(place_local),
                   "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(nproc),
                   "NODE_RANK": str(node_rank)}
-        if launcher == "jax":
-            # jax.distributed.initialize() reads JAX_COORDINATOR_ADDRESS and JAX_LOCAL_DEVICE_IDS;
-            # the ids stop its SLURM/Open MPI detection from keeping only GPU SLURM_LOCALID.
-            child |= {"JAX_COORDINATOR_ADDRESS": f"{master.value}:{port}",
-                      "JAX_NUM_PROCESSES": str(world), "JAX_PROCESS_ID": str(place_rank)}
-            if cuda_visible is not None:
-                ids = range(gpus) if spawn else [local_rank]
-                child["JAX_LOCAL_DEVICE_IDS"] = ",".join(str(i) for i in ids)
-                sources["JAX_LOCAL_DEVICE_IDS"] = ("every GPU of this node" if spawn
-                                                   else "this process's LOCAL_RANK")
+        # jax.distributed.initialize() with no arguments: JAX reads JAX_COORDINATOR_ADDRESS and
+        # JAX_LOCAL_DEVICE_IDS itself, and the count and id through jax_cluster's ClusterEnv,
+        # which the site hook on PYTHONPATH registers (the ids also keep JAX's SLURM/Open MPI
+        # readers from narrowing each process to GPU SLURM_LOCALID).
+        host = f"[{master.value}]" if ":" in master.value else master.value
+        child |= {"JAX_COORDINATOR_ADDRESS": f"{host}:{port}",
+                  "JAX_NUM_PROCESSES": str(world), "JAX_PROCESS_ID": str(place_rank),
+                  "PYTHONPATH": os.pathsep.join(
+                      p for p in (str(jax_cluster.SITE_HOOK), env.get("PYTHONPATH")) if p)}
+        sources["PYTHONPATH"] = ("the entrypoint's site hook first: jax.distributed.initialize() "
+                                 "with no arguments reads the plan (entrypoint/jax_cluster.py)")
+        if cuda_visible is not None:
+            ids = range(gpus) if spawn else [local_rank]
+            child["JAX_LOCAL_DEVICE_IDS"] = ",".join(str(i) for i in ids)
+            sources["JAX_LOCAL_DEVICE_IDS"] = ("every GPU of this node" if spawn
+                                               else "this process's LOCAL_RANK")
         cmd = list(trainer)
         if cmd[0] == "python":
             cmd[0] = facts.python

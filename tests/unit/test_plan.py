@@ -1,6 +1,7 @@
 """The plan as a pure function of (environment, facts): no probing, no os.environ."""
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import node
@@ -306,3 +307,28 @@ def test_collective_timeout_reaches_deepspeed_in_minutes_and_yours_is_kept():
 def test_trainer_commands_reach_torchrun_as_it_takes_them(trainer, args):
     plan = make_plan({}, node(2), trainer)
     assert list(plan.command[-len(args):]) == args
+
+
+@pytest.mark.parametrize("launcher,env", [
+    ("jax", {"ENTRYPOINT_LAUNCHER": "jax"}),
+    ("direct", {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NNODES": "2",
+                "SLURM_NODEID": "1", "SLURM_NTASKS": "16", "SLURM_TASKS_PER_NODE": "8(x2)",
+                "SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_GPUS_ON_NODE": "8"}),
+])
+def test_jax_distributed_initialize_needs_no_arguments(launcher, env):
+    """The plan gives JAX the process count and id, and the site hook that hands them over."""
+    base = SEED_004_WORKER_1 if launcher == "jax" else {}
+    plan = make_plan(base | env | {"PYTHONPATH": "/mine"}, node(8), ["python", "t.py"])
+    assert plan.launcher == launcher
+    hook, mine = plan.env["PYTHONPATH"].split(":")
+    assert hook.endswith("entrypoint/site-hook") and mine == "/mine"
+    assert (Path(hook) / "sitecustomize.py").is_file()
+    world, rank = (2, "1") if launcher == "jax" else (16, "9")
+    assert plan.env["JAX_NUM_PROCESSES"] == str(world) and plan.env["JAX_PROCESS_ID"] == rank
+    assert plan.env["JAX_LOCAL_DEVICE_IDS"] == ("0,1,2,3,4,5,6,7" if launcher == "jax" else "1")
+
+
+def test_an_ipv6_master_is_bracketed_for_jax():
+    env = SEED_004_WORKER_1 | {"ENTRYPOINT_LAUNCHER": "jax", "MASTER_ADDR": "fd00::1"}
+    assert make_plan(env, node(8), ["python", "t.py"]).env["JAX_COORDINATOR_ADDRESS"] == (
+        "[fd00::1]:29500")
