@@ -23,7 +23,7 @@ def test_seed_004_two_nodes_of_eight_never_become_one_of_sixteen():
     assert plan.cuda_visible_devices == "0,1,2,3,4,5,6,7"
     assert plan.ranks == (8, 15)
     assert plan.config.endswith("/16gpu")
-    assert json.loads(plan.files["/tmp/entrypoint/node1/deepspeed.json"])["gradient_accumulation_steps"] == 2
+    assert json.loads(plan.files["/tmp/entrypoint-run/node1/deepspeed.json"])["gradient_accumulation_steps"] == 2
     assert plan.command[:3] == ("/venv/bin/python", "-m", "torch.distributed.run")
     assert "--nnodes=2" in plan.command and "--node-rank=1" in plan.command
     assert "--nproc-per-node=8" in plan.command
@@ -40,11 +40,11 @@ def test_json_contract_has_every_key():
 def test_eight_gpu_config_on_one_node():
     plan = make_plan({}, node(8))
     assert plan.config.endswith("/8gpu") and plan.world_size == 8
-    assert json.loads(plan.files["/tmp/entrypoint/node0/deepspeed.json"])["gradient_accumulation_steps"] == 4
+    assert json.loads(plan.files["/tmp/entrypoint-run/node0/deepspeed.json"])["gradient_accumulation_steps"] == 4
 
 
 def _ds(plan):
-    return json.loads(plan.files[f"/tmp/entrypoint/node{plan.node_rank}/deepspeed.json"])
+    return json.loads(plan.files[f"/tmp/entrypoint-run/node{plan.node_rank}/deepspeed.json"])
 
 
 # Any GPU count a node layout can make: (nodes, GPUs per node) -> config, and the split of its
@@ -241,12 +241,12 @@ def test_accelerate_config_written_for_this_node():
     plan = make_plan(env, node(8), ["python", "train.py"])
     import yaml
 
-    acc = yaml.safe_load(plan.files["/tmp/entrypoint/node1/accelerate.yaml"])
+    acc = yaml.safe_load(plan.files["/tmp/entrypoint-run/node1/accelerate.yaml"])
     assert (acc["num_machines"], acc["num_processes"], acc["machine_rank"]) == (2, 16, 1)
     assert acc["main_process_ip"] == "jo-dbxfe2k2l635222i-worker-0"
-    assert acc["deepspeed_config"]["deepspeed_config_file"] == "/tmp/entrypoint/node1/deepspeed.json"
+    assert acc["deepspeed_config"]["deepspeed_config_file"] == "/tmp/entrypoint-run/node1/deepspeed.json"
     assert plan.command[1:5] == ("-m", "accelerate.commands.launch", "--config_file",
-                                 "/tmp/entrypoint/node1/accelerate.yaml")
+                                 "/tmp/entrypoint-run/node1/accelerate.yaml")
 
 
 @pytest.mark.parametrize(("trainer", "tail"), [
