@@ -201,6 +201,32 @@ def _control_port(settings: Settings, layout: Layout, sources: dict[str, str]) -
     return None
 
 
+def _layout(env: Mapping[str, str], settings: Settings, reading: Reading, master: str,
+            nproc: int, n_gpus: int, cuda_visible: str | None, python: str) -> Layout:
+    nnodes, node_rank, spawn = reading.nnodes.value, reading.node_rank.value, reading.spawn.value
+    return Layout(
+        nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc, master_addr=master,
+        master_port=reading.master_port.value,
+        standalone=nnodes == 1 and settings.master_port is None and "MASTER_PORT" not in env,
+        spawn=spawn, rank=None if spawn else reading.rank.value,
+        local_rank=None if spawn else reading.local_rank.value, gpus_per_node=n_gpus,
+        cuda_visible=cuda_visible, python=python,
+        run_dir=f"{settings.run_dir}/node{node_rank}")  # nodes sharing a host keep apart
+
+
+def _launch(env: Mapping[str, str], settings: Settings, trainer: tuple[str, ...],
+            launcher: Launcher, layout: Layout, config: configs.Config,
+            out: _Out) -> launchers.Launch:
+    launched = launchers.preflight(trainer, settings, launcher, out.sources)
+    launch = launchers.build(launcher, layout, launched, config, env)
+    timeouts, timeout_warnings = launchers.timeouts(env, settings, launcher, out.sources)
+    out.env |= launch.env | timeouts
+    out.files |= launch.files
+    out.sources |= launch.sources
+    out.warnings += timeout_warnings
+    return launch
+
+
 def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | None = None,
               read: tuple[str, str, Reading] | None = None,
               settings: Settings | None = None) -> Plan:
@@ -232,14 +258,7 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
     if device == "cuda":
         chosen = visible if (launcher is Launcher.JAX or not spawn) else visible[:nproc]
         cuda_visible, out.sources["cuda_visible_devices"] = ",".join(chosen), visible_from
-    layout = Layout(
-        nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc, master_addr=master,
-        master_port=reading.master_port.value,
-        standalone=nnodes == 1 and settings.master_port is None and "MASTER_PORT" not in env,
-        spawn=spawn, rank=None if spawn else reading.rank.value,
-        local_rank=None if spawn else reading.local_rank.value, gpus_per_node=n_gpus,
-        cuda_visible=cuda_visible, python=facts.python,
-        run_dir=f"{settings.run_dir}/node{node_rank}")  # nodes sharing a host keep apart
+    layout = _layout(env, settings, reading, master, nproc, n_gpus, cuda_visible, facts.python)
 
     devices = nnodes * (n_gpus if launcher is Launcher.JAX and device == "cuda" else nproc)
     needs_config = trainer in BUILTIN_JOBS.values() or launcher is Launcher.ACCELERATE
@@ -253,13 +272,7 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
         out.env["CUDA_VISIBLE_DEVICES"] = cuda_visible
     _device_env(env, settings, facts, device, nproc, out)
 
-    launched = launchers.preflight(trainer, settings, launcher, out.sources)
-    launch = launchers.build(launcher, layout, launched, config, env)
-    timeouts, timeout_warnings = launchers.timeouts(env, settings, launcher, out.sources)
-    out.env |= launch.env | timeouts
-    out.files |= launch.files
-    out.sources |= launch.sources
-    out.warnings += timeout_warnings
+    launch = _launch(env, settings, trainer, launcher, layout, config, out)
     return Plan(
         platform=platform_name, nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc,
         world_size=layout.world_size, master_addr=master, master_port=launch.master_port,
