@@ -201,15 +201,27 @@ def _control_port(settings: Settings, layout: Layout, sources: dict[str, str]) -
     return None
 
 
+def _placed(reading: Reading, sources: dict[str, str]) -> tuple[int, int] | None:
+    """(rank, local_rank) of this process when the platform started it, else None."""
+    if reading.spawn.value:
+        return None
+    if reading.rank is None or reading.local_rank is None:
+        raise AssertionError(f"{reading.platform}: spawn is False but no rank was read")
+    sources["rank"], sources["local_rank"] = reading.rank.source, reading.local_rank.source
+    return reading.rank.value, reading.local_rank.value
+
+
 def _layout(env: Mapping[str, str], settings: Settings, reading: Reading, master: str,
-            nproc: int, n_gpus: int, cuda_visible: str | None, python: str) -> Layout:
+            nproc: int, n_gpus: int, cuda_visible: str | None, python: str,
+            placed: tuple[int, int] | None) -> Layout:
     nnodes, node_rank, spawn = reading.nnodes.value, reading.node_rank.value, reading.spawn.value
     return Layout(
         nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc, master_addr=master,
         master_port=reading.master_port.value,
         standalone=nnodes == 1 and settings.master_port is None and "MASTER_PORT" not in env,
-        spawn=spawn, rank=None if spawn else reading.rank.value,
-        local_rank=None if spawn else reading.local_rank.value, gpus_per_node=n_gpus,
+        spawn=spawn, rank=placed[0] if placed else None,
+        local_rank=placed[1] if placed else None,
+        gpus_per_node=n_gpus,
         cuda_visible=cuda_visible, python=python,
         run_dir=f"{settings.run_dir}/node{node_rank}")  # nodes sharing a host keep apart
 
@@ -251,14 +263,13 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
     launcher = launchers.choose(settings, spawn, trainer == BUILTIN_JOBS["jax"], out.sources)
     nproc = _nproc(settings, reading, launcher, device, n_gpus, out.sources)
     out.sources["world_size"] = f"nnodes {nnodes} x nproc_per_node {nproc}"
-    if not spawn:
-        out.sources["rank"], out.sources["local_rank"] = (reading.rank.source,
-                                                          reading.local_rank.source)
+    placed = _placed(reading, out.sources)
     cuda_visible = None
     if device == "cuda":
         chosen = visible if (launcher is Launcher.JAX or not spawn) else visible[:nproc]
         cuda_visible, out.sources["cuda_visible_devices"] = ",".join(chosen), visible_from
-    layout = _layout(env, settings, reading, master, nproc, n_gpus, cuda_visible, facts.python)
+    layout = _layout(env, settings, reading, master, nproc, n_gpus, cuda_visible, facts.python,
+                     placed)
 
     devices = nnodes * (n_gpus if launcher is Launcher.JAX and device == "cuda" else nproc)
     needs_config = trainer in BUILTIN_JOBS.values() or launcher is Launcher.ACCELERATE
@@ -282,6 +293,6 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
         command=launch.command, trainer=trainer, env=out.env, files=out.files,
         sources=out.sources, hosts=reading.hosts, notes=tuple(out.notes),
         warnings=tuple(out.warnings), gpu_names=tuple(g.name for g in facts.gpus or ()),
-        ranks=((layout.rank, layout.rank) if not spawn
+        ranks=((placed[0], placed[0]) if placed
                else (node_rank * nproc, node_rank * nproc + nproc - 1)),
     )

@@ -106,7 +106,7 @@ def default_route() -> str | None:
 
 def resolve(name: str) -> str | None:
     try:
-        return socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+        return str(socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0])
     except (OSError, UnicodeError):
         return None
 
