@@ -118,9 +118,9 @@ def shipped() -> dict[str, Config]:
 def _nearest(catalog: dict[str, Config], world_size: int) -> Config:
     """The cuda config made for the size nearest to world_size, on a log scale (4 -> 8gpu,
     12 -> 16gpu, 2 -> 1gpu); a tie goes to the larger."""
-    sized = [c for c in catalog.values() if c.device == "cuda" and c.world_size]
-    return min(sized, key=lambda c: (abs(math.log2(c.world_size) - math.log2(world_size)),
-                                     -c.world_size))
+    sized = {c.world_size: c for c in catalog.values() if c.device == "cuda" and c.world_size}
+    best = min(sized, key=lambda n: (abs(math.log2(n) - math.log2(world_size)), -n))
+    return sized[best]
 
 
 def select(named: str | None, *, device: str, world_size: int) -> tuple[Config, str]:

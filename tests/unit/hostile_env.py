@@ -5,7 +5,7 @@ or replaced by a value from a pool of what adversarial users and broken platform
 stray variables and settings. `pick(sequence)` is the only source of choices, so both drawers
 share every case.
 
-`plan_once` runs what `entrypoint plan` and `run` run before launching anything (cli._prepare,
+`plan_once` runs what `entrypoint plan` and `run` run before launching anything (entrypoint.node
 report.table, plan --json, launch.check_hardware); `violations` lists the plan invariants a
 plan breaks.
 """
@@ -20,6 +20,7 @@ from entrypoint.errors import ConfigError
 from entrypoint.facts import Facts, Gpu, Interface
 from entrypoint.launch import check_hardware
 from entrypoint.plan import Plan, gpus_stated, make_plan, read_platform
+from entrypoint.settings import Settings
 from entrypoint.values import GPUS, NODES, PER_NODE, host
 
 Pick = Callable[[Sequence], object]
@@ -140,10 +141,12 @@ def draw(pick: Pick, template: str | None = None):
 
 def plan_once(env: dict[str, str], node: Facts, command) -> Plan:
     """What `plan` and `run` do before anything starts, in process (cli._prepare with the
-    probes' facts given, the printed table and JSON, run's hardware check)."""
-    read = read_platform(env)
-    gpus_stated(env, read[2])
-    plan = make_plan(env, node, list(command) if command else None, read=read)
+    probes' facts given: entrypoint.node.prepare; the printed table and JSON; run's hardware
+    check)."""
+    settings = Settings.from_env(env)
+    read = read_platform(env, settings)
+    gpus_stated(settings, read[2])
+    plan = make_plan(env, node, list(command) if command else None, read=read, settings=settings)
     values = secrets.secret_values(env)
     report.table(plan, values)
     json.loads(plan.to_json())

@@ -1,6 +1,7 @@
 """The plan as a pure function of (environment, facts): no probing, no os.environ."""
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import node
@@ -22,7 +23,7 @@ def test_seed_004_two_nodes_of_eight_never_become_one_of_sixteen():
     assert plan.cuda_visible_devices == "0,1,2,3,4,5,6,7"
     assert plan.ranks == (8, 15)
     assert plan.config.endswith("/16gpu")
-    assert json.loads(plan.files["/tmp/entrypoint/node1/deepspeed.json"])["gradient_accumulation_steps"] == 2
+    assert json.loads(plan.files["/tmp/entrypoint-run/node1/deepspeed.json"])["gradient_accumulation_steps"] == 2
     assert plan.command[:3] == ("/venv/bin/python", "-m", "torch.distributed.run")
     assert "--nnodes=2" in plan.command and "--node-rank=1" in plan.command
     assert "--nproc-per-node=8" in plan.command
@@ -39,11 +40,11 @@ def test_json_contract_has_every_key():
 def test_eight_gpu_config_on_one_node():
     plan = make_plan({}, node(8))
     assert plan.config.endswith("/8gpu") and plan.world_size == 8
-    assert json.loads(plan.files["/tmp/entrypoint/node0/deepspeed.json"])["gradient_accumulation_steps"] == 4
+    assert json.loads(plan.files["/tmp/entrypoint-run/node0/deepspeed.json"])["gradient_accumulation_steps"] == 4
 
 
 def _ds(plan):
-    return json.loads(plan.files[f"/tmp/entrypoint/node{plan.node_rank}/deepspeed.json"])
+    return json.loads(plan.files[f"/tmp/entrypoint-run/node{plan.node_rank}/deepspeed.json"])
 
 
 # Any GPU count a node layout can make: (nodes, GPUs per node) -> config, and the split of its
@@ -240,12 +241,12 @@ def test_accelerate_config_written_for_this_node():
     plan = make_plan(env, node(8), ["python", "train.py"])
     import yaml
 
-    acc = yaml.safe_load(plan.files["/tmp/entrypoint/node1/accelerate.yaml"])
+    acc = yaml.safe_load(plan.files["/tmp/entrypoint-run/node1/accelerate.yaml"])
     assert (acc["num_machines"], acc["num_processes"], acc["machine_rank"]) == (2, 16, 1)
     assert acc["main_process_ip"] == "jo-dbxfe2k2l635222i-worker-0"
-    assert acc["deepspeed_config"]["deepspeed_config_file"] == "/tmp/entrypoint/node1/deepspeed.json"
+    assert acc["deepspeed_config"]["deepspeed_config_file"] == "/tmp/entrypoint-run/node1/deepspeed.json"
     assert plan.command[1:5] == ("-m", "accelerate.commands.launch", "--config_file",
-                                 "/tmp/entrypoint/node1/accelerate.yaml")
+                                 "/tmp/entrypoint-run/node1/accelerate.yaml")
 
 
 @pytest.mark.parametrize(("trainer", "tail"), [
@@ -306,3 +307,30 @@ def test_collective_timeout_reaches_deepspeed_in_minutes_and_yours_is_kept():
 def test_trainer_commands_reach_torchrun_as_it_takes_them(trainer, args):
     plan = make_plan({}, node(2), trainer)
     assert list(plan.command[-len(args):]) == args
+
+
+@pytest.mark.parametrize("launcher,env", [
+    ("jax", {"ENTRYPOINT_LAUNCHER": "jax"}),
+    ("direct", {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NNODES": "2",
+                "SLURM_NODEID": "1", "SLURM_NTASKS": "16", "SLURM_TASKS_PER_NODE": "8(x2)",
+                "SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_GPUS_ON_NODE": "8"}),
+])
+def test_jax_distributed_initialize_needs_no_arguments(launcher, env):
+    """The plan gives JAX the process count and id, and the site hook that hands them over."""
+    base = SEED_004_WORKER_1 if launcher == "jax" else {}
+    plan = make_plan(base | env | {"PYTHONPATH": "/mine"}, node(8), ["python", "t.py"])
+    assert plan.launcher == launcher
+    hook, mine = plan.env["PYTHONPATH"].split(":")
+    assert hook.endswith("entrypoint/site-hook") and mine == "/mine"
+    assert (Path(hook) / "sitecustomize.py").is_file()
+    world, rank = (2, "1") if launcher == "jax" else (16, "9")
+    assert plan.env["JAX_NUM_PROCESSES"] == str(world) and plan.env["JAX_PROCESS_ID"] == rank
+    assert plan.env["JAX_LOCAL_DEVICE_IDS"] == ("0,1,2,3,4,5,6,7" if launcher == "jax" else "1")
+
+
+def test_an_ipv6_master_is_refused_with_the_reason():
+    # The plan would bracket it for JAX ([fd00::1]:29500), but node 0's control channel
+    # listens on IPv4 only (entrypoint/control.py): the other nodes could never join.
+    env = SEED_004_WORKER_1 | {"ENTRYPOINT_LAUNCHER": "jax", "MASTER_ADDR": "fd00::1"}
+    with pytest.raises(ConfigError, match="listens on IPv4 only"):
+        make_plan(env, node(8), ["python", "t.py"])
