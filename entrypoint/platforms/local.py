@@ -23,12 +23,20 @@ PARTIAL = ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR"
            "PET_NNODES", "SKYPILOT_NODE_IPS", "SM_HOSTS", "AWS_BATCH_JOB_NUM_NODES")
 
 
+def _shown(raw: str) -> str:
+    """A value as a warning line can hold it: short, on one line."""
+    value = raw.strip()
+    if len(value) <= 40 and value.isascii() and value.isprintable():
+        return value
+    return repr(value[:40]) + ("..." if len(value) > 40 else "")
+
+
 def detect(env: Mapping[str, str]) -> str | None:
     return "no platform variables found: one machine"
 
 
 def read(env: Mapping[str, str]) -> Reading:
-    seen = [f"{name}={env[name].strip()}" for name in PARTIAL if env.get(name, "").strip()]
+    seen = [f"{name}={_shown(env[name])}" for name in PARTIAL if env.get(name, "").strip()]
     warnings = ()
     by_hand = bool(env.get("ENTRYPOINT_NNODES", "").strip())
     if seen and not by_hand:
