@@ -70,10 +70,11 @@ class Settings(BaseSettings):
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
-        """The settings in `env`; an empty ENTRYPOINT_* variable is unset. Numbers and the
-        master's address go through entrypoint.values' readers; the rest through pydantic."""
+        """The settings in `env`, each stripped; an empty ENTRYPOINT_* variable is unset. Numbers
+        and the master's address go through entrypoint.values' readers; the rest through
+        pydantic."""
         given = {
-            name: env[PREFIX + name.upper()]
+            name: env[PREFIX + name.upper()].strip()
             for name in cls.model_fields
             if env.get(PREFIX + name.upper(), "").strip() != ""
         }
@@ -134,6 +135,9 @@ def _check_text(name: str, raw: str) -> None:
     """Numbers in ASCII digits within the field's range (no `inf`, `nan`, `1e3`, `1_000`, sign
     or `²`), and the master one host: each refusal one line naming the range or the fix."""
     variable = PREFIX + name.upper()
+    if not raw.strip().isprintable():
+        raise ConfigError(variable, raw[:300], "holds a control character (a newline, tab...)",
+                          f"Set {variable} to the value alone, on one line")
     if name == "master_addr":
         host(variable, raw)
         return

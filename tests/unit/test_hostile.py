@@ -97,6 +97,8 @@ REFUSED = [
                                  "LOCAL_WORLD_SIZE": "4"} | M, "LOCAL_RANK", "expected 1"),
     ("WORLD_SIZE=10**30", {"WORLD_SIZE": "1" + "0" * 30, "RANK": "0"} | M, "WORLD_SIZE",
      "above the limit of 1048576 processes"),
+    ("a setting holding a newline", {"ENTRYPOINT_SOCKET_IFNAME": "eth0\nlo"},
+     "ENTRYPOINT_SOCKET_IFNAME", "control character"),
     ("a host twice in the node list", {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1,n1"},
      "SLURM_JOB_NODELIST", "names n1 twice"),
 ]
