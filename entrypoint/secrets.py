@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Mapping
 
 _MARKERS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
@@ -22,9 +23,10 @@ def secret_values(env: Mapping[str, str]) -> tuple[str, ...]:
 
 
 def _written(value: str) -> set[str]:
-    """The forms a value takes in output: as is, JSON-escaped (`s\\u00ebcret`), repr-escaped."""
+    """The forms a value takes in output: as is, JSON-escaped (`s\\u00ebcret`), repr-escaped,
+    and as one shell word (a quote inside it splits the raw text)."""
     return {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1],
-            repr(value)[1:-1]}
+            repr(value)[1:-1], shlex.quote(value)}
 
 
 def mask(text: str, values: tuple[str, ...]) -> str:

@@ -1,8 +1,10 @@
 """A secret is masked in every form output can give it: as typed, JSON-escaped (`plan --json`
-writes `s\\u00ebcret` for `sëcret`), and repr-escaped (a one-line error quotes its value)."""
+writes `s\\u00ebcret` for `sëcret`), repr-escaped (a one-line error quotes its value) and as
+one shell word (a printed command)."""
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -11,19 +13,21 @@ import pytest
 from entrypoint.secrets import MASK, mask, secret_values
 
 SECRETS = ["sëcret-value", "tab\tand\nnewline", 'quote"back\\slash', "emoji-\U0001f511-key",
-           "nul\x00byte", "plain-ascii-secret"]
+           "nul\x00byte", "plain-ascii-secret",
+           "it's-a-secret"]
 
 
 @pytest.mark.parametrize("secret", SECRETS)
 @pytest.mark.parametrize("write", [
     lambda s: s, lambda s: json.dumps({"v": s}), lambda s: json.dumps({"v": s}, indent=2),
-    lambda s: json.dumps(s, ensure_ascii=False), repr, lambda s: f"X={s!r}: is wrong."],
-    ids=["raw", "json", "json-indent", "json-unicode", "repr", "error-line"])
+    lambda s: json.dumps(s, ensure_ascii=False), repr, lambda s: f"X={s!r}: is wrong.",
+    lambda s: shlex.join(["python", "t.py", "--token", s])],
+    ids=["raw", "json", "json-indent", "json-unicode", "repr", "error-line", "shell"])
 def test_every_written_form_is_masked(secret, write):
     values = secret_values({"HF_TOKEN": secret, "NCCL_DEBUG": "INFO"})
     out = mask(write(secret), values)
     assert MASK in out
-    for form in (secret, json.dumps(secret)[1:-1], repr(secret)[1:-1]):
+    for form in (secret, json.dumps(secret)[1:-1], repr(secret)[1:-1], shlex.quote(secret)):
         assert form not in out
 
 
