@@ -12,6 +12,7 @@ The named cases are tables; hypothesis adds generated ones, bounded in time.
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 import subprocess
@@ -26,6 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from entrypoint.cli import main
+from entrypoint.errors import ConfigError
 from entrypoint.render import render
 from entrypoint.render.request import build
 from entrypoint.secrets import is_secret
@@ -128,7 +130,7 @@ def test_the_issues_command_line_reads_back_as_strings(yamlread, tmp_path):
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     (tmp_path / "job.yaml").write_text(out.stdout)
-    ((service, job),) = goyaml.read(yamlread, tmp_path / "job.yaml")
+    ((_service, job),) = goyaml.read(yamlread, tmp_path / "job.yaml")
     (container,) = job["spec"]["template"]["spec"]["containers"]
     assert container["args"] == ["run", "--", "python", "train.py", "--lr", "1e-4", "--flag", "y"]
 
@@ -232,7 +234,7 @@ def check_script(target: str, command: list[str], env: dict[str, str], bin_dir: 
             at = argv.index(IMAGE)
             assert argv[at + 1:] == expected
             given = dict(item.split("=", 1) if "=" in item else (item, None)
-                         for flag, item in zip(argv[:at], argv[1:at]) if flag == "-e")
+                         for flag, item in itertools.pairwise(argv[:at]) if flag == "-e")
             assert given == {"NNODES": str(nodes), "NODE_RANK": str(rank),
                              "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
                              "GPUS_PER_NODE": "8", **env, "HF_TOKEN": None}
@@ -306,8 +308,8 @@ def _argv(platform: str, **options: str) -> list[str]:
     (_argv("slurm", time=""), "--time='': is not a SLURM time limit"),
     (_argv("slurm", time="1:00\n"), "--time='1:00\\n': is not a SLURM time limit"),
     (_argv("kubernetes", image="ghcr.io/Org/multinode:1.0"),
-     "--image='ghcr.io/Org/multinode:1.0': is not an image reference: the repository must be "
-     "lower case"),
+     ("--image='ghcr.io/Org/multinode:1.0': is not an image reference: the repository must be "
+      "lower case")),
     (_argv("docker", image="Multinode", master_addr="m"),
      "--image='Multinode': is not an image reference: the repository must be lower case"),
     (_argv("slurm", image="multinode:dev\n"), "--image='multinode:dev\\n': is not an image ref"),
@@ -328,18 +330,18 @@ def _argv(platform: str, **options: str) -> list[str]:
     (_argv("slurm", nodes=" 2"), "--nodes=' 2': not a whole number"),
     (_argv("slurm", nodes="2\n"), "--nodes='2\\n': not a whole number"),
     (_argv("slurm", nodes="٢"), "--nodes='٢': not a whole number"),
-    (_argv("kubernetes", gpus_per_node="²"), "--gpus-per-node='²': not a whole number from 0 to "
-                                             "256"),
+    (_argv("kubernetes", gpus_per_node="²"),
+     "--gpus-per-node='²': not a whole number from 0 to 256"),
     (_argv("kubernetes", gpus_per_node="8.0"), "--gpus-per-node='8.0': not a whole number"),
     (_argv("kubernetes", gpus_per_node=""), "--gpus-per-node='': not a whole number"),
     (_argv("kubernetes", gpus_per_node="257"), "--gpus-per-node='257': not a whole number"),
-    (_argv("kubernetes", master_port="65535"), "--master-port='65535': not a whole number from "
-                                               "1 to 65534"),
+    (_argv("kubernetes", master_port="65535"),
+     "--master-port='65535': not a whole number from 1 to 65534"),
     (_argv("kubernetes", master_port="²"), "--master-port='²': not a whole number"),
     (_argv("kubernetes", master_port="0"), "--master-port='0': not a whole number"),
     (_argv("docker", master_addr="10.0.0.1:29500"),
-     "--master-addr='10.0.0.1:29500': is host:port, not a host. Give --master-addr 10.0.0.1 "
-     "--master-port 29500"),
+     ("--master-addr='10.0.0.1:29500': is host:port, not a host. Give --master-addr 10.0.0.1 "
+      "--master-port 29500")),
     (_argv("docker", master_addr="worker 0"), "--master-addr='worker 0': is not a host name"),
     (_argv("docker", master_addr="m\n"), "--master-addr='m\\n': is not a host name"),
     (_argv("docker", master_addr=""), "--master-addr='': is not a host name"),
@@ -419,3 +421,30 @@ def test_any_arguments_reach_the_command_from_every_script(standins, command, en
                                                            nodes):
     with tempfile.TemporaryDirectory() as directory:
         check_script(target, command, env, standins["record"], Path(directory), nodes=nodes)
+
+
+OPTION_PLATFORMS = {"name": "kubernetes", "namespace": "pytorchjob", "secret_name": "volcano",
+                    "partition": "slurm", "account": "slurm", "time": "slurm",
+                    "runtime": "slurm", "image": "trainjob", "master_addr": "docker",
+                    "master_port": "kubernetes", "nodes": "slurm", "gpus_per_node": "volcano"}
+
+
+@BOUNDED
+@given(option=st.sampled_from(sorted(OPTION_PLATFORMS)), value=st.one_of(
+    WORDS, st.from_regex(r"[a-z0-9.:/@-]{1,20}\n?", fullmatch=True)))
+def test_any_option_value_is_refused_in_one_line_or_changes_no_line(option, value):
+    """Whatever an option holds, build refuses it with one line, or the spec has the lines it
+    has with a plain value of the same length (no new command, directive, comment end or
+    object)."""
+    platform = OPTION_PLATFORMS[option]
+    base = {"nodes": "2", "gpus_per_node": "8", "image": IMAGE,
+            "master_addr": "10.0.0.1" if platform == "docker" else None}
+    try:
+        request = build(platform, **base | {option: value})
+    except ConfigError as err:
+        assert "\n" not in err.line() and err.variable == "--" + option.replace("_", "-")
+        return
+    plain = {"nodes": "1", "master_port": "1", "runtime": value, "time": "1" * len(value),
+             "gpus_per_node": "0" if value == "0" else "1"}.get(option, "a" * len(value))
+    twin = build(platform, **base | {option: plain})
+    assert render(request).count("\n") == render(twin).count("\n")
