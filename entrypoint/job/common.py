@@ -209,8 +209,7 @@ class Console:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-        self.bar: Any = None
-        self.total: int | None = None
+        self.bar = self.total = None
 
 
 @dataclass
