@@ -115,7 +115,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     for name in PLATFORMS:
         platform = module(name)
         sub = platforms.add_parser(
-            name, description=platform.__doc__.split("\n\n")[0] + f"\n\nDocs: {platform.DOCS}",
+            name, description=(platform.__doc__ or "").split("\n\n")[0]
+            + f"\n\nDocs: {platform.DOCS}",
             epilog=_EXAMPLE.format(platform=name, more=_EXAMPLE_MORE.get(name, "")),
             formatter_class=argparse.RawDescriptionHelpFormatter)
         for flags, keywords in _COMMON:

@@ -136,7 +136,7 @@ def _text(option: str, value: str, shown: str) -> str:
 def _env(items: Sequence[str]) -> tuple[tuple[str, str | None], ...]:
     out: dict[str, str | None] = {}
     for item in items:
-        key, has_value, value = item.partition("=")
+        key, has_value, text = item.partition("=")
         shown = f"{key}={MASK}" if has_value and is_secret(key) else item
         if not _ENV_NAME.fullmatch(key):
             raise ConfigError("--env", shown, "is not KEY=VALUE with a variable name as KEY",
@@ -147,14 +147,13 @@ def _env(items: Sequence[str]) -> tuple[tuple[str, str | None], ...]:
                               "want instead")
         if key in out:
             raise ConfigError("--env", shown, f"{key} is given twice", "Give each variable once")
-        if is_secret(key):
-            value = None  # never written into a spec: it comes from a Secret or the shell
-        elif not has_value:
-            raise ConfigError("--env", item, "has no value",
-                              f"Give --env {key}=value (only secret names, such as HF_TOKEN, "
-                              "come without one)")
-        else:
-            _text("--env", value, item)
+        value: str | None = None  # a secret: never written, it comes from a Secret or the shell
+        if not is_secret(key):
+            if not has_value:
+                raise ConfigError("--env", item, "has no value",
+                                  f"Give --env {key}=value (only secret names, such as HF_TOKEN, "
+                                  "come without one)")
+            value = _text("--env", text, item)
         out[key] = value
     return tuple(out.items())
 
