@@ -40,9 +40,9 @@ SCRIPTS = ("slurm-pyxis", "slurm-apptainer", "slurm-none", "docker")
 YAML_LOOKALIKES = [
     "1e-4", "y", "Y", "n", "N", "yes", "no", "No", "on", "off", "OFF", "true", "False", "0x1F",
     "012", "0o17", "0b101", ".inf", "-.Inf", ".NaN", "~", "null", "NULL", "", "1_000", "1:20",
-    "190:20:30.15", "2001-12-14", "2001-12-14t21:59:43.10-05:00", "3", "-1", "+1", "1.5", "=", "<<", "- x",
-    "? x", "a: b", "a #b", "#c", "[1]", "{a: 1}", "&a", "*a", "!!str", "%TAG", "@x", "`x", "|",
-    ">", "'", '"', "\\", " lead", "trail ", "--flag", "---", "...",
+    "190:20:30.15", "2001-12-14", "2001-12-14t21:59:43.10-05:00", "3", "-1", "+1", "1.5", "=",
+    "<<", "- x", "? x", "a: b", "a #b", "#c", "[1]", "{a: 1}", "&a", "*a", "!!str", "%TAG", "@x",
+    "`x", "|", ">", "'", '"', "\\", " lead", "trail ", "--flag", "---", "...",
 ]
 # Values that end a line, a comment or a document, or run something, when written as they are.
 BREAKERS = [
