@@ -41,7 +41,7 @@ class Limit:
 NODES = Limit("nodes", 65536)
 PROCESSES = Limit("processes", 1 << 20)  # a world size; global ranks are below it
 PER_NODE = Limit("processes per node", 1024)  # CPU workers may outnumber GPUs
-GPUS = Limit("GPUs per node", 64)  # 8 GPUs x 7 MIG slices = 56
+GPUS = Limit("GPUs per node", 256)  # as `render` allows; 8 GPUs x 8 partitions = 64 today
 PORTS = Limit("port", 65535)
 _MAX_DIGITS = 18  # checked before int(): Python refuses over 4300 digits with a traceback
 
@@ -89,12 +89,6 @@ def count(name: str, raw: str | None, limit: Limit, *, allow_zero: bool = False)
 def index(name: str, raw: str | None, limit: Limit = PROCESSES) -> int:
     """A 0-based index (rank, node rank) below the limit; `below` then checks it in the job."""
     return number(name, raw, low=0, high=limit.high - 1, example=0)
-
-
-def positive_int(name: str, raw: str | None, *, allow_zero: bool = False,
-                 limit: Limit = PROCESSES) -> int:
-    """A count, for callers that do not name a kind (command-line options)."""
-    return count(name, raw, limit, allow_zero=allow_zero)
 
 
 def port(name: str, raw: str | None) -> int:

@@ -56,9 +56,9 @@ REFUSED = [
      {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node[0-999999999]"}, "SLURM_JOB_NODELIST",
      "names 1000000000 hosts, above the limit of 65536"),
     ("GPUS_PER_NODE=1000000000", {"NNODES": "1", "GPUS_PER_NODE": "1000000000"},
-     "GPUS_PER_NODE", "above the limit of 64 GPUs per node"),
+     "GPUS_PER_NODE", "above the limit of 256 GPUs per node"),
     ("ENTRYPOINT_GPUS_PER_NODE=10**30", {"ENTRYPOINT_GPUS_PER_NODE": "1" + "0" * 30},
-     "ENTRYPOINT_GPUS_PER_NODE", "above the limit of 64"),
+     "ENTRYPOINT_GPUS_PER_NODE", "above the limit of 256"),
     ("SLURM_PROCID=16 of 16", SLURM | {"SLURM_NTASKS": "16", "SLURM_PROCID": "16",
                                        "SLURM_LOCALID": "0"},
      "SLURM_PROCID", "below the step's 16 tasks"),
@@ -232,7 +232,7 @@ def test_device_list_reads_as_cuda_does(raw, ids):
 @pytest.mark.parametrize(("raw", "words"), [
     ("0,0", "twice"), ("00,0", "twice"), ("GPU-1,GPU-1", "twice"), ("0,,1", "empty entry"),
     ("all", "no GPU at all"), ("0,-1", "neither a GPU index nor a UUID"),
-    ("64", "above the limit of 63"), ("gpu0", "neither"), ("²", "neither"),
+    ("256", "above the limit of 255"), ("gpu0", "neither"), ("²", "neither"),
 ])
 def test_device_list_refusals(raw, words):
     with pytest.raises(ConfigError) as err:
