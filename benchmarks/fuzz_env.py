@@ -38,11 +38,12 @@ def main() -> int:
     outcomes: collections.Counter[str] = collections.Counter()
     refusals: collections.Counter[str] = collections.Counter()
     problems: list[str] = []
-    slowest = (0.0, None)
+    slowest = (0.0, None)  # by CPU time: wall time on a shared machine measures the others too
+    slowest_wall = 0.0
     started = time.perf_counter()
     for case in range(args.cases):
         env, node, command = draw(rng.choice)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             plan = plan_once(env, node, command)
         except ConfigError as err:
@@ -62,18 +63,21 @@ def main() -> int:
             outcomes["planned, invariants broken" if broken else "planned"] += 1
             if broken:
                 problems.append(f"case {case}: {broken}\n  env={env!r}")
-        took = time.perf_counter() - t0
+        took, wall = time.process_time() - c0, time.perf_counter() - t0
+        slowest_wall = max(slowest_wall, wall)
         if took > slowest[0]:
             slowest = (took, env)
         if took > args.limit_s:
-            outcomes[f"over {args.limit_s:g} s"] += 1
-            problems.append(f"case {case}: {took:.2f} s\n  env={str(env)[:500]}")
+            outcomes[f"over {args.limit_s:g} s of CPU"] += 1
+            problems.append(f"case {case}: {took:.2f} s of CPU\n  env={str(env)[:500]}")
     total = time.perf_counter() - started
 
     print(f"fuzz_env: {args.cases} environments (seed {args.seed}) in {total:.1f} s, "
-          f"{total / args.cases * 1e3:.2f} ms each on average, slowest {slowest[0] * 1e3:.0f} ms")
+          f"{total / args.cases * 1e3:.2f} ms each on average; slowest {slowest[0] * 1e3:.0f} ms "
+          f"of CPU, {slowest_wall * 1e3:.0f} ms of wall time")
     for outcome, n in outcomes.most_common():
         print(f"  {outcome:<32} {n:>7}")
+    print(f"  slowest case (CPU): {str(slowest[1])[:300]}")
     print("  most refused variables: " + ", ".join(f"{v} {n}" for v, n in refusals.most_common(8)))
     for problem in problems[:20]:
         print(problem)

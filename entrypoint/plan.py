@@ -208,6 +208,20 @@ def _placed(reading: Reading, sources: dict[str, str]) -> tuple[int, int] | None
     return reading.rank.value, reading.local_rank.value
 
 
+def _inside(placed: tuple[int, int], nnodes: int, nproc: int, sources: dict[str, str]) -> None:
+    """A process the platform started must lie inside the job as planned: ENTRYPOINT_NNODES or
+    ENTRYPOINT_NPROC_PER_NODE may not shrink the job around it."""
+    for (value, size, what), key in zip(((placed[0], nnodes * nproc, "the world size"),
+                                         (placed[1], nproc, "the processes per node")),
+                                        ("rank", "local_rank"), strict=True):
+        if value >= size:
+            raise ConfigError(variable_of(sources[key]), value,
+                              f"is outside the job as planned: {what} is {size} ({nnodes} nodes "
+                              f"x {nproc} per node)",
+                              f"Leave {PREFIX}NNODES and {PREFIX}NPROC_PER_NODE unset when the "
+                              "platform started every process, or make them match it")
+
+
 def _layout(env: Mapping[str, str], settings: Settings, reading: Reading, master: str,
             nproc: int, n_gpus: int, cuda_visible: str | None, python: str,
             placed: tuple[int, int] | None) -> Layout:
@@ -261,6 +275,8 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
     nproc = _nproc(settings, reading, launcher, device, n_gpus, out.sources)
     out.sources["world_size"] = f"nnodes {nnodes} x nproc_per_node {nproc}"
     placed = _placed(reading, out.sources)
+    if placed:
+        _inside(placed, nnodes, nproc, out.sources)
     cuda_visible = None
     if device == "cuda":
         chosen = visible if (launcher is Launcher.JAX or not spawn) else visible[:nproc]

@@ -69,10 +69,11 @@ def number(name: str, raw: str | None, *, low: int, high: int, noun: str = "",
         what = "a positive whole number" if low >= 1 else "a whole number"
         raise ConfigError(name, raw, f"not {what} (ASCII digits 0-9 only, no sign)",
                           f"Set {name} to a number from {low} to {high}, for example {example}")
-    if len(text.lstrip("0")) > _MAX_DIGITS or int(text) > high:
+    significant = text.lstrip("0") or "0"  # int() refuses 4300 digits, zeros included
+    if len(significant) > _MAX_DIGITS or int(significant) > high:
         raise ConfigError(name, raw, f"is above the limit of {high}{unit}",
                           f"Set {name} to a number from {low} to {high}")
-    value = int(text)
+    value = int(significant)
     if value < low:
         problem = "not a positive whole number" if low == 1 else f"is below {low}"
         raise ConfigError(name, raw, problem,

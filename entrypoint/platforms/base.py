@@ -153,6 +153,11 @@ def node_reading(
                           f"makes {nnodes.value} nodes ({nnodes.source}), above the limit of "
                           f"{NODES.high}", "Run at most that many nodes in one job")
     below(variable_of(node_rank.source), node_rank.value, variable_of(nnodes.source), nnodes.value)
+    per_node = more.get("nproc_per_node")
+    if per_node is not None and per_node.value > PER_NODE.high:
+        raise ConfigError(variable_of(per_node.source), per_node.value,
+                          f"makes {per_node.value} processes per node ({per_node.source}), above "
+                          f"the limit of {PER_NODE.high}", "Start at most that many per node")
     return Reading(
         platform=platform,
         nnodes=nnodes,

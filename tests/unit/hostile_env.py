@@ -77,8 +77,8 @@ TEMPLATES: dict[str, dict[str, str]] = {
 
 NUMBERS = ["0", "1", "2", "3", "7", "8", "9", "15", "16", "17", "64", "256", "257", "1023", "1024",
            "1025", "65535", "65536", "65537", "1048576", "1048577", "99999999999999999999",
-           "1" + "0" * 30, "9" * 5000, "-1", "+1", "++1", "²", "١٢", "1_000", "1e3", "0x10",
-           " 2 ", "02", "2.5", "nan", "inf", "-0"]
+           "1" + "0" * 30, "9" * 5000, "0" * 5000, "0" * 4999 + "1", "-1", "+1", "++1", "²",
+           "١٢", "1_000", "1e3", "0x10", " 2 ", "02", "2.5", "nan", "inf", "-0"]
 BLANKS = ["", " ", "\t", "\n"]
 HOSTS = ["10.0.0.1", "127.0.0.1", "localhost", "node-0", "::1", "[::1]", "fe80::1%eth0",
          "[fe80::1]:29500", "::1:29500", "10.0.0.1:29500", "worker 0", "host\nevil", "ünï",
@@ -91,8 +91,8 @@ LISTS = ["node[0-999999999]", "node[0-3]", "n1,n1", "gpu-[01-02]", "a[1-2]b[1-2]
          "\n".join(f"10.0.{i // 256}.{i % 256}" for i in range(2)),
          "1(x2)", "8(x2)", "2(x0)", "8(x65537)", "8(x2),4", "2,2", "(x2)", "8(x²)"]
 DEVICES = ["0,0", "-1", "0,1", "1,0", "GPU-0001", "GPU-0001,GPU-0001", "MIG-abc/1/0", "all",
-           "0,,1", "7", "8", "63", "255", "256", "0,1,2,3,4,5,6,7", "0,1,2,3,4,5,6,7,8", "0,-1", "void",
-           "none", "GPU-xyz,0"]
+           "0,,1", "7", "8", "63", "255", "256", "0,1,2,3,4,5,6,7", "0,1,2,3,4,5,6,7,8", "0,-1",
+           "void", "none", "GPU-xyz,0"]
 WORDS = ["auto", "cuda", "cpu", "gpu", "jax", "accelerate", "torchrun", "direct", "deepspeed",
          "slurm", "local", "mpi", "commercial", "sagemaker", "processes", "nodes", "true",
          "false", "8gpu", "cpu", "nonexistent"]
@@ -134,7 +134,7 @@ def draw(pick: Pick, template: str | None = None):
             env[key] = value
         elif action == "replace":
             env[key] = pick(VALUES)
-    for _ in range(pick((0, 0, 1, 1, 2, 3))):
+    for _ in range(pick((0, 0, 1, 1, 2, 3, 5))):
         env[pick(STRAYS)] = pick(VALUES)
     return env, facts(pick(GPU_COUNTS)), pick(COMMANDS)
 

@@ -174,10 +174,18 @@ def test_nnodes_by_hand_takes_the_master_given():
     assert (plan.nnodes, plan.node_rank, plan.master_addr) == (2, 1, "10.0.0.1")
 
 
+@pytest.mark.parametrize("setting", [{"ENTRYPOINT_NPROC_PER_NODE": "1"},
+                                     {"ENTRYPOINT_NNODES": "1", "ENTRYPOINT_NODE_RANK": "0"}])
+def test_settings_cannot_shrink_a_job_the_platform_started_around_its_rank(setting):
+    env = TEMPLATES["mpi"] | setting  # rank 9 of 16, 8 per node, started by mpirun
+    with pytest.raises(ConfigError, match="OMPI_COMM_WORLD_RANK='9': is outside the job"):
+        make_plan(env, node(8), ["python", "t.py"])
+
+
 # -- the readers' tables -----------------------------------------------------------------------
 
 @pytest.mark.parametrize(("raw", "value"), [("0", 0), ("7", 7), (" 8 ", 8), ("007", 7),
-                                            ("65536", 65536)])
+                                            ("65536", 65536), ("0" * 4999 + "1", 1)])
 def test_number_reads_ascii_digits(raw, value):
     assert number("X", raw, low=0, high=65536) == value
 
