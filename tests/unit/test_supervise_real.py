@@ -286,3 +286,173 @@ def test_a_lost_node_started_again_by_its_platform_joins_the_restart(nodes):
     assert c.wait() == {0: 0, 1: 0}, c.log(0)[-3000:]
     assert [(r["restart"], r["last_step"]) for r in c.reports()] == [(1, 60)] * 4
     assert "restarting every node's trainer (restart 1 of 1)" in c.log(0)
+
+
+# -- issue 16: the supervisor under faults ------------------------------------------------------
+
+def _signals_seen(c: Nodes, rank: int) -> list[int]:
+    path = c.tmp / "out" / f"signals{rank}"
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def _wait_for(path: Path, timeout: float = 60, poll: float = 0.01) -> None:
+    end = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(poll)
+
+
+@pytest.mark.parametrize("how,code,rank,launch", [
+    ("abort", 134, 3, {}),
+    ("255", 255, 1, {"ENTRYPOINT_LAUNCHER": "direct", "ENTRYPOINT_NPROC_PER_NODE": "1"})])
+def test_a_trainer_exit_code_above_128_is_a_failure_not_a_signal(nodes, how, code, rank, launch):
+    """A rank calls os.abort() (what XLA and NCCL do on a fatal error; under torchrun), or the
+    trainer itself exits 255 (no launcher): the healthy ranks get SIGTERM (before: SIGABRT, and
+    os.kill(pid, 127) for 255, a traceback and exit 1 on node 0), and every node exits with the
+    trainer's own code, named in node 0's summary (134, not torchrun's "-6")."""
+    c = nodes(FAULT_EXIT=f"{rank}:15:{how}", **launch)
+    c.start(0), c.start(1)
+    assert c.wait() == {0: code, 1: code}, c.log(0)[-3000:]
+    log0, log1 = c.log(0), c.log(1)
+    assert f"worker failed: rank {rank} on node 1" in log0 and f"exit code {code}" in log0
+    assert "exit code -6" not in log0
+    for healthy in range(rank):
+        assert set(_signals_seen(c, healthy)) <= {signal.SIGTERM}, _signals_seen(c, healthy)
+    assert "Traceback" not in "".join(line for line in (log0 + log1).splitlines()
+                                      if "entrypoint/" in line)
+    assert "preempt" not in log0 and "stopped on SIG" not in log0
+
+
+def test_a_trainer_that_exits_130_itself_is_restarted_like_any_failure(nodes):
+    c = nodes(FAULT_EXIT="3:15:130", FAULT_STEPS="50", ENTRYPOINT_MAX_RESTARTS="1")
+    c.start(0), c.start(1)
+    assert c.wait() == {0: 0, 1: 0}, c.log(0)[-3000:]
+    assert [(r["restart"], r["last_step"]) for r in c.reports()] == [(1, 50)] * 4
+    assert "restarting every node's trainer (restart 1 of 1)" in c.log(0)
+
+
+def test_sigterm_while_waiting_for_node_0_exits_143_at_once(nodes):
+    c = nodes(ENTRYPOINT_JOIN_TIMEOUT="60")
+    c.start(1)
+    time.sleep(2)
+    sent = time.monotonic()
+    c.procs[1].send_signal(signal.SIGTERM)
+    assert c.wait(30) == {1: 143}
+    assert time.monotonic() - sent < 3, c.log(1)
+    assert "received SIGTERM while waiting for node 0" in c.log(1)
+
+
+def _launcher_started(c: Nodes, rank: int) -> bool:
+    """torchrun runs on that node, and none of its workers yet."""
+    tree = _tree(c.procs[rank].pid)[1:]
+    launchers = [pid for pid in tree if _cmdline(pid).find(b"torch.distributed.run") >= 0]
+    return bool(launchers) and not any(_parent(pid) in launchers for pid in tree)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError):
+        return -1
+
+
+def test_sigterm_before_the_workers_exist_reaches_them_when_they_start(nodes):
+    """SIGTERM right after torchrun started, before it started any worker: the workers get it
+    as soon as they catch it, checkpoint and exit 143 on every node, long before the grace
+    runs out (before: 'forwarded to 0 worker process(es)', then killed at the grace's end)."""
+    c = nodes(ENTRYPOINT_GRACE_PERIOD="40")
+    c.start(0), c.start(1)
+    end = time.monotonic() + 60
+    while not _launcher_started(c, 1):
+        assert time.monotonic() < end, c.log(1)
+        time.sleep(0.01)
+    sent = time.monotonic()
+    c.procs[1].send_signal(signal.SIGTERM)
+    assert c.wait(90) == {0: 143, 1: 143}, c.log(1)[-3000:]
+    assert time.monotonic() - sent < 30
+    assert [r["signal"] for r in c.reports()] == [15] * 4
+    assert "reached" in c.log(1) and "worker(s) that started after" in c.log(1)
+
+
+def test_sigusr1_during_the_join_reaches_the_workers_once_they_run(nodes):
+    """SLURM's checkpoint warning (USR1) while node 0 waits for node 1: kept, and passed to the
+    workers once they catch it; the trainer checkpoints and every node exits 138."""
+    c = nodes()
+    c.start(0)
+    time.sleep(3)  # node 0 waits for node 1
+    c.procs[0].send_signal(signal.SIGUSR1)
+    time.sleep(1)
+    c.start(1)
+    assert c.wait(90) == {0: 138, 1: 138}, c.log(0)[-3000:]
+    got = c.reports()
+    assert [r["signal"] for r in got] == [10] * 4
+    assert sorted(set(_signals_seen(c, 0) + _signals_seen(c, 1))) == [10]  # ranks 0-1: node 0
+    assert "stopped on SIGUSR1, which node 0 (" in c.log(0)
+
+
+def test_sigterm_in_the_failure_window_stops_instead_of_restarting(nodes):
+    """A worker failed and restarts are left, but the job is being stopped (preemption):
+    every node exits 143 and no trainer starts again."""
+    c = nodes(FAULT_EXIT="3:15:3", ENTRYPOINT_MAX_RESTARTS="1", ENTRYPOINT_GRACE_PERIOD="20")
+    c.start(0), c.start(1)
+    _wait_for(c.tmp / "out" / "exiting3")
+    c.procs[0].send_signal(signal.SIGTERM)
+    assert c.wait(90) == {0: 143, 1: 143}, c.log(0)[-3000:]
+    assert not list((c.tmp / "out").glob("started*.1")), "a trainer was restarted"
+
+
+def test_a_stalled_stderr_on_node_0_never_blocks_its_control_plane(nodes, tmp_path):
+    """Node 0's stderr goes into a pipe nobody reads (a stuck log shipper), and its trainer
+    writes a lot to stderr: node 1's failure still reaches every node at once with the
+    trainer's code (before: node 1 stopped with 75 'node 0 silent', node 0 hung forever)."""
+    c = nodes(FAULT_EXIT="3:25:3", FAULT_NOISE="20")
+    out0 = open(tmp_path / "node0.log", "w")
+    c.procs[0] = subprocess.Popen(
+        [sys.executable, "-m", "entrypoint", "run", "--", "python", TRAINER],
+        env=c.env | {"NODE_RANK": "0"}, stdout=out0, stderr=subprocess.PIPE,
+        start_new_session=True)
+    c.start(1)
+    try:
+        assert c.wait(90) == {0: 3, 1: 3}, c.log(1)[-3000:]
+    finally:
+        c.procs[0].stderr.close()
+    assert "stopped by node 0: node 1" in c.log(1)
+
+
+def test_a_full_disk_under_the_log_dir_does_not_stop_the_job(nodes, tmp_path):
+    """ENTRYPOINT_LOG_DIR on a full disk (node0.log is /dev/full: every write fails with
+    ENOSPC): the job runs to its end, and the log says once that its file cannot be written."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "node0.log").symlink_to("/dev/full")
+    c = nodes(FAULT_STEPS="20", ENTRYPOINT_LOG_DIR=str(tmp_path / "logs"))
+    c.start(0), c.start(1)
+    assert c.wait() == {0: 0, 1: 0}, c.log(0)[-3000:]
+    assert c.log(0).count("No space left on device") == 1
+
+
+def test_the_trainer_dies_with_a_sigkilled_entrypoint_on_a_bare_machine(nodes):
+    """`kill -9` of the entrypoint (no container around it to take its children along): the
+    launcher and every worker are gone within the grace period."""
+    c = nodes(ENTRYPOINT_GRACE_PERIOD="5", NNODES="1")
+    c.start(0)
+    c.wait_training(2)
+    workers = [int((c.tmp / "out" / f"started{r}.0").read_text()) for r in range(2)]
+    launchers = [pid for pid in _tree(c.procs[0].pid)[1:]
+                 if b"torch.distributed.run" in _cmdline(pid)]
+    os.kill(c.procs[0].pid, signal.SIGKILL)
+    killed = time.monotonic()
+    c.procs[0].wait()
+    while [pid for pid in workers + launchers if _alive(pid)] and time.monotonic() - killed < 15:
+        time.sleep(0.1)
+    left = [pid for pid in workers + launchers if _alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"outlived the entrypoint by {time.monotonic() - killed:.1f} s"
+    assert time.monotonic() - killed < 5 + 3
