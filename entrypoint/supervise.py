@@ -636,15 +636,15 @@ class Node:
 
     def _deliver_late(self, signalled: int | None, signalled_at: float, now: float) -> None:
         """Workers that started after a signal arrived get it too: as soon as they catch it
-        (their handler is installed), or a stopping signal after half the grace period even
-        if they never do."""
+        (their handler is installed), or a stopping signal once 3/4 of the grace period are
+        spent even if they never do (its default action ends them)."""
         wanted = ([signalled] if signalled is not None else []) + self.pending
         if not wanted or self.launch.process.poll() is not None:
             return
         workers = self.launch.workers()
         if not workers:
             return
-        patience = self.settings.grace_period / 2
+        patience = self.settings.grace_period * 0.75
         for sig in wanted:
             got = self._delivered.setdefault(sig, set())
             new = [pid for pid in workers if pid not in got and (
