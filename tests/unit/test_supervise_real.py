@@ -456,3 +456,27 @@ def test_the_trainer_dies_with_a_sigkilled_entrypoint_on_a_bare_machine(nodes):
         os.kill(pid, signal.SIGKILL)
     assert not left, f"outlived the entrypoint by {time.monotonic() - killed:.1f} s"
     assert time.monotonic() - killed < 5 + 3
+
+
+def test_a_node_paused_and_replaced_during_training_joins_the_restart(nodes):
+    """Node 1 hangs whole (SIGSTOP: its sockets stay open) and its platform starts a
+    replacement, which says hello while the job still trains: node 0 restarts every node's
+    trainer with the newcomer in it (before: 'node 1 did not join', exit 75 on both)."""
+    c = nodes(ENTRYPOINT_MAX_RESTARTS="1", FAULT_STEPS="100", ENTRYPOINT_HEARTBEAT_TIMEOUT="60")
+    c.start(0), c.start(1)
+    c.wait_training(4)
+    old = c.procs[1]
+    paused = _tree(old.pid)
+    for pid in paused:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        c.start(1)  # the replacement
+        assert c.wait(150) == {0: 0, 1: 0}, c.log(0)[-3000:]
+    finally:
+        for pid in paused:
+            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGCONT)
+        old.wait()
+    assert [(r["restart"], r["last_step"]) for r in c.reports()] == [(1, 100)] * 4
+    log0 = c.log(0)
+    assert "started again while the job was running" in log0 and "did not join" not in log0
