@@ -315,7 +315,7 @@ def start(plan: Plan, env: Mapping[str, str], generation: int, echo: Callable[[s
 
 _ROOT_RANK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _ROOT_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
-_PREFIX = re.compile(r"^\[[a-z]*\d+\]:")
+_PREFIX = re.compile(r"^\[[a-z]*\d+\]: ?")
 
 
 def failure(plan: Plan, launch: Launch, code: int, log_dir: Path, lines: int = 12,

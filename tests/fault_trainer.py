@@ -8,6 +8,8 @@ FAULT_CRASH_SAY text added to that exception's message (a secret's value, to see
 FAULT_EXIT      "<rank>:<step>:<code>": that rank exits with that code (or "abort": os.abort(),
                 as XLA and NCCL do on a fatal error) at that step, on the first start only; it
                 writes <FAULT_OUT>/exiting<rank> first
+FAULT_HANG      "<rank>:<step>,...": those ranks hang at that step, deaf to SIGTERM (as a rank stuck
+                in an NCCL collective is)
 FAULT_NOISE     lines of 100 characters each rank writes to stderr every step
 Every signal a rank receives is appended to <FAULT_OUT>/signals<rank> (one number a line).
 """
@@ -29,6 +31,7 @@ pause = float(os.environ.get("FAULT_STEP_SECONDS", "0.05"))
 crash = os.environ.get("FAULT_CRASH", "")
 exit_at = os.environ.get("FAULT_EXIT", "")
 noise = int(os.environ.get("FAULT_NOISE", "0"))
+hang = os.environ.get("FAULT_HANG", "").split(",")
 restart = int(os.environ.get("ENTRYPOINT_RESTART_COUNT", "0"))
 stop_signal = None
 signal_at = None  # when a signal reached this rank itself (not through the shared flag)
@@ -65,6 +68,9 @@ for step in range(start + 1, steps + 1):
         if code == "abort":
             os.abort()
         os._exit(int(code))
+    if restart == 0 and f"{rank}:{step}" in hang:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(3600)
     for _ in range(noise):
         print(f"rank {rank} step {step} " + "n" * 80, file=sys.stderr)
     flag = torch.tensor([0 if stop_signal is None else stop_signal])

@@ -84,6 +84,13 @@ class Nodes:
             proc.wait()
 
 
+def _summary(log: str) -> str:
+    """Node 0's failure summary (a JSON line: the event, and the traceback's last lines)."""
+    (line,) = [json.loads(line) for line in log.splitlines()
+               if line.startswith("{") and "worker failed" in line]
+    return "\n".join([line["event"], *line.get("traceback", [])])
+
+
 def _tree(pid: int) -> list[int]:
     from entrypoint.supervise import descendants
 
@@ -103,14 +110,19 @@ def nodes(tmp_path):
         n.kill_everything()
 
 
-def test_a_crashing_worker_stops_every_node_and_node_0_shows_its_error_once(nodes):
-    c = nodes(FAULT_CRASH="3:15")
+def test_a_crashing_worker_stops_every_node_and_node_0_shows_its_error_once(nodes, tmp_path):
+    c = nodes(FAULT_CRASH="3:15", ENTRYPOINT_LOG_DIR=str(tmp_path / "logs"))
     c.start(0), c.start(1)
     assert c.wait() == {0: 1, 1: 1}  # the trainer's own code, on every node
     log0, log1 = c.log(0), c.log(1)
+    # The summary is one structured line (JSON here), in the node's log file too.
+    (summary,) = [json.loads(line) for line in (tmp_path / "logs" / "node0.log").open()
+                  if "worker failed" in line]
+    assert summary["event"].startswith("worker failed: rank 3 on node 1 (")
+    assert summary["event"].endswith("(local rank 1), exit code 1") and summary["level"] == "error"
+    assert summary["traceback"][-1] == "ValueError: injected failure on rank 3 at step 15"
     assert "worker failed: rank 3 on node 1" in log0 and "(local rank 1), exit code 1" in log0
-    summary = log0[log0.index("worker failed: rank 3"):]
-    assert "ValueError: injected failure on rank 3 at step 15" in summary.split("\n{")[0]
+    assert "ValueError: injected failure on rank 3 at step 15" in _summary(log0)
     assert log0.count("worker failed: rank 3") == 1
     assert "ChildFailedError" not in log0 + log1  # torchrun's own traceback is not repeated
     assert "stopped by node 0: node 1" in log1
@@ -265,8 +277,7 @@ def test_a_secret_in_a_workers_error_is_masked_in_every_log(nodes):
     c = nodes(FAULT_CRASH="3:15", FAULT_CRASH_SAY=f" (token={token})", HF_TOKEN=token)
     c.start(0), c.start(1)
     assert c.wait() == {0: 1, 1: 1}
-    summary = c.log(0)[c.log(0).index("worker failed: rank 3"):]
-    assert "injected failure on rank 3 at step 15 (token=***)" in summary
+    assert "injected failure on rank 3 at step 15 (token=***)" in _summary(c.log(0))
     assert "(token=***)" in c.log(1)  # relayed by node 1's entrypoint, masked
     assert token not in c.log(0) + c.log(1)
 
@@ -398,14 +409,24 @@ def test_sigusr1_during_the_join_reaches_the_workers_once_they_run(nodes):
 
 
 def test_sigterm_in_the_failure_window_stops_instead_of_restarting(nodes):
-    """A worker failed and restarts are left, but the job is being stopped (preemption):
-    every node exits 143 and no trainer starts again."""
-    c = nodes(FAULT_EXIT="3:15:3", ENTRYPOINT_MAX_RESTARTS="1", ENTRYPOINT_GRACE_PERIOD="20")
+    """Rank 3 exits 3 while node 0's ranks hang (deaf to SIGTERM, as ranks stuck in an NCCL
+    collective are), and restarts are left; node 0 receives SIGTERM (preemption) while it waits
+    for the other reports: every node exits 143 and no trainer starts again (before: the
+    failure was judged at the end of the window and every node restarted)."""
+    c = nodes(FAULT_EXIT="3:15:3", FAULT_HANG="0:15,1:15", ENTRYPOINT_MAX_RESTARTS="1",
+              ENTRYPOINT_GRACE_PERIOD="5")
     c.start(0), c.start(1)
+    _wait_for(c.tmp / "out" / "started3.0")
+    (launcher,) = [pid for pid in _tree(c.procs[1].pid)[1:]
+                   if b"torch.distributed.run" in _cmdline(pid)]
     _wait_for(c.tmp / "out" / "exiting3")
+    while _alive(launcher):  # node 1's trainer has ended
+        time.sleep(0.01)
+    time.sleep(0.5)  # node 1 has reported its failure; node 0 waits 3 s for more reports
     c.procs[0].send_signal(signal.SIGTERM)
     assert c.wait(90) == {0: 143, 1: 143}, c.log(0)[-3000:]
     assert not list((c.tmp / "out").glob("started*.1")), "a trainer was restarted"
+    assert "no restart: node 0 (" in c.log(0)
 
 
 def test_a_stalled_stderr_on_node_0_never_blocks_its_control_plane(nodes, tmp_path):
