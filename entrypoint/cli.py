@@ -150,8 +150,8 @@ def run_plan(plan, facts, env: dict[str, str]) -> int:
              world_size=plan.world_size, master=f"{plan.master_addr}:{plan.master_port or 'auto'}",
              device=plan.device, cuda_visible_devices=plan.cuda_visible_devices,
              config=plan.config, launcher=plan.launcher, ranks=report.rank_line(plan))
-    if plan.node_rank == 0:
-        print(report.table(plan, values), file=sys.stderr, flush=True)
+    if plan.node_rank == 0:  # through the log writer: in order, and never blocking
+        logs.writer().put(report.table(plan, values), to_file=False)
     launch.check_command(plan, env)
     plan_file = launch.apply(plan, Path(settings.run_dir) / f"node{plan.node_rank}")
     log.info("start", command=secrets.mask(shlex.join(plan.command), values))

@@ -8,8 +8,14 @@ trainer itself) instead of exec'ing it, because only a process that outlives the
 - forward SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 to the workers within a second and kill
   them when ENTRYPOINT_GRACE_PERIOD runs out (torchrun's own deadline is a fixed 30 s);
 - show the failing rank's error once, restart every node's trainer together, and exit with a
-  code a platform's retry policy can use;
-- be a child subreaper, so that no worker outlives it.
+  code a platform's retry policy can use (the failing rank's own code: an exit above 128 is a
+  signal only when a node received that signal);
+- be a child subreaper, give the launcher a parent-death signal and keep a guard process
+  beside it, so that no worker outlives it, even when it is SIGKILLed outside a container.
+
+Signals are taken at any moment: while waiting for node 0 (the connect is interrupted), during
+the join and restarts (kept, or said to node 0), and before the workers exist (passed to each
+worker once it catches the signal).
 """
 
 from __future__ import annotations

@@ -306,6 +306,15 @@ def _signals_seen(c: Nodes, rank: int) -> list[int]:
     return [int(x) for x in path.read_text().split()] if path.exists() else []
 
 
+def measured(case: str, seconds: float) -> None:
+    """`pytest -s` prints these: the README's fault table (loopback rows) comes from them."""
+    print(f"MEASURED {case}: {seconds:.1f} s")
+
+
+def _since(path: Path) -> float:
+    return time.time() - path.stat().st_mtime
+
+
 def _wait_for(path: Path, timeout: float = 60, poll: float = 0.01) -> None:
     end = time.monotonic() + timeout
     while not path.exists():
@@ -332,6 +341,8 @@ def test_a_trainer_exit_code_above_128_is_a_failure_not_a_signal(nodes, how, cod
     assert "Traceback" not in "".join(line for line in (log0 + log1).splitlines()
                                       if "entrypoint/" in line)
     assert "preempt" not in log0 and "stopped on SIG" not in log0
+    measured(f"trainer exit {how}: every node exited {code}",
+             _since(c.tmp / "out" / f"exiting{rank}"))
 
 
 def test_a_trainer_that_exits_130_itself_is_restarted_like_any_failure(nodes):
@@ -350,6 +361,7 @@ def test_sigterm_while_waiting_for_node_0_exits_143_at_once(nodes):
     c.procs[1].send_signal(signal.SIGTERM)
     assert c.wait(30) == {1: 143}
     assert time.monotonic() - sent < 3, c.log(1)
+    measured("SIGTERM while waiting for node 0: exited 143", time.monotonic() - sent)
     assert "received SIGTERM while waiting for node 0" in c.log(1)
 
 
@@ -388,6 +400,7 @@ def test_sigterm_before_the_workers_exist_reaches_them_when_they_start(nodes):
     c.procs[1].send_signal(signal.SIGTERM)
     assert c.wait(90) == {0: 143, 1: 143}, c.log(1)[-3000:]
     assert time.monotonic() - sent < 60  # not killed when the grace ran out
+    measured("SIGTERM before the workers existed: all exited 143", time.monotonic() - sent)
     assert [r["signal"] for r in c.reports()] == [15] * 4  # they caught it and checkpointed
     assert "reached" in c.log(1) and "worker(s) that started after" in c.log(1)
 
@@ -423,10 +436,12 @@ def test_sigterm_in_the_failure_window_stops_instead_of_restarting(nodes):
     while _alive(launcher):  # node 1's trainer has ended
         time.sleep(0.01)
     time.sleep(0.5)  # node 1 has reported its failure; node 0 waits 3 s for more reports
+    sent = time.monotonic()
     c.procs[0].send_signal(signal.SIGTERM)
     assert c.wait(90) == {0: 143, 1: 143}, c.log(0)[-3000:]
     assert not list((c.tmp / "out").glob("started*.1")), "a trainer was restarted"
     assert "no restart: node 0 (" in c.log(0)
+    measured("SIGTERM in the failure window: both exited 143 (grace 5 s)", time.monotonic() - sent)
 
 
 def test_a_stalled_stderr_on_node_0_never_blocks_its_control_plane(nodes, tmp_path):
@@ -445,6 +460,8 @@ def test_a_stalled_stderr_on_node_0_never_blocks_its_control_plane(nodes, tmp_pa
     finally:
         c.procs[0].stderr.close()
     assert "stopped by node 0: node 1" in c.log(1)
+    measured("node 0's stderr stalled, a worker exits 3: both exited 3",
+             _since(c.tmp / "out" / "exiting3"))
 
 
 def test_a_full_disk_under_the_log_dir_does_not_stop_the_job(nodes, tmp_path):
@@ -472,11 +489,13 @@ def test_the_trainer_dies_with_a_sigkilled_entrypoint_on_a_bare_machine(nodes):
     c.procs[0].wait()
     while [pid for pid in workers + launchers if _alive(pid)] and time.monotonic() - killed < 15:
         time.sleep(0.1)
+    gone = time.monotonic() - killed
     left = [pid for pid in workers + launchers if _alive(pid)]
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"outlived the entrypoint by {time.monotonic() - killed:.1f} s"
     assert time.monotonic() - killed < 5 + 3
+    measured("entrypoint SIGKILLed: launcher and workers gone", gone)
 
 
 def test_a_node_paused_and_replaced_during_training_joins_the_restart(nodes):
@@ -492,6 +511,9 @@ def test_a_node_paused_and_replaced_during_training_joins_the_restart(nodes):
         os.kill(pid, signal.SIGSTOP)
     try:
         c.start(1)  # the replacement
+        replaced = time.monotonic()
+        _wait_for(c.tmp / "out" / "started3.1", timeout=120)
+        measured("node replaced: training again", time.monotonic() - replaced)
         assert c.wait(150) == {0: 0, 1: 0}, c.log(0)[-3000:]
     finally:
         for pid in paused:
