@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import shlex
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from entrypoint.conductor import ALL, Conductor, Limits, Log, Send
+from entrypoint.conductor import Conductor, Limits, Log, Send
 from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
 
 FP = {"image_lock": "abc", "torch": "2.10.0", "packages": {"torch": "2.10.0"}}

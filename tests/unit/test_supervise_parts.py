@@ -4,7 +4,6 @@ of torchrun's log directories, exit statuses within 0-255."""
 
 import os
 import time
-from pathlib import Path
 
 import pytest
 

@@ -449,11 +449,11 @@ def test_a_stalled_stderr_on_node_0_never_blocks_its_control_plane(nodes, tmp_pa
     writes a lot to stderr: node 1's failure still reaches every node at once with the
     trainer's code (before: node 1 stopped with 75 'node 0 silent', node 0 hung forever)."""
     c = nodes(FAULT_EXIT="3:25:3", FAULT_NOISE="20")
-    out0 = open(tmp_path / "node0.log", "w")
-    c.procs[0] = subprocess.Popen(
-        [sys.executable, "-m", "entrypoint", "run", "--", "python", TRAINER],
-        env=c.env | {"NODE_RANK": "0"}, stdout=out0, stderr=subprocess.PIPE,
-        start_new_session=True)
+    with open(tmp_path / "node0.log", "w") as out0:
+        c.procs[0] = subprocess.Popen(
+            [sys.executable, "-m", "entrypoint", "run", "--", "python", TRAINER],
+            env=c.env | {"NODE_RANK": "0"}, stdout=out0, stderr=subprocess.PIPE,
+            start_new_session=True)
     c.start(1)
     try:
         assert c.wait(90) == {0: 3, 1: 3}, c.log(1)[-3000:]
