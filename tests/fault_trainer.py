@@ -10,6 +10,8 @@ FAULT_EXIT      "<rank>:<step>:<code>": that rank exits with that code (or "abor
                 writes <FAULT_OUT>/exiting<rank> first
 FAULT_HANG      "<rank>:<step>,...": those ranks hang at that step, deaf to SIGTERM (as a rank stuck
                 in an NCCL collective is)
+FAULT_WAIT      "<rank>:<step>,...": those ranks wait at that step (outside any collective) until a
+                signal comes, then record it and exit 128 + its number
 FAULT_NOISE     lines of 100 characters each rank writes to stderr every step
 Every signal a rank receives is appended to <FAULT_OUT>/signals<rank> (one number a line).
 """
@@ -32,6 +34,8 @@ crash = os.environ.get("FAULT_CRASH", "")
 exit_at = os.environ.get("FAULT_EXIT", "")
 noise = int(os.environ.get("FAULT_NOISE", "0"))
 hang = os.environ.get("FAULT_HANG", "").split(",")
+wait_at = os.environ.get("FAULT_WAIT", "").split(",")
+waiting = False
 restart = int(os.environ.get("ENTRYPOINT_RESTART_COUNT", "0"))
 stop_signal = None
 signal_at = None  # when a signal reached this rank itself (not through the shared flag)
@@ -41,6 +45,8 @@ def on_signal(number, _frame):
     global stop_signal, signal_at
     with open(out / f"signals{os.environ.get('RANK', '?')}", "a") as seen:
         seen.write(f"{number}\n")
+    if waiting:
+        os._exit(128 + number)
     if number in (signal.SIGTERM, signal.SIGUSR1):
         stop_signal = number
         signal_at = signal_at or time.time()
@@ -68,6 +74,9 @@ for step in range(start + 1, steps + 1):
         if code == "abort":
             os.abort()
         os._exit(int(code))
+    if restart == 0 and f"{rank}:{step}" in wait_at:
+        waiting = True
+        time.sleep(3600)
     if restart == 0 and f"{rank}:{step}" in hang:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         time.sleep(3600)
