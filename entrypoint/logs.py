@@ -51,6 +51,13 @@ def _lines_below(_logger, _name, event_dict):
     return event_dict
 
 
+def _traceback_last(_logger, _name, event_dict):
+    """JSON: the event first, then the traceback's lines (a list), as one reads them."""
+    if "traceback" in event_dict:
+        event_dict["traceback"] = event_dict.pop("traceback")
+    return event_dict
+
+
 class Writer(threading.Thread):
     """The one thread that writes this process's log lines: to stderr (fd 2, unbuffered, so
     that no lock is held by a blocked write) and to the node's log file."""
@@ -172,7 +179,7 @@ def setup(*, node_rank: int | None = None, level: str = "info", fmt: str = "auto
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             _masker(secret_values),
-            *([_lines_below] if console else []),
+            _lines_below if console else _traceback_last,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(threshold),
