@@ -345,16 +345,17 @@ def failure(plan: Plan, launch: Launch, code: int, log_dir: Path, lines: int = 1
     tail: list[str] = []
     killed = ""  # how the launcher itself died, when a signal killed it
     when = seen if seen is not None else time.time()
+    read = False  # the rank's own stderr was read (empty when a signal ended it silently)
     if local is not None and launch.spawns_workers:
         runs = sorted(log_dir.glob("*/attempt_*/"), key=lambda p: p.stat().st_mtime)
         if runs:
             path = runs[-1] / str(local) / "stderr.log"
             try:
                 tail = [_PREFIX.sub("", line) for line in _tail(path, lines)]  # torch's [rankN]:
-                when = path.stat().st_mtime
+                when, read = path.stat().st_mtime, True
             except OSError:
                 tail = []
-    if not tail:  # the trainer itself, or no per-rank file: the launcher's own last lines
+    if not tail and not read:  # the trainer itself, or no per-rank file: the launcher's lines
         tail = [_PREFIX.sub("", line) for line in text if "Root Cause" not in line][-lines:]
     if launch.spawns_workers and exitcode is None and code < 0:
         # The launcher itself was killed (OOM killer, a stray kill): its workers are orphans.
