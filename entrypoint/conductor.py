@@ -137,7 +137,8 @@ class Conductor:
                 actions += self.hello(member, message, now, wall_now)
             return actions
         if self.phase == END:
-            return [Send(member, self._stop_message(*self.outcome)), Close(member)]
+            code, reason = self.outcome or (EXIT_PEERS, "the job has ended")
+            return [Send(member, self._stop_message(code, reason)), Close(member)]
         self.members[member] = _State(
             host=host, joined_at=now, last_seen=now,
             fingerprint=dict(message.get("fingerprint") or {}),

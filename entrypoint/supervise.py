@@ -135,7 +135,8 @@ class Guard:
     (see _GUARD). Closing its pipe, or this process's death, sets it off."""
 
     def __init__(self, grace: float) -> None:
-        read, self._write = os.pipe()
+        read, write = os.pipe()
+        self._write: int | None = write
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", _GUARD, str(os.getpid()), str(grace)],
@@ -143,7 +144,7 @@ class Guard:
                 start_new_session=True, close_fds=True)
         finally:
             os.close(read)
-        os.set_inheritable(self._write, False)
+        os.set_inheritable(write, False)
 
     @property
     def pid(self) -> int:
@@ -359,7 +360,7 @@ def failure(plan: Plan, launch: Launch, code: int, log_dir: Path, lines: int = 1
         tail = [_PREFIX.sub("", line) for line in text if "Root Cause" not in line][-lines:]
     if launch.spawns_workers and exitcode is None and code < 0:
         # The launcher itself was killed (OOM killer, a stray kill): its workers are orphans.
-        command = launch.command or tuple(launch.process.args)
+        command = launch.command or tuple(str(arg) for arg in launch.process.args)
         launcher = " ".join([Path(command[0]).name, *command[1:3]])
         killed = f"the launcher ({launcher}) was killed by {signal.Signals(-code).name}"
         tail, exitcode = [*tail, killed], code
