@@ -1,5 +1,5 @@
 """What the preflight costs before the first training step: every node joins node 0 over the
-entrypoints' channel and node 0 compares their fingerprints (entrypoint/supervise.py's join).
+entrypoints' channel and node 0 compares their fingerprints (entrypoint/join.py and supervise.py).
 
 Simulated nodes are processes on loopback. Each does what a node's entrypoint does before
 launch: fingerprint.collect() (files, package metadata), connect to node 0's control.Server,
@@ -21,7 +21,7 @@ import time
 
 
 def node(member: int, port: int) -> None:
-    """One simulated node: ready, wait for the start line, then join as supervise.Node does."""
+    """One simulated node: ready, wait for the start line, then join as supervise.Supervisor does."""
     from entrypoint import control, fingerprint
 
     print("ready", flush=True)

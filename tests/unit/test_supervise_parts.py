@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from entrypoint import logs, supervise
+from entrypoint import failures, logs
+from entrypoint.launcher_process import exit_status
 
 
 def test_the_log_writer_never_blocks_on_a_pipe_nobody_reads_and_counts_what_it_drops():
@@ -64,20 +65,20 @@ def test_the_summary_reads_only_the_tail_of_a_long_rank_log(tmp_path):
         for i in range(200000):  # ~3 MB
             f.write(f"noise line {i}\n")
         f.write("Traceback (most recent call last):\nValueError: the real error\n")
-    assert supervise._tail(path, 2) == ["Traceback (most recent call last):",
+    assert failures.tail(path, 2) == ["Traceback (most recent call last):",
                                         "ValueError: the real error"]
-    assert len(supervise._tail(path, 10**6)) < 5000  # at most 64 kB were read
+    assert len(failures.tail(path, 10**6)) < 5000  # at most 64 kB were read
 
 
 def test_restarts_keep_only_the_last_log_directories(tmp_path):
     for i in range(6):
         (tmp_path / f"run{i}" / "attempt_0").mkdir(parents=True)
         os.utime(tmp_path / f"run{i}", (1000 + i, 1000 + i))
-    supervise._prune(tmp_path, keep=3)
+    failures.prune(tmp_path, keep=3)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run4", "run5"]  # + the next start's
 
 
 @pytest.mark.parametrize("returncode,status", [(0, 0), (3, 3), (255, 255), (-6, 134),
                                                (-9, 137), (-15, 143), (134, 134)])
 def test_exit_statuses_are_the_shells_and_within_0_255(returncode, status):
-    assert supervise.exit_status(returncode) == status
+    assert exit_status(returncode) == status

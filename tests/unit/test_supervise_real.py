@@ -92,7 +92,7 @@ def _summary(log: str) -> str:
 
 
 def _tree(pid: int) -> list[int]:
-    from entrypoint.supervise import descendants
+    from entrypoint.procs import descendants
 
     return [pid, *descendants(pid)]
 
