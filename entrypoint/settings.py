@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from entrypoint.errors import ConfigError
@@ -45,8 +45,11 @@ class Settings(BaseSettings):
     xla_mem_fraction: float | None = Field(None, gt=0, le=1, description="JAX: sets XLA_PYTHON_CLIENT_MEM_FRACTION.")
     control_port: int | None = Field(None, ge=1, le=65535, description="Port of the entrypoints' own channel on node 0 (join, checks, heartbeats); default MASTER_PORT + 1.")
     join_timeout: float = Field(300, gt=0, description="Seconds `run` waits for node 0 to answer and for every node to join before it stops with exit 75.")
-    heartbeat_interval: float = Field(5, gt=0, description="Seconds between heartbeats between the nodes' entrypoints.")
-    heartbeat_timeout: float = Field(30, gt=0, description="A node silent this long (paused, hung, cut off) is lost: every node stops with exit 75.")
+    heartbeat_interval: float = Field(1, gt=0, description="Seconds between heartbeats between the nodes' entrypoints.")
+    heartbeat_timeout: float = Field(5, gt=0, description="A node silent this long (paused, hung, cut off) is lost: every node stops with exit 75.")
+    job_id: str | None = Field(None, description="Names the job; a node whose job differs is refused at the join. Default: the platform's job id (SLURM_JOB_ID...), where it has one.")
+    job_token: SecretStr | None = Field(None, description="A secret shared by the job's nodes (16+ characters): a node must prove it (HMAC over a challenge; never sent) to join.")
+    job_token_file: Path | None = Field(None, description="A file holding the job token (a mounted Kubernetes Secret, a file in the job's directory), instead of ENTRYPOINT_JOB_TOKEN.")
     collective_timeout: int = Field(600, ge=10, description="Process-group timeout in seconds for a rank that is alive but stuck in a collective (DEEPSPEED_TIMEOUT, the built-in jobs); node loss is caught by heartbeats long before.")
     grace_period: float = Field(25, ge=0, description="Seconds workers get after SIGTERM to checkpoint and exit before they are killed; keep it below the platform's (Kubernetes: terminationGracePeriodSeconds, 30 s).")
     max_restarts: int = Field(0, ge=0, description="Restart every node's trainer together this many times after a worker fails; the built-in job resumes from its checkpoint.")

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from entrypoint import control, fingerprint, secrets
+from entrypoint.identity import TOKEN_VARIABLE, Identity, job_identity, read_token
 from entrypoint.conductor import STOPPING, Conductor, Limits
 from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
 from entrypoint.plan import Plan
@@ -37,6 +38,9 @@ from entrypoint.settings import Settings
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _PR_SET_CHILD_SUBREAPER = 36
 _PEER_STOP_GRACE = 10.0  # seconds for workers to exit after another node failed
+# After a lost node the workers hang in their next collective: no checkpoint can complete, so
+# they get a moment to flush logs, then are killed (the 10 s bound from fault to exit).
+_LOST_PEER_GRACE = 2.0
 # A crash breaks its peers' collectives a moment later: node 0 waits this long for every
 # node's report before it names the first failure as the cause.
 _FAILURE_WINDOW = 3.0
@@ -270,8 +274,12 @@ class Stats:
 class Node:
     def __init__(self, plan: Plan, env: Mapping[str, str], settings: Settings, log,
                  echo: Callable[[str], None] | None = None) -> None:
-        self.plan, self.env, self.settings, self.log = plan, env, settings, log
+        self.plan, self.settings, self.log = plan, settings, log
         self.secret_values = secrets.secret_values(env)
+        token = settings.job_token.get_secret_value() if settings.job_token else None
+        self.identity = Identity(job_identity(env, plan.platform, settings.job_id),
+                                 read_token(token, settings.job_token_file))
+        self.env = {k: v for k, v in env.items() if k != TOKEN_VARIABLE}  # not the trainer's
         raw_echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
         # The trainer's stderr passes through here: a token in a traceback is masked too.
         self.echo = lambda line: raw_echo(secrets.mask(line, self.secret_values))
@@ -305,8 +313,8 @@ class Node:
                 getattr(self.log, level)(stop.reason, exit_code=stop.code)
             return stop.code
         except control.PeersError as err:
-            self.log.error(str(err), exit_code=EXIT_PEERS)
-            return EXIT_PEERS
+            self.log.error(str(err), exit_code=err.exit_code)
+            return err.exit_code
         finally:
             self._cleanup()
 
@@ -324,19 +332,20 @@ class Node:
             conductor = Conductor(self.expected, limits, time.monotonic(), unit=self.unit,
                                   address=f"{host}:{port or 'auto'}")
             self.server = control.Server(conductor, port or 0, heartbeat_interval=
-                                         s.heartbeat_interval, log=self._server_log, bind=bind)
+                                         s.heartbeat_interval, log=self._server_log, bind=bind,
+                                         identity=self.identity)
             self.server.start()
             if port is None:
                 host, port = "127.0.0.1", self.server.port
         self.channel = control.connect(host, port, timeout=s.join_timeout,
-                                       log=lambda line: self.log.warning(line))
+                                       log=lambda line: self.log.warning(line),
+                                       identity=self.identity)
         self._hello()
 
     def _hello(self) -> None:
         fp = fingerprint.collect(gpus_per_node=self.plan.gpus_per_node,
                                  gpu_names=self.plan.gpu_names, data_dir=self.settings.data_dir)
-        fp["layout"] = (f"{self.plan.nnodes} nodes x {self.plan.nproc_per_node} workers, "
-                        f"master {self.plan.master_addr}")
+        fp["layout"] = fingerprint.layout(self.plan)
         self.channel.send({"t": "hello", "protocol": control.PROTOCOL, "member": self.member,
                            "node_rank": self.plan.node_rank, "host": socket.gethostname(),
                            "generation": self.generation, "time": time.time(),
@@ -464,7 +473,8 @@ class Node:
         elif running:
             # Another node failed or was preempted: the workers stop too (checkpointing when a
             # signal started it), and are killed if they do not.
-            grace = self.settings.grace_period if code > 128 else _PEER_STOP_GRACE
+            grace = self.settings.grace_period if code > 128 else \
+                _LOST_PEER_GRACE if code == EXIT_PEERS else _PEER_STOP_GRACE
             sig = code - 128 if code > 128 else signal.SIGTERM
             self.launch.forward(sig)
             self._wait_launcher(grace)
@@ -477,7 +487,7 @@ class Node:
         if self.channel.closed:
             if self.launch is not None and self.launch.process.poll() is None:
                 self.launch.forward(signal.SIGTERM)
-                self._wait_launcher(_PEER_STOP_GRACE)
+                self._wait_launcher(_LOST_PEER_GRACE)
             raise Stop(EXIT_PEERS, f"lost node 0 ({self.plan.master_addr}): its connection "
                                    "closed (container killed, node crashed or rebooted)")
         return messages
@@ -487,7 +497,7 @@ class Node:
         if silent > timeout:
             if self.launch is not None and self.launch.process.poll() is None:
                 self.launch.forward(signal.SIGTERM)
-                self._wait_launcher(_PEER_STOP_GRACE)
+                self._wait_launcher(_LOST_PEER_GRACE)
             raise Stop(EXIT_PEERS, f"node 0 ({self.plan.master_addr}) silent for {silent:.0f} s "
                                    f"(ENTRYPOINT_HEARTBEAT_TIMEOUT={timeout:g}): it hangs, is "
                                    "paused or this node is cut off from it")
