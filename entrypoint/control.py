@@ -37,6 +37,7 @@ HELLO_TIMEOUT = 30.0  # seconds from connect to a valid hello; a node collects i
 MAX_OUT = 4 << 20  # bytes waiting for one peer; a peer that takes none is stuck (or hostile)
 STATS_EVERY = 10.0  # seconds: a beat carries the GPU figures at most this often (node 0's CPU)
 MAX_BAD_LINES = 100  # invalid lines a member may send (logged, skipped) before it is dropped
+NO_IDENTITY = Identity()  # no platform job id, no token
 _LOG_BURST = 20  # drops logged per minute; past that, one line says how many more
 
 
@@ -125,7 +126,7 @@ class Server(threading.Thread):
     def __init__(self, conductor: Conductor, port: int, *, heartbeat_interval: float,
                  log: Callable[[str, str], None], bind: str = "0.0.0.0",
                  port_variable: str = "ENTRYPOINT_CONTROL_PORT",
-                 identity: Identity = Identity(), hello_timeout: float = HELLO_TIMEOUT,
+                 identity: Identity = NO_IDENTITY, hello_timeout: float = HELLO_TIMEOUT,
                  max_pending: int | None = None) -> None:
         super().__init__(name="entrypoint-control", daemon=True)
         self.conductor = conductor
@@ -435,7 +436,7 @@ class Server(threading.Thread):
 class Channel:
     """A node's connection to node 0, through the handshake."""
 
-    def __init__(self, sock: socket.socket, address: str, identity: Identity = Identity(),
+    def __init__(self, sock: socket.socket, address: str, identity: Identity = NO_IDENTITY,
                  challenge: m.Challenge | None = None) -> None:
         self.sock = sock
         self.address = address
@@ -484,7 +485,7 @@ class Channel:
         self.sock.settimeout(timeout)
         try:
             data = self.sock.recv(65536)
-        except (TimeoutError, socket.timeout, BlockingIOError, InterruptedError):
+        except (TimeoutError, BlockingIOError, InterruptedError):
             return []
         except OSError:
             data = b""
@@ -534,7 +535,7 @@ def _why(err: OSError) -> str:
         return "the name does not resolve (yet)"
     if err.errno == errno.ECONNREFUSED:
         return "nothing listens there yet (node 0 not started, or still starting)"
-    if isinstance(err, (TimeoutError, socket.timeout)) or err.errno == errno.ETIMEDOUT:
+    if isinstance(err, TimeoutError) or err.errno == errno.ETIMEDOUT:
         return "no answer (a firewall, a wrong address, or node 0 is unreachable)"
     if err.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
         return "no route to it"
@@ -549,7 +550,7 @@ def _challenge(sock: socket.socket, address: str, wait: float) -> m.Challenge:
         sock.settimeout(max(0.05, end - time.monotonic()))
         try:
             data = sock.recv(65536)
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             break
         if not data:
             raise ConnectionResetError(errno.ECONNRESET, "node 0 closed the connection")
@@ -567,13 +568,14 @@ def _challenge(sock: socket.socket, address: str, wait: float) -> m.Challenge:
                               f"{challenge.protocol}, this node {PROTOCOL}: run the same image "
                               "on every node")
             return challenge  # type: ignore[return-value]
-    raise PeersError(f"what answers at {address} is not node 0's entrypoint (no challenge "
+    raise PeersError(f"what answers at {address} is not node 0's entrypoint, or not one of "
+                     f"this version (no challenge "
                      f"within {wait:g} s): check MASTER_ADDR and ENTRYPOINT_CONTROL_PORT")
 
 
 def connect(host: str, port: int, *, timeout: float, log: Callable[[str], None],
             progress_every: float = 10.0, sleep: Callable[[float], None] = time.sleep,
-            identity: Identity = Identity(), challenge_wait: float = 30.0) -> Channel:
+            identity: Identity = NO_IDENTITY, challenge_wait: float = 30.0) -> Channel:
     """Connect to node 0's control port, waiting for it in any start order (bounded), and
     take its challenge."""
     start = time.monotonic()

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from entrypoint import control, fingerprint, secrets
-from entrypoint.identity import TOKEN_VARIABLE, Identity, job_identity, read_token
 from entrypoint.conductor import STOPPING, Conductor, Limits
 from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
+from entrypoint.identity import TOKEN_VARIABLE, Identity, job_identity, read_token
 from entrypoint.plan import Plan
 from entrypoint.settings import Settings
 

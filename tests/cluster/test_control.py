@@ -90,8 +90,8 @@ def test_a_wrong_token_or_another_jobs_node_is_refused_and_the_job_goes_on(image
         assert run.exit_codes == {first: 0, second: 0, wrong: 2, other: 2}, run.log(80)
         log0 = run.node(first).log()
         for name, why in ((wrong, "wrong job token: its ENTRYPOINT_JOB_TOKEN is not node 0's"),
-                          (other, "it belongs to another job: ENTRYPOINT_JOB_ID=train-41 "
-                                  "there, ENTRYPOINT_JOB_ID=train-42 on node 0")):
+                          (other, ("it belongs to another job: ENTRYPOINT_JOB_ID=train-41 "
+                                  "there, ENTRYPOINT_JOB_ID=train-42 on node 0"))):
             assert f"refused node 1 ({name}, " in log0 and why in log0, log0[-3000:]
             own = run.node(name).log()
             assert f"node 0 refused node 1 ({name}, " in own and why in own, own[-2000:]

@@ -37,7 +37,7 @@ def hello(member: int, **fields) -> dict:
 class Node0:
     """A Server and its Conductor for `expected` nodes; what it logged."""
 
-    def __init__(self, expected: int = 2, identity: Identity = Identity(), **kwargs) -> None:
+    def __init__(self, expected: int = 2, identity: Identity = control.NO_IDENTITY, **kwargs) -> None:
         self.lines: list[tuple[str, str]] = []
         self.conductor = Conductor(expected, Limits(join_timeout=60, heartbeat_timeout=30,
                                                     monitor_interval=0), time.monotonic())
@@ -56,7 +56,7 @@ class Node0:
             time.sleep(0.02)
         raise AssertionError(f"{text!r} not logged; logged: {self.lines}")
 
-    def node(self, member: int, identity: Identity = Identity()) -> control.Channel:
+    def node(self, member: int, identity: Identity = control.NO_IDENTITY) -> control.Channel:
         channel = control.connect("127.0.0.1", self.port, timeout=10, log=print,
                                   identity=identity)
         channel.send(hello(member))
@@ -126,8 +126,8 @@ WIRE = {"protocol": m.PROTOCOL, "job": "", "auth": "none", "nonce": "1" * 32, "p
 
 @pytest.mark.parametrize("line, why", [
     (b'{"t":"hello","member":"x"}', "protocol missing"),
-    (json.dumps(hello(1) | WIRE | {"member": "1"}).encode(), "member must be an integer 0-1048576, "
-                                                       "got '1'"),
+    (json.dumps(hello(1) | WIRE | {"member": "1"}).encode(), ("member must be an integer 0-1048576, "
+                                                       "got '1'")),
     (json.dumps(hello(1) | WIRE | {"member": True}).encode(), "member must be an integer"),
     (json.dumps(hello(1) | WIRE | {"time": "now"}).encode(), "time must be a finite number"),
     (json.dumps(hello(1) | WIRE).replace('"time": ', '"time": NaN, "x": ').encode(),
@@ -245,10 +245,10 @@ def test_job_identity_and_token_checked_both_ways(node0):
     on both sides naming the node and the reason; node 0 goes on, the right nodes join."""
     me = Identity("SLURM_JOB_ID=7", TOKEN)
     n = node0(identity=me)
-    cases = [(Identity("SLURM_JOB_ID=6", TOKEN), "it belongs to another job: SLURM_JOB_ID=6 "
-              "there, SLURM_JOB_ID=7 on node 0"),
-             (Identity("SLURM_JOB_ID=7"), "node 0 has a job token (ENTRYPOINT_JOB_TOKEN), it "
-              "has none"),
+    cases = [(Identity("SLURM_JOB_ID=6", TOKEN), ("it belongs to another job: SLURM_JOB_ID=6 "
+              "there, SLURM_JOB_ID=7 on node 0")),
+             (Identity("SLURM_JOB_ID=7"), ("node 0 has a job token (ENTRYPOINT_JOB_TOKEN), it "
+              "has none")),
              (Identity("SLURM_JOB_ID=7", b"x" * 32), "wrong job token")]
     for identity, why in cases:
         channel = n.node(1, identity)
