@@ -337,15 +337,22 @@ class Node:
             self.server.start()
             if port is None:
                 host, port = "127.0.0.1", self.server.port
+        # Collected before connecting: node 0 drops a connection silent for 30 s, and counting
+        # a large data directory on a network filesystem can take longer.
+        fp = self._fingerprint()
         self.channel = control.connect(host, port, timeout=s.join_timeout,
                                        log=lambda line: self.log.warning(line),
                                        identity=self.identity)
-        self._hello()
+        self._hello(fp)
 
-    def _hello(self) -> None:
+    def _fingerprint(self) -> dict:
         fp = fingerprint.collect(gpus_per_node=self.plan.gpus_per_node,
                                  gpu_names=self.plan.gpu_names, data_dir=self.settings.data_dir)
         fp["layout"] = fingerprint.layout(self.plan)
+        return fp
+
+    def _hello(self, fp: dict | None = None) -> None:
+        fp = fp or self._fingerprint()
         self.channel.send({"t": "hello", "protocol": control.PROTOCOL, "member": self.member,
                            "node_rank": self.plan.node_rank, "host": socket.gethostname(),
                            "generation": self.generation, "time": time.time(),

@@ -327,6 +327,10 @@ def test_lines_split_once_however_the_bytes_arrive():
     spent = time.process_time() - began
     assert len(out) == 200_000 and out[-1] == b'{"t":"beat","n":199999}'
     print(f"MEASURED {len(payload) >> 20} MiB in 1460-byte pieces: {spent:.2f} s of CPU")
+    one, began = control._Lines(limit=8 << 20), time.process_time()
+    for i in range(0, 4 << 20, 1460):  # one 4 MiB line, no newline yet: 4.35 s before
+        assert one.feed(b"x" * 1460) == []
+    print(f"MEASURED one 4 MiB line in 1460-byte pieces: {time.process_time() - began:.2f} s")
     with pytest.raises(ValueError, match="more than 16 bytes"):
         control._Lines(limit=16).feed(b"x" * 17)
 
