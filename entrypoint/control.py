@@ -276,9 +276,9 @@ class Server(threading.Thread):
                     return
                 self._dropped_log(f"skipped a line from {peer.name()}: {err}")
                 continue
-            self._handle(peer, message, time.monotonic())
+            self._dispatch(peer, message, time.monotonic())
 
-    def _handle(self, peer: _Peer, message: m.Message, now: float) -> None:
+    def _dispatch(self, peer: _Peer, message: m.Message, now: float) -> None:
         if isinstance(message, m.Hello):
             self._hello(peer, message, now)
         elif peer.member is None:

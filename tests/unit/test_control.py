@@ -81,6 +81,17 @@ def node0():
         server.close()
 
 
+def test_the_server_shadows_nothing_of_threading_thread(node0):
+    """`Server._stop` hid Thread._stop (join() raised TypeError on 3.11); Python 3.13 added
+    Thread._handle. No name of the Server's may be one of Thread's, in any version here."""
+    n = node0()
+    thread = threading.Thread()
+    theirs = set(dir(threading.Thread)) | set(vars(thread))
+    ours = (set(vars(control.Server)) | set(vars(n.server)) - set(vars(thread))) - {
+        "__init__", "__module__", "__doc__", "run"}
+    assert not ours & theirs, ours & theirs
+
+
 def raw(port: int) -> socket.socket:
     """A stranger's connection, the challenge read."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
