@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import resource
 import secrets
+import select
 import selectors
 import socket
 import threading
@@ -178,8 +179,11 @@ class Server(threading.Thread):
     def _loop(self) -> None:
         last_beat = last_tick = time.monotonic()
         ended_at = None
+        held = False  # the last round was held up: what arrived meanwhile is read first
         while not self._halt.is_set():
-            for key, events in self.selector.select(timeout=0.2):
+            began = time.monotonic()
+            ready = self.selector.select(timeout=0 if held else 0.2)
+            for key, events in ready:
                 if key.fileobj is self.listener:
                     self._accept()
                     continue
@@ -190,7 +194,12 @@ class Server(threading.Thread):
                         key.fileobj in self.peers:
                     self._read(peer)
             now = time.monotonic()
-            if now - last_tick >= 0.5:
+            # A round far longer than its poll (this process stopped, starved of CPU or of the
+            # GIL; a poll that outlived its timeout returns nothing): the nodes' heartbeats may
+            # be waiting unread, so silence is judged only after one more poll (one: a flood of
+            # work must not hold up the heartbeats).
+            held = not held and now - began > 0.7
+            if now - last_tick >= 0.5 and not held:
                 last_tick = now
                 self._apply(self.conductor.tick(now))
                 self._expire(now)
@@ -445,11 +454,28 @@ class Channel:
         self.nonce = secrets.token_hex(16)
         self.member: int | None = None
         self.lines = _Lines()
-        self.last_heard = time.monotonic()
+        self._last_heard = time.monotonic()
         self.closed = False
         self.welcomed = False
         self.stats_sent = float("-inf")
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    @property
+    def last_heard(self) -> float:
+        """When this node last found node 0's data: bytes waiting unread count, so that a node
+        held up (stopped, starved) between reading and judging node 0's silence does not take
+        a node 0 that kept beating for a silent one."""
+        if not self.closed and self._last_heard < time.monotonic() - 0.5:
+            try:
+                if select.select([self.sock], [], [], 0)[0]:
+                    self._last_heard = time.monotonic()
+            except (OSError, ValueError):
+                pass
+        return self._last_heard
+
+    @last_heard.setter
+    def last_heard(self, when: float) -> None:
+        self._last_heard = when
 
     def send(self, message: dict) -> bool:
         """Send one message given as a dict (its wire form); a hello gets this node's proof."""

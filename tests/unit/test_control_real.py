@@ -4,7 +4,10 @@ real containers: tests/cluster/test_control.py."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import time
 
 from tests.unit.test_supervise_real import nodes  # noqa: F401 - the fixture
 
@@ -35,3 +38,21 @@ def test_nodes_that_plan_another_job_shape_stop_before_training(nodes):  # noqa:
     assert why in c.log(0) and why in c.log(1)
     assert "world_size 8 vs 4" in c.log(0)
     assert not (c.tmp / "out").exists() or not list((c.tmp / "out").glob("started*"))
+
+
+def test_overlapping_stalls_of_two_entrypoints_are_no_false_alarm(nodes):  # noqa: F811
+    """Node 1's entrypoint stopped 3 s, node 0's stopped 3 s from 1.5 s later (issue 17's no
+    false alarm, at the default 1 s / 5 s): node 0 reads the beats that waited for it before
+    it judges anyone silent, and both finish with exit 0."""
+    c = nodes(FAULT_STEPS="250", ENTRYPOINT_HEARTBEAT_INTERVAL="", ENTRYPOINT_HEARTBEAT_TIMEOUT="")
+    c.start(0), c.start(1)
+    c.wait_training(4)
+    os.kill(c.procs[1].pid, signal.SIGSTOP)
+    time.sleep(1.5)
+    os.kill(c.procs[0].pid, signal.SIGSTOP)
+    time.sleep(1.5)
+    os.kill(c.procs[1].pid, signal.SIGCONT)
+    time.sleep(1.5)
+    os.kill(c.procs[0].pid, signal.SIGCONT)
+    assert c.wait() == {0: 0, 1: 0}, c.log(0)[-3000:]
+    assert "silent for" not in c.log(0) + c.log(1)
