@@ -190,9 +190,11 @@ class Message:
     kind: ClassVar[str] = ""
 
     def to_wire(self) -> dict:
+        """The message as its JSON object; an optional field that is None is left out."""
         out = {"t": self.kind}
         for key, value in asdict(self).items():
-            out[key] = list(value) if isinstance(value, tuple) else value
+            if value is not None:
+                out[key] = list(value) if isinstance(value, tuple) else value
         return out
 
     @classmethod
@@ -318,13 +320,16 @@ class Go(Message):
 
 @dataclass(frozen=True)
 class Stop(Message):
+    """The job ends with `code`; `signal`: a node received it, the others pass it on."""
     kind: ClassVar[str] = "stop"
     code: int
     reason: str
+    signal: int | None = None
 
     @classmethod
     def from_wire(cls, raw: dict) -> Stop:
-        return cls(_int(raw, "code", 0, 255), _str(raw, "reason", 1 << 16))
+        return cls(_int(raw, "code", 0, 255), _str(raw, "reason", 1 << 16),
+                   _signal_number(raw, "signal", None))
 
 
 @dataclass(frozen=True)
