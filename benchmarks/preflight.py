@@ -20,18 +20,19 @@ import sys
 import time
 
 
-def node(member: int, port: int) -> None:
-    """One simulated node: ready, wait for the start line, then join as supervise.Supervisor does."""
+def node(member: int, port: int, n: int) -> None:
+    """One simulated node: ready, wait for the start line, then join as the supervisor does."""
     from entrypoint import control, fingerprint
 
     print("ready", flush=True)
     sys.stdin.readline()
     start = time.monotonic()
     fp = fingerprint.collect(gpus_per_node=0, gpu_names=(), data_dir=None)
-    fp["layout"] = "benchmark"
+    fp["layout"] = {"nnodes": n, "node_rank": member, "nproc_per_node": 1, "world_size": n,
+                    "master_addr": "127.0.0.1", "master_port": port - 1, "launcher": "torchrun"}
     collected = time.monotonic()
     channel = control.connect("127.0.0.1", port, timeout=60, log=lambda line: None)
-    hello = {"t": "hello", "protocol": control.PROTOCOL, "member": member, "node_rank": member,
+    hello = {"t": "hello", "member": member, "node_rank": member,
              "host": f"sim-{member}", "generation": 0, "time": time.time(), "fingerprint": fp}
     channel.send(hello)
     while not any(m.get("t") == "go" for m in channel.receive(1.0)):
@@ -55,7 +56,7 @@ def once(n: int) -> dict:
         [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
          os.environ.get("PYTHONPATH", "")]))
     procs = [subprocess.Popen([sys.executable, __file__, "--member", str(m), "--port",
-                               str(server.port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               str(server.port), "--nodes", str(n)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True, env=env) for m in range(n)]
     try:
         for proc in procs:
@@ -86,7 +87,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.member is not None:
-        node(args.member, args.port)
+        node(args.member, args.port, int(args.nodes))
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"join + fingerprint comparison, simulated nodes on loopback ({cores} CPU cores, "

@@ -29,7 +29,9 @@ import signal
 from dataclasses import dataclass, field
 
 from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
-from entrypoint.fingerprint import Member, clock_problems, data_mismatches, mismatches
+from entrypoint.fingerprint import (Member, clock_problems, data_mismatches, layout_mismatches,
+                                    mismatches)
+from entrypoint.messages import Beat, Done, Exit, Go, Hello, Message, Restart, Signal, Stop
 
 ALL = -1  # Send.to: every connected member
 STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # these end the job; USR1/2 do not
@@ -40,7 +42,7 @@ JOIN, RUN, END = "join", "run", "end"
 @dataclass(frozen=True)
 class Send:
     to: int  # member id, or ALL
-    message: dict
+    message: Message
 
 
 @dataclass(frozen=True)
@@ -111,13 +113,17 @@ class Conductor:
 
     # -- events ----------------------------------------------------------------------------
 
-    def hello(self, member: int, message: dict, now: float, wall_now: float) -> list:
-        host = str(message.get("host", "?"))
+    def hello(self, member: int, message: Hello, now: float, wall_now: float) -> list:
+        """A node of this job (the handshake passed) says hello: join, or join again."""
+        host = message.host
         if not 0 <= member < self.expected:
-            return [Send(member, self._stop_message(
-                EXIT_CONFIG, f"{self.unit} {member} ({host}) joined, but node 0 plans "
-                f"{self.expected} {self.units} (0-{self.expected - 1}): every node needs the same "
-                "node count; check NNODES/WORLD_SIZE on each")), Close(member)]
+            reason = (f"{self.unit} {member} ({host}) joined, but node 0 plans {self.expected} "
+                      f"{self.units} (0-{self.expected - 1}): every node needs the same node "
+                      "count; check NNODES/WORLD_SIZE on each")
+            if self.phase == JOIN:  # a node of this job that disagrees: nothing may start
+                return [Send(member, self._stop_message(EXIT_CONFIG, reason)), Close(member),
+                        *self._end(EXIT_CONFIG, reason)]
+            return [Send(member, self._stop_message(EXIT_CONFIG, reason)), Close(member)]
         old = self.members.get(member)
         if old is not None and old.connected and old.host != host and self.phase == JOIN \
                 and self.generation == 0:
@@ -139,27 +145,26 @@ class Conductor:
         if self.phase == END:
             code, reason = self.outcome or (EXIT_PEERS, "the job has ended")
             return [Send(member, self._stop_message(code, reason)), Close(member)]
-        self.members[member] = _State(
-            host=host, joined_at=now, last_seen=now,
-            fingerprint=dict(message.get("fingerprint") or {}),
-            clock_offset=float(message.get("time", wall_now)) - wall_now)
+        self.members[member] = _State(host=host, joined_at=now, last_seen=now,
+                                      fingerprint=dict(message.fingerprint),
+                                      clock_offset=message.time - wall_now)
         return self._maybe_go(now)
 
-    def beat(self, member: int, message: dict, now: float) -> list:
+    def beat(self, member: int, message: Beat, now: float) -> list:
         state = self.members.get(member)
         if state is not None:
             state.last_seen = now
-            if message.get("stats"):
-                state.stats = dict(message["stats"])
+            if message.stats:
+                state.stats = dict(message.stats)
         return []
 
-    def exited(self, member: int, message: dict, now: float) -> list:
+    def exited(self, member: int, message: Exit, now: float) -> list:
         state = self.members.get(member)
-        code = int(message.get("code", 1))
+        code = message.code
         # A stop is a signal's only when a node received that signal (the exit message says so,
         # or another node's signal is known here): a trainer that exits 134 (abort), 139 or 130
         # by itself has failed, and its peers get SIGTERM, never SIGABRT.
-        sig = int(message.get("signal") or 0) or (
+        sig = (message.signal or 0) or (
             code - 128 if code > 128 and code - 128 in self.received else 0)
         if sig and self.phase != END and 0 <= member < self.expected:
             who = self.name(self.received.get(sig, member))
@@ -174,7 +179,7 @@ class Conductor:
             if self.phase == RUN and all(s.exit_code == 0 for s in self.members.values()) \
                     and len(self.members) == self.expected:
                 self.phase, self.outcome = END, (0, "every node finished")
-                done = [Send(ALL, {"t": "done"})]
+                done = [Send(ALL, Done())]
                 return done if self.expected == 1 else [
                     Log("info", f"all {self.expected} {self.units} finished"), *done]
             return []
@@ -184,10 +189,10 @@ class Conductor:
         everyone = all(s.exit_code is not None or not s.connected for s in self.members.values())
         return self._judge(now) if now >= self.decide_at or everyone else []
 
-    def signalled(self, member: int, message: dict, now: float) -> list:
+    def signalled(self, member: int, message: Signal, now: float) -> list:
         """A node received a signal and passed it to its workers; a stopping one goes to every
         node's workers too (one pod preempted: its peers must checkpoint with it)."""
-        sig = int(message.get("signal", 0))
+        sig = message.signal
         if member not in self.members or self.phase != RUN or sig in self.received:
             return []
         self.received[sig] = member
@@ -198,7 +203,7 @@ class Conductor:
             return self._judge(now)
         reason = f"{self.name(member)} received {signal_name(sig)}"
         return [Log("warning", f"{reason}: passing it to every {self.unit}'s workers"),
-                Send(ALL, {"t": "signal", "signal": sig, "reason": reason})]
+                Send(ALL, Signal(sig, reason))]
 
     def closed(self, member: int, now: float) -> list:
         state = self.members.get(member)
@@ -247,7 +252,7 @@ class Conductor:
             return []
         members = [Member(m, s.host, s.fingerprint, s.clock_offset)
                    for m, s in sorted(self.members.items())]
-        problems = mismatches(members) + data_mismatches(members)
+        problems = layout_mismatches(members) + mismatches(members) + data_mismatches(members)
         # Clocks are compared once per job: drift during a long job must not turn a restart
         # into a configuration error.
         refusals, warnings = (clock_problems(members, self.limits.max_clock_skew)
@@ -271,7 +276,7 @@ class Conductor:
                                        f"torch {first.get('torch')}, jax {first.get('jax')}, "
                                        f"deepspeed {first.get('deepspeed')}, NCCL "
                                        f"{first.get('nccl')}"))
-        actions.append(Send(ALL, {"t": "go", "generation": self.generation, "warnings": warnings}))
+        actions.append(Send(ALL, Go(self.generation, tuple(warnings))))
         return actions
 
     def _judge(self, now: float) -> list:
@@ -279,13 +284,13 @@ class Conductor:
         report's order when a time is missing), is the one shown and acted on."""
         def first(item):
             member, (message, _code, order) = item
-            when = (message.get("failure") or {}).get("time")
+            when = (message.failure or {}).get("time")
             offset = self.members[member].clock_offset if member in self.members else 0.0
             return (float(when) - offset if when is not None else float("inf"), order)
 
         member, (message, code, _) = min(self.failures.items(), key=first)
         self.failures, self.decide_at = {}, None
-        return self._failure(member, message.get("failure"), message.get("reason") or
+        return self._failure(member, message.failure, message.reason or
                              f"{self.name(member)}'s trainer exited with code {code}", code, now)
 
     def _lost(self, member: int, why: str, now: float) -> list:
@@ -314,8 +319,7 @@ class Conductor:
             actions: list = [Log("error", summary)] if summary else []
             actions += [Log("warning", f"{reason}; restarting every {self.unit}'s trainer "
                                        f"(restart {used} of {self.limits.max_restarts})"),
-                        Send(ALL, {"t": "restart", "generation": self.generation,
-                                   "reason": reason})]
+                        Send(ALL, Restart(self.generation, reason))]
             return actions
         return self._end(code, reason, summary)
 
@@ -328,11 +332,10 @@ class Conductor:
         return actions
 
     @staticmethod
-    def _stop_message(code: int, reason: str, sig: int | None = None) -> dict:
+    def _stop_message(code: int, reason: str, sig: int | None = None) -> Stop:
         """`sig`: the job stops because a node received it; the other nodes pass it to
         their workers. Without it, the workers get SIGTERM whatever the code."""
-        message = {"t": "stop", "code": code, "reason": reason}
-        return message | {"signal": sig} if sig else message
+        return Stop(code, reason, sig or None)
 
     def _list(self, members: list[int]) -> str:
         if len(members) == 1:

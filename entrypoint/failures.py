@@ -135,7 +135,7 @@ def exit_report(plan: Plan, launch: Launch, code: int, signalled: int | None, *,
             # entrypoint passed on; node 0 decides (a signal another node received makes
             # it a stop, else a failure).
             message["failure"] = found
-            message["code"] = found["exitcode"]
+            message["code"] = exit_status(found["exitcode"])  # -9 from torchrun: 137
     if signalled is not None:
         message["signal"] = signalled
     elif code != 0:

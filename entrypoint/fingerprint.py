@@ -180,6 +180,52 @@ def mismatches(members: list[Member]) -> list[str]:
     return lines
 
 
+# The job's shape as each node planned it, in the order a mismatch names the fields.
+LAYOUT = ("nnodes", "nproc_per_node", "world_size", "master_addr", "master_port", "launcher")
+
+
+def layout(plan) -> dict:
+    """This node's view of the job's shape (an entrypoint.plan.Plan), as node 0 compares it."""
+    return {"nnodes": plan.nnodes, "node_rank": plan.node_rank,
+            "nproc_per_node": plan.nproc_per_node, "world_size": plan.world_size,
+            "master_addr": plan.master_addr, "master_port": plan.master_port,
+            "launcher": plan.launcher}
+
+
+def layout_mismatches(members: list[Member]) -> list[str]:
+    """One line per member whose plan of the job's shape differs from the majority's (node 0
+    breaks ties): node count, workers per node, world size, master and port, launcher, and a
+    node rank outside the node count. Node 0's own master address is not compared: it may
+    name itself differently (localhost, its own IP) from how the others reach it."""
+    if len(members) < 2:
+        return []
+    ordered = sorted(members, key=lambda m: m.id)
+    shapes = {m.id: m.fingerprint.get("layout") or {} for m in ordered}
+    odd: dict[int, list[str]] = {}
+    for field in LAYOUT:
+        voters = [m for m in ordered if not (field == "master_addr" and m.id == 0)]
+        if len(voters) < 2 and field == "master_addr":
+            continue
+        values = [repr(shapes[m.id].get(field)) for m in voters]
+        counts = Counter(values)
+        top = max(counts.values())
+        reference_key = next(v for v in values if counts[v] == top)
+        reference = voters[values.index(reference_key)]
+        for member, key in zip(voters, values, strict=True):
+            if key != reference_key:
+                odd.setdefault(member.id, []).append(
+                    f"{field} {shapes[member.id].get(field)} vs "
+                    f"{shapes[reference.id].get(field)} on {_name(reference)}")
+    nnodes = Counter(shapes[m.id].get("nnodes") for m in ordered).most_common(1)[0][0]
+    for m in ordered:
+        rank = shapes[m.id].get("node_rank")
+        if isinstance(nnodes, int) and isinstance(rank, int) and rank >= nnodes:
+            odd.setdefault(m.id, []).append(f"node_rank {rank} outside 0-{nnodes - 1}")
+    by_id = {m.id: m for m in ordered}
+    return [f"{_name(by_id[i])} plans another job shape: " + "; ".join(diffs)
+            for i, diffs in sorted(odd.items())]
+
+
 def data_mismatches(members: list[Member]) -> list[str]:
     """A configured data directory must exist everywhere and look the same (count, size)."""
     summaries = {m.id: m.fingerprint.get("data") for m in members}

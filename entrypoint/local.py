@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -76,15 +77,20 @@ def layout(*, nnodes: int, gpus_per_node: int | None, workers: int | None, job: 
 
 
 def nodes(plan: Layout, name, *, env: Mapping[str, str] = {},  # noqa: B006 - read only
-          command: Sequence[str] | None = None, tty: bool = False) -> list[Node]:
+          command: Sequence[str] | None = None, tty: bool = False,
+          token: str | None = None) -> list[Node]:
     """The node containers: `name(i)` is node i's host name; node 0 is the master. `env` (the
-    user's -e) wins over what is set here."""
+    user's -e) wins over what is set here. The job is named after node 0 and, with `token`
+    (a fresh one per run), its nodes prove it at the join (entrypoint.control)."""
     from entrypoint.cluster import Node
 
     master = name(0)
     common = {"NNODES": str(plan.nnodes), "MASTER_ADDR": master, "MASTER_PORT": MASTER_PORT,
               # every node's lines, readable when a person watches: what `local` is for
-              "ENTRYPOINT_LOG_ALL_NODES": "true", "PYTHONUNBUFFERED": "1"}
+              "ENTRYPOINT_LOG_ALL_NODES": "true", "PYTHONUNBUFFERED": "1",
+              "ENTRYPOINT_JOB_ID": master}
+    if token:
+        common["ENTRYPOINT_JOB_TOKEN"] = token
     if plan.gpus_per_node:
         common["GPUS_PER_NODE"] = str(plan.gpus_per_node)
     else:  # GPUS_PER_NODE must be positive; a CPU node says so in the entrypoint's own setting
@@ -205,7 +211,8 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
                      client=client, output=extra.get("ENTRYPOINT_JOB_OUTPUT", DEFAULT_OUTPUT)
                      ) as cluster:
             specs = nodes(plan, lambda rank: cluster.hostname("node", rank), env=extra,
-                          command=command, tty=sys.stdout.isatty())
+                          command=command, tty=sys.stdout.isatty(),
+                          token=secrets.token_hex(32))
             per_node = (f"{plan.workers} {plan.device.upper()} workers" if plan.workers
                         else f"{plan.gpus_per_node} GPUs" if plan.gpus_per_node else "1 process")
             echo(f"local: {plan.nnodes} nodes x {per_node} on network {cluster.network_name}, "

@@ -37,6 +37,8 @@ def _masker(values: tuple[str, ...]):
                     event_dict[key] = secrets.mask(value, values)
                 elif isinstance(value, (list, tuple)):
                     event_dict[key] = [secrets.mask(str(v), values) for v in value]
+                elif isinstance(value, dict):
+                    event_dict[key] = {k: secrets.mask(str(v), values) for k, v in value.items()}
         return event_dict
     return processor
 
@@ -142,6 +144,14 @@ def writer() -> Writer:
     return _writer
 
 
+def last_word(line: str) -> None:
+    """The process's last line (the one-line error): after every queued log line, in one
+    write, so that it never lands inside another line."""
+    if _writer is not None:
+        _writer.flush()
+    os.write(2, (line + "\n").encode(errors="replace"))
+
+
 def echo(line: str) -> None:
     """A line of the trainer's stderr, passed on without blocking (not into the log file)."""
     writer().put(line, to_file=False)
@@ -159,15 +169,20 @@ class _Tee:
     log = debug = info = warning = warn = error = critical = exception = msg
 
 
+def console(fmt: str) -> bool:
+    """Whether lines are for a person (a terminal, or asked for) rather than JSON lines."""
+    return fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
+
+
 def setup(*, node_rank: int | None = None, level: str = "info", fmt: str = "auto",
           all_nodes: bool = False, log_dir: Path | None = None,
           secret_values: tuple[str, ...] = ()) -> structlog.stdlib.BoundLogger:
     global _writer
     quiet = node_rank not in (None, 0) and not all_nodes
     threshold = max(_LEVELS[level], logging.WARNING) if quiet else _LEVELS[level]
-    console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
+    readable = console(fmt)
     renderer = (structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
-                if console else structlog.processors.JSONRenderer())
+                if readable else structlog.processors.JSONRenderer())
     path = None if log_dir is None or node_rank is None else log_dir / f"node{node_rank}.log"
     if _writer is None or path != _writer.path:
         if _writer is not None:
@@ -179,7 +194,7 @@ def setup(*, node_rank: int | None = None, level: str = "info", fmt: str = "auto
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             _masker(secret_values),
-            _lines_below if console else _traceback_last,
+            _lines_below if readable else _traceback_last,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(threshold),

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 import annotated_types
-from pydantic import Field, ValidationError
+from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from entrypoint.errors import ConfigError
@@ -53,8 +53,11 @@ class Settings(BaseSettings):
     xla_mem_fraction: float | None = Field(None, gt=0, le=1, description="JAX: sets XLA_PYTHON_CLIENT_MEM_FRACTION.")
     control_port: int | None = Field(None, ge=1, le=65535, description="Port of the entrypoints' own channel on node 0 (join, checks, heartbeats); default MASTER_PORT + 1 (MASTER_PORT - 1 for 65535); never MASTER_PORT itself.")
     join_timeout: float = Field(300, gt=0, le=WEEK, description="Seconds `run` waits for node 0 to answer and for every node to join before it stops with exit 75.")
-    heartbeat_interval: float = Field(5, gt=0, le=HOUR, description="Seconds between heartbeats between the nodes' entrypoints.")
-    heartbeat_timeout: float = Field(30, gt=0, le=DAY, description="A node silent this long (paused, hung, cut off) is lost: every node stops with exit 75. At least 3 heartbeat intervals.")
+    heartbeat_interval: float = Field(1, gt=0, le=HOUR, description="Seconds between heartbeats between the nodes' entrypoints.")
+    heartbeat_timeout: float = Field(5, gt=0, le=DAY, description="A node silent this long (paused, hung, cut off) is lost: every node stops with exit 75. At least 3 heartbeat intervals.")
+    job_id: str | None = Field(None, description="Names the job; a node whose job differs is refused at the join. Default: the platform's job id (SLURM_JOB_ID...), where it has one.")
+    job_token: SecretStr | None = Field(None, description="A secret shared by the job's nodes (16+ characters): a node must prove it (HMAC over a challenge; never sent) to join.")
+    job_token_file: Path | None = Field(None, description="A file holding the job token (a mounted Kubernetes Secret, a file in the job's directory), instead of ENTRYPOINT_JOB_TOKEN.")
     collective_timeout: int = Field(600, ge=10, le=WEEK, description="Process-group timeout in seconds for a rank that is alive but stuck in a collective (DEEPSPEED_TIMEOUT, the built-in jobs); node loss is caught by heartbeats long before.")
     grace_period: float = Field(25, ge=0, le=DAY, description="Seconds workers get after SIGTERM to checkpoint and exit before they are killed; keep it below the platform's (Kubernetes: terminationGracePeriodSeconds, 30 s).")
     max_restarts: int = Field(0, ge=0, le=1000, description="Restart every node's trainer together this many times after a worker fails; the built-in job resumes from its checkpoint.")
@@ -114,7 +117,7 @@ class Settings(BaseSettings):
 
 
 # Settings that name a file or directory (ENTRYPOINT_CONFIG may be a shipped name or a path).
-_PATHS = ("config", "run_dir", "log_dir", "data_dir")
+_PATHS = ("config", "run_dir", "log_dir", "data_dir", "job_token_file")
 _DECIMAL = re.compile(r"^(?:[0-9]{1,12}(?:\.[0-9]{0,9})?|\.[0-9]{1,9})$")
 
 
@@ -141,7 +144,8 @@ def _check_text(name: str, raw: str) -> None:
     or `²`), and the master one host: each refusal one line naming the range or the fix."""
     variable = PREFIX + name.upper()
     if not raw.strip().isprintable():
-        raise ConfigError(variable, raw[:300], "holds a control character (a newline, tab...)",
+        raise ConfigError(variable, "***" if name == "job_token" else raw[:300],
+                          "holds a control character (a newline, tab...)",
                           f"Set {variable} to the value alone, on one line")
     if name == "master_addr":
         host(variable, raw)

@@ -38,6 +38,9 @@ from entrypoint.settings import Settings
 from entrypoint.worker_signals import FORWARDED, SignalRelay
 
 _PEER_STOP_GRACE = 10.0  # seconds for workers to exit after another node failed
+# After a lost node the workers hang in their next collective: no checkpoint can complete, so
+# they get a moment to flush logs, then are killed (the 10 s bound from fault to exit).
+_LOST_PEER_GRACE = 2.0
 _LEFTOVER_WAIT = 5.0  # seconds for leftover processes to be gone after their SIGKILL
 
 
@@ -77,8 +80,10 @@ class Supervisor:
 
     def __init__(self, plan: Plan, env: Mapping[str, str], settings: Settings, log,
                  echo: Callable[[str], None] | None = None) -> None:
-        self.plan, self.env, self.settings, self.log = plan, env, settings, log
+        self.plan, self.settings, self.log = plan, settings, log
         self.secret_values = secrets.secret_values(env)
+        self.identity = join.identity(env, plan, settings)
+        self.env = join.without_token(env)  # the job's token is not the trainer's
         raw_echo = echo or logs.echo
         # The trainer's stderr passes through here: a token in a traceback is masked too.
         self.echo = lambda line: raw_echo(secrets.mask(line, self.secret_values))
@@ -133,8 +138,8 @@ class Supervisor:
                 getattr(self.log, level)(stop.reason, exit_code=stop.code)
             return stop.code & 0xFF
         except control.PeersError as err:
-            self.log.error(str(err), exit_code=EXIT_PEERS)
-            return EXIT_PEERS
+            self.log.error(str(err), exit_code=err.exit_code)
+            return err.exit_code
         finally:
             self._cleanup()
 
@@ -144,23 +149,28 @@ class Supervisor:
         host, port = self.plan.master_addr, self.plan.control_port
         if self.member == 0:
             self.server, host, port = join.serve(self.plan, self.settings, self.expected,
-                                                 self.unit, self._server_log)
+                                                 self.unit, self._server_log, self.identity)
         waiting = "while waiting for node 0" if self.member != 0 else "before the nodes joined"
+        # Collected before connecting: node 0 drops a connection silent for 30 s, and counting
+        # a large data directory on a network filesystem can take longer.
+        fp = join.collect_fingerprint(self.plan, self.settings)
         try:
             self._connecting = True
             for sig in [x for x in self.signals.received if x in STOPPING][:1]:
                 raise _Interrupted(sig)
             self.channel = control.connect(host, port, timeout=self.settings.join_timeout,
-                                           log=lambda line: self.log.warning(line))
+                                           log=lambda line: self.log.warning(line),
+                                           identity=self.identity)
         except _Interrupted as got:
             raise Stop(128 + got.sig, f"received {signal_name(got.sig)} {waiting}: stopping "
                                       "(nothing was started)") from None
         finally:
             self._connecting = False
-        self._hello()
+        self._hello(fp)
 
-    def _hello(self) -> None:
-        self.node0.send(join.hello(self.plan, self.settings, self.member, self.generation))
+    def _hello(self, fp: dict | None = None) -> None:
+        fp = fp or join.collect_fingerprint(self.plan, self.settings)
+        self.node0.send(join.hello(self.plan, self.member, self.generation, fp))
         if self.member != 0:
             self.log.info("joined node 0; waiting for every node", master=self.node0.address)
         self._await_go()
@@ -281,7 +291,7 @@ class Supervisor:
             watch.stopping(sig, now, self.settings.grace_period)
             self.stop_signal = sig
         if kind == "done":
-            self._wait_launcher(5)
+            self.launched.stop(5)
             return True, 0 if watch.code == 0 else (watch.code or 0)
         if kind == "restart":
             self._end_launch(_PEER_STOP_GRACE)
@@ -313,8 +323,9 @@ class Supervisor:
             launch.stop(self.settings.grace_period, int(sig))
         elif launch.running():
             # Another node failed, whatever its code: SIGTERM, and the workers are killed if
-            # they do not exit.
-            launch.stop(_PEER_STOP_GRACE, signal.SIGTERM)
+            # they do not exit (at once after a lost node: their collectives cannot complete).
+            grace = _LOST_PEER_GRACE if code == EXIT_PEERS else _PEER_STOP_GRACE
+            launch.stop(grace, signal.SIGTERM)
         raise Stop(code, self._from_node0(reason))
 
     # -- helpers ----------------------------------------------------------------------------
@@ -322,7 +333,7 @@ class Supervisor:
     def _receive(self, timeout: float) -> list[dict]:
         messages = self.node0.receive(timeout)
         if self.node0.closed:
-            self._end_workers(_PEER_STOP_GRACE)
+            self._end_workers(_LOST_PEER_GRACE)
             raise Stop(EXIT_PEERS, f"lost node 0 ({self.plan.master_addr}): its connection "
                                    "closed (container killed, node crashed or rebooted)")
         return messages
@@ -330,7 +341,7 @@ class Supervisor:
     def _check_master(self, timeout: float) -> None:
         silent = time.monotonic() - self.node0.last_heard
         if silent > timeout:
-            self._end_workers(_PEER_STOP_GRACE)
+            self._end_workers(_LOST_PEER_GRACE)
             raise Stop(EXIT_PEERS, f"node 0 ({self.plan.master_addr}) silent for {silent:.0f} s "
                                    f"(ENTRYPOINT_HEARTBEAT_TIMEOUT={timeout:g}): it hangs, is "
                                    "paused or this node is cut off from it")
@@ -339,10 +350,6 @@ class Supervisor:
         """SIGTERM to a running launch's workers, `grace` to exit, then SIGKILL."""
         if self.launch is not None and self.launch.running():
             self.launch.stop(grace, signal.SIGTERM)
-
-    def _wait_launcher(self, seconds: float) -> None:
-        if self.launch is not None:
-            self.launch.stop(seconds)
 
     def _end_launch(self, grace: float) -> None:
         self._end_workers(grace)

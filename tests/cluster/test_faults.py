@@ -8,7 +8,7 @@ asserted with margin, as CI machines are slow and shared) and the message. `pyte
 the measured times (lines `MEASURED ...`): the README's table of faults comes from them. The
 same faults with processes on loopback, without Docker, are in tests/unit/test_supervise_real.py.
 
-Every case runs with the default settings (ENTRYPOINT_HEARTBEAT_TIMEOUT=30 s,
+Every case runs with the default settings (ENTRYPOINT_HEARTBEAT_TIMEOUT=5 s,
 ENTRYPOINT_GRACE_PERIOD=25 s), so the figures are the ones users get. The whole file takes about
 5 minutes on 2 idle cores (each cluster starts in ~12 s idle, ~30 s when the cores are shared).
 """
@@ -26,6 +26,10 @@ from entrypoint.cluster import LABEL, Cluster, ClusterRun, Fault, Node
 STEPS = 5000  # never reached (~6 steps/s here): every case but the restart ends by its fault
 TRAINING = "[job] step 10/"  # rank 0's line once the job trains: the moment of the fault
 BOUND = 60  # seconds: every other node has stopped within this after a fault (issue 6)
+# A killed, paused or cut-off node ends every node within 10 s (issue 17); asserted with a
+# margin for a loaded CI machine, the measured figure printed.
+LOST = 20
+HEARTBEAT_TIMEOUT = 5  # ENTRYPOINT_HEARTBEAT_TIMEOUT's default
 TIMEOUT = 360  # per cluster run: a start takes ~30 s on 2 idle cores, minutes when shared
 SHARED = "/shared"  # the shared volume in restart cases, as a cluster's shared filesystem
 OUTPUT = f"{SHARED}/job"
@@ -79,7 +83,7 @@ def test_a_killed_node_stops_the_other_naming_it(image, docker_client, victim):
         run = c.run(nodes(c), timeout=TIMEOUT, grace=90,
                     faults=[when_training(c, "kill", lambda c: c.kill(dead))])
         assert run.exit_codes == {dead: 137, alive: 75}, run.log(80)
-        assert took(run, alive, "kill") < BOUND
+        assert took(run, alive, "kill") < LOST
         assert (f"lost node {victim} ({dead}): its connection closed"
                 in run.node(alive).log()), run.node(alive).log()[-3000:]
         assert_no_secret(run.log())
@@ -88,7 +92,7 @@ def test_a_killed_node_stops_the_other_naming_it(image, docker_client, victim):
 
 def test_a_paused_node_is_caught_by_the_heartbeat_with_the_defaults(image, docker_client):
     """`docker pause` of node 1: its sockets stay open, only the entrypoints' heartbeat sees it.
-    Node 0 stops within ENTRYPOINT_HEARTBEAT_TIMEOUT (30 s) + the workers' 10 s to exit, and
+    Node 0 stops within ENTRYPOINT_HEARTBEAT_TIMEOUT (5 s) + the workers' 2 s to exit, and
     names it; unpaused afterwards, node 1 reads node 0's verdict and stops too."""
     with Cluster(image, client=docker_client, echo=print) as c:
         first, paused = c.hostname("node", 0), c.hostname("node", 1)
@@ -96,7 +100,7 @@ def test_a_paused_node_is_caught_by_the_heartbeat_with_the_defaults(image, docke
             when_training(c, "pause", lambda c: c.pause(paused)),
             Fault("unpause", lambda c: c.unpause(paused), exited=first)])
         assert run.exit_codes == {first: 75, paused: 75}, run.log(80)
-        assert 25 < took(run, first, "pause") < BOUND  # not before the heartbeat timeout
+        assert HEARTBEAT_TIMEOUT - 1 < took(run, first, "pause") < LOST  # not before the timeout
         assert f"lost node 1 ({paused}): silent for" in run.node(first).log()
         assert "stopped by node 0: lost node 1" in run.node(paused).log()
         assert_no_secret(run.log())
@@ -105,15 +109,15 @@ def test_a_paused_node_is_caught_by_the_heartbeat_with_the_defaults(image, docke
 
 def test_a_node_cut_off_the_network_ends_the_job_on_both_sides(image, docker_client):
     """`docker network disconnect` of node 1: no connection closes and no message passes, so
-    both sides see the other go silent and stop on their own after the heartbeat timeout (30 s)
-    and the workers' 10 s, each naming the other."""
+    both sides see the other go silent and stop on their own after the heartbeat timeout (5 s)
+    and the workers' 2 s, each naming the other."""
     with Cluster(image, client=docker_client, echo=print) as c:
         first, cut = c.hostname("node", 0), c.hostname("node", 1)
         run = c.run(nodes(c), timeout=TIMEOUT, grace=90,
                     faults=[when_training(c, "disconnect", lambda c: c.disconnect(cut))])
         assert run.exit_codes == {first: 75, cut: 75}, run.log(80)
         for node in (first, cut):
-            assert 25 < took(run, node, "disconnect") < BOUND, run.log(40)
+            assert HEARTBEAT_TIMEOUT - 1 < took(run, node, "disconnect") < LOST, run.log(40)
         assert f"lost node 1 ({cut}): silent for" in run.node(first).log()
         assert f"node 0 ({first}) silent for" in run.node(cut).log()
         assert_no_secret(run.log())

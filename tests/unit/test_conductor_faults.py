@@ -9,6 +9,7 @@ import pytest
 
 from entrypoint.conductor import Conductor, Limits, Log, Send
 from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
+from entrypoint.messages import KINDS, Hello
 
 FP = {"image_lock": "abc", "torch": "2.10.0", "packages": {"torch": "2.10.0"}}
 LIMITS = Limits(join_timeout=60, heartbeat_timeout=30, max_restarts=0, max_clock_skew=30,
@@ -18,12 +19,18 @@ RESTARTS = Limits(join_timeout=60, heartbeat_timeout=30, max_restarts=1, max_clo
 
 
 def hello(member, host=None, time=1000.0):
-    return {"t": "hello", "member": member, "host": host or f"worker-{member}", "time": time,
-            "fingerprint": FP}
+    return Hello(member=member, host=host or f"worker-{member}", time=time, fingerprint=FP)
+
+
+def typed(raw):
+    """The Conductor takes typed messages (entrypoint.messages), as the server decodes them."""
+    return KINDS[raw["t"]](**{k: v for k, v in raw.items() if k != "t"})
 
 
 def sent(actions, kind):
-    return [a.message for a in actions if isinstance(a, Send) and a.message["t"] == kind]
+    """What the actions send, in its wire form."""
+    return [a.message.to_wire() for a in actions
+            if isinstance(a, Send) and a.message.kind == kind]
 
 
 def running(limits=LIMITS, n=2):
@@ -35,15 +42,15 @@ def running(limits=LIMITS, n=2):
 
 
 def failed(code, rank=3):
-    return {"t": "exit", "code": code, "failure": {"rank": rank, "local_rank": 1,
-                                                   "exitcode": code, "tail": ["boom"]}}
+    return typed({"t": "exit", "code": code, "failure": {"rank": rank, "local_rank": 1,
+                                                         "exitcode": code, "tail": ["boom"]}})
 
 
 @pytest.mark.parametrize("code", [134, 139, 137, 255, 130, 143])
 def test_a_trainer_code_above_128_is_a_failure_when_no_node_received_a_signal(code):
     c = running()
     c.exited(1, failed(code), now=5.0)
-    (stop,) = sent(c.exited(0, {"t": "exit", "code": 1, "failure": {"tail": []}}, now=5.5)
+    (stop,) = sent(c.exited(0, typed({"t": "exit", "code": 1, "failure": {"tail": []}}), now=5.5)
                    or c.tick(9.0), "stop")
     assert stop["code"] == code and "signal" not in stop  # the peers get SIGTERM
     assert f"exited with code {code}" in stop["reason"]
@@ -51,7 +58,7 @@ def test_a_trainer_code_above_128_is_a_failure_when_no_node_received_a_signal(co
 
 def test_the_same_code_after_a_node_received_that_signal_is_a_stop_on_it():
     c = running()
-    c.signalled(1, {"t": "signal", "signal": signal.SIGTERM}, now=4.0)
+    c.signalled(1, typed({"t": "signal", "signal": signal.SIGTERM}), now=4.0)
     (stop,) = sent(c.exited(0, failed(143, rank=0), now=5.0), "stop")  # the shared stop flag
     assert stop["code"] == 143 and stop["signal"] == signal.SIGTERM
     assert "which node 1 (worker-1) received" in stop["reason"]
@@ -67,7 +74,7 @@ def test_a_trainer_that_exits_130_itself_is_restarted_like_any_failure():
 def test_a_stopping_signal_in_the_failure_window_ends_the_job_instead_of_restarting():
     c = running(RESTARTS)
     assert c.exited(1, failed(3), now=5.0) == []  # waiting for the other reports
-    actions = c.signalled(0, {"t": "signal", "signal": signal.SIGTERM}, now=6.0)
+    actions = c.signalled(0, typed({"t": "signal", "signal": signal.SIGTERM}), now=6.0)
     (stop,) = sent(actions, "stop")
     assert stop["code"] == 143 and stop["signal"] == signal.SIGTERM
     assert "no restart: node 0 (worker-0) received SIGTERM" in stop["reason"]
@@ -77,7 +84,7 @@ def test_a_stopping_signal_in_the_failure_window_ends_the_job_instead_of_restart
 
 def test_a_failure_after_a_stopping_signal_does_not_restart_either():
     c = running(RESTARTS)
-    c.signalled(0, {"t": "signal", "signal": signal.SIGTERM}, now=4.0)
+    c.signalled(0, typed({"t": "signal", "signal": signal.SIGTERM}), now=4.0)
     c.exited(1, failed(1), now=5.0)
     (stop,) = sent(c.tick(8.5), "stop")
     assert stop["code"] == 143
@@ -89,7 +96,7 @@ def test_a_signal_said_during_a_restart_ends_the_job():
     c = running(RESTARTS)
     c.exited(1, failed(1), now=5.0)
     assert sent(c.tick(8.5), "restart") and c.phase == "join"
-    (stop,) = sent(c.exited(1, {"t": "exit", "code": 143, "signal": 15}, now=9.0), "stop")
+    (stop,) = sent(c.exited(1, typed({"t": "exit", "code": 143, "signal": 15}), now=9.0), "stop")
     assert stop["code"] == 143 and stop["signal"] == 15
 
 
@@ -147,11 +154,11 @@ def test_an_old_connections_late_beats_and_close_are_not_the_new_nodes():
     """Real sockets on loopback: node 1 says hello again on a new connection while its old one
     is open (a node that hung, then was started again). The old connection's late beat is not
     counted as the new node's, and its close later loses nobody."""
-    import json
-    import socket
     import time
 
     from entrypoint import control
+
+    from tests.unit.test_control import hello as wire_hello
 
     c = Conductor(2, RESTARTS, now=time.monotonic())
     logged = []
@@ -160,11 +167,7 @@ def test_an_old_connections_late_beats_and_close_are_not_the_new_nodes():
     server.start()
 
     def connect():
-        return socket.create_connection(("127.0.0.1", server.port), timeout=5)
-
-    def say(sock, message):
-        message |= {"protocol": control.PROTOCOL, "time": time.time()}
-        sock.sendall((json.dumps(message) + "\n").encode())
+        return control.connect("127.0.0.1", server.port, timeout=5, log=print)
 
     def until(condition):
         end = time.monotonic() + 10
@@ -174,16 +177,16 @@ def test_an_old_connections_late_beats_and_close_are_not_the_new_nodes():
 
     node0, old = connect(), connect()
     try:
-        say(node0, hello(0))
-        say(old, hello(1))
+        node0.send(wire_hello(0))
+        old.send(wire_hello(1))
         until(lambda: c.phase == "run")
         new = connect()
-        say(new, hello(1, host="worker-1b"))
+        new.send(wire_hello(1, host="worker-1b"))
         until(lambda: c.generation == 1 and 1 in c.members)
-        say(node0, hello(0))
+        node0.send(wire_hello(0))
         until(lambda: c.phase == "run")
         seen = c.members[1].last_seen
-        say(old, {"t": "beat"})
+        old.send({"t": "beat"})
         old.close()
         time.sleep(1.0)
         assert c.members[1].last_seen == seen and c.members[1].connected
@@ -193,6 +196,6 @@ def test_an_old_connections_late_beats_and_close_are_not_the_new_nodes():
         assert any("lost node 1 (worker-1b)" in text for text in logged)
     finally:
         server.stop()
-        for sock in (node0, old):
-            sock.close()
+        for channel in (node0, old):
+            channel.close()
         server.finished.wait(5)

@@ -67,6 +67,15 @@ def test_nodes_are_hand_started_nodes_with_their_own_gpus():
     assert (tuple(a.gpus), tuple(b.gpus)) == (("0", "1"), ("2", "3"))
 
 
+def test_nodes_share_a_job_name_and_a_fresh_token():
+    """`entrypoint local` generates the job's token: nodes of another run are refused."""
+    plan = Layout(2, 0, 2, "deepspeed", ((), ()), "no GPU here")
+    a, b = nodes(plan, lambda r: f"n{r}", token="f" * 64)
+    assert a.env["ENTRYPOINT_JOB_ID"] == b.env["ENTRYPOINT_JOB_ID"] == "n0"
+    assert a.env["ENTRYPOINT_JOB_TOKEN"] == b.env["ENTRYPOINT_JOB_TOKEN"] == "f" * 64
+    assert "ENTRYPOINT_JOB_TOKEN" not in nodes(plan, lambda r: f"n{r}")[0].env
+
+
 def test_cpu_nodes_get_workers_and_the_users_env_wins():
     plan = Layout(2, 0, 2, "deepspeed", ((), ()), "no GPU here")
     a, b = nodes(plan, lambda r: f"n{r}", env={"ENTRYPOINT_NPROC_PER_NODE": "1"})

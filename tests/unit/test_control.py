@@ -1,0 +1,366 @@
+"""The control channel as an outsider meets it (issue 17): node 0's real Server on loopback,
+real sockets, a real Conductor. Garbage, wrong types, oversized lines, silent and surplus
+connections, strangers, other jobs and wrong tokens are dropped or refused with their address,
+and the job goes on: a real node still joins and gets `go`. The fuzz tests are in
+test_control_fuzz.py, the messages' schema in test_messages.py."""
+
+from __future__ import annotations
+
+import json
+import selectors
+import socket
+import threading
+import time
+
+import pytest
+
+from entrypoint import control
+from entrypoint import messages as m
+from entrypoint.conductor import Conductor, Limits
+from entrypoint.identity import Identity
+
+FP = {"image_lock": "abc", "image_revision": "r1", "python": "3.13.5", "torch": "2.10.0",
+      "jax": "0.12.0.1", "deepspeed": "0.19.8", "nccl": "2.27.5", "cuda_driver": None,
+      "gpu_model": "none", "gpus_per_node": 0, "packages": {"torch": "2.10.0"}, "data": None,
+      "layout": {"nnodes": 2, "node_rank": 0, "nproc_per_node": 2, "world_size": 4,
+                 "master_addr": "node-0", "master_port": 29500, "launcher": "torchrun"}}
+TOKEN = b"0123456789abcdef0123456789abcdef"
+
+
+def hello(member: int, **fields) -> dict:
+    fp = json.loads(json.dumps(FP))
+    fp["layout"]["node_rank"] = member
+    return {"t": "hello", "member": member, "node_rank": member, "host": f"node-{member}",
+            "generation": 0, "time": time.time(), "fingerprint": fp} | fields
+
+
+class Node0:
+    """A Server and its Conductor for `expected` nodes; what it logged."""
+
+    def __init__(self, expected: int = 2, identity: Identity = control.NO_IDENTITY, **kwargs) -> None:
+        self.lines: list[tuple[str, str]] = []
+        self.conductor = Conductor(expected, Limits(join_timeout=60, heartbeat_timeout=30,
+                                                    monitor_interval=0), time.monotonic())
+        self.server = control.Server(self.conductor, 0, heartbeat_interval=0.5, bind="127.0.0.1",
+                                     log=lambda level, text: self.lines.append((level, text)),
+                                     identity=identity, **kwargs)
+        self.server.start()
+        self.port = self.server.port
+
+    def logged(self, text: str, timeout: float = 5.0) -> str:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            found = [line for _, line in list(self.lines) if text in line]
+            if found:
+                return found[0]
+            time.sleep(0.02)
+        raise AssertionError(f"{text!r} not logged; logged: {self.lines}")
+
+    def node(self, member: int, identity: Identity = control.NO_IDENTITY) -> control.Channel:
+        channel = control.connect("127.0.0.1", self.port, timeout=10, log=print,
+                                  identity=identity)
+        channel.send(hello(member))
+        return channel
+
+    def close(self) -> None:
+        self.server.stop()
+        self.server.join(timeout=5)  # Thread.join: no TypeError (Server._stop shadowed it)
+        assert not self.server.is_alive()
+
+
+@pytest.fixture
+def node0():
+    made: list[Node0] = []
+
+    def make(*args, **kwargs) -> Node0:
+        made.append(Node0(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.close()
+
+
+def test_the_server_shadows_nothing_of_threading_thread(node0):
+    """`Server._stop` hid Thread._stop (join() raised TypeError on 3.11); Python 3.13 added
+    Thread._handle. No name of the Server's may be one of Thread's, in any version here."""
+    n = node0()
+    thread = threading.Thread()
+    theirs = set(dir(threading.Thread)) | set(vars(thread))
+    ours = (set(vars(control.Server)) | set(vars(n.server)) - set(vars(thread))) - {
+        "__init__", "__module__", "__doc__", "run"}
+    assert not ours & theirs, ours & theirs
+
+
+def raw(port: int) -> socket.socket:
+    """A stranger's connection, the challenge read."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    assert json.loads(sock.recv(4096).split(b"\n")[0])["t"] == "challenge"
+    return sock
+
+
+def until(predicate, timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < end, "condition not met in time"
+        time.sleep(0.02)
+
+
+def join(n: Node0) -> list[control.Channel]:
+    """Both real nodes join and get `go`: the job went on."""
+    channels = [n.node(0), n.node(1)]
+    goes(*channels)
+    assert n.conductor.phase == "run" and n.server.is_alive()
+    return channels
+
+
+def goes(*channels: control.Channel, timeout: float = 5.0) -> None:
+    """Every channel receives `go`."""
+    for channel in channels:
+        end = time.monotonic() + timeout
+        while not any(msg["t"] == "go" for msg in channel.receive(0.2)):
+            assert time.monotonic() < end and not channel.closed, "no go"
+
+
+def test_one_stray_line_is_dropped_with_its_address_and_the_job_goes_on(node0):
+    n = node0()
+    sock = raw(n.port)
+    sock.sendall(b"1\n")
+    line = n.logged("dropped a connection from 127.0.0.1:")
+    assert "a message is a JSON object, got int" in line
+    assert sock.recv(100) == b""  # closed
+    join(n)
+
+
+WIRE = {"protocol": m.PROTOCOL, "job": "", "auth": "none", "nonce": "1" * 32, "proof": ""}
+
+
+@pytest.mark.parametrize("line, why", [
+    (b'{"t":"hello","member":"x"}', "protocol missing"),
+    (json.dumps(hello(1) | WIRE | {"member": "1"}).encode(), ("member must be an integer 0-1048576, "
+                                                       "got '1'")),
+    (json.dumps(hello(1) | WIRE | {"member": True}).encode(), "member must be an integer"),
+    (json.dumps(hello(1) | WIRE | {"time": "now"}).encode(), "time must be a finite number"),
+    (json.dumps(hello(1) | WIRE).replace('"time": ', '"time": NaN, "x": ').encode(),
+     "NaN is not a number JSON allows"),
+    (json.dumps(hello(1) | WIRE | {"fingerprint": {}}).encode(), "image_lock missing"),
+    (json.dumps(hello(1) | WIRE | {"fingerprint": FP | {"layout": {}}}).encode(),
+     "nnodes missing"),
+    (json.dumps(hello(1) | WIRE | {"fingerprint": FP | {"packages": None}}).encode(),
+     "fingerprint.packages must map"),
+    (json.dumps(hello(1) | WIRE | {"auth": "plain"}).encode(), "auth must be none or"),
+    (b'{"t":"exit","code":0,"signal":128}', "signal must be an integer 1-127, got 128"),
+    (b'{"t":"exit","code":0,"signal":15}', "sent exit before its hello"),
+    (b'{"t":"beat"}', "sent beat before its hello"),
+    (b'{"t":"go"}', "unknown message type 'go'"),
+    (b'\xff\xfe garbage', "not JSON"),
+    (b'[' * 100_000, "not JSON (RecursionError)"),
+    (b'"hello"', "a message is a JSON object, got str"),
+])
+def test_a_stranger_gets_nothing_from_a_bad_first_line(node0, line, why):
+    n = node0()
+    sock = raw(n.port)
+    sock.sendall(line + b"\n")
+    assert n.logged(why).startswith("control port: dropped a connection from 127.0.0.1:")
+    sock.settimeout(5)
+    assert sock.recv(100) == b""  # closed
+    join(n)
+
+
+def test_a_members_bad_line_is_skipped_not_trusted(node0):
+    """An exit code of 256 or an unknown signal from a member is never acted on: the forged
+    `{"t":"exit","code":0,"signal":128}` of issue 17 no longer ends the job with 'exit 256'."""
+    n = node0()
+    a, b = n.node(0), n.node(1)
+    goes(a, b)
+    a.sock.sendall(b'{"t":"exit","code":0,"signal":128}\n{"t":"exit","code":256}\n')
+    n.logged("skipped a line from node 0 (node-0, 127.0.0.1:")
+    n.logged("code must be an integer 0-255")
+    assert n.conductor.phase == "run" and n.conductor.outcome is None
+
+
+def test_an_oversized_line_is_dropped(node0):
+    n = node0()
+    sock = raw(n.port)
+    chunk = b"x" * 65536
+    try:
+        for _ in range((m.MAX_LINE // len(chunk)) + 2):
+            sock.sendall(chunk)
+    except OSError:
+        pass  # node 0 closed it mid-way
+    n.logged(f"a line of more than {m.MAX_LINE} bytes")
+    join(n)
+
+
+def test_a_silent_connection_is_dropped_after_the_hello_timeout(node0):
+    n = node0(hello_timeout=0.5)
+    sock = raw(n.port)
+    assert "no hello within 0.5 s" in n.logged("dropped a connection from 127.0.0.1:")
+    sock.settimeout(5)
+    assert sock.recv(100) == b""
+    join(n)
+
+
+def test_a_flood_of_connections_cannot_lock_a_node_out(node0):
+    """More strangers than places for connections not yet through the handshake: the oldest
+    goes, the drops are logged at most 20 a minute, and the real nodes still join."""
+    n = node0(max_pending=8)
+    strangers = [raw(n.port) for _ in range(40)]
+    n.logged("more than 8 connections waiting for their hello")
+    join(n)
+    dropped = [t for _, t in n.lines if "connections waiting" in t]
+    assert len(dropped) == 20  # 34 dropped: 20 lines a minute, no more
+    for sock in strangers:
+        sock.close()
+
+
+def test_partial_writes_keep_the_stream_whole_and_a_stuck_peer_is_dropped(monkeypatch):
+    """Writes never block node 0: what the socket does not take waits, in order, in the
+    peer's own buffer (no corrupted stream after a partial write); a peer that takes nothing
+    is dropped once MAX_OUT bytes wait for it."""
+    logged: list[str] = []
+    server = control.Server(Conductor(2, Limits(), time.monotonic()), 0, heartbeat_interval=1,
+                            bind="127.0.0.1", log=lambda level, text: logged.append(text))
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    theirs.setblocking(False)
+    peer = control._Peer(ours, "127.0.0.1:1", time.monotonic())
+    server.peers[ours] = peer
+    server.selector.register(ours, selectors.EVENT_READ, None)
+    sent = [m.encode(m.Signal(10, str(i) * 1000)) for i in range(1000)]  # 3 MB
+    began = time.monotonic()
+    for data in sent:
+        server._queue(peer, data)
+    assert time.monotonic() - began < 5 and peer.out  # nothing blocked; the kernel took part
+    received = bytearray()
+    while len(received) < sum(map(len, sent)):
+        try:
+            received += theirs.recv(1 << 20)
+        except BlockingIOError:
+            server._flush(peer)
+    assert bytes(received) == b"".join(sent)
+    monkeypatch.setattr(control, "MAX_OUT", 64 << 10)
+    for data in sent:
+        server._queue(peer, data)
+        if ours not in server.peers:
+            break
+    assert ours not in server.peers
+    assert any("dropped a connection from 127.0.0.1:1: it has not read" in t for t in logged)
+    server.selector.close()
+    server.listener.close()
+    theirs.close()
+
+
+def test_job_identity_and_token_checked_both_ways(node0):
+    """A node of another job, a node without the token, a wrong token: refused with one line
+    on both sides naming the node and the reason; node 0 goes on, the right nodes join."""
+    me = Identity("SLURM_JOB_ID=7", TOKEN)
+    n = node0(identity=me)
+    cases = [(Identity("SLURM_JOB_ID=6", TOKEN), ("it belongs to another job: SLURM_JOB_ID=6 "
+              "there, SLURM_JOB_ID=7 on node 0")),
+             (Identity("SLURM_JOB_ID=7"), ("node 0 has a job token (ENTRYPOINT_JOB_TOKEN), it "
+              "has none")),
+             (Identity("SLURM_JOB_ID=7", b"x" * 32), "wrong job token")]
+    for identity, why in cases:
+        channel = n.node(1, identity)
+        with pytest.raises(control.Refused) as refused:
+            while True:
+                channel.receive(1.0)
+        assert str(refused.value).startswith("node 0 refused node 1 (node-1, 127.0.0.1:")
+        assert why in str(refused.value)
+        assert f"refused node 1 (node-1, 127.0.0.1:{channel.sock.getsockname()[1]}): {why}" \
+            in n.logged(why)
+        assert TOKEN.decode() not in json.dumps(n.lines)
+    good = [n.node(0, me), n.node(1, me)]
+    goes(*good)
+    assert all(c.welcomed for c in good)
+
+
+def test_a_node_0_without_the_token_cannot_pass_as_node_0(node0):
+    """The node checks node 0 too: node 0's welcome carries its own proof."""
+    n = node0(identity=Identity("", None))
+    channel = control.connect("127.0.0.1", n.port, timeout=5, log=print,
+                              identity=Identity("", TOKEN))
+    channel.send(hello(1))
+    with pytest.raises(control.Refused, match="it has a job token .*, node 0 has none"):
+        while True:
+            channel.receive(1.0)
+
+
+def test_a_forged_welcome_is_refused_by_the_node():
+    """A listener that answers like node 0 without the token: the node stops, exit 2."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def fake():
+        conn, _ = listener.accept()
+        conn.sendall(m.encode(m.Challenge("a" * 32, "", m.AUTH_HMAC)))
+        conn.recv(65536)
+        conn.sendall(m.encode(m.Welcome("b" * 64)))
+        time.sleep(1)
+        conn.close()
+
+    threading.Thread(target=fake, daemon=True).start()
+    channel = control.connect("127.0.0.1", port, timeout=5, log=print,
+                              identity=Identity("", TOKEN))
+    channel.send(hello(1))
+    with pytest.raises(control.Refused, match="could not prove that it holds") as refused:
+        while True:
+            channel.receive(1.0)
+    assert refused.value.exit_code == 2
+    listener.close()
+
+
+def test_something_else_on_the_port_is_named():
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def http():
+        conn, _ = listener.accept()
+        conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+        time.sleep(2)
+
+    threading.Thread(target=http, daemon=True).start()
+    with pytest.raises(control.PeersError, match="is not node 0's entrypoint"):
+        control.connect("127.0.0.1", listener.getsockname()[1], timeout=5, log=print,
+                        challenge_wait=1)
+    listener.close()
+
+
+def test_lines_split_once_however_the_bytes_arrive():
+    """4 MiB of lines in 1460-byte pieces: every line comes out once, in order, each byte
+    looked at once (issue 17: re-splitting the buffer cost 6.9 s of CPU)."""
+    lines = control._Lines(limit=1 << 20)
+    payload = b"".join(b'{"t":"beat","n":%d}\n' % i for i in range(200_000))
+    out: list[bytes] = []
+    began = time.process_time()
+    for i in range(0, len(payload), 1460):
+        out += lines.feed(payload[i:i + 1460])
+    spent = time.process_time() - began
+    assert len(out) == 200_000 and out[-1] == b'{"t":"beat","n":199999}'
+    print(f"MEASURED {len(payload) >> 20} MiB in 1460-byte pieces: {spent:.2f} s of CPU")
+    one, began = control._Lines(limit=8 << 20), time.process_time()
+    for i in range(0, 4 << 20, 1460):  # one 4 MiB line, no newline yet: 4.35 s before
+        assert one.feed(b"x" * 1460) == []
+    print(f"MEASURED one 4 MiB line in 1460-byte pieces: {time.process_time() - began:.2f} s")
+    with pytest.raises(ValueError, match="more than 16 bytes"):
+        control._Lines(limit=16).feed(b"x" * 17)
+
+
+def test_the_layout_is_compared_and_the_odd_node_named(node0):
+    """Node 0 with WORLD_SIZE=2 nodes, node 1 with ENTRYPOINT_NNODES=4 (issue 17): both stop
+    with exit 2 before training, node 1 and the fields named."""
+    n = node0()
+    a = n.node(0)
+    b = control.connect("127.0.0.1", n.port, timeout=5, log=print)
+    shape = hello(1)
+    shape["fingerprint"]["layout"] |= {"nnodes": 4, "world_size": 8}
+    b.send(shape)
+    for channel in (a, b):
+        end = time.monotonic() + 5
+        stops = []
+        while not stops:
+            stops = [msg for msg in channel.receive(0.2) if msg["t"] == "stop"]
+            assert time.monotonic() < end
+        assert stops[0]["code"] == 2
+        assert ("node 1 (node-1) plans another job shape: nnodes 4 vs 2 on node 0 (node-0); "
+                "world_size 8 vs 4") in stops[0]["reason"]
