@@ -2,7 +2,7 @@
 run_translation.py (what seed 003 runs with `--deepspeed ds_config.json`): `HfArgumentParser`
 over model, data and `Seq2SeqTrainingArguments`, `trainer.train()`, `log_metrics`,
 `save_model`. The model is trained from scratch as the examples' `--model_type` and
-`--config_overrides` do (run_clm.py), a tiny T5, so nothing is downloaded; the data is a
+`--config_overrides` do (run_clm.py), a tiny BART, so nothing is downloaded; the data is a
 synthetic translation (the source sequence reversed) in place of wmt16. Written as a user
 writes it: nothing from this project.
 
@@ -30,10 +30,11 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class ModelArguments:
-    model_type: str = field(default="t5", metadata={"help": "Train this model type from scratch"})
+    model_type: str = field(default="bart", metadata={"help": "Train this model type from scratch"})
     config_overrides: str = field(
-        default="vocab_size=64,d_model=32,d_kv=8,d_ff=64,num_layers=2,num_decoder_layers=2,"
-                "num_heads=4,decoder_start_token_id=0,pad_token_id=0,eos_token_id=1",
+        default="vocab_size=64,d_model=32,encoder_layers=2,decoder_layers=2,"
+                "encoder_attention_heads=4,decoder_attention_heads=4,encoder_ffn_dim=64,"
+                "decoder_ffn_dim=64,max_position_embeddings=64",
         metadata={"help": "Override some existing default config settings: n_embd=10,..."})
 
 
@@ -44,18 +45,19 @@ class DataTrainingArguments:
 
 
 class ReversedSequences(torch.utils.data.Dataset):
-    """Source: random tokens 2..vocab-1; target: the same, reversed, then </s> (id 1)."""
+    """Source: random tokens above the special ones; target: the same, reversed, then </s>."""
 
-    def __init__(self, samples, length, vocab, seed):
+    def __init__(self, samples, length, vocab, eos, seed):
         generator = torch.Generator().manual_seed(seed)
-        self.source = torch.randint(2, vocab, (samples, length), generator=generator)
+        self.source = torch.randint(4, vocab, (samples, length), generator=generator)
+        self.eos = torch.tensor([eos])
 
     def __len__(self):
         return len(self.source)
 
     def __getitem__(self, i):
         source = self.source[i]
-        labels = torch.cat([source.flip(0), torch.tensor([1])])
+        labels = torch.cat([source.flip(0), self.eos])
         return {"input_ids": source, "attention_mask": torch.ones_like(source), "labels": labels}
 
 
@@ -73,7 +75,7 @@ def main():
                 "parameters")
 
     train_dataset = ReversedSequences(data_args.max_train_samples, data_args.max_source_length,
-                                      config.vocab_size, training_args.seed)
+                                      config.vocab_size, config.eos_token_id, training_args.seed)
     trainer = Seq2SeqTrainer(model=model, args=training_args, train_dataset=train_dataset,
                              data_collator=default_data_collator)
 

@@ -1,6 +1,6 @@
 """Lightning's own example, the LitAutoEncoder of its introduction
-(https://lightning.ai/docs/pytorch/stable/starter/introduction.html), trained the way its
-multi-node guide (https://lightning.ai/docs/pytorch/stable/clouds/cluster_intermediate_1.html):
+(https://lightning.ai/docs/pytorch/stable/starter/introduction.html), trained as its multi-node
+guide shows (https://lightning.ai/docs/pytorch/stable/clouds/cluster_intermediate_1.html):
 `Trainer(num_nodes=2, devices=2, strategy="ddp")`, here on CPU. Lightning finds its place from
 the environment torchrun sets (its TorchElasticEnvironment); random images stand in for MNIST,
 so nothing is downloaded. Lightning is not in the image: a derived image installs it
