@@ -91,22 +91,10 @@ def _trainer(args) -> list[str] | None:
     return rest or None
 
 
-def _prepare(env: dict[str, str], trainer, *, always_probe_gpus: bool):
-    from entrypoint import probe
-    from entrypoint.plan import gpus_stated, make_plan, read_platform
-
-    read = read_platform(env)
-    master = read[2].master_addr.value if read[2].master_addr else None
-    probe_gpus = always_probe_gpus or not gpus_stated(env, read[2])
-    facts = probe.facts(master_addr=master if read[2].nnodes.value > 1 else None,
-                        probe_gpus=probe_gpus)
-    return make_plan(env, facts, trainer, read=read), facts
-
-
 def cmd_plan(args, env: dict[str, str]) -> int:
-    from entrypoint import report, secrets
+    from entrypoint import node, report, secrets
 
-    plan, _ = _prepare(env, _trainer(args), always_probe_gpus=False)
+    plan, _, _ = node.prepare(env, _trainer(args), always_probe_gpus=False)
     values = secrets.secret_values(env)
     if args.json:
         print(secrets.mask(plan.to_json(indent=2), values))
@@ -116,47 +104,10 @@ def cmd_plan(args, env: dict[str, str]) -> int:
 
 
 def cmd_run(args, env: dict[str, str]) -> int:
-    from entrypoint.settings import Settings
+    from entrypoint import node
 
-    Settings.from_env(env)  # a bad setting is reported before any probe
-    plan, facts = _prepare(env, _trainer(args), always_probe_gpus=True)
-    return run_plan(plan, facts, env)
-
-
-def run_plan(plan, facts, env: dict[str, str]) -> int:
-    """Check the plan against this node, write its configs, then join the other nodes and
-    supervise the launcher (`run`, and `doctor --allreduce` with its own trainer)."""
-    import importlib.util
-    from pathlib import Path
-
-    from entrypoint import launch, logs, report, secrets, supervise
-    from entrypoint.plan import BUILTIN_JOBS
-    from entrypoint.settings import Settings
-
-    settings = Settings.from_env(env)
-    values = secrets.secret_values(env)
-    log = logs.setup(node_rank=plan.node_rank, level=settings.log_level, fmt=settings.log_format,
-                     all_nodes=settings.log_all_nodes, log_dir=settings.log_dir,
-                     secret_values=values)
-    launch.check_hardware(plan, env, facts)
-    if plan.trainer in BUILTIN_JOBS.values() and importlib.util.find_spec(plan.trainer[2]) is None:
-        raise ConfigError("command", None, "no trainer command given and this build has no built-in job",
-                          "Pass one after --, e.g. entrypoint run -- python train.py")
-    for warning in plan.warnings:
-        log.warning(warning)
-    for note in plan.notes:
-        log.info(note)
-    log.info("plan", platform=plan.platform, nnodes=plan.nnodes, nproc_per_node=plan.nproc_per_node,
-             world_size=plan.world_size, master=f"{plan.master_addr}:{plan.master_port or 'auto'}",
-             device=plan.device, cuda_visible_devices=plan.cuda_visible_devices,
-             config=plan.config, launcher=plan.launcher, ranks=report.rank_line(plan))
-    if plan.node_rank == 0:
-        print(report.table(plan, values), file=sys.stderr, flush=True)
-    launch.check_command(plan, env)
-    plan_file = launch.apply(plan, Path(settings.run_dir) / f"node{plan.node_rank}")
-    log.info("start", command=secrets.mask(shlex.join(plan.command), values))
-    return supervise.run(plan, launch.child_env(plan, env) | {"ENTRYPOINT_PLAN_FILE": str(plan_file)},
-                         settings, log)
+    plan, facts, settings = node.prepare(env, _trainer(args), always_probe_gpus=True)
+    return node.run_plan(plan, facts, env, settings)
 
 
 def cmd_settings(args, env) -> int:

@@ -5,7 +5,7 @@ check_environment, seed 001's test_distributed), on one node, each problem with 
     problems()  pure: plan, facts and findings in; one line per problem out
     report()    pure: one JSON-ready dict; table() renders it for a terminal
 
-The plan and the facts come from the same code as `run` (cli._prepare), so doctor shows what
+The plan and the facts come from the same code as `run` (node.prepare), so doctor shows what
 `run` would do. `doctor --allreduce` runs entrypoint.job.allreduce as the trainer through
 `run` on every node (join, fingerprints, supervision); global rank 0 prints the bandwidth.
 
@@ -409,13 +409,11 @@ def allreduce_trainer(args) -> list[str]:
 
 
 def cmd_doctor(args, env: Mapping[str, str]) -> int:
-    from entrypoint import cli, launch, secrets
+    from entrypoint import launch, node, secrets
     from entrypoint import report as plan_report
-    from entrypoint.settings import Settings
 
-    settings = Settings.from_env(env)
-    plan, facts = cli._prepare(dict(env), allreduce_trainer(args) if args.allreduce else None,
-                               always_probe_gpus=True)
+    plan, facts, settings = node.prepare(env, allreduce_trainer(args) if args.allreduce
+                                         else None, always_probe_gpus=True)
     launch.check_hardware(plan, env, facts)
     found = look(plan, facts, settings)
     found_problems = problems(plan, facts, found, settings)
@@ -427,7 +425,7 @@ def cmd_doctor(args, env: Mapping[str, str]) -> int:
     if args.allreduce:
         result = Path(settings.run_dir) / f"node{plan.node_rank}" / "allreduce.json"
         result.unlink(missing_ok=True)
-        ran = cli.run_plan(plan, facts, dict(env))
+        ran = node.run_plan(plan, facts, env, settings)
         try:
             rep["allreduce"] = json.loads(result.read_text())
         except (OSError, ValueError):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from entrypoint.errors import ConfigError
 from entrypoint.facts import Facts
-from entrypoint.plan import Plan, _visible_ids
+from entrypoint.gpus import visible_ids
+from entrypoint.plan import Plan
 from entrypoint.values import variable_of
 
 _FIX_NO_GPU = ("Start the container with --gpus all (Docker) or the NVIDIA runtime "
@@ -28,7 +29,7 @@ def check_hardware(plan: Plan, env: Mapping[str, str], facts: Facts) -> None:
     """Refuse a plan that the node cannot carry: stated GPUs the probe does not find."""
     if plan.device != "cuda" or facts.gpus is None:
         return
-    visible, how = _visible_ids(env, facts)
+    visible, how = visible_ids(env, facts)
     have = len(visible or ())
     variable = _stated_variable(plan)
     if have == 0:

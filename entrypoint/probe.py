@@ -19,7 +19,9 @@ _SIOCGIFADDR = 0x8915
 
 
 def gpus() -> tuple[tuple[Gpu, ...], str]:
-    """Every GPU this container sees, and how we know."""
+    """Every GPU this container sees, and how we know. NVML's own error is kept in the probe's
+    words: a driver/library mismatch is not the same problem as no driver at all."""
+    nvml_error = ""
     try:
         import pynvml  # nvidia-ml-py: a thin ctypes binding, cheap to import
 
@@ -38,8 +40,8 @@ def gpus() -> tuple[tuple[Gpu, ...], str]:
             return tuple(found), "probe nvml"
         finally:
             pynvml.nvmlShutdown()
-    except Exception:  # no driver library, no device: fall through to the next probe
-        pass
+    except Exception as err:  # no driver library, no device: fall through to the next probe
+        nvml_error = _nvml_reason(err)
     proc = sorted(glob.glob("/proc/driver/nvidia/gpus/*/information"))
     if proc:
         return tuple(Gpu(index=i, name=_proc_model(p)) for i, p in enumerate(proc)), \
@@ -53,7 +55,16 @@ def gpus() -> tuple[tuple[Gpu, ...], str]:
                          for i, ln in enumerate(lines)), "probe nvidia-smi -L"
         except (OSError, subprocess.SubprocessError):
             pass
+    if nvml_error and "not found" not in nvml_error.lower():
+        return (), f"probe: NVML failed ({nvml_error}); no GPU found by /proc or nvidia-smi"
     return (), "probe: no NVIDIA driver found (NVML, /proc/driver/nvidia, nvidia-smi)"
+
+
+def _nvml_reason(err: Exception) -> str:
+    """NVML's error in one line: `Driver/library version mismatch`, `Library Not Found`..."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return text if "library" in text.lower() or "driver" in text.lower() or "nvml" in \
+        text.lower() else f"{type(err).__name__}: {text}"
 
 
 def _text(value: bytes | str) -> str:
@@ -95,7 +106,7 @@ def default_route() -> str | None:
 
 def resolve(name: str) -> str | None:
     try:
-        return socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+        return str(socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0])
     except (OSError, UnicodeError):
         return None
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shlex
 from collections.abc import Mapping
 
 _MARKERS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
@@ -20,7 +22,16 @@ def secret_values(env: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(sorted(values, key=len, reverse=True))
 
 
+def _written(value: str) -> set[str]:
+    """The forms a value takes in output: as is, JSON-escaped (`s\\u00ebcret`), repr-escaped,
+    and as one shell word (a quote inside it splits the raw text)."""
+    return {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1],
+            repr(value)[1:-1], shlex.quote(value)}
+
+
 def mask(text: str, values: tuple[str, ...]) -> str:
-    for value in values:
-        text = text.replace(value, MASK)
+    # Longest first, so that a form containing another is masked whole.
+    for form in sorted({form for value in values for form in _written(value)}, key=len,
+                       reverse=True):
+        text = text.replace(form, MASK)
     return text

@@ -36,7 +36,7 @@ class Settings(BaseSettings):
         "deepspeed", description="The built-in job run when no command is given: DeepSpeed ZeRO-2 (torchrun) or JAX data parallel.")
     config: str | None = Field(None, description="Training config: a shipped name (`8gpu`, `16gpu`, `cpu`...) or a directory; default: chosen by world size.")
     socket_ifname: str | None = Field(None, description="Network interface for NCCL/gloo; default: the one that routes to the master.")
-    run_dir: Path = Field(Path("/tmp/entrypoint"), description="Where the entrypoint writes the configs it generates for this node.")
+    run_dir: Path = Field(Path("/tmp/entrypoint-run"), description="Where the entrypoint writes the configs it generates for this node (not /tmp/entrypoint: a directory named like the package would shadow it for `python -m entrypoint` started in /tmp).")
     log_dir: Path | None = Field(None, description="Also write this node's log to `<log_dir>/node<rank>.log`.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level on node 0.")
     log_format: Literal["auto", "console", "json"] = Field("auto", description="`auto`: readable on a terminal, JSON lines otherwise.")

@@ -2,13 +2,16 @@
 
 Each directory holds `config.json` (what it is for, and accelerate's settings that do not
 depend on the cluster) and `deepspeed.json` (with gradient_accumulation_steps "auto").
-The entrypoint derives the accumulation so that train_batch_size = micro batch x accumulation
-x world size holds: the global batch is the same on 8 and 16 GPUs.
+Any world size runs: the config made for the nearest size is chosen, and the split of its
+global batch (micro batch x accumulation x world size) is derived for the world size at hand:
+kept exactly where the world size divides it (the micro batch lowered if needed, never raised),
+otherwise the nearest one with the config's micro batch, stated in the plan.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +19,7 @@ from entrypoint.errors import ConfigError
 
 SHIPPED = Path(__file__).parent
 VARIABLE = "ENTRYPOINT_CONFIG"
+DEVICES = ("cuda", "cpu")
 
 
 @dataclass(frozen=True)
@@ -29,13 +33,73 @@ class Config:
     accelerate: dict
 
 
-def load(path: Path) -> Config:
-    meta = json.loads((path / "config.json").read_text()) if (path / "config.json").exists() else {}
+@dataclass(frozen=True)
+class Split:
+    """How a global batch is shared: train_batch_size = micro x accumulation x world size."""
+
+    global_batch: int
+    micro: int
+    accumulation: int
+    asked: int  # the global batch the config asks for
+    why: str
+
+
+def _invalid(path: Path, field: str, value: object, problem: str, fix: str) -> ConfigError:
+    return ConfigError(VARIABLE, str(path.parent), f"{path.name}: {field}={value!r} {problem}", fix)
+
+
+def _read_json(path: Path, *, required: bool) -> dict:
+    if not path.exists() and not required:
+        return {}
     try:
-        deepspeed = json.loads((path / "deepspeed.json").read_text())
-    except (OSError, ValueError) as err:
-        raise ConfigError(VARIABLE, str(path), f"has no readable deepspeed.json ({err})",
-                          "Point it at a directory with deepspeed.json (and optional config.json)") from None
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as err:
+        why = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
+        raise ConfigError(VARIABLE, str(path.parent), f"cannot read {path.name} ({why})",
+                          "Point it at a directory with a readable deepspeed.json (and optional "
+                          "config.json)") from None
+    except ValueError as err:
+        raise ConfigError(VARIABLE, str(path.parent), f"{path.name} is not valid JSON ({err})",
+                          f"Fix {path}: it must hold one JSON object") from None
+    if not isinstance(data, dict):
+        raise ConfigError(VARIABLE, str(path.parent),
+                          f"{path.name} holds a JSON {type(data).__name__}, not an object",
+                          f"Fix {path}: it must hold one JSON object ({{...}})")
+    return data
+
+
+def _check_batch_fields(path: Path, ds: dict) -> None:
+    for field in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                  "gradient_accumulation_steps"):
+        value = ds.get(field, "auto")
+        ok = value == "auto" or (isinstance(value, int) and not isinstance(value, bool)
+                                 and value > 0)
+        if not ok:
+            raise _invalid(path, field, value, "is not a positive whole number or \"auto\"",
+                           f"Set {field} in {path} to a positive integer or \"auto\"")
+
+
+def _check_meta(path: Path, meta: dict) -> None:
+    checks = (("description", lambda v: isinstance(v, str), "is not a string", '"..."'),
+              ("device", lambda v: v in DEVICES, "is not cuda or cpu", '"cuda" or "cpu"'),
+              ("world_size", lambda v: v is None or (isinstance(v, int)
+                                                     and not isinstance(v, bool) and v > 0),
+               "is not a positive whole number or null", "a GPU count such as 8, or null"),
+              ("accelerate", lambda v: isinstance(v, dict), "is not an object", "{...}"))
+    for field, ok, problem, example in checks:
+        if field in meta and not ok(meta[field]):
+            raise _invalid(path, field, meta[field], problem, f"Set {field} in {path} to {example}")
+
+
+def load(path: Path) -> Config:
+    """Read and validate a config directory as a whole; one line naming the file and field."""
+    if not path.is_dir():
+        raise ConfigError(VARIABLE, str(path), "is not a directory",
+                          "Point it at a directory holding deepspeed.json")
+    meta = _read_json(path / "config.json", required=False)
+    deepspeed = _read_json(path / "deepspeed.json", required=True)
+    _check_meta(path / "config.json", meta)
+    _check_batch_fields(path / "deepspeed.json", deepspeed)
     return Config(
         name=path.name,
         path=path,
@@ -51,38 +115,83 @@ def shipped() -> dict[str, Config]:
     return {p.name: load(p) for p in sorted(SHIPPED.iterdir()) if (p / "deepspeed.json").exists()}
 
 
-def select(named: str | None, *, device: str, world_size: int) -> tuple[Config | None, str]:
-    """(config, why). None when no shipped config fits and none was named."""
+def _nearest(catalog: dict[str, Config], world_size: int) -> Config:
+    """The cuda config made for the size nearest to world_size, on a log scale (4 -> 8gpu,
+    12 -> 16gpu, 2 -> 1gpu); a tie goes to the larger."""
+    sized = {c.world_size: c for c in catalog.values() if c.device == "cuda" and c.world_size}
+    best = min(sized, key=lambda n: (abs(math.log2(n) - math.log2(world_size)), -n))
+    return sized[best]
+
+
+def select(named: str | None, *, device: str, world_size: int) -> tuple[Config, str]:
+    """(config, why): the named one, else the one for this device and world size."""
     catalog = shipped()
     if named:
         if named in catalog:
             return catalog[named], f"env {VARIABLE}={named}"
-        path = Path(named)
-        if path.is_dir():
-            return load(path), f"env {VARIABLE} (directory)"
+        if Path(named).exists():
+            return load(Path(named)), f"env {VARIABLE} (directory)"
         raise ConfigError(VARIABLE, named, "is neither a shipped config nor a directory",
                           f"Use one of {', '.join(catalog)} or a directory holding deepspeed.json")
     if device == "cpu":
         return catalog["cpu"], "device is cpu"
-    for config in catalog.values():
-        if config.device == "cuda" and config.world_size == world_size:
-            return config, f"world size {world_size} matches {config.name}"
-    return None, (f"no shipped config for {world_size} GPUs in total (have: "
-                  f"{', '.join(catalog)}); set {VARIABLE} to one of them or to your own directory")
+    config = _nearest(catalog, world_size)
+    if config.world_size == world_size:
+        return config, f"world size {world_size} matches {config.name}"
+    return config, (f"nearest shipped config to {world_size} GPUs in total: {config.name} "
+                    f"(made for {config.world_size}; have {', '.join(catalog)})")
+
+
+def split(config: Config, world_size: int) -> Split | None:
+    """The batch split for world_size, or None when the config states no global batch.
+
+    With accumulation "auto": the config's global batch exactly when world_size divides it
+    (the largest micro batch not above the config's), else the config's micro batch with the
+    accumulation rounded to the nearest global batch. With a fixed accumulation the three numbers
+    must already agree, and a mismatch is refused naming the world sizes that work."""
+    ds = config.deepspeed
+    total, micro = ds.get("train_batch_size"), ds.get("train_micro_batch_size_per_gpu")
+    if not isinstance(total, int) or not isinstance(micro, int):
+        return None  # nothing to derive: DeepSpeed checks the rest itself
+    fixed = ds.get("gradient_accumulation_steps")
+    if isinstance(fixed, int):
+        if micro * fixed * world_size != total:
+            fits = str(total // (micro * fixed)) if total % (micro * fixed) == 0 else "none"
+            raise ConfigError(
+                VARIABLE, str(config.path),
+                f"deepspeed.json fixes train_batch_size {total} = micro batch {micro} x "
+                f"accumulation {fixed} x world size, which holds only for world size "
+                f"{fits}, not {world_size}",
+                'Set gradient_accumulation_steps to "auto" there, or run on that many workers')
+        return Split(total, micro, fixed, total, f"{config.name}: fixed in deepspeed.json")
+    if total % world_size == 0:
+        per_rank = total // world_size
+        m = max(d for d in _divisors(per_rank) if d <= micro)
+        lowered = "" if m == micro else f", micro batch lowered from {micro}"
+        return Split(total, m, per_rank // m, total,
+                     f"{config.name}: global batch {total} kept = micro {m} x accumulation "
+                     f"{per_rank // m} x {world_size} workers{lowered}")
+    # Not divisible: keep the micro batch (tuned for memory), round the accumulation; lower
+    # the micro batch only where one micro step of every worker already exceeds the batch.
+    m = micro if micro * world_size <= total else max(1, round(total / world_size))
+    a = max(1, round(total / (m * world_size)))
+    made = m * a * world_size
+    return Split(made, m, a, total,
+                 f"{config.name}: global batch {total} cannot be split over {world_size} "
+                 f"workers; nearest is {made} = micro {m} x accumulation {a} x {world_size}")
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in small]
 
 
 def derive_deepspeed(config: Config, world_size: int) -> dict:
-    """deepspeed.json with gradient_accumulation_steps derived from the world size."""
+    """deepspeed.json with the batch split derived for the world size."""
     ds = dict(config.deepspeed)
-    total = ds.get("train_batch_size")
-    micro = ds.get("train_micro_batch_size_per_gpu")
-    if not isinstance(total, int) or not isinstance(micro, int):
-        return ds  # nothing to derive: DeepSpeed checks the rest itself
-    if total % (micro * world_size):
-        fits = [n for n in range(1, total // micro + 1) if total % (micro * n) == 0]
-        raise ConfigError(
-            VARIABLE, config.name,
-            f"global batch {total} is not micro batch {micro} x a whole accumulation x world size {world_size}",
-            f"Run with a world size in {fits}, or use a config made for {world_size} workers")
-    ds["gradient_accumulation_steps"] = total // (micro * world_size)
+    found = split(config, world_size)
+    if found is not None:
+        ds |= {"train_batch_size": found.global_batch,
+               "train_micro_batch_size_per_gpu": found.micro,
+               "gradient_accumulation_steps": found.accumulation}
     return ds

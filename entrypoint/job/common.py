@@ -14,6 +14,7 @@ import socket
 import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 from pathlib import Path
 
 ENV = "ENTRYPOINT_JOB_"
@@ -158,7 +159,8 @@ class Console:
 
     def __init__(self, rank: int, prefix: str = "job"):
         self.rank, self.prefix = rank, prefix
-        self.bar = self.total = None
+        self.bar: Any = None
+        self.total: int | None = None
         self.done = self.initial = 0
         self.since = time.monotonic()
 

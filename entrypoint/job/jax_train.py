@@ -16,6 +16,7 @@ import math
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,7 @@ def initialize_distributed(jax, processes: int, process_id: int) -> None:
     environment itself, but not the process count and id."""
     if processes <= 1:
         return
-    kwargs = {"num_processes": processes, "process_id": process_id}
+    kwargs: dict[str, object] = {"num_processes": processes, "process_id": process_id}
     if "cluster_detection_method" in inspect.signature(jax.distributed.initialize).parameters:
         kwargs["cluster_detection_method"] = "deactivate"  # we know everything: no SLURM guessing
     jax.distributed.initialize(**kwargs)
@@ -119,7 +120,8 @@ def make_train_step(jax, opt: dict):
 def save_checkpoint(jax, directory: Path, step: int, params, state, meta: dict) -> Path:
     """Process 0 only: params and Adam state are replicated, so its local copy is the whole."""
     leaves = jax.tree_util.tree_leaves((params, state))
-    arrays = {f"leaf{i}": np.asarray(leaf.addressable_data(0)) for i, leaf in enumerate(leaves)}
+    arrays: dict[str, Any] = {f"leaf{i}": np.asarray(leaf.addressable_data(0))
+                              for i, leaf in enumerate(leaves)}
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"step{step}.npz"
     tmp = directory / f".step{step}.npz.tmp"
@@ -205,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                             else (-1, None, "--resume never"))
     seen = np.asarray(multihost_utils.process_allgather(np.array([step_seen], np.int64))).ravel()
     start, resumed_from, checkpoint = 0, None, None
-    if step_seen >= 0 and (seen == step_seen).all():
+    if step_seen >= 0 and path is not None and (seen == step_seen).all():
         with np.load(path) as stored:
             leaves = [stored[f"leaf{i}"] for i in range(len(stored.files))]
         host_params, host_state = jax.tree_util.tree_unflatten(

@@ -9,45 +9,38 @@ ambiguous; then a single machine.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
-from types import ModuleType
 
 from entrypoint.errors import ConfigError
-
-ORDER: tuple[str, ...] = (
-    "mpi",
-    "slurm",
-    "pytorchjob",
-    "trainjob",
-    "volcano",
-    "jobset",
-    "skypilot",
-    "awsbatch",
-    "sagemaker",
-    "indexedjob",
-    "torchrun",
-    "commercial",
-    "local",
+from entrypoint.platforms import (
+    awsbatch, commercial, indexedjob, jobset, local, mpi, pytorchjob, sagemaker, skypilot, slurm,
+    torchrun, trainjob, volcano,
 )
+from entrypoint.platforms.base import Platform
+
+# Typed: a module that lacks NAME, DOCS, detect or read fails the type check here.
+PLATFORMS: tuple[Platform, ...] = (
+    mpi, slurm, pytorchjob, trainjob, volcano, jobset, skypilot, awsbatch, sagemaker,
+    indexedjob, torchrun, commercial, local,
+)
+ORDER: tuple[str, ...] = tuple(p.NAME for p in PLATFORMS)
 
 FORCE = "ENTRYPOINT_PLATFORM"
 
 
-def module(name: str) -> ModuleType:
-    return importlib.import_module(f"entrypoint.platforms.{name}")
+def module(name: str) -> Platform:
+    return PLATFORMS[ORDER.index(name)]
 
 
-def detect(env: Mapping[str, str]) -> tuple[ModuleType, str]:
-    """(platform module, why it was chosen)."""
+def detect(env: Mapping[str, str]) -> tuple[Platform, str]:
+    """(platform, why it was chosen)."""
     forced = env.get(FORCE, "").strip().lower()
     if forced and forced != "auto":
         if forced not in ORDER:
             raise ConfigError(FORCE, forced, "not a known platform",
                               f"Use one of: auto, {', '.join(ORDER)}")
         return module(forced), f"forced by {FORCE}={forced}"
-    for name in ORDER:
-        candidate = module(name)
+    for candidate in PLATFORMS:
         reason = candidate.detect(env)
         if reason:
             return candidate, reason

@@ -1,11 +1,5 @@
-"""What every platform module returns: the platform's own statement of where this node stands.
-
-A platform module is a small file with the same face:
-
-    NAME = "slurm"                       # the name users pass to ENTRYPOINT_PLATFORM
-    DOCS = "https://..."                 # where the platform documents its variables
-    def detect(env) -> str | None        # why this platform is recognised, or None
-    def read(env) -> Reading             # pure: environment in, Reading out (or ConfigError)
+"""The platform contract: `Platform`, the face every platform module has, and `Reading`, what
+its `read` returns (the platform's own statement of where this node stands).
 
 Nothing here touches os.environ or the machine; the caller passes a plain mapping.
 """
@@ -14,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from entrypoint.errors import ConfigError
 from entrypoint.values import Sourced, below, first, index, port, positive_int, variable_of
@@ -40,6 +35,22 @@ class Reading:
     gpus_per_node: Sourced[int] | None = None
     hosts: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
+
+
+class Platform(Protocol):
+    """A platform module (entrypoint/platforms/<name>.py); a type checker holds each to it
+    through the typed ORDER in entrypoint/platforms/__init__.py."""
+
+    NAME: str  # the name users pass to ENTRYPOINT_PLATFORM
+    DOCS: str  # where the platform documents its variables
+
+    def detect(self, env: Mapping[str, str], /) -> str | None:
+        """Why this platform is recognised in env, or None."""
+        ...
+
+    def read(self, env: Mapping[str, str], /) -> Reading:
+        """Pure: environment in, Reading out, or the one-line ConfigError for what it lacks."""
+        ...
 
 
 def read_index(env: Mapping[str, str], *names: str) -> Sourced[int] | None:

@@ -11,16 +11,21 @@ OMPI_COMM_WORLD_* or MPI_LOCALNRANKS; those stay SLURM's. When mpirun runs insid
 the SLURM_* its processes inherit describe mpirun's daemons (SLURM_PROCID is the daemon's index),
 so this module comes before slurm.
 
-MPI names no master: MASTER_ADDR must be exported to every rank. Open MPI's
-OMPI_MCA_orte_hnp_uri (what JAX's ompi_cluster.py uses) holds the address of mpirun's own host,
-which is rank 0's only when mpirun runs on the first compute node, so it is not trusted here.
+MPI names no master, so it is taken, in order, from: MASTER_ADDR (or ENTRYPOINT_MASTER_ADDR)
+exported to every rank; inside a SLURM allocation, the first host of SLURM_JOB_NODELIST (mpirun
+maps rank 0 to the allocation's first node, where the batch script and mpirun itself run); Open
+MPI 4's OMPI_MCA_orte_hnp_uri, the address of mpirun's own host (what JAX's ompi_cluster.py
+uses: rank 0 runs there unless --host or a hostfile puts it elsewhere, and then MASTER_ADDR is
+needed). Open MPI 5 (PRRTE) and Hydra tell a rank nothing of where rank 0 runs: MASTER_ADDR.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from entrypoint.errors import ConfigError
+from entrypoint.hostlist import expand_var
 from entrypoint.platforms.base import (
     Reading, node_reading, read_addr, read_count, read_index, read_port, require,
 )
@@ -35,6 +40,9 @@ OPEN_MPI = ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
 HYDRA = ("PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS", "MPI_LOCALRANKID")
 MASTER_ADDR = ("MASTER_ADDR", "ENTRYPOINT_MASTER_ADDR")
 MASTER_PORT = ("MASTER_PORT",)
+ALLOCATION = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")  # the allocation mpirun runs inside
+HNP_URI = "OMPI_MCA_orte_hnp_uri"  # Open MPI 4: `1531576320.0;tcp://10.0.0.1,10.0.1.1:34911`
+_HNP_HOST = re.compile(r"tcp://([^,:;]+)|tcp6://\[([^,\]]+)")
 
 
 def _family(env: Mapping[str, str]) -> tuple[str, tuple[str, str, str, str]] | None:
@@ -91,8 +99,11 @@ def read(env: Mapping[str, str]) -> Reading:
 
     master = read_addr(env, *MASTER_ADDR)
     if master is None and nnodes.value > 1:
+        master = _derived_master(env)
+    if master is None and nnodes.value > 1:
         raise ConfigError(
-            "MASTER_ADDR", None, f"{launcher} does not tell the ranks where rank 0 runs",
+            "MASTER_ADDR", None, f"{launcher} does not tell the ranks where rank 0 runs (no "
+            f"SLURM allocation, no {HNP_URI})",
             "Export it to every rank: mpirun -x MASTER_ADDR=<rank 0's host> (Open MPI) or "
             "mpiexec -genv MASTER_ADDR <rank 0's host> (MPICH)")
     return node_reading(
@@ -104,3 +115,20 @@ def read(env: Mapping[str, str]) -> Reading:
         notes=tuple(notes),
         **more,
     )
+
+
+def _derived_master(env: Mapping[str, str]) -> Sourced[str] | None:
+    """Where rank 0 runs when MASTER_ADDR is not exported: the allocation's first node, else
+    mpirun's own host (Open MPI 4)."""
+    for name in ALLOCATION:
+        raw = env.get(name, "").strip()
+        if raw:
+            return Sourced(expand_var(name, raw)[0],
+                           f"env {name} (first host: mpirun puts rank 0 on the allocation's "
+                           "first node)")
+    found = _HNP_HOST.search(env.get(HNP_URI, ""))
+    if found:
+        return Sourced(found.group(1) or found.group(2),
+                       f"env {HNP_URI} (mpirun's own host, where rank 0 runs unless --host or a "
+                       "hostfile moves it)")
+    return None

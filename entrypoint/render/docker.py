@@ -10,9 +10,7 @@ Toolkit; --network host and --ipc host give NCCL the host's interfaces and share
 
 from __future__ import annotations
 
-import shlex
-
-from entrypoint.render import text
+from entrypoint.render import quote, text
 from entrypoint.render.request import Request
 
 NAME = "docker"
@@ -36,12 +34,12 @@ def _command(request: Request, rank: int) -> list[str]:
            f"MASTER_PORT={port}"]
     if request.gpus_per_node:
         env.append(f"GPUS_PER_NODE={request.gpus_per_node}")
-    lines.append(" ".join(f"-e {shlex.quote(item)}" for item in env))
-    extra = [f"-e {shlex.quote(key if value is None else f'{key}={value}')}"
+    lines.append(" ".join(f"-e {quote.shell_word(item)}" for item in env))
+    extra = [f"-e {quote.shell_word(key if value is None else f'{key}={value}')}"
              for key, value in request.env]
     if extra:
         lines.append(" ".join(extra))
-    lines.append(shlex.join([request.image, *request.entrypoint_args()]))
+    lines.append(quote.shell_join([request.image, *request.entrypoint_args()]))
     return [" \\\n    ".join(lines)]
 
 

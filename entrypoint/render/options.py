@@ -15,7 +15,16 @@ from pathlib import Path
 
 from entrypoint.errors import ConfigError
 from entrypoint.render import PLATFORMS, module, render
-from entrypoint.render.request import DEFAULT_NAME, DEFAULT_RUNTIME, DEFAULT_TIME, RUNTIMES, build
+from entrypoint.render.request import (
+    DEFAULT_NAME,
+    DEFAULT_RUNTIME,
+    DEFAULT_TIME,
+    MAX_GPUS_PER_NODE,
+    MAX_MASTER_PORT,
+    MAX_NODES,
+    RUNTIMES,
+    build,
+)
 
 _DESCRIPTION = """Write a complete, commented job spec that runs IMAGE on N nodes of G GPUs each,
 to standard output or to FILE. The spec sets only what the entrypoint cannot find out on the node
@@ -23,6 +32,11 @@ to standard output or to FILE. The spec sets only what the entrypoint cannot fin
 run` in each container does the rest. Secret variables (names with TOKEN, SECRET, PASSWORD or
 KEY) are never written into a spec: Kubernetes specs read them from a Secret, the others from the
 submitting shell.
+
+Every argument and --env value reaches the job exactly as typed: quoted for YAML 1.1 (kubectl's
+reader) in manifests, for bash in scripts, never spanning two lines. Every option is checked as
+it is given (names, namespaces, partitions, image references by the OCI grammar, bounded
+numbers): a bad one stops render with one line naming it and the fix.
 
 platforms:
 {platforms}
@@ -41,9 +55,9 @@ _EXAMPLE_MORE = {"slurm": " --runtime pyxis --partition gpu", "docker": " --mast
 
 # The options every platform takes: flags, then argparse keywords.
 _COMMON: tuple[tuple[tuple[str, ...], dict], ...] = (
-    (("--nodes",), {"metavar": "N", "help": "number of nodes (required)"}),
-    (("--gpus-per-node",), {"metavar": "G",
-                            "help": "GPUs on each node, 0 for CPU only (required)"}),
+    (("--nodes",), {"metavar": "N", "help": f"number of nodes, 1 to {MAX_NODES} (required)"}),
+    (("--gpus-per-node",), {"metavar": "G", "help": f"GPUs on each node, 0 (CPU only) to "
+                                                    f"{MAX_GPUS_PER_NODE} (required)"}),
     (("--image",), {"metavar": "IMAGE", "help": "the image to run (required)"}),
     (("--name",), {"metavar": "NAME",
                    "help": f"the job's name, lower case (default: {DEFAULT_NAME})"}),
@@ -55,8 +69,9 @@ _COMMON: tuple[tuple[tuple[str, ...], dict], ...] = (
 
 # Options beyond the common ones; each platform module names those it takes in its OPTIONS.
 _OPTIONS: dict[str, dict] = {
-    "--master-port": {"metavar": "PORT", "help": "rendezvous port on node 0 (default: the "
-                                                 "platform's, or the entrypoint's)"},
+    "--master-port": {"metavar": "PORT", "help": f"rendezvous port on node 0, 1 to "
+                                                 f"{MAX_MASTER_PORT} (default: the platform's, "
+                                                 "or the entrypoint's)"},
     "--runtime": {"metavar": "RUNTIME", "default": DEFAULT_RUNTIME,
                   "help": f"how srun runs the image: {', '.join(RUNTIMES)} (none: the nodes run "
                           f"the image already) (default: {DEFAULT_RUNTIME})"},
@@ -100,7 +115,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     for name in PLATFORMS:
         platform = module(name)
         sub = platforms.add_parser(
-            name, description=platform.__doc__.split("\n\n")[0] + f"\n\nDocs: {platform.DOCS}",
+            name, description=(platform.__doc__ or "").split("\n\n")[0]
+            + f"\n\nDocs: {platform.DOCS}",
             epilog=_EXAMPLE.format(platform=name, more=_EXAMPLE_MORE.get(name, "")),
             formatter_class=argparse.RawDescriptionHelpFormatter)
         for flags, keywords in _COMMON:

@@ -13,9 +13,7 @@ Three ways to run the image (--runtime):
 
 from __future__ import annotations
 
-import shlex
-
-from entrypoint.render import text
+from entrypoint.render import quote, text
 from entrypoint.render.request import Request
 
 NAME = "slurm"
@@ -74,7 +72,7 @@ def _environment(request: Request) -> list[str]:
         lines.append(f"export MASTER_PORT={request.master_port}")
     for key, value in request.env:
         if value is not None:
-            lines.append(f"export {key}={shlex.quote(value)}")
+            lines.append(f"export {key}={quote.shell_word(value)}")
     if request.secrets:
         lines += [(f"# {', '.join(request.secrets)}: secret, never written here. Export it in the "
                    "shell you run sbatch"), ("# from: sbatch passes that environment on "
@@ -92,9 +90,9 @@ def _launch(request: Request) -> list[str]:
         "# --kill-on-bad-exit: one node failing stops the others instead of leaving them waiting.",
         "# --cpus-per-task: the task gets every CPU of its node, for its workers and data loaders.",
     ]
-    entrypoint = shlex.join(["entrypoint", *request.entrypoint_args()])
+    entrypoint = quote.shell_join(["entrypoint", *request.entrypoint_args()])
     if request.runtime == "pyxis":
-        srun.append(f"--container-image={shlex.quote(pyxis_image(request.image))}")
+        srun.append(f"--container-image={quote.shell_word(pyxis_image(request.image))}")
         notes.append("# pyxis imports the image on each node and runs the command in it, "
                      "with the job's GPUs.")
         run = [entrypoint]
@@ -102,7 +100,8 @@ def _launch(request: Request) -> list[str]:
         notes += [(f"# apptainer --nv binds the node's GPUs; faster: `apptainer pull image.sif "
                    f"{apptainer_image(request.image)}`"),
                    "# once on a shared file system, then render with --image /path/image.sif."]
-        run = [f"apptainer exec --nv {shlex.quote(apptainer_image(request.image))}", entrypoint]
+        run = ["apptainer exec --nv " + quote.shell_word(apptainer_image(request.image)),
+               entrypoint]
     else:
         notes.append(f"# The nodes' own environment is the image {request.image}: entrypoint "
                      "is on their PATH.")

@@ -1,13 +1,17 @@
 """Text shared by the renderers: comment headers, and YAML with comments put in as text.
 
-pyyaml writes no comments, so a document is dumped first and each note is then put above the
-first line (after the previous note's) that starts with its key: stable, golden-testable text.
+The YAML is written here, not by a YAML library: PyYAML writes no comments and quotes by YAML
+1.1 as PyYAML reads it (`1e-4`, `y` stay plain, which kubectl's go-yaml reads as a float and a
+boolean). A document is written first and each note is then put above the first line (after the
+previous note's) that starts with its key: stable, golden-testable text.
 """
 
 from __future__ import annotations
 
 import textwrap
 from collections.abc import Sequence
+
+from entrypoint.render import quote
 
 GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's resource name
 SHM_VOLUME = "dshm"
@@ -57,28 +61,60 @@ def annotate(text: str, notes: Sequence[tuple[str, str]]) -> str:
     return "\n".join(out + lines[position:]) + "\n"
 
 
+def _yaml_scalar(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return quote.yaml_str(value)
+    raise TypeError(f"no YAML form for {value!r}")
+
+
+def _yaml_value(value) -> str | None:
+    """The text after `key: ` when the value fits on the key's line, else None."""
+    if isinstance(value, dict):
+        return None if value else "{}"
+    if isinstance(value, list):
+        # A list of words (a command, plugin flags) reads best on one line.
+        if all(isinstance(item, str) for item in value):
+            return "[" + ", ".join(quote.yaml_str(item) for item in value) + "]"
+        return None
+    return _yaml_scalar(value)
+
+
+def _yaml_mapping(mapping: dict, indent: int) -> list[str]:
+    """Block YAML, list items indented under their key as kubectl and the Kubernetes docs do."""
+    pad = " " * indent
+    lines = []
+    for key, value in mapping.items():
+        name = quote.yaml_str(key)
+        inline = _yaml_value(value)
+        if inline is not None:
+            lines.append(f"{pad}{name}: {inline}")
+        elif isinstance(value, dict):
+            lines += [f"{pad}{name}:", *_yaml_mapping(value, indent + 2)]
+        else:
+            lines.append(f"{pad}{name}:")
+            for item in value:
+                if isinstance(item, dict) and item:
+                    first, *rest = _yaml_mapping(item, indent + 4)
+                    lines += [f"{pad}  - {first.lstrip()}", *rest]
+                else:
+                    lines.append(f"{pad}  - {_yaml_value(item)}")
+    return lines
+
+
+def yaml_document(body: dict) -> str:
+    """One mapping as YAML text: every string that is not a plain identifier double-quoted
+    (entrypoint/render/quote.py), so that kubectl's YAML 1.1 reader sees the same values."""
+    return "\n".join(_yaml_mapping(body, 0)) + "\n"
+
+
 def yaml_documents(documents: Sequence[tuple[dict, Sequence[tuple[str, str]]]],
                    opening: Sequence[str]) -> str:
     """A multi-document YAML stream: the opening comment, then each (object, notes)."""
-    import yaml
-
-    class Dumper(yaml.SafeDumper):
-        # Indent list items under their key, as kubectl and the Kubernetes docs write them.
-        def increase_indent(self, flow=False, indentless=False):
-            return super().increase_indent(flow, False)
-
-    def short_list(dumper, items):
-        # A list of words (a command, plugin flags) reads best on one line.
-        flow = all(isinstance(item, str) for item in items)
-        return dumper.represent_sequence("tag:yaml.org,2002:seq", items, flow_style=flow)
-
-    Dumper.add_representer(list, short_list)
-
-    parts = []
-    for body, notes in documents:
-        text = yaml.dump(body, Dumper=Dumper, sort_keys=False, width=1000,
-                         default_flow_style=False)
-        parts.append(annotate(text, notes))
+    parts = [annotate(yaml_document(body), notes) for body, notes in documents]
     return comment(opening) + "---\n".join(parts)
 
 

@@ -76,3 +76,16 @@ def test_secrets_never_printed():
 def test_settings_markdown():
     out = entrypoint("settings", "--markdown")
     assert out.returncode == 0 and "`ENTRYPOINT_NPROC_PER_NODE`" in out.stdout
+
+
+def test_the_run_directory_never_shadows_the_package(tmp_path):
+    """The default run directory lives in /tmp; `python -m entrypoint` started there must still
+    import the package, not a namespace package made of the run directory."""
+    from entrypoint.settings import Settings
+
+    run_dir = Settings.model_fields["run_dir"].default
+    (tmp_path / run_dir.name / "node0").mkdir(parents=True)
+    out = subprocess.run([sys.executable, "-m", "entrypoint", "--version"], cwd=tmp_path,
+                         capture_output=True, text=True, env=BASE | {"PYTHONPATH": ""},
+                         timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == f"entrypoint {__version__}", out.stderr

@@ -1,6 +1,7 @@
 """The plan as a pure function of (environment, facts): no probing, no os.environ."""
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import node
@@ -22,7 +23,7 @@ def test_seed_004_two_nodes_of_eight_never_become_one_of_sixteen():
     assert plan.cuda_visible_devices == "0,1,2,3,4,5,6,7"
     assert plan.ranks == (8, 15)
     assert plan.config.endswith("/16gpu")
-    assert json.loads(plan.files["/tmp/entrypoint/node1/deepspeed.json"])["gradient_accumulation_steps"] == 2
+    assert json.loads(plan.files["/tmp/entrypoint-run/node1/deepspeed.json"])["gradient_accumulation_steps"] == 2
     assert plan.command[:3] == ("/venv/bin/python", "-m", "torch.distributed.run")
     assert "--nnodes=2" in plan.command and "--node-rank=1" in plan.command
     assert "--nproc-per-node=8" in plan.command
@@ -39,19 +40,90 @@ def test_json_contract_has_every_key():
 def test_eight_gpu_config_on_one_node():
     plan = make_plan({}, node(8))
     assert plan.config.endswith("/8gpu") and plan.world_size == 8
-    assert json.loads(plan.files["/tmp/entrypoint/node0/deepspeed.json"])["gradient_accumulation_steps"] == 4
+    assert json.loads(plan.files["/tmp/entrypoint-run/node0/deepspeed.json"])["gradient_accumulation_steps"] == 4
 
 
-def test_no_config_for_world_size_refused_for_builtin_job_lists_what_exists():
+def _ds(plan):
+    return json.loads(plan.files[f"/tmp/entrypoint-run/node{plan.node_rank}/deepspeed.json"])
+
+
+# Any GPU count a node layout can make: (nodes, GPUs per node) -> config, and the split of its
+# global batch (train_batch_size, micro batch, accumulation). 256 is kept wherever the world size
+# divides it, the micro batch lowered (never raised); otherwise the nearest global batch.
+ANY_COUNT = [
+    (1, 2, "1gpu", (32, 8, 2)),
+    (1, 4, "8gpu", (256, 8, 8)),
+    (2, 2, "8gpu", (256, 8, 8)),
+    (3, 1, "8gpu", (264, 8, 11)),       # 256 over 3: micro 8 kept, 264 = 8 x 11 x 3
+    (3, 4, "16gpu", (288, 8, 3)),       # 12 GPUs: 288 = 8 x 3 x 12
+    (3, 8, "16gpu", (192, 8, 1)),       # 24 GPUs: 192 = 8 x 1 x 24
+    (4, 8, "16gpu", (256, 8, 1)),
+    (8, 8, "16gpu", (256, 4, 1)),       # 64 GPUs: micro 8 would make 512; 4 keeps 256
+    (100, 1, "16gpu", (300, 3, 1)),     # 100 GPUs: 8 x 100 overshoots; micro 3 is nearest
+    (128, 8, "16gpu", (1024, 1, 1)),    # 1024 GPUs: one sample each is the least there is
+]
+
+
+@pytest.mark.parametrize("nnodes,per_node,config,split", ANY_COUNT)
+def test_any_gpu_count_plans_for_the_builtin_job(nnodes, per_node, config, split):
+    env = {"NNODES": str(nnodes), "NODE_RANK": "0", "MASTER_ADDR": "m",
+           "ENTRYPOINT_GPUS_PER_NODE": str(per_node)}
+    plan = make_plan(env, node())
+    ds = _ds(plan)
+    assert plan.config.endswith("/" + config) and plan.world_size == nnodes * per_node
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"],
+            ds["gradient_accumulation_steps"]) == split
+    assert split[0] == split[1] * split[2] * plan.world_size
+    assert config in plan.sources["config"] and "train_batch_size" in plan.sources
+    with open(plan.config + "/deepspeed.json") as f:
+        changed = split[0] != json.load(f)["train_batch_size"]
+    assert any("nearest" in w for w in plan.warnings) == changed
+
+
+def test_every_gpu_count_from_1_to_1024_plans():
+    for total in range(1, 1025):
+        per_node = 8 if total % 8 == 0 else 1
+        env = {"NNODES": str(total // per_node), "NODE_RANK": "0", "MASTER_ADDR": "m",
+               "ENTRYPOINT_GPUS_PER_NODE": str(per_node)}
+        ds = _ds(make_plan(env, node()))
+        assert ds["train_batch_size"] == (ds["train_micro_batch_size_per_gpu"]
+                                          * ds["gradient_accumulation_steps"] * total)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 4, 5, 16, 17, 64])
+def test_any_cpu_worker_count_plans(workers):
+    env = {"WORLD_SIZE": str(workers), "RANK": "0", "MASTER_ADDR": "m"}
+    for trainer in (None, ["python", "train.py"]):
+        plan = make_plan(env, node(0), trainer)
+        ds = _ds(plan)
+        assert plan.config.endswith("/cpu")
+        assert ds["train_batch_size"] == (ds["train_micro_batch_size_per_gpu"]
+                                          * ds["gradient_accumulation_steps"] * workers)
+
+
+def test_a_gpu_node_planned_on_a_cpu_machine():
+    env = SEED_004_WORKER_1 | {"ENTRYPOINT_GPUS_PER_NODE": "8"}
+    plan = make_plan(env, node(0))
+    assert plan.device == "cuda" and plan.config.endswith("/16gpu") and plan.world_size == 16
+
+
+def _fixed_config(tmp_path, accumulation=4):
+    (tmp_path / "deepspeed.json").write_text(json.dumps(
+        {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
+         "gradient_accumulation_steps": accumulation}))
+    return str(tmp_path)
+
+
+def test_a_fixed_split_that_cannot_hold_is_refused_for_the_builtin_job(tmp_path):
+    env = {"NNODES": "1", "ENTRYPOINT_GPUS_PER_NODE": "4",
+           "ENTRYPOINT_CONFIG": _fixed_config(tmp_path)}
     with pytest.raises(ConfigError) as err:
-        make_plan({"NNODES": "1", "GPUS_PER_NODE": "4"}, node())
-    assert err.value.variable == "ENTRYPOINT_CONFIG"
-    assert "4 GPUs" in err.value.line() and "16gpu" in err.value.line()
-
-
-def test_no_config_is_a_note_for_a_users_own_trainer():
-    plan = make_plan({"NNODES": "1", "GPUS_PER_NODE": "4"}, node(), ["python", "train.py"])
-    assert plan.config is None and any("no shipped config" in n for n in plan.notes)
+        make_plan(env, node())
+    line = err.value.line()
+    assert err.value.variable == "ENTRYPOINT_CONFIG" and "only for world size 8, not 4" in line
+    plan = make_plan(env, node(), ["python", "train.py"])  # your own trainer: a note
+    assert any("does not fit" in n for n in plan.notes)
+    assert make_plan(env | {"ENTRYPOINT_GPUS_PER_NODE": "8"}, node()).world_size == 8
 
 
 def test_named_config_wins():
@@ -169,12 +241,12 @@ def test_accelerate_config_written_for_this_node():
     plan = make_plan(env, node(8), ["python", "train.py"])
     import yaml
 
-    acc = yaml.safe_load(plan.files["/tmp/entrypoint/node1/accelerate.yaml"])
+    acc = yaml.safe_load(plan.files["/tmp/entrypoint-run/node1/accelerate.yaml"])
     assert (acc["num_machines"], acc["num_processes"], acc["machine_rank"]) == (2, 16, 1)
     assert acc["main_process_ip"] == "jo-dbxfe2k2l635222i-worker-0"
-    assert acc["deepspeed_config"]["deepspeed_config_file"] == "/tmp/entrypoint/node1/deepspeed.json"
+    assert acc["deepspeed_config"]["deepspeed_config_file"] == "/tmp/entrypoint-run/node1/deepspeed.json"
     assert plan.command[1:5] == ("-m", "accelerate.commands.launch", "--config_file",
-                                 "/tmp/entrypoint/node1/accelerate.yaml")
+                                 "/tmp/entrypoint-run/node1/accelerate.yaml")
 
 
 @pytest.mark.parametrize(("trainer", "tail"), [
@@ -235,3 +307,28 @@ def test_collective_timeout_reaches_deepspeed_in_minutes_and_yours_is_kept():
 def test_trainer_commands_reach_torchrun_as_it_takes_them(trainer, args):
     plan = make_plan({}, node(2), trainer)
     assert list(plan.command[-len(args):]) == args
+
+
+@pytest.mark.parametrize("launcher,env", [
+    ("jax", {"ENTRYPOINT_LAUNCHER": "jax"}),
+    ("direct", {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NNODES": "2",
+                "SLURM_NODEID": "1", "SLURM_NTASKS": "16", "SLURM_TASKS_PER_NODE": "8(x2)",
+                "SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_GPUS_ON_NODE": "8"}),
+])
+def test_jax_distributed_initialize_needs_no_arguments(launcher, env):
+    """The plan gives JAX the process count and id, and the site hook that hands them over."""
+    base = SEED_004_WORKER_1 if launcher == "jax" else {}
+    plan = make_plan(base | env | {"PYTHONPATH": "/mine"}, node(8), ["python", "t.py"])
+    assert plan.launcher == launcher
+    hook, mine = plan.env["PYTHONPATH"].split(":")
+    assert hook.endswith("entrypoint/site-hook") and mine == "/mine"
+    assert (Path(hook) / "sitecustomize.py").is_file()
+    world, rank = (2, "1") if launcher == "jax" else (16, "9")
+    assert plan.env["JAX_NUM_PROCESSES"] == str(world) and plan.env["JAX_PROCESS_ID"] == rank
+    assert plan.env["JAX_LOCAL_DEVICE_IDS"] == ("0,1,2,3,4,5,6,7" if launcher == "jax" else "1")
+
+
+def test_an_ipv6_master_is_bracketed_for_jax():
+    env = SEED_004_WORKER_1 | {"ENTRYPOINT_LAUNCHER": "jax", "MASTER_ADDR": "fd00::1"}
+    assert make_plan(env, node(8), ["python", "t.py"]).env["JAX_COORDINATOR_ADDRESS"] == (
+        "[fd00::1]:29500")

@@ -93,8 +93,31 @@ def no_master(env):
     return {k: v for k, v in env.items() if k != "MASTER_ADDR"}
 
 
+OUTSIDE_SLURM = {k: v for k, v in OMPI_ONE_PER_NODE.items()
+                 if not k.startswith("SLURM_") and k != "MASTER_ADDR"}
+
+
+@pytest.mark.parametrize(("env", "master", "source"), [
+    # mpirun in an sbatch script: the allocation's first node, as hostlist syntax says.
+    (no_master(OMPI_ONE_PER_NODE), "gpu-01", "env SLURM_JOB_NODELIST (first host"),
+    (no_master(HYDRA_ONE_PER_NODE) | {"SLURM_NODELIST": "dgx[7,3]"}, "dgx7",
+     "env SLURM_NODELIST (first host"),
+    # Open MPI 4 outside SLURM: mpirun's own host, the first address of its HNP URI.
+    (OUTSIDE_SLURM, "10.0.0.1", f"env {mpi.HNP_URI}"),
+    (OUTSIDE_SLURM | {mpi.HNP_URI: "1314521088.0;tcp6://[fe80::1,2620:10d::2]:43370"},
+     "fe80::1", f"env {mpi.HNP_URI}"),
+    # What is exported wins over anything derived.
+    (OUTSIDE_SLURM | {"MASTER_ADDR": "head"}, "head", "env MASTER_ADDR"),
+])
+def test_master_derived_where_the_environment_says_it(env, master, source):
+    r = mpi.read(env)
+    assert r.master_addr.value == master and r.master_addr.source.startswith(source)
+
+
 @pytest.mark.parametrize(("env", "variable", "words"), [
-    (no_master(OMPI_ONE_PER_NODE), "MASTER_ADDR", "mpirun -x MASTER_ADDR="),
+    # Open MPI 5 (PRRTE, no HNP URI) and Hydra outside SLURM: nothing says where rank 0 is.
+    ({k: v for k, v in OUTSIDE_SLURM.items() if k != mpi.HNP_URI} | {"OMPI_VERSION": "5.0.3"},
+     "MASTER_ADDR", "mpirun -x MASTER_ADDR="),
     (no_master(HYDRA_ONE_PER_NODE), "MASTER_ADDR", "mpiexec -genv MASTER_ADDR"),
     (OMPI_ONE_PER_NODE | {"OMPI_COMM_WORLD_RANK": "2"}, "OMPI_COMM_WORLD_RANK", "must be below"),
     (OMPI_ONE_PER_NODE | {"OMPI_COMM_WORLD_SIZE": "x"}, "OMPI_COMM_WORLD_SIZE", "positive"),

@@ -75,7 +75,7 @@ def test_listed_in_entrypoint_help():
 
 @pytest.mark.parametrize(("args", "start"), [
     (["slurm", "--nodes", "0", "--gpus-per-node", "8", "--image", "i"],
-     "--nodes='0': not a positive whole number"),
+     "--nodes='0': not a whole number from 1 to 10000"),
     (["kubernetes", "--nodes", "2", "--gpus-per-node", "eight", "--image", "i"],
      "--gpus-per-node='eight': not a whole number"),
     (["volcano", "--nodes", "2", "--gpus-per-node", "8"], "--image=(unset): is required"),
@@ -83,7 +83,7 @@ def test_listed_in_entrypoint_help():
     (["slurm", *BASE, "--time", "2 hours"], "--time='2 hours': is not a SLURM time limit"),
     (["docker", *BASE], "--master-addr=(unset): machines started by hand need node 0's address"),
     (["kubernetes", *BASE, "--name", "My_Job"], "--name='My_Job': is not a lower-case name"),
-    (["kubernetes", *BASE, "--master-port", "70000"], "--master-port='70000': not a TCP port"),
+    (["kubernetes", *BASE, "--master-port", "70000"], "--master-port='70000': not a whole number from 1 to 65534"),
     (["pytorchjob", *BASE, "--env", "NCCL_DEBUG"], "--env='NCCL_DEBUG': has no value"),
     (["pytorchjob", *BASE, "--env", "MASTER_ADDR=x"], ("--env='MASTER_ADDR=x': the rendered spec "
                                                        "or the platform sets MASTER_ADDR")),
