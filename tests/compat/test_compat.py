@@ -88,14 +88,15 @@ TRAINER_SHAPES = {
         re.compile(r"accelerate quick tour: process (?P<rank>\d+) of (?P<world>\d+) "
                    r"\((?P<type>\S+)\) evaluated (?P<examples>\d+) examples"),
         env={"ENTRYPOINT_LAUNCHER": "accelerate"}, check=deepspeed_evaluated_all),
+    # engineer ops's trainer (tests/image/test_deepspeed_ops.py runs it in one container)
     "hf_trainer": Trainer(
-        python("hf_translation.py", "--deepspeed", f"{WORKSPACE}/ds_config_zero2.json",
-               "--output_dir", "/tmp/hf-translation", "--do_train",
-               "--per_device_train_batch_size", "4", "--max_train_samples", "256",
-               "--num_train_epochs", "1", "--report_to", "none"),
-        re.compile(r"hf trainer: process (?P<rank>\d+) of (?P<world>\d+) trained "
-                   r"(?P<steps>\d+) steps"),
-        check=same_step, node0_says=("***** train metrics *****",)),
+        python("hf_trainer.py", "--deepspeed", f"{WORKSPACE}/ds_config_zero2.json",
+               "--output_dir", "/tmp/hf-trainer", "--max_steps", "4",
+               "--per_device_train_batch_size", "2", "--save_strategy", "no",
+               "--report_to", "none"),
+        re.compile(r"hf_trainer: rank (?P<rank>\d+) of (?P<world>\d+) trained (?P<steps>\d+) "
+                   r"steps with DeepSpeedEngine"),
+        check=same_step, node0_says=("hf_trainer: done, loss",)),
     "jax": Trainer(
         python("jax_multiprocess.py"),
         re.compile(r"jax multi-process: process (?P<rank>\d+) of (?P<world>\d+), "
