@@ -12,7 +12,7 @@ from entrypoint.errors import ConfigError
 from entrypoint.facts import Facts
 from entrypoint.platforms.base import Reading
 from entrypoint.settings import PREFIX, Settings
-from entrypoint.values import Sourced, variable_of
+from entrypoint.values import Sourced, device_list, variable_of
 
 DEVICE = f"{PREFIX}DEVICE"
 
@@ -20,11 +20,11 @@ DEVICE = f"{PREFIX}DEVICE"
 def visible_ids(env: Mapping[str, str], facts: Facts) -> tuple[list[str] | None, str]:
     """The GPU ids this node may use (as CUDA_VISIBLE_DEVICES spells them), when known."""
     cvd = env.get("CUDA_VISIBLE_DEVICES")
-    if cvd is not None and cvd.strip() not in ("", "all"):
-        ids = [x.strip() for x in cvd.split(",") if x.strip()]
-        if ids and ids[0].startswith("-"):
+    if cvd is not None:
+        ids = list(device_list("CUDA_VISIBLE_DEVICES", cvd))  # '' or -1: no GPU, as CUDA reads it
+        if not ids:
             return [], "env CUDA_VISIBLE_DEVICES (hides every GPU)"
-        if facts.gpus:  # probed: every listed GPU must exist here (seed 004's invalid ordinal)
+        if facts.gpus is not None:  # probed: every listed GPU must exist here (seed 004)
             uuids = [g.uuid for g in facts.gpus if g.uuid]
             missing = [x for x in ids if not (
                 (x.isdigit() and int(x) < len(facts.gpus))
@@ -35,7 +35,8 @@ def visible_ids(env: Mapping[str, str], facts: Facts) -> tuple[list[str] | None,
                     "CUDA_VISIBLE_DEVICES", cvd,
                     f"names GPU {','.join(missing)} but this node has {n} ({facts.gpu_probe})",
                     f"List only this node's GPUs ({'0' if n == 1 else f'0-{n - 1}'}) or unset it: "
-                    "a 2 x 8 job is not 1 x 16")
+                    "a 2 x 8 job is not 1 x 16" if n else "Unset it, or start the container "
+                    "with its GPUs (--gpus all, the NVIDIA runtime)")
         return ids, "env CUDA_VISIBLE_DEVICES"
     if facts.gpus is None:
         return None, "not probed"

@@ -16,7 +16,7 @@ from entrypoint.errors import ConfigError
 from entrypoint.facts import Facts
 from entrypoint.launchers import ALLREDUCE, Launcher, Layout
 from entrypoint.platforms.base import Reading
-from entrypoint.settings import PREFIX, Settings
+from entrypoint.settings import PREFIX, Settings, control_port
 from entrypoint.values import Sourced, below, variable_of
 
 # The image's built-in jobs (entrypoint/job), run when no trainer command is given.
@@ -190,15 +190,12 @@ def _device_env(env: Mapping[str, str], settings: Settings, facts: Facts, device
             out.env[key] = str(setting).lower() if isinstance(setting, bool) else str(setting)
 
 
-def _control_port(settings: Settings, layout: Layout, sources: dict[str, str]) -> int | None:
-    if settings.control_port is not None:
-        sources["control_port"] = f"env {PREFIX}CONTROL_PORT"
-        return settings.control_port
-    if not layout.standalone:
-        sources["control_port"] = f"master port + 1 ({PREFIX}CONTROL_PORT unset)"
-        return layout.master_port + 1
-    sources["control_port"] = "single node: any free port on loopback"
-    return None
+def _control_port(settings: Settings, reading: Reading, layout: Layout,
+                  sources: dict[str, str]) -> int | None:
+    """Never the rendezvous port, never past 65535 (entrypoint.settings.control_port)."""
+    port, sources["control_port"] = control_port(settings, layout.master_port,
+                                                 reading.master_port.source, layout.standalone)
+    return port
 
 
 def _placed(reading: Reading, sources: dict[str, str]) -> tuple[int, int] | None:
@@ -209,6 +206,20 @@ def _placed(reading: Reading, sources: dict[str, str]) -> tuple[int, int] | None
         raise AssertionError(f"{reading.platform}: spawn is False but no rank was read")
     sources["rank"], sources["local_rank"] = reading.rank.source, reading.local_rank.source
     return reading.rank.value, reading.local_rank.value
+
+
+def _inside(placed: tuple[int, int], nnodes: int, nproc: int, sources: dict[str, str]) -> None:
+    """A process the platform started must lie inside the job as planned: ENTRYPOINT_NNODES or
+    ENTRYPOINT_NPROC_PER_NODE may not shrink the job around it."""
+    for (value, size, what), key in zip(((placed[0], nnodes * nproc, "the world size"),
+                                         (placed[1], nproc, "the processes per node")),
+                                        ("rank", "local_rank"), strict=True):
+        if value >= size:
+            raise ConfigError(variable_of(sources[key]), value,
+                              f"is outside the job as planned: {what} is {size} ({nnodes} nodes "
+                              f"x {nproc} per node)",
+                              f"Leave {PREFIX}NNODES and {PREFIX}NPROC_PER_NODE unset when the "
+                              "platform started every process, or make them match it")
 
 
 def _layout(env: Mapping[str, str], settings: Settings, reading: Reading, master: str,
@@ -249,7 +260,7 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
     platform_name, why, reading = read or read_platform(env, settings)
     out = _Out(sources={"platform": why, **{k: getattr(reading, k).source
                                             for k in ("nnodes", "node_rank", "master_port")}},
-               notes=list(reading.notes))
+               notes=list(reading.notes), warnings=list(reading.warnings))
     nnodes, node_rank = reading.nnodes.value, reading.node_rank.value
     below(variable_of(out.sources["node_rank"]), node_rank,
           variable_of(out.sources["nnodes"]), nnodes)
@@ -264,6 +275,8 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
     nproc = _nproc(settings, reading, launcher, device, n_gpus, out.sources)
     out.sources["world_size"] = f"nnodes {nnodes} x nproc_per_node {nproc}"
     placed = _placed(reading, out.sources)
+    if placed:
+        _inside(placed, nnodes, nproc, out.sources)
     cuda_visible = None
     if device == "cuda":
         chosen = visible if (launcher is Launcher.JAX or not spawn) else visible[:nproc]
@@ -287,7 +300,7 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
     return Plan(
         platform=platform_name, nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc,
         world_size=layout.world_size, master_addr=master, master_port=launch.master_port,
-        control_port=_control_port(settings, layout, out.sources), spawn=spawn,
+        control_port=_control_port(settings, reading, layout, out.sources), spawn=spawn,
         rank=layout.rank, local_rank=layout.local_rank, device=device, gpus_per_node=n_gpus,
         cuda_visible_devices=cuda_visible, config=str(config.path), launcher=launcher,
         command=launch.command, trainer=trainer, env=out.env, files=out.files,

@@ -5,16 +5,24 @@ The README's settings table is generated from these fields (`entrypoint settings
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
+import annotated_types
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from entrypoint.errors import ConfigError
+from entrypoint.values import GPUS, NODES, PER_NODE, host, number, variable_of
 
 PREFIX = "ENTRYPOINT_"
+HOUR, DAY, WEEK = 3600, 86400, 7 * 86400
+# A node is lost after this many heartbeat intervals of silence at the least: fewer, and one
+# late heartbeat of a healthy node stops the job.
+MIN_BEATS_PER_TIMEOUT = 3
 
 
 class Settings(BaseSettings):
@@ -23,12 +31,12 @@ class Settings(BaseSettings):
     platform: str = Field("auto", description="Force a platform reading (see the platform table); `auto` detects it.")
     world_size_means: Literal["auto", "nodes", "processes"] = Field(
         "auto", description="How to read a bare WORLD_SIZE/RANK pair: as nodes (container platforms) or processes.")
-    nnodes: int | None = Field(None, ge=1, description="Number of nodes; beats the platform's value.")
-    node_rank: int | None = Field(None, ge=0, description="This node's index from 0; beats the platform's value.")
+    nnodes: int | None = Field(None, ge=1, le=NODES.high, description="Number of nodes; beats the platform's value.")
+    node_rank: int | None = Field(None, ge=0, le=NODES.high - 1, description="This node's index from 0; beats the platform's value.")
     master_addr: str | None = Field(None, description="Address of node 0; beats the platform's value.")
     master_port: int | None = Field(None, ge=1, le=65535, description="Rendezvous port on node 0; beats the platform's value.")
-    gpus_per_node: int | None = Field(None, ge=0, description="GPUs on each node; unset: the platform's count, else a probe (NVML).")
-    nproc_per_node: int | None = Field(None, ge=1, description="Workers per node; default one per GPU, or 1 on CPU.")
+    gpus_per_node: int | None = Field(None, ge=0, le=GPUS.high, description="GPUs on each node; unset: the platform's count, else a probe (NVML).")
+    nproc_per_node: int | None = Field(None, ge=1, le=PER_NODE.high, description="Workers per node; default one per GPU, or 1 on CPU.")
     device: Literal["auto", "cuda", "cpu"] = Field("auto", description="`cuda` needs GPUs; `auto` uses them when present.")
     launcher: Literal["auto", "torchrun", "accelerate", "jax", "direct"] = Field(
         "auto", description="How workers start: torchrun (default), accelerate launch, JAX processes, or direct exec.")
@@ -43,16 +51,16 @@ class Settings(BaseSettings):
     log_all_nodes: bool = Field(False, description="Log informative lines on every node, not only node 0.")
     xla_preallocate: bool | None = Field(None, description="JAX: sets XLA_PYTHON_CLIENT_PREALLOCATE (false stops JAX taking 75% of GPU memory at start).")
     xla_mem_fraction: float | None = Field(None, gt=0, le=1, description="JAX: sets XLA_PYTHON_CLIENT_MEM_FRACTION.")
-    control_port: int | None = Field(None, ge=1, le=65535, description="Port of the entrypoints' own channel on node 0 (join, checks, heartbeats); default MASTER_PORT + 1.")
-    join_timeout: float = Field(300, gt=0, description="Seconds `run` waits for node 0 to answer and for every node to join before it stops with exit 75.")
-    heartbeat_interval: float = Field(5, gt=0, description="Seconds between heartbeats between the nodes' entrypoints.")
-    heartbeat_timeout: float = Field(30, gt=0, description="A node silent this long (paused, hung, cut off) is lost: every node stops with exit 75.")
-    collective_timeout: int = Field(600, ge=10, description="Process-group timeout in seconds for a rank that is alive but stuck in a collective (DEEPSPEED_TIMEOUT, the built-in jobs); node loss is caught by heartbeats long before.")
-    grace_period: float = Field(25, ge=0, description="Seconds workers get after SIGTERM to checkpoint and exit before they are killed; keep it below the platform's (Kubernetes: terminationGracePeriodSeconds, 30 s).")
-    max_restarts: int = Field(0, ge=0, description="Restart every node's trainer together this many times after a worker fails; the built-in job resumes from its checkpoint.")
-    max_clock_skew: float = Field(30, gt=0, description="Nodes whose clocks differ from node 0's by more than this many seconds are refused (above 2 s: a warning).")
+    control_port: int | None = Field(None, ge=1, le=65535, description="Port of the entrypoints' own channel on node 0 (join, checks, heartbeats); default MASTER_PORT + 1 (MASTER_PORT - 1 for 65535); never MASTER_PORT itself.")
+    join_timeout: float = Field(300, gt=0, le=WEEK, description="Seconds `run` waits for node 0 to answer and for every node to join before it stops with exit 75.")
+    heartbeat_interval: float = Field(5, gt=0, le=HOUR, description="Seconds between heartbeats between the nodes' entrypoints.")
+    heartbeat_timeout: float = Field(30, gt=0, le=DAY, description="A node silent this long (paused, hung, cut off) is lost: every node stops with exit 75. At least 3 heartbeat intervals.")
+    collective_timeout: int = Field(600, ge=10, le=WEEK, description="Process-group timeout in seconds for a rank that is alive but stuck in a collective (DEEPSPEED_TIMEOUT, the built-in jobs); node loss is caught by heartbeats long before.")
+    grace_period: float = Field(25, ge=0, le=DAY, description="Seconds workers get after SIGTERM to checkpoint and exit before they are killed; keep it below the platform's (Kubernetes: terminationGracePeriodSeconds, 30 s).")
+    max_restarts: int = Field(0, ge=0, le=1000, description="Restart every node's trainer together this many times after a worker fails; the built-in job resumes from its checkpoint.")
+    max_clock_skew: float = Field(30, gt=0, le=DAY, description="Nodes whose clocks differ from node 0's by more than this many seconds are refused (above 2 s: a warning).")
     data_dir: Path | None = Field(None, description="A dataset directory that must exist and look the same (file count, size) on every node.")
-    monitor_interval: float = Field(300, ge=0, description="Node 0 logs a per-node table (GPU utilization and memory) this often, in seconds; 0: never.")
+    monitor_interval: float = Field(300, ge=0, le=WEEK, description="Node 0 logs a per-node table (GPU utilization and memory) this often, in seconds; 0: never.")
     preflight_allreduce: bool = Field(False, description="Before the trainer, measure all-reduce bandwidth across all nodes (as `entrypoint doctor --allreduce`).")
 
     @classmethod
@@ -62,22 +70,120 @@ class Settings(BaseSettings):
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
+        """The settings in `env`, each stripped; an empty ENTRYPOINT_* variable is unset. Numbers
+        and the master's address go through entrypoint.values' readers; the rest through
+        pydantic."""
         given = {
-            name: env[PREFIX + name.upper()]
+            name: env[PREFIX + name.upper()].strip()
             for name in cls.model_fields
             if env.get(PREFIX + name.upper(), "").strip() != ""
         }
+        for name, raw in given.items():
+            _check_text(name, raw)
         try:
-            return cls(**given)
+            settings = cls(**given)
         except ValidationError as err:
             first = err.errors()[0]
             name = PREFIX + str(first["loc"][0]).upper()
             raise ConfigError(name, given.get(str(first["loc"][0])), first["msg"].lower(),
                               f"Fix {name} or unset it (see `entrypoint settings`)") from None
+        settings._check_heartbeat(given)
+        return settings
+
+    def _check_heartbeat(self, given: Mapping[str, str]) -> None:
+        """The timeout is relative to the interval, whatever their defaults."""
+        need = MIN_BEATS_PER_TIMEOUT * self.heartbeat_interval
+        if self.heartbeat_timeout >= need:
+            return
+        timeout, interval = PREFIX + "HEARTBEAT_TIMEOUT", PREFIX + "HEARTBEAT_INTERVAL"
+        why = "one late heartbeat of a healthy node would stop the job"
+        if "heartbeat_timeout" in given:
+            raise ConfigError(timeout, given["heartbeat_timeout"],
+                              f"is below {MIN_BEATS_PER_TIMEOUT} x {interval}="
+                              f"{self.heartbeat_interval:g} ({need:g} s): {why}",
+                              f"Raise it to {need:g} or more, or lower {interval}")
+        raise ConfigError(interval, given.get("heartbeat_interval"),
+                          f"{MIN_BEATS_PER_TIMEOUT} intervals ({need:g} s) exceed {timeout}="
+                          f"{self.heartbeat_timeout:g}: {why}",
+                          f"Lower it to {self.heartbeat_timeout / MIN_BEATS_PER_TIMEOUT:g} or "
+                          f"less, or raise {timeout} to {need:g}")
 
     def stated(self) -> dict[str, object]:
         """Only the settings the user gave (for `sources`)."""
         return {name: getattr(self, name) for name in self.model_fields_set}
+
+
+# Settings that name a file or directory (ENTRYPOINT_CONFIG may be a shipped name or a path).
+_PATHS = ("config", "run_dir", "log_dir", "data_dir")
+_DECIMAL = re.compile(r"^(?:[0-9]{1,12}(?:\.[0-9]{0,9})?|\.[0-9]{1,9})$")
+
+
+def _range(name: str) -> tuple[float | None, bool, float | None]:
+    """(lowest, whether the lowest itself is allowed, highest) from the field's constraints."""
+    low, closed, high = None, True, None
+    for rule in Settings.model_fields[name].metadata:
+        if isinstance(rule, annotated_types.Ge):
+            low, closed = rule.ge, True
+        elif isinstance(rule, annotated_types.Gt):
+            low, closed = rule.gt, False
+        elif isinstance(rule, annotated_types.Le):
+            high = rule.le
+    return low, closed, high
+
+
+def _check_text(name: str, raw: str) -> None:
+    """Numbers in ASCII digits within the field's range (no `inf`, `nan`, `1e3`, `1_000`, sign
+    or `²`), and the master one host: each refusal one line naming the range or the fix."""
+    variable = PREFIX + name.upper()
+    if not raw.strip().isprintable():
+        raise ConfigError(variable, raw[:300], "holds a control character (a newline, tab...)",
+                          f"Set {variable} to the value alone, on one line")
+    if name == "master_addr":
+        host(variable, raw)
+        return
+    if name in _PATHS:
+        parts = raw.strip().encode(errors="surrogateescape").split(b"/")
+        if len(raw) > 4095 or max(len(part) for part in parts) > 255:
+            raise ConfigError(variable, raw[:300], "not a usable path (Linux allows 255 bytes "
+                              "per name, 4095 in all)", f"Set {variable} to a shorter path")
+        return
+    annotation = Settings.model_fields[name].annotation
+    kinds = {annotation, *get_args(annotation)}
+    low, closed, high = _range(name)
+    if int in kinds:
+        start = int(low) if closed else int(low) + 1
+        number(variable, raw, low=start, high=int(high), example=max(start, 1))
+    elif float in kinds:
+        text = raw.strip()
+        shown = f"{'from' if closed else 'above'} {low:g} to {high:g}"
+        if not _DECIMAL.match(text):
+            raise ConfigError(variable, raw, "not a number (ASCII digits and at most one '.', "
+                              "such as 30 or 0.5)", f"Set {variable} to a number {shown}")
+        value = float(text)
+        if not math.isfinite(value) or value > high or value < low or (value == low and not closed):
+            raise ConfigError(variable, raw, f"is outside {shown}",
+                              f"Set {variable} to a number {shown}")
+
+
+def control_port(settings: Settings, master_port: int | None, master_source: str,
+                 standalone: bool) -> tuple[int | None, str]:
+    """(node 0's control port, its source): ENTRYPOINT_CONTROL_PORT, else the rendezvous port
+    + 1 (- 1 when that is 65535), never the rendezvous port itself; None: any free port."""
+    stated = settings.control_port
+    if stated is not None:
+        if not standalone and stated == master_port:
+            raise ConfigError(PREFIX + "CONTROL_PORT", stated,
+                              f"is the rendezvous port too ({variable_of(master_source)}="
+                              f"{master_port}); torchrun's store and the entrypoints' channel "
+                              "cannot share it", f"Pick another free port on node 0, or unset "
+                              f"{PREFIX}CONTROL_PORT (default: the rendezvous port + 1)")
+        return stated, f"env {PREFIX}CONTROL_PORT"
+    if master_port is None or standalone:
+        return None, "single node: any free port on loopback"
+    if master_port < 65535:
+        return master_port + 1, f"master port + 1 ({PREFIX}CONTROL_PORT unset)"
+    return master_port - 1, (f"master port - 1, as 65535 is the last port ({PREFIX}CONTROL_PORT "
+                             "unset)")
 
 
 def markdown_table() -> str:

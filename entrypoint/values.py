@@ -1,7 +1,16 @@
-"""Values that remember where they came from, and strict parsers for environment strings."""
+"""Values that remember where they came from, and the one strict reader for each kind of value
+the entrypoint takes from its environment or command line: numbers, host addresses, device
+lists (hostlists: entrypoint.hostlist). Every refusal is one ConfigError line:
+`VARIABLE=value: what is wrong. What to do.`
+
+Numbers are ASCII digits only (no sign, no `²`, no `1_000`), bounded by a stated limit checked
+before anything is built from them, so that no value can make a plan slow or huge.
+"""
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -19,40 +28,92 @@ class Sourced(Generic[T]):
     source: str
 
 
+@dataclass(frozen=True)
+class Limit:
+    """The largest value a kind of count may take, and its name in messages."""
+
+    noun: str
+    high: int
+
+
+# The bounds (README, "Errors"). Far above any job run today, low enough that nothing built
+# from them (host lists, device lists, rank tables) can take memory or time.
+NODES = Limit("nodes", 65536)
+PROCESSES = Limit("processes", 1 << 20)  # a world size; global ranks are below it
+PER_NODE = Limit("processes per node", 1024)  # CPU workers may outnumber GPUs
+GPUS = Limit("GPUs per node", 256)  # as `render` allows; 8 GPUs x 8 partitions = 64 today
+PORTS = Limit("port", 65535)
+_MAX_DIGITS = 18  # checked before int(): Python refuses over 4300 digits with a traceback
+
+
 def env_source(*names: str) -> str:
     return "env " + "+".join(names)
 
 
-def positive_int(name: str, raw: str | None, *, allow_zero: bool = False) -> int:
-    """Parse a count such as `2`; refuse anything else with a one-line error."""
-    what = "a whole number of 0 or more" if allow_zero else "a positive whole number"
-    if raw is None or not raw.strip().lstrip("+").isdigit():
-        raise ConfigError(name, raw, f"not {what}", f"Set {name} to {what}, for example 2")
-    value = int(raw.strip())
-    if value == 0 and not allow_zero:
-        raise ConfigError(name, raw, f"not {what}", f"Set {name} to {what}, for example 2")
+def _empty(name: str, raw: str) -> ConfigError:
+    return ConfigError(name, raw, "is set but empty", f"Give {name} a value, or unset it")
+
+
+def number(name: str, raw: str | None, *, low: int, high: int, noun: str = "",
+           example: int | None = None) -> int:
+    """A whole number low..high written in ASCII digits, else one line naming the range."""
+    example = low if example is None else example
+    unit = f" {noun}" if noun else ""
+    if raw is None:
+        raise ConfigError(name, None, "is not set", f"Set {name} to a whole number from "
+                          f"{low} to {high}, for example {example}")
+    text = raw.strip()
+    if not text:
+        raise _empty(name, raw)
+    if not (text.isascii() and text.isdigit()):
+        what = "a positive whole number" if low >= 1 else "a whole number"
+        raise ConfigError(name, raw, f"not {what} (ASCII digits 0-9 only, no sign)",
+                          f"Set {name} to a number from {low} to {high}, for example {example}")
+    significant = text.lstrip("0") or "0"  # int() refuses 4300 digits, zeros included
+    if len(significant) > _MAX_DIGITS or int(significant) > high:
+        raise ConfigError(name, raw, f"is above the limit of {high}{unit}",
+                          f"Set {name} to a number from {low} to {high}")
+    value = int(significant)
+    if value < low:
+        problem = "not a positive whole number" if low == 1 else f"is below {low}"
+        raise ConfigError(name, raw, problem,
+                          f"Set {name} to a number from {low} to {high}, for example {example}")
     return value
 
 
-def index(name: str, raw: str | None) -> int:
-    """Parse a 0-based index (rank, node rank)."""
-    return positive_int(name, raw, allow_zero=True)
+def count(name: str, raw: str | None, limit: Limit, *, allow_zero: bool = False) -> int:
+    """A count of nodes, processes or GPUs: 1 (or 0) up to the limit."""
+    return number(name, raw, low=0 if allow_zero else 1, high=limit.high, noun=limit.noun,
+                  example=2)
+
+
+def index(name: str, raw: str | None, limit: Limit = PROCESSES) -> int:
+    """A 0-based index (rank, node rank) below the limit; `below` then checks it in the job."""
+    return number(name, raw, low=0, high=limit.high - 1, example=0)
 
 
 def port(name: str, raw: str | None) -> int:
-    if raw is None or not raw.strip().isdigit() or not 1 <= int(raw) <= 65535:
-        raise ConfigError(
-            name, raw, "not a TCP port", f"Set {name} to a port between 1 and 65535, such as 29500"
-        )
-    return int(raw)
+    try:
+        return number(name, raw, low=1, high=PORTS.high, example=29500)
+    except ConfigError:
+        if raw is None or not raw.strip():
+            raise
+        raise ConfigError(name, raw, "not a TCP port (a number from 1 to 65535, ASCII digits)",
+                          f"Set {name} to a free port such as 29500") from None
 
 
 def first(env: Mapping[str, str], *names: str) -> tuple[str, str] | None:
-    """The first of `names` that is set to a non-empty value, as (name, value)."""
+    """The first of `names` that is set, as (name, stripped value). A platform's variable set
+    but empty is refused (WORLD_SIZE='' is not "unset"); an empty ENTRYPOINT_* setting is unset,
+    as in entrypoint.settings."""
     for name in names:
         raw = env.get(name)
-        if raw is not None and raw.strip() != "":
+        if raw is None:
+            continue
+        if raw.strip():
             return name, raw.strip()
+        if not name.startswith("ENTRYPOINT_"):
+            raise _empty(name, raw)
     return None
 
 
@@ -69,3 +130,117 @@ def below(rank_name: str, rank: int, size_name: str, size: int) -> None:
 def variable_of(source: str) -> str:
     """`env RANK (as node index)` -> `RANK`: the variable a source names, for error lines."""
     return source.removeprefix("env ").split(" ")[0]
+
+
+# -- host addresses ---------------------------------------------------------------------------
+
+_LABEL = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
+# Why node 0 may not be an IPv6 literal: its entrypoint's control channel (join, checks,
+# heartbeats) listens on IPv4 only, so the other nodes could never join it.
+IPV6_MASTER = ("an IPv6 address; node 0's control channel (join, checks, heartbeats) listens on "
+               "IPv4 only")
+
+
+def _host_fix(name: str) -> str:
+    return f"Set {name} to one host name or IP address, such as worker-0 or 10.0.0.1"
+
+
+def host(name: str, raw: str | None, *, ipv6: bool = False) -> str:
+    """One host: a name (RFC 1123 labels, `_` allowed), an IPv4 address, or (with ipv6) an IPv6
+    address with or without brackets, returned without them. `host:port`, URLs, spaces, lists
+    and non-ASCII text are refused with the fix."""
+    if raw is None:
+        raise ConfigError(name, None, "is not set", _host_fix(name))
+    text = raw.strip()
+    if not text:
+        raise _empty(name, raw)
+    if not text.isascii() or not text.isprintable():
+        raise ConfigError(name, raw, "not a host name (characters outside ASCII letters, digits, "
+                          "'-', '_' and '.')", _host_fix(name))
+    if "://" in text:
+        raise ConfigError(name, raw, "a URL, not a host", _host_fix(name))
+    if any(c in text for c in " \t,;/@"):
+        raise ConfigError(name, raw, "not one host name (it holds a space, comma or '/')",
+                          _host_fix(name))
+    inner = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    if inner.count(":") >= 2:
+        try:
+            address = ipaddress.IPv6Address(inner.split("%")[0])
+        except ValueError:
+            address = None
+        if address is None and text.startswith("[") and "]:" in text:
+            head, _, tail = text.rpartition(":")
+            raise ConfigError(name, raw, "holds a port (host:port)",
+                              f"Set {name}={head} and the port in MASTER_PORT={tail}")
+        if address is None:
+            raise ConfigError(name, raw, "not a valid IPv6 address (with a port it would be "
+                              "[address]:port, and the port belongs in MASTER_PORT)",
+                              _host_fix(name))
+        if not ipv6:
+            raise ConfigError(name, raw, IPV6_MASTER, "Give node 0's IPv4 address, or a host "
+                              "name that resolves to it")
+        return inner
+    if ":" in text:
+        head, _, tail = text.rpartition(":")
+        raise ConfigError(name, raw, "holds a port (host:port)",
+                          f"Set {name}={head} and the port in MASTER_PORT={tail}")
+    if "[" in text or "]" in text:
+        raise ConfigError(name, raw, "brackets belong around IPv6 addresses only", _host_fix(name))
+    labels = text.removesuffix(".").split(".")
+    if all(label.isdigit() for label in labels):
+        try:
+            return str(ipaddress.IPv4Address(text))
+        except ValueError:
+            raise ConfigError(name, raw, "not a valid IPv4 address (four numbers 0-255, no "
+                              "leading zeros)", _host_fix(name)) from None
+    if len(text) > 253 or not all(_LABEL.match(label) for label in labels):
+        raise ConfigError(name, raw, "not a valid host name (labels of letters, digits, '-' and "
+                          "'_', at most 63 each, not starting or ending with '-')",
+                          _host_fix(name))
+    return text
+
+
+def host_port(address: str, port_number: int) -> str:
+    """`host:port`, with brackets around an IPv6 address (`[::1]:29500`)."""
+    return f"[{address}]:{port_number}" if ":" in address else f"{address}:{port_number}"
+
+
+# -- device lists -----------------------------------------------------------------------------
+
+_UUID = re.compile(r"^(GPU|MIG)-[A-Za-z0-9/-]{1,120}$")
+
+
+def device_list(name: str, raw: str) -> tuple[str, ...]:
+    """CUDA_VISIBLE_DEVICES as CUDA reads it: `''` hides every GPU (an empty tuple), so does a
+    leading negative index; else indices (ASCII digits, below GPUS.high; `02` read as 2) or
+    UUIDs (`GPU-...`, `MIG-...`), kept as written. Duplicates, empty entries, words and later
+    negatives, which CUDA would read as "stop here" without a word, are refused."""
+    text = raw.strip()
+    if not text:
+        return ()
+    entries = [entry.strip() for entry in text.split(",")]
+    if entries[0].startswith("-") and entries[0][1:].isascii() and entries[0][1:].isdigit():
+        return ()
+    fix = (f"List this node's GPUs once each, by index (0,1,2) or UUID (GPU-...), or unset "
+           f"{name} to use them all")
+    seen: set[str] = set()
+    ids = []
+    for entry in entries:
+        if not entry:
+            raise ConfigError(name, raw, "has an empty entry", fix)
+        if entry.isascii() and entry.isdigit():
+            key = str(number(name, entry, low=0, high=GPUS.high - 1))  # `02` is GPU 2 to CUDA
+        elif _UUID.match(entry):
+            key = entry
+        elif entry == "all":
+            raise ConfigError(name, raw, "CUDA reads 'all' as no GPU at all (NVIDIA_VISIBLE_"
+                              "DEVICES=all is the container runtime's word, not CUDA's)",
+                              f"Unset {name} to use every GPU")
+        else:
+            raise ConfigError(name, raw, f"names {entry!r}, neither a GPU index nor a UUID "
+                              "(CUDA silently stops reading the list there)", fix)
+        if key in seen:
+            raise ConfigError(name, raw, f"names GPU {entry} twice", fix)
+        seen.add(key)
+        ids.append(key)
+    return tuple(ids)

@@ -9,6 +9,8 @@ ambiguous; then a single machine.
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Mapping
 
 from entrypoint.errors import ConfigError
@@ -32,8 +34,37 @@ def module(name: str) -> Platform:
     return PLATFORMS[ORDER.index(name)]
 
 
+_VARIABLE = re.compile(r"^[A-Z][A-Z0-9_]+$")
+
+
+@functools.cache
+def variables() -> frozenset[str]:
+    """Every variable a platform module names in its constants (`NNODES = ("NNODES", ...)`),
+    but the entrypoint's own ENTRYPOINT_* settings."""
+    names: set[str] = set()
+    for platform in PLATFORMS:
+        for attr, value in vars(platform).items():
+            if not attr.isupper():
+                continue
+            for item in value if isinstance(value, tuple) else (value,):
+                if isinstance(item, str) and _VARIABLE.match(item):
+                    names.add(item)
+    return frozenset(n for n in names if not n.startswith("ENTRYPOINT_"))
+
+
+def refuse_empty(env: Mapping[str, str]) -> None:
+    """A platform's variable set to '' is a mistake, not "unset": WORLD_SIZE='' would otherwise
+    plan one machine, SLURM_NODEID='' node 0."""
+    for name in sorted(variables()):
+        raw = env.get(name)
+        if raw is not None and not raw.strip():
+            raise ConfigError(name, raw, "is set but empty",
+                              f"Give {name} a value, or unset it")
+
+
 def detect(env: Mapping[str, str]) -> tuple[Platform, str]:
     """(platform, why it was chosen)."""
+    refuse_empty(env)
     forced = env.get(FORCE, "").strip().lower()
     if forced and forced != "auto":
         if forced not in ORDER:

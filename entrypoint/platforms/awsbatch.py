@@ -19,8 +19,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from entrypoint.errors import ConfigError
-from entrypoint.platforms.base import Reading, node_reading, read_addr, read_count, read_index, read_port, require
-from entrypoint.values import Sourced, below
+from entrypoint.platforms.base import (
+    Reading,
+    node_reading,
+    read_addr,
+    read_count,
+    read_index,
+    read_port,
+    require,
+)
+from entrypoint.values import NODES, Sourced, below
 
 NAME = "awsbatch"
 DOCS = "https://docs.aws.amazon.com/batch/latest/userguide/mnp-env-vars.html"
@@ -41,10 +49,11 @@ def detect(env: Mapping[str, str]) -> str | None:
 
 
 def read(env: Mapping[str, str]) -> Reading:
-    nnodes = require(read_count(env, NUM_NODES), NUM_NODES, "the number of nodes")
-    index = require(read_index(env, NODE_INDEX), NODE_INDEX, "the node index")
+    nnodes = require(read_count(env, NUM_NODES, limit=NODES), NUM_NODES, "the number of nodes")
+    index = require(read_index(env, NODE_INDEX, limit=NODES), NODE_INDEX, "the node index")
     below(NODE_INDEX, index.value, NUM_NODES, nnodes.value)
-    main = read_index(env, MAIN_NODE_INDEX) or Sourced(0, f"default 0 ({MAIN_NODE_INDEX} unset)")
+    main = (read_index(env, MAIN_NODE_INDEX, limit=NODES)
+            or Sourced(0, f"default 0 ({MAIN_NODE_INDEX} unset)"))
     below(MAIN_NODE_INDEX, main.value, NUM_NODES, nnodes.value)
     notes: list[str] = []
     if main.value:

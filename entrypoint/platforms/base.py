@@ -11,7 +11,19 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from entrypoint.errors import ConfigError
-from entrypoint.values import Sourced, below, first, index, port, positive_int, variable_of
+from entrypoint.values import (
+    NODES,
+    PER_NODE,
+    Limit,
+    Sourced,
+    below,
+    count,
+    first,
+    host,
+    index,
+    port,
+    variable_of,
+)
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default
 
@@ -35,6 +47,7 @@ class Reading:
     gpus_per_node: Sourced[int] | None = None
     hosts: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    warnings: tuple[str, ...] = field(default=())
 
 
 class Platform(Protocol):
@@ -53,19 +66,27 @@ class Platform(Protocol):
         ...
 
 
-def read_index(env: Mapping[str, str], *names: str) -> Sourced[int] | None:
+# Every number, host and port a platform reads goes through entrypoint.values: ASCII digits,
+# bounded by the Limit of what it counts; one host per address, IPv4 or a name.
+
+def read_index(env: Mapping[str, str], *names: str, limit: Limit) -> Sourced[int] | None:
+    """A 0-based index below limit.high (then `below` checks it inside the job)."""
     found = first(env, *names)
-    return None if found is None else Sourced(index(found[0], found[1]), f"env {found[0]}")
+    return None if found is None else Sourced(index(found[0], found[1], limit), f"env {found[0]}")
 
 
-def read_count(env: Mapping[str, str], *names: str) -> Sourced[int] | None:
+def read_count(env: Mapping[str, str], *names: str, limit: Limit,
+               allow_zero: bool = False) -> Sourced[int] | None:
     found = first(env, *names)
-    return None if found is None else Sourced(positive_int(found[0], found[1]), f"env {found[0]}")
+    if found is None:
+        return None
+    return Sourced(count(found[0], found[1], limit, allow_zero=allow_zero), f"env {found[0]}")
 
 
 def read_addr(env: Mapping[str, str], *names: str) -> Sourced[str] | None:
+    """Node 0's address: one host name or IPv4 address."""
     found = first(env, *names)
-    return None if found is None else Sourced(found[1], f"env {found[0]}")
+    return None if found is None else Sourced(host(found[0], found[1]), f"env {found[0]}")
 
 
 def read_port(env: Mapping[str, str], *names: str) -> Sourced[int]:
@@ -73,6 +94,41 @@ def read_port(env: Mapping[str, str], *names: str) -> Sourced[int]:
     if found is None:
         return Sourced(DEFAULT_MASTER_PORT, f"default {DEFAULT_MASTER_PORT} (torchrun's)")
     return Sourced(port(found[0], found[1]), f"env {found[0]}")
+
+
+def read_hosts(name: str, raw: str, hosts: list[str]) -> tuple[str, ...]:
+    """Every node's host as a platform lists them (master first): each one host or IP (IPv6
+    allowed but for the first, node 0), at most NODES.high, none twice."""
+    if len(hosts) > NODES.high:
+        raise ConfigError(name, f"{raw[:60]}...", f"lists {len(hosts)} hosts, above the limit "
+                          f"of {NODES.high} nodes", "Run at most that many nodes in one job")
+    if not hosts:
+        raise ConfigError(name, raw, "lists no host", f"Let the platform set {name}")
+    checked = [host(name, hosts[0])] + [host(name, h, ipv6=True) for h in hosts[1:]]
+    seen: set[str] = set()
+    for one in checked:
+        if one in seen:
+            raise ConfigError(name, raw, f"names {one} twice", "List every node once")
+        seen.add(one)
+    return tuple(checked)
+
+
+# torchrun's --nproc-per-node also takes these words; the plan then decides from the devices.
+NPROC_WORDS = ("auto", "gpu", "cpu", "xpu")
+
+
+def read_nproc(env: Mapping[str, str], *names: str) -> tuple[Sourced[int] | None, str | None]:
+    """(workers per node, or None for torchrun's words; a note when a word was given)."""
+    found = first(env, *names)
+    if found is None:
+        return None, None
+    if found[1].lower() in NPROC_WORDS:
+        return None, f"{found[0]}={found[1]}: workers per node decided from this node's devices"
+    if not (found[1].isascii() and found[1].isdigit()):
+        raise ConfigError(found[0], found[1], "neither a number nor one of torchrun's words "
+                          f"({', '.join(NPROC_WORDS)})",
+                          f"Set {found[0]} to a number of workers per node, or auto")
+    return Sourced(count(found[0], found[1], PER_NODE), f"env {found[0]}"), None
 
 
 def require(value: Sourced[int] | None, names: str, what: str) -> Sourced[int]:
@@ -92,7 +148,16 @@ def node_reading(
     **more,
 ) -> Reading:
     """Check the node counts hang together, then build the Reading."""
+    if nnodes.value > NODES.high:
+        raise ConfigError(variable_of(nnodes.source), nnodes.value,
+                          f"makes {nnodes.value} nodes ({nnodes.source}), above the limit of "
+                          f"{NODES.high}", "Run at most that many nodes in one job")
     below(variable_of(node_rank.source), node_rank.value, variable_of(nnodes.source), nnodes.value)
+    per_node = more.get("nproc_per_node")
+    if per_node is not None and per_node.value > PER_NODE.high:
+        raise ConfigError(variable_of(per_node.source), per_node.value,
+                          f"makes {per_node.value} processes per node ({per_node.source}), above "
+                          f"the limit of {PER_NODE.high}", "Start at most that many per node")
     return Reading(
         platform=platform,
         nnodes=nnodes,

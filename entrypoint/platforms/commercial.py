@@ -12,9 +12,15 @@ from collections.abc import Mapping
 
 from entrypoint.errors import ConfigError
 from entrypoint.platforms.base import (
-    Reading, node_reading, read_addr, read_count, read_index, read_port, require,
+    Reading,
+    node_reading,
+    read_addr,
+    read_count,
+    read_index,
+    read_port,
+    require,
 )
-from entrypoint.values import Sourced, below
+from entrypoint.values import NODES, PER_NODE, PROCESSES, Sourced, below
 
 NAME = "commercial"
 DOCS = "https://pytorch.org/docs/stable/distributed.html#environment-variable-initialization"
@@ -51,8 +57,8 @@ def world_size_means(env: Mapping[str, str]) -> tuple[str, str]:
 
 
 def read(env: Mapping[str, str]) -> Reading:
-    world = require(read_count(env, WORLD_SIZE), WORLD_SIZE, "the world size")
-    rank = require(read_index(env, RANK), RANK, "the rank")
+    world = require(read_count(env, WORLD_SIZE, limit=PROCESSES), WORLD_SIZE, "the world size")
+    rank = require(read_index(env, RANK, limit=PROCESSES), RANK, "the rank")
     below(RANK, rank.value, WORLD_SIZE, world.value)
     means, why = world_size_means(env)
     note = f"{WORLD_SIZE}={world.value} read as the number of {means}: {why}"
@@ -66,15 +72,30 @@ def read(env: Mapping[str, str]) -> Reading:
             master_addr=addr, master_port=port, notes=(note,),
         )
 
-    per_node = read_count(env, LOCAL_WORLD_SIZE) or Sourced(1, f"default 1 ({LOCAL_WORLD_SIZE} unset)")
+    per_node = (read_count(env, LOCAL_WORLD_SIZE, limit=PER_NODE)
+                or Sourced(1, f"default 1 ({LOCAL_WORLD_SIZE} unset)"))
     if world.value % per_node.value:
         raise ConfigError(WORLD_SIZE, world.value,
                           f"is not a multiple of {LOCAL_WORLD_SIZE}={per_node.value}",
                           "Give every node the same number of processes")
-    local_rank = read_index(env, LOCAL_RANK) or Sourced(0, f"default 0 ({LOCAL_RANK} unset)")
+    local_rank = (read_index(env, LOCAL_RANK, limit=PER_NODE)
+                  or Sourced(0, f"default 0 ({LOCAL_RANK} unset)"))
     below(LOCAL_RANK, local_rank.value, LOCAL_WORLD_SIZE, per_node.value)
-    node_rank = read_index(env, GROUP_RANK) or Sourced(
+    # torchrun numbers ranks node by node: RANK = GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK.
+    if rank.value % per_node.value != local_rank.value:
+        raise ConfigError(LOCAL_RANK, local_rank.value,
+                          f"does not match {RANK}={rank.value} with {LOCAL_WORLD_SIZE}="
+                          f"{per_node.value} (expected {rank.value % per_node.value})",
+                          "Set RANK, LOCAL_RANK and LOCAL_WORLD_SIZE as torchrun does, or leave "
+                          "them to the platform")
+    node_rank = read_index(env, GROUP_RANK, limit=NODES) or Sourced(
         rank.value // per_node.value, f"{RANK} // {LOCAL_WORLD_SIZE}")
+    if node_rank.value != rank.value // per_node.value:
+        raise ConfigError(GROUP_RANK, node_rank.value,
+                          f"does not match {RANK}={rank.value} with {LOCAL_WORLD_SIZE}="
+                          f"{per_node.value} (expected {rank.value // per_node.value})",
+                          "Set RANK, GROUP_RANK and LOCAL_WORLD_SIZE as torchrun does, or leave "
+                          "them to the platform")
     return node_reading(
         NAME, env,
         nnodes=Sourced(world.value // per_node.value, f"{WORLD_SIZE} / {LOCAL_WORLD_SIZE}"),

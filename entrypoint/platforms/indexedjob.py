@@ -12,7 +12,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from entrypoint.errors import ConfigError
-from entrypoint.platforms.base import Reading, node_reading, read_addr, read_count, read_index, read_port, require
+from entrypoint.platforms.base import (
+    Reading,
+    node_reading,
+    read_addr,
+    read_count,
+    read_index,
+    read_port,
+    require,
+)
+from entrypoint.values import NODES
 
 NAME = "indexedjob"
 DOCS = "https://kubernetes.io/docs/concepts/workloads/controllers/job/#completion-mode"
@@ -30,8 +39,9 @@ def detect(env: Mapping[str, str]) -> str | None:
 
 
 def read(env: Mapping[str, str]) -> Reading:
-    node_rank = require(read_index(env, JOB_COMPLETION_INDEX), JOB_COMPLETION_INDEX, "the index")
-    nnodes = read_count(env, *NNODES)
+    node_rank = require(read_index(env, JOB_COMPLETION_INDEX, limit=NODES),
+                        JOB_COMPLETION_INDEX, "the index")
+    nnodes = read_count(env, *NNODES, limit=NODES)
     if nnodes is None:
         raise ConfigError(NNODES[0], None, "an Indexed Job does not tell its pods how many there are",
                           f"Set {NNODES[0]} in the pod template to the Job's completions")

@@ -22,8 +22,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from entrypoint.errors import ConfigError
-from entrypoint.platforms.base import Reading, node_reading, read_addr, read_count, read_index, read_port, require
-from entrypoint.values import Sourced, below, variable_of
+from entrypoint.platforms.base import (
+    Reading,
+    node_reading,
+    read_addr,
+    read_count,
+    read_index,
+    read_port,
+    require,
+)
+from entrypoint.values import NODES, Sourced, below, host, variable_of
 
 NAME = "jobset"
 DOCS = "https://jobset.sigs.k8s.io/docs/concepts/"
@@ -45,13 +53,15 @@ def detect(env: Mapping[str, str]) -> str | None:
 
 
 def read(env: Mapping[str, str]) -> Reading:
-    pod = require(read_index(env, JOB_COMPLETION_INDEX), JOB_COMPLETION_INDEX, "the pod index")
-    nnodes = read_count(env, *NNODES)
+    pod = require(read_index(env, JOB_COMPLETION_INDEX, limit=NODES), JOB_COMPLETION_INDEX,
+                  "the pod index")
+    nnodes = read_count(env, *NNODES, limit=NODES)
     if nnodes is None:
         raise ConfigError(NNODES[0], None, "a JobSet does not tell its pods how many there are",
                           f"Set {NNODES[0]} in the pod template to replicas x parallelism")
-    job = read_index(env, JOB_INDEX) or Sourced(0, f"default 0 ({JOB_INDEX} unset: one Job)")
-    replicas = read_count(env, REPLICATED_JOB_REPLICAS)
+    job = (read_index(env, JOB_INDEX, limit=NODES)
+           or Sourced(0, f"default 0 ({JOB_INDEX} unset: one Job)"))
+    replicas = read_count(env, REPLICATED_JOB_REPLICAS, limit=NODES)
     if replicas is None:
         if job.value:
             raise ConfigError(REPLICATED_JOB_REPLICAS, None, f"unset while {JOB_INDEX}={job.value}",
@@ -74,7 +84,7 @@ def read(env: Mapping[str, str]) -> Reading:
     master = read_addr(env, *MASTER_ADDR)
     name, rjob = env.get(JOBSET_NAME, "").strip(), env.get(REPLICATED_JOB_NAME, "").strip()
     if master is None and name and rjob:
-        master = Sourced(f"{name}-{rjob}-0-0.{name}",
+        master = Sourced(host(JOBSET_NAME, f"{name}-{rjob}-0-0.{name}"),
                          f"{JOBSET_NAME}-{REPLICATED_JOB_NAME}-0-0.{JOBSET_NAME} (JobSet pod DNS)")
     if master is None and nnodes.value > 1:
         raise ConfigError(REPLICATED_JOB_NAME, None, "is needed to name the first pod",

@@ -27,9 +27,15 @@ from collections.abc import Mapping
 from entrypoint.errors import ConfigError
 from entrypoint.hostlist import expand_var
 from entrypoint.platforms.base import (
-    Reading, node_reading, read_addr, read_count, read_index, read_port, require,
+    Reading,
+    node_reading,
+    read_addr,
+    read_count,
+    read_index,
+    read_port,
+    require,
 )
-from entrypoint.values import Sourced, below
+from entrypoint.values import PER_NODE, PROCESSES, Sourced, below, host
 
 NAME = "mpi"
 DOCS = "https://docs.open-mpi.org/en/v5.0.x/tuning-apps/environment-var.html"
@@ -64,11 +70,13 @@ def detect(env: Mapping[str, str]) -> str | None:
 
 def read(env: Mapping[str, str]) -> Reading:
     launcher, (size_n, rank_n, lsize_n, lrank_n) = _family(env) or ("MPI", OPEN_MPI)
-    world = require(read_count(env, size_n), size_n, "the number of ranks")
-    rank = require(read_index(env, rank_n), rank_n, "the rank")
+    world = require(read_count(env, size_n, limit=PROCESSES), size_n, "the number of ranks")
+    rank = require(read_index(env, rank_n, limit=PROCESSES), rank_n, "the rank")
     below(rank_n, rank.value, size_n, world.value)
-    local_size = read_count(env, lsize_n) or Sourced(1, f"default 1 ({lsize_n} unset)")
-    local_rank = read_index(env, lrank_n) or Sourced(0, f"default 0 ({lrank_n} unset)")
+    local_size = (read_count(env, lsize_n, limit=PER_NODE)
+                  or Sourced(1, f"default 1 ({lsize_n} unset)"))
+    local_rank = (read_index(env, lrank_n, limit=PER_NODE)
+                  or Sourced(0, f"default 0 ({lrank_n} unset)"))
     below(lrank_n, local_rank.value, lsize_n, local_size.value)
 
     if local_size.value == 1:
@@ -123,12 +131,12 @@ def _derived_master(env: Mapping[str, str]) -> Sourced[str] | None:
     for name in ALLOCATION:
         raw = env.get(name, "").strip()
         if raw:
-            return Sourced(expand_var(name, raw)[0],
+            return Sourced(host(name, expand_var(name, raw)[0]),
                            f"env {name} (first host: mpirun puts rank 0 on the allocation's "
                            "first node)")
     found = _HNP_HOST.search(env.get(HNP_URI, ""))
     if found:
-        return Sourced(found.group(1) or found.group(2),
+        return Sourced(host(HNP_URI, found.group(1) or found.group(2)),
                        f"env {HNP_URI} (mpirun's own host, where rank 0 runs unless --host or a "
                        "hostfile moves it)")
     return None

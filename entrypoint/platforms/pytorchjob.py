@@ -18,9 +18,16 @@ from collections.abc import Mapping
 
 from entrypoint.errors import ConfigError
 from entrypoint.platforms.base import (
-    Reading, node_reading, read_addr, read_count, read_index, read_port, require,
+    Reading,
+    node_reading,
+    read_addr,
+    read_count,
+    read_index,
+    read_nproc,
+    read_port,
+    require,
 )
-from entrypoint.values import Sourced, below, first
+from entrypoint.values import NODES, PROCESSES, Sourced, below, first
 
 NAME = "pytorchjob"
 DOCS = ("https://github.com/kubeflow/training-operator/blob/v1.9.0/"
@@ -53,8 +60,7 @@ def detect(env: Mapping[str, str]) -> str | None:
 
 def nproc_per_node(env: Mapping[str, str]) -> Sourced[int] | None:
     """A number, or None for torchrun's words (auto, gpu, cpu): then the plan decides."""
-    raw = env.get(PET_NPROC_PER_NODE, "").strip()
-    return read_count(env, PET_NPROC_PER_NODE) if raw.isdigit() else None
+    return read_nproc(env, PET_NPROC_PER_NODE)[0]
 
 
 def pods(env: Mapping[str, str]) -> Sourced[int]:
@@ -63,7 +69,7 @@ def pods(env: Mapping[str, str]) -> Sourced[int]:
         raise ConfigError(PET_NNODES, raw, "is an elastic range (elasticPolicy min/maxReplicas)",
                           "Give the PyTorchJob a fixed number of replicas; the entrypoint plans a "
                           "fixed set of nodes")
-    return require(read_count(env, PET_NNODES), PET_NNODES, "the number of pods")
+    return require(read_count(env, PET_NNODES, limit=NODES), PET_NNODES, "the number of pods")
 
 
 def read(env: Mapping[str, str]) -> Reading:
@@ -72,15 +78,16 @@ def read(env: Mapping[str, str]) -> Reading:
                           f"an elastic PyTorchJob gives no node rank, only {PET_RDZV_ENDPOINT}",
                           "Use a Master replica and Workers without elasticPolicy, so every pod "
                           "gets RANK and PET_NODE_RANK")
-    world = require(read_count(env, WORLD_SIZE), WORLD_SIZE, "the world size")
-    rank = require(read_index(env, RANK), RANK, "the rank")
+    world = require(read_count(env, WORLD_SIZE, limit=PROCESSES), WORLD_SIZE, "the world size")
+    rank = require(read_index(env, RANK, limit=NODES), RANK, "the rank")
     per_node = nproc_per_node(env)
     raw_nproc = env.get(PET_NPROC_PER_NODE, "").strip()
     notes: list[str] = []
 
     if _set(env, PET_NNODES):
         nnodes = pods(env)
-        node_rank = read_index(env, PET_NODE_RANK) or Sourced(rank.value, f"env {RANK}")
+        node_rank = (read_index(env, PET_NODE_RANK, limit=NODES)
+                     or Sourced(rank.value, f"env {RANK}"))
         if node_rank.value != rank.value:
             raise ConfigError(PET_NODE_RANK, node_rank.value, f"differs from {RANK}={rank.value}",
                               "Do not set RANK or PET_NODE_RANK in the pod template; "

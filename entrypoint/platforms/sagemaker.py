@@ -13,8 +13,8 @@ import json
 from collections.abc import Mapping
 
 from entrypoint.errors import ConfigError
-from entrypoint.platforms.base import Reading, node_reading, read_index, read_port
-from entrypoint.values import Sourced
+from entrypoint.platforms.base import Reading, node_reading, read_count, read_hosts, read_port
+from entrypoint.values import GPUS, Sourced, first
 
 NAME = "sagemaker"
 DOCS = "https://github.com/aws/sagemaker-training-toolkit/blob/master/ENVIRONMENT_VARIABLES.md"
@@ -34,22 +34,23 @@ def detect(env: Mapping[str, str]) -> str | None:
 def hosts(raw: str | None) -> list[str]:
     try:
         parsed = json.loads(raw or "")
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: [[[[...]]]] nested too deep
         parsed = None
     if not (isinstance(parsed, list) and parsed
             and all(isinstance(h, str) and h.strip() for h in parsed)):
-        raise ConfigError(HOSTS, raw, "not a JSON list of host names",
+        shown = raw if raw is None or len(raw) <= 200 else raw[:200] + "..."
+        raise ConfigError(HOSTS, shown, "not a JSON list of host names",
                           'Expect a value like ["algo-1","algo-2"], as SageMaker sets it')
-    if len(set(parsed)) != len(parsed):
-        raise ConfigError(HOSTS, raw, "names a host twice", "List every host once")
-    return parsed
+    return list(read_hosts(HOSTS, raw or "", [h.strip() for h in parsed]))
 
 
 def read(env: Mapping[str, str]) -> Reading:
-    listed = hosts(env.get(HOSTS))
-    current = env.get(CURRENT_HOST, "").strip()
+    found = first(env, HOSTS)
+    listed = hosts(found[1] if found else None)
+    current = (first(env, CURRENT_HOST) or ("", ""))[1]
     if current not in listed:
-        raise ConfigError(CURRENT_HOST, current or None, f"is not one of {HOSTS}={listed}",
+        shown = listed if len(listed) <= 8 else [*listed[:8], "..."]
+        raise ConfigError(CURRENT_HOST, current or None, f"is not one of {HOSTS}={shown}",
                           f"Run inside the SageMaker training container, where {CURRENT_HOST} "
                           f"names one of {HOSTS}")
     return node_reading(
@@ -59,6 +60,6 @@ def read(env: Mapping[str, str]) -> Reading:
         master_addr=Sourced(listed[0], f"first host of {HOSTS}"),
         master_port=read_port(env, *MASTER_PORT),
         # 0 on CPU instances: a count that may be zero.
-        gpus_per_node=read_index(env, NUM_GPUS),
+        gpus_per_node=read_count(env, NUM_GPUS, limit=GPUS, allow_zero=True),
         hosts=tuple(listed),
     )

@@ -10,8 +10,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from entrypoint.errors import ConfigError
-from entrypoint.platforms.base import Reading, node_reading, read_count, read_index, read_port, require
-from entrypoint.values import Sourced
+from entrypoint.platforms.base import (
+    Reading,
+    node_reading,
+    read_count,
+    read_hosts,
+    read_index,
+    read_port,
+    require,
+)
+from entrypoint.values import GPUS, NODES, Sourced
 
 NAME = "skypilot"
 DOCS = "https://docs.skypilot.co/en/latest/running-jobs/environment-variables.html"
@@ -35,14 +43,16 @@ def read(env: Mapping[str, str]) -> Reading:
     if not ips:
         raise ConfigError(NODE_IPS, raw_ips or None, "lists no node",
                           "Start the entrypoint from the task's run section, where SkyPilot sets it")
-    node_rank = require(read_index(env, NODE_RANK), NODE_RANK, "the node rank")
-    nnodes = read_count(env, NUM_NODES) or Sourced(len(ips), f"count of lines in {NODE_IPS}")
+    ips = list(read_hosts(NODE_IPS, raw_ips.replace("\n", ","), ips))
+    node_rank = require(read_index(env, NODE_RANK, limit=NODES), NODE_RANK, "the node rank")
+    nnodes = (read_count(env, NUM_NODES, limit=NODES)
+              or Sourced(len(ips), f"count of lines in {NODE_IPS}"))
     if nnodes.value != len(ips):
         raise ConfigError(NODE_IPS, raw_ips.replace("\n", ","),
                           f"lists {len(ips)} nodes but {NUM_NODES}={nnodes.value}",
                           "Start the entrypoint from the task's run section, where both describe the same nodes")
     # 0 is a real answer here (a CPU task), so parse it as a count that may be zero.
-    gpus = read_index(env, NUM_GPUS_PER_NODE)
+    gpus = read_count(env, NUM_GPUS_PER_NODE, limit=GPUS, allow_zero=True)
     return node_reading(
         NAME, env,
         nnodes=nnodes,

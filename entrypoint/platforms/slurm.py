@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from entrypoint.errors import ConfigError
 from entrypoint.hostlist import expand_var
 from entrypoint.platforms.base import Reading, node_reading, read_count, read_index, read_port
-from entrypoint.values import Sourced, first
+from entrypoint.values import GPUS, NODES, PER_NODE, PROCESSES, Sourced, first, host
 
 NAME = "slurm"
 DOCS = "https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES"
@@ -30,7 +30,7 @@ GPUS_ON_NODE = ("SLURM_GPUS_ON_NODE",)
 STEP_ID = "SLURM_STEP_ID"
 MASTER_PORT = ("MASTER_PORT",)
 
-_TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+_TASKS_ITEM = re.compile(r"^([0-9]{1,9})(?:\(x([0-9]{1,9})\))?$")
 
 
 def detect(env: Mapping[str, str]) -> str | None:
@@ -41,35 +41,53 @@ def detect(env: Mapping[str, str]) -> str | None:
     return None
 
 
-def tasks_per_node(name: str, raw: str) -> list[int]:
-    """SLURM's compressed form: `8(x2),4` -> [8, 8, 4]."""
-    counts: list[int] = []
+def tasks_per_node(name: str, raw: str) -> list[tuple[int, int]]:
+    """SLURM's compressed form, not expanded: `8(x2),4` -> [(8, 2), (4, 1)]. Each count is
+    1..PER_NODE.high tasks, each repeat at least 1, the nodes they cover at most NODES.high."""
+    fix = "Expect a value like 8(x2) or 2,2, as srun sets it; launch the step with srun"
+    counts: list[tuple[int, int]] = []
     for item in raw.split(","):
         match = _TASKS_ITEM.match(item.strip())
         if not match:
-            raise ConfigError(name, raw, "not SLURM's tasks-per-node form",
-                              "Expect a value like 8(x2) or 2,2; launch the step with srun")
-        counts.extend([int(match[1])] * int(match[2] or 1))
+            raise ConfigError(name, raw, "not SLURM's tasks-per-node form", fix)
+        tasks, repeat = int(match[1]), int(match[2] or 1)
+        if not 1 <= tasks <= PER_NODE.high:
+            raise ConfigError(name, raw, f"gives {tasks} tasks per node, outside 1 to "
+                              f"{PER_NODE.high}", fix)
+        if repeat < 1:
+            raise ConfigError(name, raw, f"repeats {tasks} tasks on {repeat} nodes", fix)
+        counts.append((tasks, repeat))
+    if sum(repeat for _, repeat in counts) > NODES.high:
+        raise ConfigError(name, raw, f"covers more than {NODES.high} nodes", fix)
     return counts
 
 
 def master_port(env: Mapping[str, str]) -> Sourced[int]:
     """MASTER_PORT if set; else one derived from the job id, so two jobs sharing a node differ."""
     job = first(env, *JOB_ID)
-    if first(env, *MASTER_PORT) or not (job and job[1].isdigit()):
+    numeric = job and job[1].isascii() and job[1].isdigit() and len(job[1]) <= 18
+    if first(env, *MASTER_PORT) or not numeric:
         return read_port(env, *MASTER_PORT)
     return Sourced(15000 + int(job[1]) % 20000, f"derived from {job[0]} (15000 + id mod 20000)")
 
 
 def read(env: Mapping[str, str]) -> Reading:
-    nodelist_name, nodelist_raw = first(env, *NODELIST)
+    found = first(env, *NODELIST)
+    if found is None:
+        raise ConfigError(NODELIST[1], None, "SLURM names no node to this process",
+                          "Start the entrypoint with srun inside a SLURM job, or unset "
+                          "ENTRYPOINT_PLATFORM")
+    nodelist_name, nodelist_raw = found
     hosts = expand_var(nodelist_name, nodelist_raw)
-    nnodes = read_count(env, *NNODES) or Sourced(len(hosts), f"count of hosts in {nodelist_name}")
+    master = host(nodelist_name, hosts[0])
+    nnodes = (read_count(env, *NNODES, limit=NODES)
+              or Sourced(len(hosts), f"count of hosts in {nodelist_name}"))
     if nnodes.value != len(hosts):
         raise ConfigError(nodelist_name, nodelist_raw,
                           f"lists {len(hosts)} hosts but {nnodes.source} says {nnodes.value}",
                           "Launch the step with srun so both describe the same nodes")
-    node_rank = read_index(env, *NODEID) or Sourced(0, "default 0 (SLURM_NODEID unset)")
+    node_rank = (read_index(env, *NODEID, limit=NODES)
+                 or Sourced(0, "default 0 (SLURM_NODEID unset)"))
     notes: list[str] = [f"master is the first host of {nodelist_name} ({hosts[0]})"]
     if STEP_ID not in env and nnodes.value > 1:
         notes.append(
@@ -81,28 +99,42 @@ def read(env: Mapping[str, str]) -> Reading:
     found = first(env, *TASKS_PER_NODE)
     if found:
         counts = tasks_per_node(*found)
-        if len(set(counts)) > 1:
+        if len({tasks for tasks, _ in counts}) > 1:
             raise ConfigError(found[0], found[1], "tasks differ between nodes",
                               "Use --ntasks-per-node=1 (or one task per GPU on every node)")
-        per_node = Sourced(counts[0], f"env {found[0]}")
+        per_node = Sourced(counts[0][0], f"env {found[0]}")
     else:
-        ntasks = read_count(env, *NTASKS)
+        ntasks = read_count(env, *NTASKS, limit=PROCESSES)
         if ntasks and ntasks.value % nnodes.value == 0:
             per_node = Sourced(ntasks.value // nnodes.value, f"{ntasks.source} / {nnodes.source}")
 
+    # The task's own place, checked inside the step wherever it is known.
+    rank = read_index(env, *PROCID, limit=PROCESSES)
+    local_rank = read_index(env, *LOCALID, limit=PER_NODE)
+    if per_node and rank and rank.value >= nnodes.value * per_node.value:
+        raise ConfigError(PROCID[0], rank.value,
+                          f"must be below the step's {nnodes.value * per_node.value} tasks "
+                          f"({nnodes.value} nodes x {per_node.value} tasks per node, "
+                          f"{per_node.source}; task ranks count from 0)",
+                          "Start the entrypoint with srun, which numbers the tasks of its step")
+    if per_node and local_rank and local_rank.value >= per_node.value:
+        raise ConfigError(LOCALID[0], local_rank.value,
+                          f"must be below the {per_node.value} tasks per node ({per_node.source})",
+                          "Start the entrypoint with srun, which numbers the tasks on each node")
+
     more: dict = {
         "hosts": tuple(hosts),
-        "gpus_per_node": read_count(env, *GPUS_ON_NODE),
+        "gpus_per_node": read_count(env, *GPUS_ON_NODE, limit=GPUS),
     }
     if per_node and per_node.value > 1:
         # srun started one task per GPU itself: place this process, spawn nothing.
         more |= {
             "spawn": Sourced(False, f"{per_node.value} tasks per node ({per_node.source})"),
-            "rank": read_index(env, *PROCID),
-            "local_rank": read_index(env, *LOCALID),
+            "rank": rank,
+            "local_rank": local_rank,
             "nproc_per_node": per_node,
         }
-        if more["rank"] is None or more["local_rank"] is None:
+        if rank is None or local_rank is None:
             raise ConfigError("SLURM_PROCID", env.get("SLURM_PROCID"),
                               "several tasks per node but no task rank",
                               "Start the entrypoint with srun, which sets SLURM_PROCID and SLURM_LOCALID")
@@ -113,7 +145,7 @@ def read(env: Mapping[str, str]) -> Reading:
         NAME, env,
         nnodes=nnodes,
         node_rank=node_rank,
-        master_addr=Sourced(hosts[0], f"first host of {nodelist_name}"),
+        master_addr=Sourced(master, f"first host of {nodelist_name}"),
         master_port=master_port(env),
         notes=tuple(notes),
         **more,

@@ -10,9 +10,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from entrypoint.platforms.base import (
-    Reading, node_reading, read_addr, read_count, read_index, read_port, require,
+    Reading,
+    node_reading,
+    read_addr,
+    read_count,
+    read_index,
+    read_nproc,
+    read_port,
+    require,
 )
-from entrypoint.values import Sourced, first
+from entrypoint.values import GPUS, NODES, Sourced
 
 NAME = "torchrun"
 DOCS = "https://pytorch.org/docs/stable/elastic/run.html"
@@ -30,25 +37,19 @@ def detect(env: Mapping[str, str]) -> str | None:
     return f"{' and '.join(seen)} set" if seen else None
 
 
-# torchrun's --nproc-per-node also takes these words; the plan then decides from the devices.
-_NPROC_WORDS = ("auto", "gpu", "cpu", "xpu")
-
-
 def read(env: Mapping[str, str]) -> Reading:
-    nproc = first(env, *NPROC_PER_NODE)
-    notes = ()
-    if nproc and nproc[1].lower() in _NPROC_WORDS:
-        notes = (f"{nproc[0]}={nproc[1]}: workers per node decided from this node's devices",)
-        env = {k: v for k, v in env.items() if k not in NPROC_PER_NODE}
-    nnodes = require(read_count(env, *NNODES), "NNODES", "the number of nodes")
-    node_rank = read_index(env, *NODE_RANK) or Sourced(0, "default 0 (NODE_RANK unset)")
+    nproc, word = read_nproc(env, *NPROC_PER_NODE)
+    notes = (word,) if word else ()
+    nnodes = require(read_count(env, *NNODES, limit=NODES), "NNODES", "the number of nodes")
+    node_rank = (read_index(env, *NODE_RANK, limit=NODES)
+                 or Sourced(0, "default 0 (NODE_RANK unset)"))
     return node_reading(
         NAME, env,
         nnodes=nnodes,
         node_rank=node_rank,
         master_addr=read_addr(env, *MASTER_ADDR),
         master_port=read_port(env, *MASTER_PORT),
-        nproc_per_node=read_count(env, *NPROC_PER_NODE),
-        gpus_per_node=read_count(env, *GPUS_PER_NODE),
+        nproc_per_node=nproc,
+        gpus_per_node=read_count(env, *GPUS_PER_NODE, limit=GPUS),
         notes=notes,
     )

@@ -18,8 +18,16 @@ from collections.abc import Mapping
 
 from entrypoint.errors import ConfigError
 from entrypoint.platforms.base import (
-    Reading, node_reading, read_addr, read_count, read_index, read_port, require,
+    Reading,
+    node_reading,
+    read_addr,
+    read_count,
+    read_index,
+    read_nproc,
+    read_port,
+    require,
 )
+from entrypoint.values import NODES
 
 NAME = "trainjob"
 DOCS = "https://github.com/kubeflow/trainer/blob/master/pkg/runtime/framework/plugins/torch/torch.go"
@@ -40,21 +48,18 @@ def detect(env: Mapping[str, str]) -> str | None:
 
 
 def read(env: Mapping[str, str]) -> Reading:
-    nnodes = require(read_count(env, PET_NNODES), PET_NNODES, "the number of nodes")
-    node_rank = require(read_index(env, PET_NODE_RANK), PET_NODE_RANK, "the node rank")
-    index = read_index(env, JOB_COMPLETION_INDEX)
+    nnodes = require(read_count(env, PET_NNODES, limit=NODES), PET_NNODES, "the number of nodes")
+    node_rank = require(read_index(env, PET_NODE_RANK, limit=NODES), PET_NODE_RANK, "the node rank")
+    index = read_index(env, JOB_COMPLETION_INDEX, limit=NODES)
     if index is not None and index.value != node_rank.value:
         raise ConfigError(PET_NODE_RANK, node_rank.value,
                           f"differs from {JOB_COMPLETION_INDEX}={index.value}",
                           "Do not set PET_NODE_RANK yourself; the Trainer derives it from the "
                           "pod's completion index")
     notes = [f"node rank is the pod's completion index ({PET_NODE_RANK})"]
-    raw = env.get(PET_NPROC_PER_NODE, "").strip()
-    per_node = None
-    if raw.isdigit():
-        per_node = read_count(env, PET_NPROC_PER_NODE)
-    elif raw:
-        notes.append(f"{PET_NPROC_PER_NODE}={raw}: one worker per GPU (or 1 on CPU) as the plan decides")
+    per_node, word = read_nproc(env, PET_NPROC_PER_NODE)
+    if word:
+        notes.append(word)
     return node_reading(
         NAME, env,
         nnodes=nnodes,

@@ -20,9 +20,16 @@ from collections.abc import Mapping
 
 from entrypoint.errors import ConfigError
 from entrypoint.platforms.base import (
-    Reading, node_reading, read_addr, read_count, read_index, read_port, require,
+    Reading,
+    node_reading,
+    read_addr,
+    read_count,
+    read_hosts,
+    read_index,
+    read_port,
+    require,
 )
-from entrypoint.values import Sourced, below
+from entrypoint.values import NODES, Sourced, below
 
 NAME = "volcano"
 DOCS = "https://github.com/volcano-sh/volcano/tree/master/pkg/controllers/job/plugins"
@@ -62,8 +69,8 @@ def detect(env: Mapping[str, str]) -> str | None:
 def read(env: Mapping[str, str]) -> Reading:
     port = read_port(env, *MASTER_PORT)
     if env.get(WORLD_SIZE, "").strip() and env.get(RANK, "").strip():
-        world = require(read_count(env, WORLD_SIZE), WORLD_SIZE, "the world size")
-        rank = require(read_index(env, RANK), RANK, "the rank")
+        world = require(read_count(env, WORLD_SIZE, limit=NODES), WORLD_SIZE, "the world size")
+        rank = require(read_index(env, RANK, limit=NODES), RANK, "the rank")
         below(RANK, rank.value, WORLD_SIZE, world.value)
         return node_reading(
             NAME, env,
@@ -85,16 +92,19 @@ def read(env: Mapping[str, str]) -> Reading:
     task, raw = next(iter(tasks.items()))
     hosts_name, num_name = f"VC_{task}_HOSTS", NUM_FMT.format(task)
     hosts = [h.strip() for h in raw.split(",") if h.strip()]
-    count = require(read_count(env, num_name), num_name, "the number of pods in the task")
+    count = require(read_count(env, num_name, limit=NODES), num_name,
+                    "the number of pods in the task")
     if not hosts or count.value != len(hosts):
         raise ConfigError(hosts_name, raw, f"lists {len(hosts)} hosts but {num_name}={count.value}",
                           "Let Volcano's svc plugin set both")
-    index = require(read_index(env, *TASK_INDEX), TASK_INDEX[0], "the task index")
+    master = read_addr(env, *MASTER_ADDR)
+    hosts = list(read_hosts(hosts_name, raw, hosts))
+    index = require(read_index(env, *TASK_INDEX, limit=NODES), TASK_INDEX[0], "the task index")
     return node_reading(
         NAME, env,
         nnodes=Sourced(len(hosts), f"env {num_name}"),
         node_rank=index,
-        master_addr=read_addr(env, *MASTER_ADDR) or Sourced(hosts[0], f"first host of {hosts_name}"),
+        master_addr=master or Sourced(hosts[0], f"first host of {hosts_name}"),
         master_port=port,
         hosts=tuple(hosts),
     )

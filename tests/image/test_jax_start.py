@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
 
-jax.distributed.initialize(){args}
+jax.distributed.initialize{args}
 ranks = multihost_utils.process_allgather(jnp.array([jax.process_index()]))
 print(f"jax process {{jax.process_index()}} of {{jax.process_count()}}: "
       f"{{jax.device_count()}} devices, gathered {{sorted(ranks.ravel().tolist())}}", flush=True)
@@ -41,10 +41,10 @@ def run_two_nodes(image, tmp_path, trainer: str, *extra: str) -> str:
     return proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("args", ["", EXPLICIT], ids=["no-arguments", "explicit"])
+@pytest.mark.parametrize("args", ["()", EXPLICIT], ids=["no-arguments", "explicit"])
 def test_jax_documented_start_runs_unmodified(image, tmp_path, args):
     trainer = DOCUMENTED.format(args=args)
-    if args:
+    if args != "()":
         trainer = "import os\n" + trainer
     log = run_two_nodes(image, tmp_path, trainer)
     for rank in (0, 1):
@@ -56,7 +56,7 @@ def test_a_sitecustomize_of_the_users_own_still_runs(image, tmp_path):
     """The site hook shadows any sitecustomize on the path; it runs that one too."""
     own = writable(tmp_path / "own")
     (own / "sitecustomize.py").write_text("print('users sitecustomize ran', flush=True)\n")
-    log = run_two_nodes(image, tmp_path, DOCUMENTED.format(args=""),
+    log = run_two_nodes(image, tmp_path, DOCUMENTED.format(args="()"),
                         "-v", f"{own}:/own:ro", "-e", "PYTHONPATH=/own")
     assert log.count("users sitecustomize ran") >= 2
     assert "jax process 1 of 2: 2 devices, gathered [0, 1]" in log, log

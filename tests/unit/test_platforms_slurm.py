@@ -64,8 +64,9 @@ def test_batch_script_itself_is_noted():
 
 
 def test_tasks_per_node_forms():
-    assert slurm.tasks_per_node("X", "8(x2),4") == [8, 8, 4]
-    assert slurm.tasks_per_node("X", "2,2") == [2, 2]
+    # (tasks, nodes), never expanded: 8(x65536) costs no more than 8(x2).
+    assert slurm.tasks_per_node("X", "8(x2),4") == [(8, 2), (4, 1)]
+    assert slurm.tasks_per_node("X", "2,2") == [(2, 1), (2, 1)]
 
 
 @pytest.mark.parametrize(("change", "variable"), [
