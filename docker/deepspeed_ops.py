@@ -1,6 +1,7 @@
 """Build DeepSpeed's ops at image build time, for any x86-64-v3 CPU and sm_80/sm_90 GPU.
 
     python deepspeed_ops.py wheel SDIST_DIR WHEEL_DIR   # setup.py bdist_wheel, ops compiled in
+    python deepspeed_ops.py check OP...                 # fail unless the wheel installed OP...
     python deepspeed_ops.py jit EXTENSIONS_DIR          # the CPU accelerator's ops, prebuilt
 
 Why not plain `pip wheel`: DeepSpeed compiles its CPU ops with -march=native and
@@ -11,7 +12,12 @@ would die with SIGILL on a node with an older CPU. Both choices are pinned here
 
 Why `jit`: setup.py builds one accelerator's ops only (cuda, here), and DeepSpeed uses
 installed ops only when the accelerator matches; with DS_ACCELERATOR=cpu (the CPU runs)
-it JIT-builds shm_comm and cpu_adam at every start. They are built into
+it JIT-builds shm_comm, cpu_adam (ZeRO-Offload) and fused_adam (Adam/AdamW without
+offload) at start. The two accelerators' ops share module names
+(deepspeed.ops.adam.fused_adam_op is the CUDA kernel or the CPU loop), so the CPU ones
+cannot be installed beside the CUDA ones. Not async_io: DeepSpeed's JIT path first
+compiles a test program against libaio, which needs a compiler at every start, so NVMe
+offload is served on the CUDA accelerator only. The others are built into
 EXTENSIONS_DIR (TORCH_EXTENSIONS_DIR in the image), and each op's build lock is made a
 dangling symlink: torch then never takes the lock, so it neither rebuilds (no compiler
 in the image) nor writes (read-only root, non-root user); it imports the prebuilt .so.
@@ -48,12 +54,24 @@ def wheel(sdist: str, out: str) -> None:
     runpy.run_path("setup.py", run_name="__main__")
 
 
+def check(*ops: str) -> None:
+    # setup.py skips a requested op that is not compatible (a missing libaio-dev, say)
+    # with a warning only; the image must not ship without it.
+    from deepspeed.git_version_info import accelerator_name, installed_ops
+
+    missing = [op for op in ops if not installed_ops.get(op)]
+    if missing:
+        sys.exit(f"deepspeed wheel ({accelerator_name}): ops not installed: {', '.join(missing)}")
+    print(f"deepspeed wheel ({accelerator_name}): installed {', '.join(ops)}")
+
+
 def jit(extensions_dir: str) -> None:
     os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir
-    from deepspeed.ops.op_builder.cpu import CPUAdamBuilder, ShareMemCommBuilder
+    from deepspeed.ops.op_builder.cpu import CPUAdamBuilder, FusedAdamBuilder, ShareMemCommBuilder
 
-    pin_cpu_flags(CPUAdamBuilder, ShareMemCommBuilder)
-    for builder in (ShareMemCommBuilder(), CPUAdamBuilder()):
+    builders = (ShareMemCommBuilder, CPUAdamBuilder, FusedAdamBuilder)
+    pin_cpu_flags(*builders)
+    for builder in (cls() for cls in builders):
         builder.jit_load(verbose=False)
         op_dir = Path(extensions_dir) / builder.name
         for obj in op_dir.glob("*.o"):
@@ -64,4 +82,4 @@ def jit(extensions_dir: str) -> None:
 
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
-    {"wheel": wheel, "jit": jit}[command](*args)
+    {"wheel": wheel, "check": check, "jit": jit}[command](*args)

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from entrypoint import launch, logs, probe, report, secrets, supervise
+from entrypoint import dsops, launch, logs, probe, report, secrets, supervise
 from entrypoint.errors import ConfigError
 from entrypoint.facts import Facts
 from entrypoint.plan import BUILTIN_JOBS, Plan, gpus_stated, make_plan, read_platform
@@ -52,6 +52,7 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
     if plan.node_rank == 0:
         print(report.table(plan, values), file=sys.stderr, flush=True)
     launch.check_command(plan, env)
+    dsops.check(plan, launch.child_env(plan, env))  # a DeepSpeed op the image lacks: say so now
     plan_file = launch.apply(plan, Path(settings.run_dir) / f"node{plan.node_rank}")
     log.info("start", command=secrets.mask(shlex.join(plan.command), values))
     return supervise.run(plan, launch.child_env(plan, env)

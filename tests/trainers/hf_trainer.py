@@ -19,8 +19,14 @@ import os
 from dataclasses import dataclass, field
 
 import torch
-from transformers import (GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer,
-                          TrainingArguments, set_seed)
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    HfArgumentParser,
+    Trainer,
+    TrainingArguments,
+    set_seed,
+)
 
 
 @dataclass

@@ -1,0 +1,184 @@
+"""DeepSpeed's ops in the built image: every op a standard config selects loads prebuilt on
+both accelerators the image serves, with no compiler and no build at start; a config that
+needs an op the image lacks is refused before launch; and a Hugging Face Trainer with
+`--deepspeed` and a standard ZeRO-2 AdamW config (seed 003's shape) trains through
+`entrypoint run` on CPU workers.
+
+"No build" is shown, not assumed: DeepSpeed's JIT path (the only one the CPU accelerator has
+for the ops it did not install) calls `ninja --version` before it looks for a prebuilt op, so
+the tests put a `ninja` first on PATH that answers that and fails on anything else; no
+compiler is in the image (test_image.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from .image_helpers import REPO
+
+READ_ONLY = ("--read-only", "--tmpfs", "/tmp")
+TRAINERS = REPO / "tests" / "trainers"
+IMAGE_PATH = "/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+NINJA_STUB = """#!/bin/sh
+# DeepSpeed asks `ninja --version` before loading a JIT op; anything else would be a build.
+if [ "$1" = --version ]; then echo 1.13.2; exit 0; fi
+echo "ninja stub: a build was attempted: $*" >&2
+exit 99
+"""
+
+
+@pytest.fixture(scope="module")
+def no_build(tmp_path_factory) -> tuple[str, ...]:
+    """docker run arguments: the ninja stub first on PATH."""
+    stub = tmp_path_factory.mktemp("ninja")
+    stub.chmod(0o755)
+    (stub / "ninja").write_text(NINJA_STUB)
+    (stub / "ninja").chmod(0o755)
+    return ("-v", f"{stub}:/stub:ro", "-e", f"PATH=/stub:{IMAGE_PATH}")
+
+
+def _ds_report(image, accelerator: str) -> dict[str, str]:
+    out = image.run(docker_args=("-e", f"DS_ACCELERATOR={accelerator}"),
+                    entrypoint="ds_report").stdout
+    installed = {}
+    for line in out.splitlines():
+        m = re.match(r"^(\w+) \.+ \[(\w+)\] \.+ \[(\w+)\]", re.sub(r"\x1b\[[0-9;]*m", "", line))
+        if m:
+            installed[m[1]] = m[2]
+    return installed
+
+
+def test_ds_report_cuda_lists_the_standard_ops_installed(image):
+    installed = _ds_report(image, "cuda")
+    for op in ("fused_adam", "cpu_adam", "async_io", "pin_memory"):
+        assert installed.get(op) == "YES", installed
+
+
+def test_entrypoint_sees_the_ops_deepspeed_sees(image):
+    """The check before launch reads the same record ds_report does, plus the CPU cache."""
+    out = image.python("import json, os; from entrypoint import dsops;"
+                       "print(json.dumps({k: sorted(v) for k, v in "
+                       "dsops.installed_ops(dict(os.environ)).items()}))")
+    ops = json.loads(out.strip().splitlines()[-1])
+    assert {"fused_adam", "cpu_adam", "async_io", "pin_memory"} <= set(ops["cuda"]), ops
+    assert {"fused_adam", "cpu_adam", "deepspeed_shm_comm"} <= set(ops["cpu"]), ops
+
+
+@pytest.mark.parametrize("builder", ["FusedAdamBuilder", "CPUAdamBuilder", "ShareMemCommBuilder"])
+def test_cpu_accelerator_op_loads_with_no_build(image, no_build, builder):
+    out = image.python(
+        "import time; from deepspeed.ops.op_builder.cpu import " + builder + " as B;"
+        "t = time.time(); m = B().load(verbose=False);"
+        "print('loaded', m.__file__, 'in', round(time.time() - t, 1))",
+        docker_args=("-e", "DS_ACCELERATOR=cpu", *no_build, *READ_ONLY))
+    assert "/opt/venv/share/torch_extensions/" in out, out
+    assert float(out.split(" in ")[-1]) < 10, out
+
+
+ZERO2_STEP = """
+import json, sys, torch, deepspeed
+config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+          "zero_optimization": {"stage": 2}, "steps_per_print": 1000}
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+engine, optimizer, _, _ = deepspeed.initialize(model=model, config=config,
+                                               model_parameters=model.parameters())
+x, y = torch.randn(4, 8), torch.randn(4, 1)
+losses = []
+for _ in range(5):
+    loss = torch.nn.functional.mse_loss(engine(x), y)
+    engine.backward(loss)
+    engine.step()
+    losses.append(loss.item())
+inner = getattr(optimizer, "optimizer", optimizer)
+print(json.dumps({"optimizer": type(inner).__name__, "losses": losses}))
+"""
+
+
+def test_zero2_adamw_step_on_cpu_with_no_build(image, no_build):
+    """The issue's failure: AdamW on the CPU accelerator selects fused_adam (FusedAdam)."""
+    env = ("-e", "DS_ACCELERATOR=cpu", "-e", "MASTER_ADDR=127.0.0.1", "-e", "MASTER_PORT=29511",
+           "-e", "RANK=0", "-e", "LOCAL_RANK=0", "-e", "WORLD_SIZE=1")
+    proc = image.run("-c", ZERO2_STEP, entrypoint="python", timeout=300,
+                     docker_args=(*env, *no_build, *READ_ONLY))
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["optimizer"] == "FusedAdam", got
+    assert got["losses"][-1] < got["losses"][0], got
+    assert "ninja stub" not in proc.stderr, proc.stderr
+
+
+AIO_ROUND_TRIP = """
+import os, torch
+from deepspeed.ops.op_builder import AsyncIOBuilder
+aio = AsyncIOBuilder().load(verbose=False)
+handle = aio.aio_handle(1024 * 1024, 8, False, True, 1)
+data = torch.arange(1 << 20, dtype=torch.float32)
+path = "/swap/tensor.bin"
+assert handle.sync_pwrite(data, path) == 1
+back = torch.empty_like(data)
+assert handle.sync_pread(back, path) == 1
+print("async_io", aio.__file__, "round trip", bool(torch.equal(data, back)))
+"""
+
+
+def test_async_io_loads_and_round_trips_a_tensor(image, no_build, tmp_path):
+    """ZeRO-Infinity's NVMe swapper: DeepSpeed's aio handle writes and reads a tensor (libaio,
+    O_DIRECT) on a volume, as it would on the NVMe path of offload_*.nvme_path."""
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    swap.chmod(0o777)
+    out = image.run("-c", AIO_ROUND_TRIP, entrypoint="python", docker_args=(
+        "-e", "DS_ACCELERATOR=cuda", "-v", f"{swap}:/swap", *no_build, *READ_ONLY)).stdout
+    assert "round trip True" in out and "site-packages/deepspeed/ops/aio/" in out, out
+
+
+def test_run_refuses_a_config_needing_an_op_the_image_lacks(image, tmp_path):
+    """NVMe offload on CPU workers: async_io exists for the CUDA accelerator only here."""
+    config = tmp_path / "ds_nvme.json"
+    config.write_text(json.dumps({
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+        "zero_optimization": {"stage": 3,
+                              "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}}))
+    tmp_path.chmod(0o755)
+    config.chmod(0o644)
+    proc = image.run("run", "--", "python", "-c", "print('trainer started')",
+                     "--deepspeed", "/cfg/ds_nvme.json", check=False,
+                     docker_args=("-v", f"{tmp_path}:/cfg:ro", "-e", "ENTRYPOINT_GPUS_PER_NODE=0"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("entrypoint: error:")]
+    assert len(errors) == 1, proc.stderr
+    assert errors[0].startswith(
+        "entrypoint: error: /cfg/ds_nvme.json: zero_optimization.offload_param.device='nvme': "
+        "needs DeepSpeed's async_io op for the cpu accelerator"), errors
+    assert "trainer started" not in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_hf_trainer_deepspeed_zero2_adamw_on_cpu(image, no_build, tmp_path):
+    """Seed 003's shape: a Trainer script with `--deepspeed ds_config.json` (AdamW, "auto"
+    values) through `entrypoint run` on a CPU container, no build at start.
+
+    One worker: with 2 or more CPU workers accelerate 1.15's PartialState (which the Trainer
+    builds for DeepSpeed) picks no process-group backend when no GPU is present (gloo only
+    with use_cpu, which turns DeepSpeed off), so the Trainer counts a world of 1 and fills
+    train_batch_size for 1 while DeepSpeed counts 2: DeepSpeed's batch assertion stops it
+    (accelerate/state.py, _prepare_backend). On GPUs both count the same."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    out_dir.chmod(0o777)
+    proc = image.run(
+        "run", "--", "python", "/trainers/hf_trainer.py",
+        "--deepspeed", "/trainers/ds_config_zero2.json", "--output_dir", "/out",
+        "--max_steps", "4", "--per_device_train_batch_size", "2", "--learning_rate", "1e-3",
+        "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none",
+        timeout=600, docker_args=(
+            "--shm-size=1g", "-v", f"{TRAINERS}:/trainers:ro", "-v", f"{out_dir}:/out",
+            "-e", "ENTRYPOINT_GPUS_PER_NODE=0", "-e", "ENTRYPOINT_NPROC_PER_NODE=1",
+            "-e", "HF_HUB_OFFLINE=1", *no_build))
+    log = proc.stdout + proc.stderr
+    assert re.search(r"hf_trainer: rank 0 of 1 trained 4 steps with DeepSpeedEngine "
+                     r"and FusedAdam", log), log
+    assert re.search(r"hf_trainer: done, loss \d+\.\d+", log), log
+    assert "ninja stub" not in log, log
