@@ -10,17 +10,17 @@ SLURM reader sees the daemons, not the ranks) gets the plan's values; arguments 
 passes still win, since JAX asks a ClusterEnv only for what is unset.
 
 The trainer's process registers it through `site-hook/sitecustomize.py`, which the plan puts on
-PYTHONPATH for the jax and direct launchers: `install()` waits for the first import of
-`jax._src.clusters` and defines the class there. jax is never imported on its behalf.
+the trainer's PYTHONPATH: `install()` waits for the first import of `jax._src.clusters` and
+defines the class there. jax is never imported on its behalf.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import os
 import sys
 from pathlib import Path
+
+from entrypoint.after_import import when_imported
 
 TARGET = "jax._src.clusters"  # the package that defines ClusterEnv and imports JAX's own
 NUM_PROCESSES = "JAX_NUM_PROCESSES"
@@ -70,26 +70,6 @@ def register(clusters) -> type:
     return EntrypointCluster
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Find `jax._src.clusters` as usual, then register once its module has run."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != TARGET:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module) -> None:
-            run(module)
-            _register_quietly(module)
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
 def _register_quietly(clusters) -> None:
     try:
         register(clusters)
@@ -101,7 +81,4 @@ def _register_quietly(clusters) -> None:
 
 def install() -> None:
     """Register now if JAX's clusters are loaded, else when they are first imported."""
-    if TARGET in sys.modules:
-        _register_quietly(sys.modules[TARGET])
-    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport())
+    when_imported(TARGET, _register_quietly)

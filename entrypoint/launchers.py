@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from entrypoint import jax_cluster
 from entrypoint.configs import Config
 from entrypoint.errors import ConfigError
 from entrypoint.settings import PREFIX, Settings
@@ -160,12 +159,12 @@ def accelerate_yaml(layout: Layout, config: Config) -> str:
             + json.dumps(body, indent=2, sort_keys=True) + "\n")
 
 
-def worker(layout: Layout, trainer: Sequence[str], env: Mapping[str, str]) -> Launch:
+def worker(layout: Layout, trainer: Sequence[str]) -> Launch:
     """jax and direct: this process is the worker, placed by torch's and JAX's variables.
 
     jax.distributed.initialize() with no arguments: JAX reads JAX_COORDINATOR_ADDRESS and
     JAX_LOCAL_DEVICE_IDS itself, and the count and id through jax_cluster's ClusterEnv, which
-    the site hook on PYTHONPATH registers (the ids also keep JAX's SLURM/Open MPI readers from
+    the site hook registers (plan.py puts it on PYTHONPATH) (the ids also keep JAX's SLURM/Open MPI readers from
     narrowing each process to GPU SLURM_LOCALID)."""
     rank = layout.node_rank if layout.spawn else layout.rank
     local_rank = 0 if layout.spawn else layout.local_rank
@@ -174,11 +173,8 @@ def worker(layout: Layout, trainer: Sequence[str], env: Mapping[str, str]) -> La
            "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(layout.world_size),
            "LOCAL_WORLD_SIZE": str(layout.nproc_per_node), "NODE_RANK": str(layout.node_rank),
            "JAX_COORDINATOR_ADDRESS": f"{host}:{layout.master_port}",
-           "JAX_NUM_PROCESSES": str(layout.world_size), "JAX_PROCESS_ID": str(rank),
-           "PYTHONPATH": os.pathsep.join(
-               p for p in (str(jax_cluster.SITE_HOOK), env.get("PYTHONPATH")) if p)}
-    sources = {"PYTHONPATH": "the entrypoint's site hook first: jax.distributed.initialize() "
-                             "with no arguments reads the plan (entrypoint/jax_cluster.py)"}
+           "JAX_NUM_PROCESSES": str(layout.world_size), "JAX_PROCESS_ID": str(rank)}
+    sources: dict[str, str] = {}
     if layout.cuda_visible is not None:
         ids = range(layout.gpus_per_node) if layout.spawn else [local_rank]
         out["JAX_LOCAL_DEVICE_IDS"] = ",".join(str(i) for i in ids)
@@ -190,13 +186,12 @@ def worker(layout: Layout, trainer: Sequence[str], env: Mapping[str, str]) -> La
     return Launch(tuple(command), out, {}, layout.master_port, sources)
 
 
-def build(launcher: Launcher, layout: Layout, trainer: Sequence[str], config: Config,
-          env: Mapping[str, str]) -> Launch:
+def build(launcher: Launcher, layout: Layout, trainer: Sequence[str], config: Config) -> Launch:
     if launcher is Launcher.TORCHRUN:
         return torchrun(layout, trainer)
     if launcher is Launcher.ACCELERATE:
         return accelerate(layout, trainer, config)
-    return worker(layout, trainer, env)
+    return worker(layout, trainer)
 
 
 def timeouts(env: Mapping[str, str], settings: Settings, launcher: Launcher,

@@ -7,11 +7,12 @@ which beat probes, which beat defaults; `sources` records which one decided.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 
-from entrypoint import configs, gpus, launchers, network, platforms
+from entrypoint import configs, gpus, jax_cluster, launchers, network, platforms
 from entrypoint.errors import ConfigError
 from entrypoint.facts import Facts
 from entrypoint.launchers import ALLREDUCE, Launcher, Layout
@@ -190,6 +191,16 @@ def _device_env(env: Mapping[str, str], settings: Settings, facts: Facts, device
             out.env[key] = str(setting).lower() if isinstance(setting, bool) else str(setting)
 
 
+def _site_hook(env: Mapping[str, str], out: _Out) -> None:
+    """The trainer's interpreter starts with entrypoint/site-hook first on its path."""
+    out.env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(jax_cluster.SITE_HOOK), env.get("PYTHONPATH")) if p)
+    out.sources["PYTHONPATH"] = (
+        "the entrypoint's site hook first: jax.distributed.initialize() with no arguments reads "
+        "the plan (entrypoint/jax_cluster.py); accelerate on CPU nodes gets gloo "
+        "(entrypoint/accelerate_cpu.py)")
+
+
 def _control_port(settings: Settings, reading: Reading, layout: Layout,
                   sources: dict[str, str]) -> int | None:
     """Never the rendezvous port, never past 65535 (entrypoint.settings.control_port)."""
@@ -241,7 +252,7 @@ def _launch(env: Mapping[str, str], settings: Settings, trainer: tuple[str, ...]
             launcher: Launcher, layout: Layout, config: configs.Config,
             out: _Out) -> launchers.Launch:
     launched = launchers.preflight(trainer, settings, launcher, out.sources)
-    launch = launchers.build(launcher, layout, launched, config, env)
+    launch = launchers.build(launcher, layout, launched, config)
     timeouts, timeout_warnings = launchers.timeouts(env, settings, launcher, out.sources)
     out.env |= launch.env | timeouts
     out.files |= launch.files
@@ -295,6 +306,7 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
     if cuda_visible is not None:
         out.env["CUDA_VISIBLE_DEVICES"] = cuda_visible
     _device_env(env, settings, facts, device, nproc, out)
+    _site_hook(env, out)
 
     launch = _launch(env, settings, trainer, launcher, layout, config, out)
     return Plan(

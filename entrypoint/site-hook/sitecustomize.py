@@ -1,6 +1,7 @@
-"""Put first on PYTHONPATH by the entrypoint for the jax and direct launchers (see
-entrypoint/jax_cluster.py): registers the plan's JAX cluster environment, then runs the
-sitecustomize this file shadows, if there is one, and leaves sys.path as it found it."""
+"""Put first on the trainer's PYTHONPATH by the entrypoint: runs the sitecustomize this file
+shadows, if there is one, leaves sys.path as it found it, then adapts libraries the trainer may
+import, each only once the trainer imports it: JAX's cluster detection reads the plan
+(entrypoint/jax_cluster.py); accelerate on CPU nodes (entrypoint/accelerate_cpu.py)."""
 
 import os
 import sys
@@ -16,8 +17,9 @@ except ImportError as err:
 finally:  # the import that is running this file expects a module under its name
     sys.modules.setdefault(__name__, _SELF)
 try:
-    from entrypoint import jax_cluster
+    from entrypoint import accelerate_cpu, jax_cluster
 
     jax_cluster.install()
+    accelerate_cpu.install()
 except Exception as err:  # never stop the trainer's interpreter from starting
     print(f"entrypoint: site hook: {type(err).__name__}: {err}", file=sys.stderr)

@@ -160,11 +160,9 @@ def test_hf_trainer_deepspeed_zero2_adamw_on_cpu(image, no_build, tmp_path):
     """Seed 003's shape: a Trainer script with `--deepspeed ds_config.json` (AdamW, "auto"
     values) through `entrypoint run` on a CPU container, no build at start.
 
-    One worker: with 2 or more CPU workers accelerate 1.15's PartialState (which the Trainer
-    builds for DeepSpeed) picks no process-group backend when no GPU is present (gloo only
-    with use_cpu, which turns DeepSpeed off), so the Trainer counts a world of 1 and fills
-    train_batch_size for 1 while DeepSpeed counts 2: DeepSpeed's batch assertion stops it
-    (accelerate/state.py, _prepare_backend). On GPUs both count the same."""
+    Two workers: accelerate 1.15 alone picks no process-group backend for DeepSpeed on CPU
+    (the Trainer would count a world of 1 and DeepSpeed's batch check stop it); the site hook
+    gives it gloo on CPU nodes (entrypoint/accelerate_cpu.py), as nccl on GPUs."""
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     out_dir.chmod(0o777)
@@ -175,10 +173,11 @@ def test_hf_trainer_deepspeed_zero2_adamw_on_cpu(image, no_build, tmp_path):
         "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none",
         timeout=600, docker_args=(
             "--shm-size=1g", "-v", f"{TRAINERS}:/trainers:ro", "-v", f"{out_dir}:/out",
-            "-e", "ENTRYPOINT_GPUS_PER_NODE=0", "-e", "ENTRYPOINT_NPROC_PER_NODE=1",
+            "-e", "ENTRYPOINT_GPUS_PER_NODE=0", "-e", "ENTRYPOINT_NPROC_PER_NODE=2",
             "-e", "HF_HUB_OFFLINE=1", *no_build))
     log = proc.stdout + proc.stderr
-    assert re.search(r"hf_trainer: rank 0 of 1 trained 4 steps with DeepSpeedEngine "
-                     r"and FusedAdam", log), log
+    for rank in (0, 1):
+        assert re.search(rf"hf_trainer: rank {rank} of 2 trained 4 steps with DeepSpeedEngine "
+                         r"and FusedAdam", log), log
     assert re.search(r"hf_trainer: done, loss \d+\.\d+", log), log
     assert "ninja stub" not in log, log

@@ -334,3 +334,11 @@ def test_an_ipv6_master_is_refused_with_the_reason():
     env = SEED_004_WORKER_1 | {"ENTRYPOINT_LAUNCHER": "jax", "MASTER_ADDR": "fd00::1"}
     with pytest.raises(ConfigError, match="listens on IPv4 only"):
         make_plan(env, node(8), ["python", "t.py"])
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate", "jax"])
+def test_every_trainer_starts_with_the_site_hook(launcher):
+    env = SEED_004_WORKER_1 | {"ENTRYPOINT_LAUNCHER": launcher}
+    plan = make_plan(env, node(0), ["python", "t.py"])
+    assert plan.env["PYTHONPATH"].endswith("entrypoint/site-hook")
+    assert plan.env["DS_ACCELERATOR"] == "cpu"  # what accelerate_cpu keys on

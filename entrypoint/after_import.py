@@ -1,0 +1,39 @@
+"""Run a function on a module right after its first import, without importing it: how the site
+hook adapts libraries in the trainer's process only if the trainer uses them."""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+from collections.abc import Callable
+from types import ModuleType
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    def __init__(self, target: str, then: Callable[[ModuleType], None]) -> None:
+        self.target, self.then = target, then
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.target:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run, then = spec.loader.exec_module, self.then
+
+        def exec_module(module: ModuleType) -> None:
+            run(module)
+            then(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def when_imported(target: str, then: Callable[[ModuleType], None]) -> None:
+    """Call then(module) now if `target` is loaded, else once its module has run."""
+    if target in sys.modules:
+        then(sys.modules[target])
+    elif not any(isinstance(f, _AfterImport) and f.target == target for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(target, then))
