@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
-import sys
 from collections.abc import Sequence
 
 from entrypoint import __version__
@@ -146,7 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handlers[args.command](args, env)
     except ConfigError as err:
-        print(f"entrypoint: error: {err.line()}", file=sys.stderr)
+        from entrypoint import logs
+
+        logs.last_word(f"entrypoint: error: {err.line()}")
         return EXIT_CONFIG
     except KeyboardInterrupt:
         return 130

@@ -119,18 +119,26 @@ class Conductor:
                 f"{self.expected} {self.units} (0-{self.expected - 1}): every node needs the same "
                 "node count; check NNODES/WORLD_SIZE on each")), Close(member)]
         old = self.members.get(member)
-        if old is not None and old.connected and old.host != host:
+        if old is not None and old.connected and old.host != host and self.phase == JOIN \
+                and self.generation == 0:
+            # Two nodes at the first start with one rank. Later, a new host is a replacement
+            # (the platform started the node elsewhere) and takes the rank over.
             reason = (f"{self.unit} {member} claimed by both {old.host} and {host}: give each node "
                       "its own node rank (NODE_RANK, RANK or the platform's index)")
             return self._end(EXIT_CONFIG, reason)
         if self.phase == RUN:
             # A node that comes back while the job runs was restarted by its platform: the job it
-            # belonged to is gone on that node.
-            return self._failure(member, None, f"{self.name(member)} started again while the job "
-                                 "was running (its container or pod was restarted)", EXIT_PEERS,
-                                 now)
+            # belonged to is gone on that node. With restarts left, the newcomer is the first
+            # member of the next start, whatever became of its old connection.
+            actions = self._failure(member, None, f"{self.name(member)} started again while the "
+                                    "job was running (its container or pod was restarted)",
+                                    EXIT_PEERS, now)
+            if self.phase == JOIN:
+                actions += self.hello(member, message, now, wall_now)
+            return actions
         if self.phase == END:
-            return [Send(member, self._stop_message(*self.outcome)), Close(member)]
+            code, reason = self.outcome or (EXIT_PEERS, "the job has ended")
+            return [Send(member, self._stop_message(code, reason)), Close(member)]
         self.members[member] = _State(
             host=host, joined_at=now, last_seen=now,
             fingerprint=dict(message.get("fingerprint") or {}),
@@ -147,17 +155,21 @@ class Conductor:
 
     def exited(self, member: int, message: dict, now: float) -> list:
         state = self.members.get(member)
-        if state is None or self.phase == END:
-            return []
-        state.last_seen = now
         code = int(message.get("code", 1))
-        state.exit_code = code
-        if message.get("signal"):
-            sig = int(message["signal"])
+        # A stop is a signal's only when a node received that signal (the exit message says so,
+        # or another node's signal is known here): a trainer that exits 134 (abort), 139 or 130
+        # by itself has failed, and its peers get SIGTERM, never SIGABRT.
+        sig = int(message.get("signal") or 0) or (
+            code - 128 if code > 128 and code - 128 in self.received else 0)
+        if sig and self.phase != END and 0 <= member < self.expected:
             who = self.name(self.received.get(sig, member))
             return self._end(128 + sig, f"stopped on {signal_name(sig)}, which {who} received "
                              "(preemption, or the job was cancelled): every node checkpoints and "
-                             "stops")
+                             "stops", sig=sig)
+        if state is None or self.phase == END:
+            return []
+        state.last_seen = now
+        state.exit_code = code
         if code == 0:
             if self.phase == RUN and all(s.exit_code == 0 for s in self.members.values()) \
                     and len(self.members) == self.expected:
@@ -182,6 +194,8 @@ class Conductor:
         if sig not in STOPPING:
             return [Log("info", f"{self.name(member)} received {signal_name(sig)}: passed to its "
                                 "workers")]
+        if self.failures:  # a failure awaits its verdict: the signal ends the job, no restart
+            return self._judge(now)
         reason = f"{self.name(member)} received {signal_name(sig)}"
         return [Log("warning", f"{reason}: passing it to every {self.unit}'s workers"),
                 Send(ALL, {"t": "signal", "signal": sig, "reason": reason})]
@@ -234,7 +248,10 @@ class Conductor:
         members = [Member(m, s.host, s.fingerprint, s.clock_offset)
                    for m, s in sorted(self.members.items())]
         problems = mismatches(members) + data_mismatches(members)
-        refusals, warnings = clock_problems(members, self.limits.max_clock_skew)
+        # Clocks are compared once per job: drift during a long job must not turn a restart
+        # into a configuration error.
+        refusals, warnings = (clock_problems(members, self.limits.max_clock_skew)
+                              if self.generation == 0 else ([], []))
         if problems or refusals:
             return self._end(EXIT_CONFIG, "the nodes do not match, nothing was started: "
                              + " | ".join(problems + refusals)
@@ -277,10 +294,18 @@ class Conductor:
     def _failure(self, member: int, failure: dict | None, reason: str, code: int,
                  now: float) -> list:
         summary = failure_summary(failure, self.name(member)) if failure else ""
+        stopping = next((sig for sig in self.received if sig in STOPPING), None)
+        if stopping is not None:
+            # The job is being stopped (preemption, scancel): a failure on the way out is no
+            # reason to start it again.
+            who = self.name(self.received[stopping])
+            return self._end(128 + stopping, f"{reason}; no restart: {who} received "
+                             f"{signal_name(stopping)}", summary, sig=stopping)
         if self.restarts_left > 0 and code != EXIT_CONFIG:
             self.restarts_left -= 1
             self.generation += 1
             self.received = {}
+            self.failures, self.decide_at = {}, None
             self.phase = JOIN
             self.members.clear()  # every node says hello again before the restart goes ahead
             self.join_started = now
@@ -294,17 +319,20 @@ class Conductor:
             return actions
         return self._end(code, reason, summary)
 
-    def _end(self, code: int, reason: str, summary: str = "") -> list:
+    def _end(self, code: int, reason: str, summary: str = "", sig: int | None = None) -> list:
         self.phase, self.outcome = END, (code, reason)
         self.failures, self.decide_at = {}, None
         actions: list = [Log("error", summary)] if summary else []
         actions += [Log("error", f"stopping every {self.unit} (exit {code}): {reason}"),
-                    Send(ALL, self._stop_message(code, reason))]
+                    Send(ALL, self._stop_message(code, reason, sig))]
         return actions
 
     @staticmethod
-    def _stop_message(code: int, reason: str) -> dict:
-        return {"t": "stop", "code": code, "reason": reason}
+    def _stop_message(code: int, reason: str, sig: int | None = None) -> dict:
+        """`sig`: the job stops because a node received it; the other nodes pass it to
+        their workers. Without it, the workers get SIGTERM whatever the code."""
+        message = {"t": "stop", "code": code, "reason": reason}
+        return message | {"signal": sig} if sig else message
 
     def _list(self, members: list[int]) -> str:
         if len(members) == 1:

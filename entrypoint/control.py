@@ -158,6 +158,11 @@ class Server(threading.Thread):
                         f"speaks {PROTOCOL}: run the same image on every node")})
                     continue
                 member[0] = member_id
+                old = self.members.get(member_id)
+                if old is not None and old is not sock and old in self.readers:
+                    # A node started again: its old connection's late beats and close are no
+                    # longer this member's.
+                    self.readers[old][1][0] = None
                 self.members[member_id] = sock
                 self._apply(self.conductor.hello(member_id, message, now, time.time()))
             elif member[0] is None:

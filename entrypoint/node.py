@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import shlex
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -48,9 +47,11 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
              nproc_per_node=plan.nproc_per_node, world_size=plan.world_size,
              master=f"{plan.master_addr}:{plan.master_port or 'auto'}", device=plan.device,
              cuda_visible_devices=plan.cuda_visible_devices, config=plan.config,
-             launcher=str(plan.launcher), ranks=report.rank_line(plan))
-    if plan.node_rank == 0:
-        print(report.table(plan, values), file=sys.stderr, flush=True)
+             launcher=str(plan.launcher), ranks=report.rank_line(plan),
+             command=plan.command, sources=dict(plan.sources))
+    # The table for a person; in JSON mode the event above is the plan, and every line is JSON.
+    if plan.node_rank == 0 and logs.console(settings.log_format):
+        logs.writer().put(report.table(plan, values), to_file=False)
     launch.check_command(plan, env)
     dsops.check(plan, launch.child_env(plan, env))  # a DeepSpeed op the image lacks: say so now
     plan_file = launch.apply(plan, Path(settings.run_dir) / f"node{plan.node_rank}")

@@ -1,4 +1,10 @@
-"""Secrets never reach a log line, `plan`, `doctor` or a printed command."""
+"""Secrets never reach a log line, `plan`, `doctor` or a printed command.
+
+A variable is a secret by its name: one of the well-known names below, or a name that ends in
+_TOKEN, _KEY, _SECRET, _PASSWORD (and a few spellings of them). A marker anywhere in the name
+is not enough: TOKENIZERS_PARALLELISM=false would mask every "false" in every log line, and
+NCCL_IB_PKEY or KEYRING_BACKEND are settings, not credentials.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +12,21 @@ import json
 import shlex
 from collections.abc import Mapping
 
-_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
-_NAMED = ("HF_TOKEN", "WANDB_API_KEY")
+_SUFFIXES = ("_TOKEN", "_KEY", "_SECRET", "_PASSWORD", "_PASSWD", "_APIKEY", "_ACCESS_KEY")
+# Credentials whose names do not end in a marker, and bare markers used as names.
+_NAMED = frozenset({
+    "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN", "GITHUB_TOKEN", "GH_TOKEN", "NGC_API_KEY", "OPENAI_API_KEY",
+    "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_SAS_TOKEN", "NEPTUNE_API_TOKEN",
+    "COMET_API_KEY", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
+    "TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "APIKEY",
+})
 MASK = "***"
 
 
 def is_secret(name: str) -> bool:
     upper = name.upper()
-    return upper in _NAMED or any(marker in upper for marker in _MARKERS)
+    return upper in _NAMED or upper.endswith(_SUFFIXES)
 
 
 def secret_values(env: Mapping[str, str]) -> tuple[str, ...]:

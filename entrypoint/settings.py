@@ -81,7 +81,7 @@ class Settings(BaseSettings):
         for name, raw in given.items():
             _check_text(name, raw)
         try:
-            settings = cls(**given)
+            settings = cls.model_validate(given)
         except ValidationError as err:
             first = err.errors()[0]
             name = PREFIX + str(first["loc"][0]).upper()
@@ -118,16 +118,21 @@ _PATHS = ("config", "run_dir", "log_dir", "data_dir")
 _DECIMAL = re.compile(r"^(?:[0-9]{1,12}(?:\.[0-9]{0,9})?|\.[0-9]{1,9})$")
 
 
-def _range(name: str) -> tuple[float | None, bool, float | None]:
-    """(lowest, whether the lowest itself is allowed, highest) from the field's constraints."""
-    low, closed, high = None, True, None
+def _range(name: str) -> tuple[float, bool, float]:
+    """(lowest, whether the lowest itself is allowed, highest) from the field's constraints;
+    every numeric setting states both ends."""
+    low: float | None = None
+    high: float | None = None
+    closed = True
     for rule in Settings.model_fields[name].metadata:
         if isinstance(rule, annotated_types.Ge):
-            low, closed = rule.ge, True
+            low, closed = float(rule.ge), True  # type: ignore[arg-type]
         elif isinstance(rule, annotated_types.Gt):
-            low, closed = rule.gt, False
+            low, closed = float(rule.gt), False  # type: ignore[arg-type]
         elif isinstance(rule, annotated_types.Le):
-            high = rule.le
+            high = float(rule.le)  # type: ignore[arg-type]
+    if low is None or high is None:
+        raise AssertionError(f"setting {name}: a number needs a lowest and a highest value")
     return low, closed, high
 
 
@@ -149,6 +154,8 @@ def _check_text(name: str, raw: str) -> None:
         return
     annotation = Settings.model_fields[name].annotation
     kinds = {annotation, *get_args(annotation)}
+    if not kinds & {int, float}:
+        return
     low, closed, high = _range(name)
     if int in kinds:
         start = int(low) if closed else int(low) + 1

@@ -8,8 +8,14 @@ trainer itself) instead of exec'ing it, because only a process that outlives the
 - forward SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 to the workers within a second and kill
   them when ENTRYPOINT_GRACE_PERIOD runs out (torchrun's own deadline is a fixed 30 s);
 - show the failing rank's error once, restart every node's trainer together, and exit with a
-  code a platform's retry policy can use;
-- be a child subreaper, so that no worker outlives it.
+  code a platform's retry policy can use (the failing rank's own code: an exit above 128 is a
+  signal only when a node received that signal);
+- be a child subreaper, give the launcher a parent-death signal and keep a guard process
+  beside it, so that no worker outlives it, even when it is SIGKILLed outside a container.
+
+Signals are taken at any moment: while waiting for node 0 (the connect is interrupted), during
+the join and restarts (kept, or said to node 0), and before the workers exist (passed to each
+worker once it catches the signal).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import collections
 import ctypes
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,7 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from entrypoint import control, fingerprint, secrets
+from entrypoint import control, fingerprint, logs, secrets
 from entrypoint.conductor import STOPPING, Conductor, Limits
 from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
 from entrypoint.plan import Plan
@@ -40,6 +47,8 @@ _PEER_STOP_GRACE = 10.0  # seconds for workers to exit after another node failed
 # A crash breaks its peers' collectives a moment later: node 0 waits this long for every
 # node's report before it names the first failure as the cause.
 _FAILURE_WINDOW = 3.0
+_KEEP_LOG_RUNS = 3  # torchrun log directories kept: this start's and the two before
+_TAIL_BYTES = 64 << 10  # the failure summary reads at most this much of a rank's log
 
 
 class Stop(Exception):
@@ -59,6 +68,92 @@ def become_subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+# The launcher is exec'd through this: it gets SIGTERM when the entrypoint dies, however it
+# dies (PR_SET_PDEATHSIG survives exec). A wrapper, not preexec_fn: node 0 has threads.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None).prctl(1, 15, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGTERM\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(143)  # the entrypoint died before the prctl: do not start\n"
+    "try:\n"
+    "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "except OSError as err:\n"
+    "    print(f'entrypoint: cannot start {sys.argv[2]}: {err.strerror}', file=sys.stderr)\n"
+    "    os._exit(127)\n")
+
+# A small process beside the entrypoint that notes its descendants every second and, when the
+# entrypoint ends (its stdin reaches EOF, even after SIGKILL), sends the ones still alive
+# SIGTERM, then SIGKILL after the grace period. Workers torchrun starts are in sessions of
+# their own and are re-parented to init when the entrypoint dies: only a list of them, kept
+# while the entrypoint lived, can find them.
+_GUARD = """
+import os, select, signal, sys, time
+root, grace, me = int(sys.argv[1]), float(sys.argv[2]), os.getpid()
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(sig, signal.SIG_IGN)
+watched = {}
+def stat(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+def snapshot():
+    tree = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := stat(entry)) and fields[0] != "Z":
+            tree.setdefault(int(fields[1]), []).append((int(entry), fields[19]))
+    todo = [root]
+    while todo:
+        for pid, started in tree.get(todo.pop(), []):
+            if pid != me:
+                watched[pid] = started
+                todo.append(pid)
+def alive():
+    return [p for p, s in watched.items() if (f := stat(p)) and f[0] != "Z" and f[19] == s]
+while True:
+    snapshot()
+    ready, _, _ = select.select([0], [], [], 1.0)
+    if ready and not os.read(0, 4096):
+        break
+for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+    for pid in alive():
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+    end = time.monotonic() + wait
+    while alive() and time.monotonic() < end:
+        time.sleep(0.1)
+"""
+
+
+class Guard:
+    """Kills what is left of this node's processes when the entrypoint ends, however it ends
+    (see _GUARD). Closing its pipe, or this process's death, sets it off."""
+
+    def __init__(self, grace: float) -> None:
+        read, write = os.pipe()
+        self._write: int | None = write
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _GUARD, str(os.getpid()), str(grace)],
+                stdin=read, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True, close_fds=True)
+        finally:
+            os.close(read)
+        os.set_inheritable(write, False)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def close(self) -> None:
+        if self._write is not None:
+            os.close(self._write)
+            self._write = None
 
 
 def _children_map() -> dict[int, list[int]]:
@@ -92,6 +187,18 @@ def _signal(pids, sig: int) -> None:
             pass
 
 
+def _catches(pid: int, sig: int) -> bool:
+    """Whether the process has a handler for the signal (SigCgt in /proc/PID/status): a
+    Python trainer installs its SIGTERM or SIGUSR1 handler only after its imports."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
 def _state(pid: int) -> str | None:
     """A process's state letter (R, S, Z...), or None when it is gone."""
     try:
@@ -120,6 +227,8 @@ class Launch:
     spawns_workers: bool  # torchrun/accelerate: the ranks are its children
     tail: collections.deque  # the launcher's last stderr lines
     started: float
+    command: tuple[str, ...] = ()
+    pump: threading.Thread | None = None  # passes the launcher's stderr on; ends at its EOF
 
     def workers(self) -> list[int]:
         if not self.spawns_workers:
@@ -137,21 +246,47 @@ class Launch:
 
 
 def exit_status(returncode: int) -> int:
-    """A process's exit status as a shell reports it: 128 + N when signal N ended it (Popen
-    gives -N, which sys.exit would turn into 256 - N)."""
-    return 128 - returncode if returncode < 0 else returncode
+    """A process's exit status as a shell reports it, 0-255: 128 + N when signal N ended it
+    (Popen and torchrun give -N, which sys.exit would turn into 256 - N)."""
+    return (128 - returncode if returncode < 0 else returncode) & 0xFF
+
+
+def _prune(log_dir: Path, keep: int) -> None:
+    """torchrun makes a new log directory at every start: keep the last `keep` - 1 (the new
+    one makes `keep`)."""
+    try:
+        runs = sorted((p for p in log_dir.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    except OSError:
+        return
+    for old in runs[:max(0, len(runs) - (keep - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _tail(path: Path, lines: int) -> list[str]:
+    """The last lines of a file, reading at most _TAIL_BYTES of it."""
+    with path.open("rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - _TAIL_BYTES))
+        data = f.read()
+    text = data.decode(errors="replace").splitlines()
+    if size > _TAIL_BYTES:
+        text = text[1:]  # the first line is cut
+    return text[-lines:]
 
 
 def _parents() -> dict[int, int]:
     return {child: parent for parent, children in _children_map().items() for child in children}
 
 
-def start(plan: Plan, env: Mapping[str, str], generation: int, echo: Callable[[str], None]
-          ) -> Launch:
+def start(plan: Plan, env: Mapping[str, str], generation: int, echo: Callable[[str], None],
+          log_dir: Path | None = None) -> Launch:
     tail: collections.deque = collections.deque(maxlen=400)
     child_env = dict(env) | {"ENTRYPOINT_RESTART_COUNT": str(generation)}
-    process = subprocess.Popen(list(plan.command), env=child_env, stderr=subprocess.PIPE,
-                               stdin=subprocess.DEVNULL)
+    if log_dir is not None:
+        _prune(log_dir, _KEEP_LOG_RUNS)
+    process = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *plan.command],
+        env=child_env, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
 
     def pump():
         # The launcher's stderr, passed through line by line and kept for the failure summary,
@@ -177,21 +312,24 @@ def start(plan: Plan, env: Mapping[str, str], generation: int, echo: Callable[[s
         for kept in held:
             echo(kept)
 
-    threading.Thread(target=pump, daemon=True, name="launcher-stderr").start()
-    return Launch(process, plan.launcher in ("torchrun", "accelerate"), tail, time.monotonic())
+    pumping = threading.Thread(target=pump, daemon=True, name="launcher-stderr")
+    pumping.start()
+    return Launch(process, plan.launcher in ("torchrun", "accelerate"), tail, time.monotonic(),
+                  tuple(plan.command), pumping)
 
 
 # -- what failed ----------------------------------------------------------------------------
 
 _ROOT_RANK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _ROOT_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
-_PREFIX = re.compile(r"^\[[a-z]*\d+\]:")
+_PREFIX = re.compile(r"^\[[a-z]*\d+\]: ?")
 
 
 def failure(plan: Plan, launch: Launch, code: int, log_dir: Path, lines: int = 12,
             seen: float | None = None) -> dict:
-    """Rank, local rank, exit code, the last lines of the failing rank's stderr, and when it
-    failed (its error file's last write, else `seen`: when the launcher's exit was seen)."""
+    """Rank, local rank, exit code (0-255, as the job exits), the last lines of the failing
+    rank's stderr, and when it failed (its error file's last write, else `seen`: when the
+    launcher's exit was seen)."""
     text = list(launch.tail)
     rank = local = exitcode = None
     if launch.spawns_workers and any("Root Cause" in line for line in text):
@@ -208,30 +346,33 @@ def failure(plan: Plan, launch: Launch, code: int, log_dir: Path, lines: int = 1
     tail: list[str] = []
     killed = ""  # how the launcher itself died, when a signal killed it
     when = seen if seen is not None else time.time()
+    read = False  # the rank's own stderr was read (empty when a signal ended it silently)
     if local is not None and launch.spawns_workers:
         runs = sorted(log_dir.glob("*/attempt_*/"), key=lambda p: p.stat().st_mtime)
         if runs:
             path = runs[-1] / str(local) / "stderr.log"
             try:
-                tail = [_PREFIX.sub("", line)  # torch's own [rankN]: prefix
-                        for line in path.read_text(errors="replace").splitlines()[-lines:]]
-                when = path.stat().st_mtime
+                tail = [_PREFIX.sub("", line) for line in _tail(path, lines)]  # torch's [rankN]:
+                when, read = path.stat().st_mtime, True
             except OSError:
                 tail = []
-    if not tail:  # the trainer itself, or no per-rank file: the launcher's own last lines
+    if not tail and not read:  # the trainer itself, or no per-rank file: the launcher's lines
         tail = [_PREFIX.sub("", line) for line in text if "Root Cause" not in line][-lines:]
     if launch.spawns_workers and exitcode is None and code < 0:
         # The launcher itself was killed (OOM killer, a stray kill): its workers are orphans.
-        launcher = " ".join([Path(launch.process.args[0]).name, *launch.process.args[1:3]])
+        command = launch.command or tuple(str(arg) for arg in launch.process.args)
+        launcher = " ".join([Path(command[0]).name, *command[1:3]])
         killed = f"the launcher ({launcher}) was killed by {signal.Signals(-code).name}"
-        tail, exitcode = [*tail, killed], exit_status(code)
+        tail, exitcode = [*tail, killed], code
     if exitcode is not None and exitcode < 0:
         sig = -exitcode
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
         hint = " (out of memory? the kernel's OOM killer sends SIGKILL)" if sig == 9 else ""
-        tail = tail + [f"killed by {name}{hint}"]
-    return {"rank": rank, "local_rank": local, "exitcode": exitcode if exitcode is not None
-            else exit_status(code), "tail": tail, "time": when, "killed": killed}
+        if not killed:
+            tail = tail + [f"killed by {name}{hint}"]
+    return {"rank": rank, "local_rank": local,
+            "exitcode": exit_status(exitcode if exitcode is not None else code), "tail": tail,
+            "time": when, "killed": killed}
 
 
 # -- resources for the heartbeat ------------------------------------------------------------
@@ -267,12 +408,27 @@ class Stats:
 
 # -- the node's life ------------------------------------------------------------------------
 
+class _Interrupted(Exception):
+    """A stopping signal while this node waits for node 0 (raised by the signal handler)."""
+
+    def __init__(self, sig: int) -> None:
+        super().__init__(sig)
+        self.sig = sig
+
+
+def _name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
 class Node:
     def __init__(self, plan: Plan, env: Mapping[str, str], settings: Settings, log,
                  echo: Callable[[str], None] | None = None) -> None:
         self.plan, self.env, self.settings, self.log = plan, env, settings, log
         self.secret_values = secrets.secret_values(env)
-        raw_echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
+        raw_echo = echo or logs.echo
         # The trainer's stderr passes through here: a token in a traceback is masked too.
         self.echo = lambda line: raw_echo(secrets.mask(line, self.secret_values))
         self.member = plan.node_rank if plan.spawn else plan.rank
@@ -282,11 +438,23 @@ class Node:
         self.server: control.Server | None = None
         self.channel: control.Channel | None = None
         self.launch: Launch | None = None
+        self.guard: Guard | None = None
         self.generation = 0
         self.log_dir = Path(settings.run_dir) / f"node{plan.node_rank}" / "logs"
+        # A stopping signal this node received, or that node 0 passed on: the job is ending
+        # and no restart may start it again.
+        self.stop_signal: int | None = None
+        # Signals received while no worker existed (during the join, a restart, the launcher's
+        # start): passed to the workers once they catch them.
+        self.pending: list[int] = []
+        self._connecting = False
 
-    # signals arrive in the main thread; they are handled in the loop
+    # signals arrive in the main thread; they are handled in the loop, except while this node
+    # waits for node 0 (a blocking connect), which a stopping signal ends at once
     def _on_signal(self, number, _frame) -> None:
+        if self._connecting and number in STOPPING:
+            self._connecting = False
+            raise _Interrupted(number)
         self.signals.append(number)
 
     def run(self) -> int:
@@ -298,12 +466,12 @@ class Node:
             while True:
                 code = self._supervise()
                 if code is not None:
-                    return code
+                    return code & 0xFF
         except Stop as stop:
             if stop.reason:
                 level = "info" if stop.code == 0 else "error"
                 getattr(self.log, level)(stop.reason, exit_code=stop.code)
-            return stop.code
+            return stop.code & 0xFF
         except control.PeersError as err:
             self.log.error(str(err), exit_code=EXIT_PEERS)
             return EXIT_PEERS
@@ -328,8 +496,18 @@ class Node:
             self.server.start()
             if port is None:
                 host, port = "127.0.0.1", self.server.port
-        self.channel = control.connect(host, port, timeout=s.join_timeout,
-                                       log=lambda line: self.log.warning(line))
+        waiting = "while waiting for node 0" if self.member != 0 else "before the nodes joined"
+        try:
+            self._connecting = True
+            for sig in [x for x in self.signals if x in STOPPING][:1]:
+                raise _Interrupted(sig)
+            self.channel = control.connect(host, port, timeout=s.join_timeout,
+                                           log=lambda line: self.log.warning(line))
+        except _Interrupted as got:
+            raise Stop(128 + got.sig, f"received {_name(got.sig)} {waiting}: stopping "
+                                      "(nothing was started)") from None
+        finally:
+            self._connecting = False
         self._hello()
 
     def _hello(self) -> None:
@@ -348,6 +526,21 @@ class Node:
     def _await_go(self) -> None:
         deadline_silent = self.settings.heartbeat_timeout
         while True:
+            if self.stop_signal is None:
+                for sig in self._take_signals():
+                    if sig in STOPPING:
+                        self.stop_signal = sig
+                        break
+                    if sig not in self.pending:
+                        self.pending.append(sig)
+                        self.log.warning(f"received {_name(sig)} before the trainer started: "
+                                         "passed to the workers once they run")
+            if self.stop_signal is not None:
+                sig = self.stop_signal
+                # Said to node 0, so that the other nodes stop now, not at the join timeout.
+                self.channel.send({"t": "exit", "code": 128 + sig, "signal": sig})
+                raise Stop(128 + sig, f"received {_name(sig)} before the trainer started"
+                           + (" again" if self.generation else "") + ": stopping")
             for message in self._receive(0.5):
                 kind = message.get("t")
                 if kind == "go":
@@ -359,24 +552,24 @@ class Node:
                 if kind == "stop":
                     raise Stop(int(message["code"]), self._from_node0(message["reason"]))
             self._check_master(deadline_silent)
-            for sig in self._take_signals():
-                if sig in STOPPING:
-                    # Said to node 0, so that the other nodes stop now, not at the join timeout.
-                    self.channel.send({"t": "exit", "code": 128 + sig, "signal": sig})
-                    raise Stop(128 + sig, f"received {signal.Signals(sig).name} before the "
-                                          "trainer started")
 
     # -- supervise one launch ---------------------------------------------------------------
 
     def _supervise(self) -> int | None:
         """Start the launcher and watch it. An exit code ends the node; None: restart."""
         s = self.settings
-        self.launch = start(self.plan, self.env, self.generation, self.echo)
+        if self.guard is None:
+            self.guard = Guard(s.grace_period)
+        self.launch = start(self.plan, self.env, self.generation, self.echo, self.log_dir)
         stats = Stats(self._gpu_indices())
         last_beat = 0.0
         signalled: int | None = None
+        signalled_at = 0.0
         kill_at: float | None = None
         reported = False
+        code: int | None = None
+        self._delivered: dict[int, set[int]] = {}  # signal: the worker pids that have it
+        self._told: set[int] = set()  # non-stopping signals said to node 0 in this launch
         while True:
             now = time.monotonic()
             if now - last_beat >= s.heartbeat_interval:
@@ -385,14 +578,27 @@ class Node:
                 _reap(exclude=self.launch.process.pid)
             for sig in self._take_signals():
                 if sig in STOPPING and signalled is not None:
-                    self.log.warning(f"received {signal.Signals(sig).name} again: already "
+                    self.log.warning(f"received {_name(sig)} again: already "
                                      "stopping, the workers are killed when the grace ends")
                     continue
-                self._pass_on(sig, f"received {signal.Signals(sig).name}")
-                # Node 0 passes a stopping signal to every node's workers (one pod preempted).
-                self.channel.send({"t": "signal", "signal": sig})
                 if sig in STOPPING:
-                    signalled, kill_at = sig, now + s.grace_period
+                    self.stop_signal = sig
+                    if code is not None:  # the trainer has exited: the job must not restart
+                        self.log.warning(f"received {_name(sig)} after the trainer exited: "
+                                         "the job stops, no restart")
+                    else:
+                        self._pass_on(sig, f"received {_name(sig)}")
+                        signalled, signalled_at, kill_at = sig, now, now + s.grace_period
+                    # Node 0 passes a stopping signal to every node's workers (one pod preempted).
+                    self.channel.send({"t": "signal", "signal": sig})
+                elif code is None:
+                    if not self._pass_on(sig, f"received {_name(sig)}"):
+                        self.pending.append(sig)  # no worker yet: for them when they start
+                    else:
+                        self._told.add(sig)
+                        self.channel.send({"t": "signal", "signal": sig})
+            if code is None:
+                self._deliver_late(signalled, signalled_at, now)
             if kill_at is not None and now > kill_at and self.launch.process.poll() is None:
                 self.log.error(f"workers still running {s.grace_period:g} s after the signal: "
                                "killing them")
@@ -407,44 +613,81 @@ class Node:
             for message in self._receive(0.2 if code is None else 0.5):
                 kind = message.get("t")
                 if kind == "stop":
-                    return self._stopped(int(message["code"]), message["reason"], signalled,
-                                         kill_at)
+                    return self._stopped(message, signalled, kill_at)
                 if kind == "signal" and signalled is None and code is None:
                     sig = int(message["signal"])
                     self._pass_on(sig, str(message.get("reason", "another node received it")))
-                    signalled, kill_at = sig, now + s.grace_period
+                    signalled, signalled_at, kill_at = sig, now, now + s.grace_period
+                    self.stop_signal = sig
                 if kind == "done":
                     self._wait_launcher(5)
                     return 0 if code == 0 else (code or 0)
                 if kind == "restart":
                     self._end_launch(_PEER_STOP_GRACE)
                     self.generation = int(message["generation"])
-                    if self.member != 0:  # node 0's conductor has said it already
+                    if self.member != 0 and self.stop_signal is None:
+                        # node 0's conductor has said it already
                         self.log.warning(f"restarting the trainer ({message.get('reason', '')})",
                                          restart=self.generation)
-                    self._hello()
+                    self._hello()  # with a stop signal: says so to node 0 and stops
                     return None
             self._check_master(s.heartbeat_timeout)
 
-    def _pass_on(self, sig: int, why: str) -> None:
+    def _pass_on(self, sig: int, why: str) -> list[int]:
         pids = self.launch.forward(sig) if self.launch.process.poll() is None else []
+        self._delivered.setdefault(sig, set()).update(pids)
         grace = (f"; they have {self.settings.grace_period:g} s (ENTRYPOINT_GRACE_PERIOD) to "
                  "checkpoint and exit" if sig in STOPPING else "")
-        self.log.warning(f"{why}: forwarded to {len(pids)} worker process(es){grace}")
+        later = "" if pids else "; passed to the workers as they start"
+        self.log.warning(f"{why}: forwarded to {len(pids)} worker process(es){grace}{later}")
+        return pids
+
+    def _deliver_late(self, signalled: int | None, signalled_at: float, now: float) -> None:
+        """Workers that started after a signal arrived get it too: as soon as they catch it
+        (their handler is installed), or a stopping signal once 3/4 of the grace period are
+        spent even if they never do (its default action ends them)."""
+        wanted = ([signalled] if signalled is not None else []) + self.pending
+        if not wanted or self.launch.process.poll() is not None:
+            return
+        workers = self.launch.workers()
+        if not workers:
+            return
+        patience = self.settings.grace_period * 0.75
+        for sig in wanted:
+            got = self._delivered.setdefault(sig, set())
+            new = [pid for pid in workers if pid not in got and (
+                _catches(pid, sig) or (sig == signalled and now - signalled_at > patience))]
+            if not new:
+                continue
+            _signal(new, sig)
+            got.update(new)
+            self.log.warning(f"{_name(sig)} reached {len(new)} worker(s) that started after it "
+                             "arrived")
+            if sig != signalled and sig not in self._told:
+                self._told.add(sig)
+                self.channel.send({"t": "signal", "signal": sig})
+        if self.pending and all(len(self._delivered.get(sig, ())) >= len(workers)
+                                for sig in self.pending):
+            self.pending = []
 
     def _report_exit(self, code: int, signalled: int | None, seen: float) -> None:
         message: dict = {"t": "exit", "code": code}
         if code != 0 and signalled is None:
+            if self.launch.pump is not None:
+                self.launch.pump.join(timeout=3)  # the error's last lines are in the summary
             found = failure(self.plan, self.launch, self.launch.process.returncode, self.log_dir,
                             seen=seen)
             found["tail"] = [secrets.mask(line, self.secret_values) for line in found["tail"]]
-            # A worker that stopped on a signal another node's workers passed on (the built-in
-            # job shares a stop flag each step) was preempted, not broken.
-            by_signal = {128 + int(sig) for sig in FORWARDED} | {-int(sig) for sig in FORWARDED}
-            if found["exitcode"] in by_signal:
-                signalled = abs(found["exitcode"]) % 128
+            by = found["exitcode"] - 128
+            if found["exitcode"] > 128 and self._delivered.get(by):
+                # Its workers had that signal from this node (SIGUSR1: checkpoint and stop).
+                signalled = by
             else:
+                # Whatever the code, 134, 139, 255 or 130: the trainer's own, not a signal the
+                # entrypoint passed on; node 0 decides (a signal another node received makes
+                # it a stop, else a failure).
                 message["failure"] = found
+                message["code"] = found["exitcode"]
         if signalled is not None:
             message["signal"] = signalled
         elif code != 0:
@@ -455,19 +698,22 @@ class Node:
             message["reason"] = f"{self.unit} {self.member} ({socket.gethostname()}): {what}"
         self.channel.send(message)
 
-    def _stopped(self, code: int, reason: str, signalled: int | None,
-                 kill_at: float | None) -> int:
+    def _stopped(self, message: dict, signalled: int | None, kill_at: float | None) -> int:
+        code, reason = int(message["code"]) & 0xFF, str(message.get("reason", ""))
+        sig = message.get("signal")
         running = self.launch.process.poll() is None
         if running and signalled is not None and kill_at is not None:
             # The workers have the signal already: what is left of their grace.
             self._wait_launcher(max(0.0, kill_at - time.monotonic()))
+        elif running and sig:
+            # Stopped on a signal another node received: the workers checkpoint too.
+            self.launch.forward(int(sig))
+            self._wait_launcher(self.settings.grace_period)
         elif running:
-            # Another node failed or was preempted: the workers stop too (checkpointing when a
-            # signal started it), and are killed if they do not.
-            grace = self.settings.grace_period if code > 128 else _PEER_STOP_GRACE
-            sig = code - 128 if code > 128 else signal.SIGTERM
-            self.launch.forward(sig)
-            self._wait_launcher(grace)
+            # Another node failed, whatever its code: SIGTERM, and the workers are killed if
+            # they do not exit.
+            self.launch.forward(signal.SIGTERM)
+            self._wait_launcher(_PEER_STOP_GRACE)
         raise Stop(code, self._from_node0(reason))
 
     # -- helpers ----------------------------------------------------------------------------
@@ -515,11 +761,17 @@ class Node:
             self.launch.forward(signal.SIGTERM)
             self._wait_launcher(grace)
         self._kill_leftovers()  # a restart must not start beside the last launch's orphans
+        if self.pending:
+            self.log.warning("no worker caught " + ", ".join(_name(s) for s in self.pending)
+                             + " before the trainer ended")
+            self.pending = []
 
     def _kill_leftovers(self) -> None:
         """Kill every process still below this one: workers orphaned when their launcher died
         are re-parented here (subreaper), and none may outlive the entrypoint."""
-        pids = [pid for pid in descendants(os.getpid()) if _state(pid) not in ("Z", None)]
+        guard = self.guard.pid if self.guard is not None else -1
+        pids = [pid for pid in descendants(os.getpid())
+                if pid != guard and _state(pid) not in ("Z", None)]
         if not pids:
             return
         self.log.warning(f"killing {len(pids)} process(es) left behind by the launcher "
@@ -534,8 +786,10 @@ class Node:
         return f"stopped by node 0: {reason}" if self.member != 0 else ""
 
     def _server_log(self, level: str, text: str) -> None:
-        if text.startswith("worker failed"):  # the failure summary: readable, once, at node 0
-            print(f"\n{text}\n", file=sys.stderr, flush=True)
+        # From the control server's thread: through the log writer's queue, never blocking.
+        if text.startswith("worker failed"):  # the failure summary, once, at node 0
+            head, *lines = text.split("\n")
+            self.log.error(head, traceback=[line.removeprefix("    ") for line in lines])
             return
         getattr(self.log, level)(text)
 
@@ -552,6 +806,8 @@ class Node:
         if self.server is not None:
             self.server.finished.wait(timeout=12)
             self.server.stop()
+        if self.guard is not None:
+            self.guard.close()
 
 
 def run(plan: Plan, env: Mapping[str, str], settings: Settings, log) -> int:

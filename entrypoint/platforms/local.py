@@ -37,7 +37,7 @@ def detect(env: Mapping[str, str]) -> str | None:
 
 def read(env: Mapping[str, str]) -> Reading:
     seen = [f"{name}={_shown(env[name])}" for name in PARTIAL if env.get(name, "").strip()]
-    warnings = ()
+    warnings: tuple[str, ...] = ()
     by_hand = bool(env.get("ENTRYPOINT_NNODES", "").strip())
     if seen and not by_hand:
         warning = (f"{', '.join(seen)} set, but no platform is recognised from it: planned as "

@@ -65,8 +65,8 @@ def tasks_per_node(name: str, raw: str) -> list[tuple[int, int]]:
 def master_port(env: Mapping[str, str]) -> Sourced[int]:
     """MASTER_PORT if set; else one derived from the job id, so two jobs sharing a node differ."""
     job = first(env, *JOB_ID)
-    numeric = job and job[1].isascii() and job[1].isdigit() and len(job[1]) <= 18
-    if first(env, *MASTER_PORT) or not numeric:
+    numeric = job is not None and job[1].isascii() and job[1].isdigit() and len(job[1]) <= 18
+    if first(env, *MASTER_PORT) or job is None or not numeric:
         return read_port(env, *MASTER_PORT)
     return Sourced(15000 + int(job[1]) % 20000, f"derived from {job[0]} (15000 + id mod 20000)")
 

@@ -325,10 +325,66 @@ def test_secret_values_never_appear_in_plan_logs_or_the_printed_command(image, d
         first, second = c.hostname("node", 0), c.hostname("node", 1)
         run = c.run([Node(n.name, n.env, command=["run", "--", *LEAKY]) for n in nodes(c)],
                     timeout=TIMEOUT, grace=90)
-        assert run.exit_codes == {first: 1, second: 1}, run.log(80)
+        # rank 3's own code, on both (torchrun itself exits 1)
+        assert run.exit_codes == {first: 3, second: 3}, run.log(80)
         assert "--token=*** --password=***" in run.node(first).log()  # the printed command
         assert "auth failed for token *** and ***, args --token=*** --password=***" in \
             run.node(second).log()  # relayed by node 1
         summary = run.node(first).log().split("worker failed: rank 3", 1)[1]
         assert "auth failed for token ***" in summary  # shown once at node 0, masked
         assert_no_secret(run.log())
+
+
+# -- issue 16: the supervisor under faults, in containers -----------------------------------------
+
+# Ranks 0-2 wait, saying which signal reached them; rank 3 aborts (as XLA and NCCL do on a fatal
+# error) after 8 s. Plain processes under torchrun: no collective, so nothing but the
+# entrypoints tells the healthy ranks.
+ABORTER = ("import os, signal, sys, time\n"
+           "rank = int(os.environ['RANK'])\n"
+           "def on(sig, _):\n"
+           "    print(f'rank {rank} got {signal.Signals(sig).name}', flush=True)\n"
+           "    sys.exit(128 + sig)\n"
+           "if rank != 3:\n"
+           "    for s in (signal.SIGTERM, signal.SIGABRT, signal.SIGSEGV, signal.SIGINT):\n"
+           "        signal.signal(s, on)\n"
+           "print(f'rank {rank} waits', flush=True)\n"
+           "time.sleep(8 if rank == 3 else 600)\n"
+           "print('rank 3 aborts', flush=True)\n"
+           "os.abort()\n")
+
+
+def test_a_rank_that_aborts_is_a_failure_not_a_signal(image, docker_client):
+    """os.abort() on rank 3 (exit 134): both containers exit 134, node 0 names rank 3 with exit
+    code 134, and the healthy ranks get SIGTERM, never SIGABRT (issue 16: every healthy rank
+    was sent SIGABRT and dumped core)."""
+    with Cluster(image, client=docker_client, echo=print) as c:
+        first, second = c.hostname("node", 0), c.hostname("node", 1)
+        run = c.run([Node(n.name, n.env, command=["run", "--", "python", "-c", ABORTER])
+                     for n in nodes(c)], timeout=TIMEOUT, grace=90)
+        assert run.exit_codes == {first: 134, second: 134}, run.log(80)
+        log0, log1 = run.node(first).log(), run.node(second).log()
+        assert "worker failed: rank 3 on node 1" in log0 and "exit code 134" in log0
+        assert "rank 0 got SIGTERM" in log0 and "rank 1 got SIGTERM" in log0
+        assert "rank 2 got SIGTERM" in log1 and "got SIGABRT" not in log0 + log1
+        aborted = run.node(second).when("rank 3 aborts")
+        seconds = max(run.node(n).ended for n in (first, second)) - aborted
+        assert seconds < BOUND
+        measured("a rank aborts: both exited 134", seconds)
+
+
+def test_sigterm_while_a_node_waits_for_node_0_ends_it_at_once(image, docker_client):
+    """Node 0 never starts; node 1 waits for it (ENTRYPOINT_JOIN_TIMEOUT, 300 s by default) and
+    is sent SIGTERM (Kubernetes deletes the pod): it exits 143 at once, well before the
+    platform's SIGKILL (issue 16: the wait ignored it, exit 75 at the join timeout)."""
+    with Cluster(image, client=docker_client, echo=print) as c:
+        second = c.hostname("node", 1)
+        (node1,) = [n for n in nodes(c, ENTRYPOINT_LOG_ALL_NODES="true") if n.name == second]
+        term = Fault("term", lambda c: c.kill(second, "SIGTERM"), node=second,
+                     line='"event": "start"', delay=3)
+        run = c.run([node1], timeout=TIMEOUT, grace=30, faults=[term])
+        assert run.exit_codes == {second: 143}, run.log(80)
+        assert "received SIGTERM while waiting for node 0" in run.node(second).log()
+        seconds = took(run, second, "term")
+        assert seconds < 10
+        measured("SIGTERM while waiting for node 0: exited 143", seconds)

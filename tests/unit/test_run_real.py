@@ -76,3 +76,19 @@ def test_platform_started_processes_run_directly_and_join_as_processes(tmp_path)
     plan0 = json.loads((tmp_path / "run" / "node0" / "plan.json").read_text())
     assert (plan0["spawn"], plan0["launcher"], plan0["nnodes"]) == (False, "direct", 2)
     assert "all 2 processes joined" in outputs[1]
+
+
+def test_json_mode_writes_only_json_lines_of_its_own(tmp_path):
+    """ENTRYPOINT_LOG_FORMAT=json: the plan is one event (not the table), every line the
+    entrypoint writes is JSON; a secret is masked inside it."""
+    env = BASE | {"ENTRYPOINT_LOG_FORMAT": "json", "ENTRYPOINT_RUN_DIR": str(tmp_path / "run"),
+                  "HF_TOKEN": "hf_sekrit_value"}
+    code = "import sys; print('trainer says hi', file=sys.stderr)"
+    out = subprocess.run([sys.executable, "-m", "entrypoint", "run", "--", "python", "-c", code],
+                         env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ours = [line for line in out.stderr.splitlines() if line != "[default0]:trainer says hi"]
+    events = [json.loads(line) for line in ours]  # fails on any line that is not JSON
+    plan = [e for e in events if e["event"] == "plan"]
+    assert len(plan) == 1 and plan[0]["world_size"] == 1 and "sources" in plan[0]
+    assert "hf_sekrit_value" not in out.stderr

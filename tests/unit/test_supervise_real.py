@@ -84,6 +84,13 @@ class Nodes:
             proc.wait()
 
 
+def _summary(log: str) -> str:
+    """Node 0's failure summary (a JSON line: the event, and the traceback's last lines)."""
+    (line,) = [json.loads(line) for line in log.splitlines()
+               if line.startswith("{") and "worker failed" in line]
+    return "\n".join([line["event"], *line.get("traceback", [])])
+
+
 def _tree(pid: int) -> list[int]:
     from entrypoint.supervise import descendants
 
@@ -103,14 +110,19 @@ def nodes(tmp_path):
         n.kill_everything()
 
 
-def test_a_crashing_worker_stops_every_node_and_node_0_shows_its_error_once(nodes):
-    c = nodes(FAULT_CRASH="3:15")
+def test_a_crashing_worker_stops_every_node_and_node_0_shows_its_error_once(nodes, tmp_path):
+    c = nodes(FAULT_CRASH="3:15", ENTRYPOINT_LOG_DIR=str(tmp_path / "logs"))
     c.start(0), c.start(1)
     assert c.wait() == {0: 1, 1: 1}  # the trainer's own code, on every node
     log0, log1 = c.log(0), c.log(1)
+    # The summary is one structured line (JSON here), in the node's log file too.
+    (summary,) = [json.loads(line) for line in (tmp_path / "logs" / "node0.log").open()
+                  if "worker failed" in line]
+    assert summary["event"].startswith("worker failed: rank 3 on node 1 (")
+    assert summary["event"].endswith("(local rank 1), exit code 1") and summary["level"] == "error"
+    assert summary["traceback"][-1] == "ValueError: injected failure on rank 3 at step 15"
     assert "worker failed: rank 3 on node 1" in log0 and "(local rank 1), exit code 1" in log0
-    summary = log0[log0.index("worker failed: rank 3"):]
-    assert "ValueError: injected failure on rank 3 at step 15" in summary.split("\n{")[0]
+    assert "ValueError: injected failure on rank 3 at step 15" in _summary(log0)
     assert log0.count("worker failed: rank 3") == 1
     assert "ChildFailedError" not in log0 + log1  # torchrun's own traceback is not repeated
     assert "stopped by node 0: node 1" in log1
@@ -265,8 +277,7 @@ def test_a_secret_in_a_workers_error_is_masked_in_every_log(nodes):
     c = nodes(FAULT_CRASH="3:15", FAULT_CRASH_SAY=f" (token={token})", HF_TOKEN=token)
     c.start(0), c.start(1)
     assert c.wait() == {0: 1, 1: 1}
-    summary = c.log(0)[c.log(0).index("worker failed: rank 3"):]
-    assert "injected failure on rank 3 at step 15 (token=***)" in summary
+    assert "injected failure on rank 3 at step 15 (token=***)" in _summary(c.log(0))
     assert "(token=***)" in c.log(1)  # relayed by node 1's entrypoint, masked
     assert token not in c.log(0) + c.log(1)
 
@@ -286,3 +297,230 @@ def test_a_lost_node_started_again_by_its_platform_joins_the_restart(nodes):
     assert c.wait() == {0: 0, 1: 0}, c.log(0)[-3000:]
     assert [(r["restart"], r["last_step"]) for r in c.reports()] == [(1, 60)] * 4
     assert "restarting every node's trainer (restart 1 of 1)" in c.log(0)
+
+
+# -- issue 16: the supervisor under faults ------------------------------------------------------
+
+def _signals_seen(c: Nodes, rank: int) -> list[int]:
+    path = c.tmp / "out" / f"signals{rank}"
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def measured(case: str, seconds: float) -> None:
+    """`pytest -s` prints these: the README's fault table (loopback rows) comes from them."""
+    print(f"MEASURED {case}: {seconds:.1f} s")
+
+
+def _since(path: Path) -> float:
+    return time.time() - path.stat().st_mtime
+
+
+def _wait_for(path: Path, timeout: float = 60, poll: float = 0.01) -> None:
+    end = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(poll)
+
+
+@pytest.mark.parametrize("how,code,rank,launch", [
+    ("abort", 134, 3, {"FAULT_WAIT": "0:15,1:15"}),
+    ("255", 255, 1, {"ENTRYPOINT_LAUNCHER": "direct", "ENTRYPOINT_NPROC_PER_NODE": "1",
+                     "FAULT_WAIT": "0:15"})])
+def test_a_trainer_exit_code_above_128_is_a_failure_not_a_signal(nodes, how, code, rank, launch):
+    """A rank calls os.abort() (what XLA and NCCL do on a fatal error; under torchrun), or the
+    trainer itself exits 255 (no launcher): the healthy ranks get SIGTERM (before: SIGABRT, and
+    os.kill(pid, 127) for 255, a traceback and exit 1 on node 0), and every node exits with the
+    trainer's own code, named in node 0's summary (134, not torchrun's "-6")."""
+    c = nodes(FAULT_EXIT=f"{rank}:15:{how}", **launch)
+    c.start(0), c.start(1)
+    assert c.wait() == {0: code, 1: code}, c.log(0)[-3000:]
+    log0, log1 = c.log(0), c.log(1)
+    assert f"worker failed: rank {rank} on node 1" in log0 and f"exit code {code}" in log0
+    assert "exit code -6" not in log0
+    for healthy in (0, 1) if rank == 3 else (0,):  # node 0's ranks, waiting outside collectives
+        assert _signals_seen(c, healthy) == [signal.SIGTERM], _signals_seen(c, healthy)
+    assert "Traceback" not in "".join(line for line in (log0 + log1).splitlines()
+                                      if "entrypoint/" in line)
+    assert "preempt" not in log0 and "stopped on SIG" not in log0
+    measured(f"trainer exit {how}: every node exited {code}",
+             _since(c.tmp / "out" / f"exiting{rank}"))
+
+
+def test_a_trainer_that_exits_130_itself_is_restarted_like_any_failure(nodes):
+    c = nodes(FAULT_EXIT="3:15:130", FAULT_STEPS="50", ENTRYPOINT_MAX_RESTARTS="1")
+    c.start(0), c.start(1)
+    assert c.wait() == {0: 0, 1: 0}, c.log(0)[-3000:]
+    assert [(r["restart"], r["last_step"]) for r in c.reports()] == [(1, 50)] * 4
+    assert "restarting every node's trainer (restart 1 of 1)" in c.log(0)
+
+
+def test_sigterm_while_waiting_for_node_0_exits_143_at_once(nodes):
+    c = nodes(ENTRYPOINT_JOIN_TIMEOUT="60")
+    c.start(1)
+    time.sleep(2)
+    sent = time.monotonic()
+    c.procs[1].send_signal(signal.SIGTERM)
+    assert c.wait(30) == {1: 143}
+    assert time.monotonic() - sent < 3, c.log(1)
+    measured("SIGTERM while waiting for node 0: exited 143", time.monotonic() - sent)
+    assert "received SIGTERM while waiting for node 0" in c.log(1)
+
+
+def _launcher_started(c: Nodes, rank: int) -> bool:
+    """torchrun runs on that node, and none of its workers yet."""
+    tree = _tree(c.procs[rank].pid)[1:]
+    launchers = [pid for pid in tree if _cmdline(pid).find(b"torch.distributed.run") >= 0]
+    return bool(launchers) and not any(_parent(pid) in launchers for pid in tree)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError):
+        return -1
+
+
+def test_sigterm_before_the_workers_exist_reaches_them_when_they_start(nodes):
+    """SIGTERM right after torchrun started, before it started any worker: the workers get it
+    as soon as they catch it, checkpoint and exit 143 on every node, long before the grace
+    runs out (before: 'forwarded to 0 worker process(es)', then killed at the grace's end)."""
+    c = nodes(ENTRYPOINT_GRACE_PERIOD="60")
+    c.start(0), c.start(1)
+    end = time.monotonic() + 60
+    while not _launcher_started(c, 1):
+        assert time.monotonic() < end, c.log(1)
+        time.sleep(0.01)
+    sent = time.monotonic()
+    c.procs[1].send_signal(signal.SIGTERM)
+    assert c.wait(90) == {0: 143, 1: 143}, c.log(1)[-3000:]
+    assert time.monotonic() - sent < 60  # not killed when the grace ran out
+    measured("SIGTERM before the workers existed: all exited 143", time.monotonic() - sent)
+    assert [r["signal"] for r in c.reports()] == [15] * 4  # they caught it and checkpointed
+    assert "reached" in c.log(1) and "worker(s) that started after" in c.log(1)
+
+
+def test_sigusr1_during_the_join_reaches_the_workers_once_they_run(nodes):
+    """SLURM's checkpoint warning (USR1) while node 0 waits for node 1: kept, and passed to the
+    workers once they catch it; the trainer checkpoints and every node exits 138."""
+    c = nodes()
+    c.start(0)
+    time.sleep(3)  # node 0 waits for node 1
+    c.procs[0].send_signal(signal.SIGUSR1)
+    time.sleep(1)
+    c.start(1)
+    assert c.wait(90) == {0: 138, 1: 138}, c.log(0)[-3000:]
+    got = c.reports()
+    assert [r["signal"] for r in got] == [10] * 4
+    assert sorted(set(_signals_seen(c, 0) + _signals_seen(c, 1))) == [10]  # ranks 0-1: node 0
+    assert "stopped on SIGUSR1, which node 0 (" in c.log(0)
+
+
+def test_sigterm_in_the_failure_window_stops_instead_of_restarting(nodes):
+    """Rank 3 exits 3 while node 0's ranks hang (deaf to SIGTERM, as ranks stuck in an NCCL
+    collective are), and restarts are left; node 0 receives SIGTERM (preemption) while it waits
+    for the other reports: every node exits 143 and no trainer starts again (before: the
+    failure was judged at the end of the window and every node restarted)."""
+    c = nodes(FAULT_EXIT="3:15:3", FAULT_HANG="0:15,1:15", ENTRYPOINT_MAX_RESTARTS="1",
+              ENTRYPOINT_GRACE_PERIOD="5")
+    c.start(0), c.start(1)
+    _wait_for(c.tmp / "out" / "started3.0")
+    (launcher,) = [pid for pid in _tree(c.procs[1].pid)[1:]
+                   if b"torch.distributed.run" in _cmdline(pid)]
+    _wait_for(c.tmp / "out" / "exiting3")
+    while _alive(launcher):  # node 1's trainer has ended
+        time.sleep(0.01)
+    time.sleep(0.5)  # node 1 has reported its failure; node 0 waits 3 s for more reports
+    sent = time.monotonic()
+    c.procs[0].send_signal(signal.SIGTERM)
+    assert c.wait(90) == {0: 143, 1: 143}, c.log(0)[-3000:]
+    assert not list((c.tmp / "out").glob("started*.1")), "a trainer was restarted"
+    assert "no restart: node 0 (" in c.log(0)
+    measured("SIGTERM in the failure window: both exited 143 (grace 5 s)", time.monotonic() - sent)
+
+
+def test_a_stalled_stderr_on_node_0_never_blocks_its_control_plane(nodes, tmp_path):
+    """Node 0's stderr goes into a pipe nobody reads (a stuck log shipper), and its trainer
+    writes a lot to stderr: node 1's failure still reaches every node at once with the
+    trainer's code (before: node 1 stopped with 75 'node 0 silent', node 0 hung forever)."""
+    c = nodes(FAULT_EXIT="3:25:3", FAULT_NOISE="20")
+    with open(tmp_path / "node0.log", "w") as out0:
+        c.procs[0] = subprocess.Popen(
+            [sys.executable, "-m", "entrypoint", "run", "--", "python", TRAINER],
+            env=c.env | {"NODE_RANK": "0"}, stdout=out0, stderr=subprocess.PIPE,
+            start_new_session=True)
+    c.start(1)
+    try:
+        assert c.wait(90) == {0: 3, 1: 3}, c.log(1)[-3000:]
+    finally:
+        c.procs[0].stderr.close()
+    assert "stopped by node 0: node 1" in c.log(1)
+    measured("node 0's stderr stalled, a worker exits 3: both exited 3",
+             _since(c.tmp / "out" / "exiting3"))
+
+
+def test_a_full_disk_under_the_log_dir_does_not_stop_the_job(nodes, tmp_path):
+    """ENTRYPOINT_LOG_DIR on a full disk (node0.log is /dev/full: every write fails with
+    ENOSPC): the job runs to its end, and the log says once that its file cannot be written."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "node0.log").symlink_to("/dev/full")
+    c = nodes(FAULT_STEPS="20", ENTRYPOINT_LOG_DIR=str(tmp_path / "logs"))
+    c.start(0), c.start(1)
+    assert c.wait() == {0: 0, 1: 0}, c.log(0)[-3000:]
+    assert c.log(0).count("No space left on device") == 1
+
+
+def test_the_trainer_dies_with_a_sigkilled_entrypoint_on_a_bare_machine(nodes):
+    """`kill -9` of the entrypoint (no container around it to take its children along): the
+    launcher and every worker are gone within the grace period."""
+    c = nodes(ENTRYPOINT_GRACE_PERIOD="5", NNODES="1")
+    c.start(0)
+    c.wait_training(2)
+    workers = [int((c.tmp / "out" / f"started{r}.0").read_text()) for r in range(2)]
+    launchers = [pid for pid in _tree(c.procs[0].pid)[1:]
+                 if b"torch.distributed.run" in _cmdline(pid)]
+    os.kill(c.procs[0].pid, signal.SIGKILL)
+    killed = time.monotonic()
+    c.procs[0].wait()
+    while [pid for pid in workers + launchers if _alive(pid)] and time.monotonic() - killed < 15:
+        time.sleep(0.1)
+    gone = time.monotonic() - killed
+    left = [pid for pid in workers + launchers if _alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"outlived the entrypoint by {time.monotonic() - killed:.1f} s"
+    assert time.monotonic() - killed < 5 + 3
+    measured("entrypoint SIGKILLed: launcher and workers gone", gone)
+
+
+def test_a_node_paused_and_replaced_during_training_joins_the_restart(nodes):
+    """Node 1 hangs whole (SIGSTOP: its sockets stay open) and its platform starts a
+    replacement, which says hello while the job still trains: node 0 restarts every node's
+    trainer with the newcomer in it (before: 'node 1 did not join', exit 75 on both)."""
+    c = nodes(ENTRYPOINT_MAX_RESTARTS="1", FAULT_STEPS="100", ENTRYPOINT_HEARTBEAT_TIMEOUT="60")
+    c.start(0), c.start(1)
+    c.wait_training(4)
+    old = c.procs[1]
+    paused = _tree(old.pid)
+    for pid in paused:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        c.start(1)  # the replacement
+        replaced = time.monotonic()
+        _wait_for(c.tmp / "out" / "started3.1", timeout=120)
+        measured("node replaced: training again", time.monotonic() - replaced)
+        assert c.wait(150) == {0: 0, 1: 0}, c.log(0)[-3000:]
+    finally:
+        for pid in paused:
+            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGCONT)
+        old.wait()
+    assert [(r["restart"], r["last_step"]) for r in c.reports()] == [(1, 100)] * 4
+    log0 = c.log(0)
+    assert "started again while the job was running" in log0 and "did not join" not in log0

@@ -1,0 +1,83 @@
+"""Parts of the supervisor's edge, each with real files, pipes and processes: the log writer
+that never blocks (a pipe nobody reads, a full disk), the tail of a long rank log, the pruning
+of torchrun's log directories, exit statuses within 0-255."""
+
+import os
+import time
+
+import pytest
+
+from entrypoint import logs, supervise
+
+
+def test_the_log_writer_never_blocks_on_a_pipe_nobody_reads_and_counts_what_it_drops():
+    read, write = os.pipe()
+    writer = logs.Writer(None, fd=write, size=100)
+    try:
+        began = time.monotonic()
+        for i in range(20000):  # ~2 MB: far more than a pipe holds (64 kB)
+            writer.put(f"line {i} " + "x" * 100)
+        assert time.monotonic() - began < 2  # the callers never waited for the pipe
+        assert writer.dropped_total > 19000
+        os.set_blocking(read, False)
+        data = b""
+
+        def drain():
+            nonlocal data
+            try:
+                data += os.read(read, 1 << 20)
+            except BlockingIOError:
+                time.sleep(0.01)
+
+        end = time.monotonic() + 10
+        while not writer.flush(0.01) and time.monotonic() < end:  # now someone reads
+            drain()
+        writer.put("after")
+        while not data.endswith(b"after\n") and time.monotonic() < end:
+            drain()
+        assert b"log line(s) dropped: stderr was not being read fast enough" in data
+        assert data.endswith(b"after\n")
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+def test_a_full_disk_is_said_once_and_the_writer_goes_on(tmp_path):
+    (tmp_path / "node0.log").symlink_to("/dev/full")
+    read, write = os.pipe()
+    writer = logs.Writer(tmp_path / "node0.log", fd=write)
+    try:
+        for i in range(5):
+            writer.put(f"line {i}")
+        assert writer.flush(5)
+        os.set_blocking(read, False)
+        out = os.read(read, 1 << 20).decode()
+        assert out.count("No space left on device") == 1 and "line 4" in out
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+def test_the_summary_reads_only_the_tail_of_a_long_rank_log(tmp_path):
+    path = tmp_path / "stderr.log"
+    with path.open("w") as f:
+        for i in range(200000):  # ~3 MB
+            f.write(f"noise line {i}\n")
+        f.write("Traceback (most recent call last):\nValueError: the real error\n")
+    assert supervise._tail(path, 2) == ["Traceback (most recent call last):",
+                                        "ValueError: the real error"]
+    assert len(supervise._tail(path, 10**6)) < 5000  # at most 64 kB were read
+
+
+def test_restarts_keep_only_the_last_log_directories(tmp_path):
+    for i in range(6):
+        (tmp_path / f"run{i}" / "attempt_0").mkdir(parents=True)
+        os.utime(tmp_path / f"run{i}", (1000 + i, 1000 + i))
+    supervise._prune(tmp_path, keep=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run4", "run5"]  # + the next start's
+
+
+@pytest.mark.parametrize("returncode,status", [(0, 0), (3, 3), (255, 255), (-6, 134),
+                                               (-9, 137), (-15, 143), (134, 134)])
+def test_exit_statuses_are_the_shells_and_within_0_255(returncode, status):
+    assert supervise.exit_status(returncode) == status
