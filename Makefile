@@ -40,7 +40,8 @@ lock: $(VENV)/.done ## Re-resolve docker/requirements.lock and build-tools.lock,
 	@echo "lock sha256: $$(sha256sum docker/requirements.lock | cut -d' ' -f1)"
 
 lint: $(VENV)/.done ## hadolint the Dockerfiles, shellcheck the build and test scripts
-	$(VENV)/bin/hadolint docker/Dockerfile tests/slurm/Dockerfile tests/preflight/Dockerfile
+	$(VENV)/bin/hadolint docker/Dockerfile tests/slurm/Dockerfile tests/preflight/Dockerfile \
+		tests/compat/Dockerfile.lightning
 	$(VENV)/bin/shellcheck docker/*.sh docker/base/*.sh .ci/run tests/slurm/*.sh
 
 demo: $(VENV)/.done ## Build the image if needed, run its built-in job as 2 node containers here, 2 CPU workers each (ARGS: more `entrypoint local` options)

@@ -20,6 +20,8 @@ collects (kill with a signal, `docker stop`, pause, unpause, disconnect from the
 at a time, once a node's log shows a line, or once a node has exited, and records when it fired;
 `Cluster(shared=PATH)` mounts one named volume at PATH in every node (writable by uid 1000),
 as a shared filesystem is on a real cluster, so that a second `run` of the same nodes resumes.
+`Cluster(mounts={HOST_DIR: PATH})` shows a directory of this machine (a user's code) read-only
+at PATH in every node.
 """
 
 from __future__ import annotations
@@ -145,7 +147,8 @@ class Cluster:
     def __init__(self, image: str, *, prefix: str | None = None, shm_size: str = "1g",
                  echo: Callable[[str], None] | None = None,
                  client: docker.DockerClient | None = None,
-                 output: str = DEFAULT_OUTPUT, shared: str | None = None):
+                 output: str = DEFAULT_OUTPUT, shared: str | None = None,
+                 mounts: Mapping[str, str] | None = None):
         self.image = image
         self.output = output  # the job's ENTRYPOINT_JOB_OUTPUT in the nodes: results/ is there
         # Unique per cluster, so that concurrent runs (CI, several developers) never collide.
@@ -158,6 +161,7 @@ class Cluster:
         self.shared = shared  # where every node mounts the one volume, or None
         self.volume_name = f"{self.prefix}-shared"
         self.volume = None
+        self.mounts = dict(mounts or {})  # host directory: where every node sees it, read-only
         self.containers: dict[str, object] = {}
         self._lines: list[str] = []
         self._lock = threading.Lock()
@@ -321,9 +325,13 @@ class Cluster:
             self.image, command=list(node.command) if node.command is not None else None,
             name=node.name, hostname=node.name, network=self.network_name,
             environment=dict(node.env), shm_size=self.shm_size, labels={LABEL: self.prefix},
-            device_requests=gpus, detach=True,
-            volumes={self.volume_name: {"bind": self.shared, "mode": "rw"}} if self.shared
-            else None)
+            device_requests=gpus, detach=True, volumes=self._volumes() or None)
+
+    def _volumes(self) -> dict[str, dict[str, str]]:
+        volumes = {host: {"bind": inside, "mode": "ro"} for host, inside in self.mounts.items()}
+        if self.shared:
+            volumes[self.volume_name] = {"bind": self.shared, "mode": "rw"}
+        return volumes
 
     def _make_volume(self) -> None:
         self.volume = self.client.volumes.create(self.volume_name, labels={LABEL: self.prefix})

@@ -137,20 +137,33 @@ def torchrun(layout: Layout, trainer: Sequence[str]) -> Launch:
     return Launch(command, env, {}, port, sources)
 
 
-def accelerate(layout: Layout, trainer: Sequence[str], config: Config) -> Launch:
+def accelerate(layout: Layout, trainer: Sequence[str], config: Config,
+               deepspeed: Mapping[str, object] | None) -> Launch:
     path = f"{layout.run_dir}/accelerate.yaml"
     args = list(trainer) if trainer[0].endswith(".py") else script_args(trainer, layout.python)
+    files = {path: accelerate_yaml(layout, config)}
+    if deepspeed is not None:
+        # The trainer builds its own optimizer and scheduler (accelerate's quick tour, the HF
+        # Trainer); accelerate refuses one in the DeepSpeed config as well.
+        kept = {k: v for k, v in deepspeed.items() if k not in ("optimizer", "scheduler")}
+        files[accelerate_deepspeed(layout)] = json.dumps(kept, indent=2) + "\n"
     return Launch(
         (layout.python, "-m", "accelerate.commands.launch", "--config_file", path, *args),
-        {"MASTER_PORT": str(layout.master_port), "ENTRYPOINT_ACCELERATE_CONFIG": path},
-        {path: accelerate_yaml(layout, config)}, layout.master_port)
+        {"MASTER_PORT": str(layout.master_port), "ENTRYPOINT_ACCELERATE_CONFIG": path}, files,
+        layout.master_port,
+        {"accelerate.yaml": "the config's accelerate settings, this cluster's numbers; its "
+                            "DeepSpeed config without optimizer and scheduler (the trainer's own)"})
+
+
+def accelerate_deepspeed(layout: Layout) -> str:
+    return f"{layout.run_dir}/accelerate-deepspeed.json"
 
 
 def accelerate_yaml(layout: Layout, config: Config) -> str:
     """accelerate's config for this node: the config's own settings, the cluster's numbers."""
     body = dict(config.accelerate)
     body["deepspeed_config"] = dict(body.get("deepspeed_config", {}),
-                                    deepspeed_config_file=f"{layout.run_dir}/deepspeed.json")
+                                    deepspeed_config_file=accelerate_deepspeed(layout))
     body |= {"num_machines": layout.nnodes, "machine_rank": layout.node_rank,
              "num_processes": layout.world_size, "main_process_ip": layout.master_addr,
              "main_process_port": layout.master_port, "rdzv_backend": "static"}
@@ -186,11 +199,12 @@ def worker(layout: Layout, trainer: Sequence[str]) -> Launch:
     return Launch(tuple(command), out, {}, layout.master_port, sources)
 
 
-def build(launcher: Launcher, layout: Layout, trainer: Sequence[str], config: Config) -> Launch:
+def build(launcher: Launcher, layout: Layout, trainer: Sequence[str], config: Config,
+          deepspeed: Mapping[str, object] | None) -> Launch:
     if launcher is Launcher.TORCHRUN:
         return torchrun(layout, trainer)
     if launcher is Launcher.ACCELERATE:
-        return accelerate(layout, trainer, config)
+        return accelerate(layout, trainer, config, deepspeed)
     return worker(layout, trainer)
 
 

@@ -149,7 +149,8 @@ def last_word(line: str) -> None:
     write, so that it never lands inside another line."""
     if _writer is not None:
         _writer.flush()
-    os.write(2, (line + "\n").encode(errors="replace"))
+    sys.stderr.write(line + "\n")  # one write: print() writes the newline apart
+    sys.stderr.flush()
 
 
 def echo(line: str) -> None:

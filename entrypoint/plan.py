@@ -155,7 +155,7 @@ class _Out:
 
 
 def _config(settings: Settings, device: str, devices: int, needs_config: bool, run_dir: str,
-            out: _Out) -> configs.Config:
+            out: _Out) -> tuple[configs.Config, dict | None]:
     """The named config, else the one for the nearest world size, and its deepspeed.json
     with the batch split for this world size (`devices`: GPUs in total for JAX)."""
     config, out.sources["config"] = configs.select(settings.config, device=device,
@@ -167,15 +167,16 @@ def _config(settings: Settings, device: str, devices: int, needs_config: bool, r
             raise
         out.notes.append(f"config {config.name} does not fit; your trainer does not use it: "
                          f"{err.line()}")
-        return config
+        return config, None
     ds_path = f"{run_dir}/deepspeed.json"
-    out.files[ds_path] = json.dumps(configs.derive_deepspeed(config, devices), indent=2) + "\n"
+    deepspeed = configs.derive_deepspeed(config, devices)
+    out.files[ds_path] = json.dumps(deepspeed, indent=2) + "\n"
     out.env |= {"ENTRYPOINT_CONFIG_DIR": str(config.path), "ENTRYPOINT_DEEPSPEED_CONFIG": ds_path}
     if split is not None:
         out.sources["train_batch_size"] = split.why
         if split.global_batch != split.asked:
             (out.warnings if needs_config else out.notes).append(split.why)
-    return config
+    return config, deepspeed
 
 
 def _device_env(env: Mapping[str, str], settings: Settings, facts: Facts, device: str,
@@ -250,9 +251,9 @@ def _layout(env: Mapping[str, str], settings: Settings, reading: Reading, master
 
 def _launch(env: Mapping[str, str], settings: Settings, trainer: tuple[str, ...],
             launcher: Launcher, layout: Layout, config: configs.Config,
-            out: _Out) -> launchers.Launch:
+            deepspeed: dict | None, out: _Out) -> launchers.Launch:
     launched = launchers.preflight(trainer, settings, launcher, out.sources)
-    launch = launchers.build(launcher, layout, launched, config)
+    launch = launchers.build(launcher, layout, launched, config, deepspeed)
     timeouts, timeout_warnings = launchers.timeouts(env, settings, launcher, out.sources)
     out.env |= launch.env | timeouts
     out.files |= launch.files
@@ -297,7 +298,7 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
 
     devices = nnodes * (n_gpus if launcher is Launcher.JAX and device == "cuda" else nproc)
     needs_config = trainer in BUILTIN_JOBS.values() or launcher is Launcher.ACCELERATE
-    config = _config(settings, device, devices, needs_config, layout.run_dir, out)
+    config, deepspeed = _config(settings, device, devices, needs_config, layout.run_dir, out)
     net_env, net_sources, net_warnings = network.settle(env, facts, settings, nnodes=nnodes,
                                                         device=device)
     out.env |= net_env | {"MASTER_ADDR": master}
@@ -308,7 +309,7 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
     _device_env(env, settings, facts, device, nproc, out)
     _site_hook(env, out)
 
-    launch = _launch(env, settings, trainer, launcher, layout, config, out)
+    launch = _launch(env, settings, trainer, launcher, layout, config, deepspeed, out)
     return Plan(
         platform=platform_name, nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc,
         world_size=layout.world_size, master_addr=master, master_port=launch.master_port,

@@ -11,7 +11,8 @@ import pytest
 
 HERE = Path(__file__).parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-MARKS = {"image": pytest.mark.image, "cluster": pytest.mark.cluster}
+# tests/compat: users' trainers on node containers of the image (the image mark, as `-m image`)
+MARKS = {"image": pytest.mark.image, "cluster": pytest.mark.cluster, "compat": pytest.mark.image}
 
 
 def pytest_collection_modifyitems(config, items):

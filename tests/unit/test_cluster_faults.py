@@ -46,6 +46,12 @@ def test_nodes_of_a_shared_cluster_mount_one_volume_at_the_same_path():
     assert client.containers.kwargs["volumes"] is None
     Cluster("img", prefix="x", client=client, shared="/shared")._create(Node("x-node-1", {}))
     assert client.containers.kwargs["volumes"] == {"x-shared": {"bind": "/shared", "mode": "rw"}}
+    # a directory of this machine (the user's code), read-only in every node, beside the volume
+    Cluster("img", prefix="x", client=client, shared="/shared",
+            mounts={"/src/trainers": "/workspace"})._create(Node("x-node-2", {}))
+    assert client.containers.kwargs["volumes"] == {
+        "/src/trainers": {"bind": "/workspace", "mode": "ro"},
+        "x-shared": {"bind": "/shared", "mode": "rw"}}
 
 
 def test_reports_of_a_shared_output_count_once_per_rank():

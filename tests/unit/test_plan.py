@@ -244,7 +244,12 @@ def test_accelerate_config_written_for_this_node():
     acc = yaml.safe_load(plan.files["/tmp/entrypoint-run/node1/accelerate.yaml"])
     assert (acc["num_machines"], acc["num_processes"], acc["machine_rank"]) == (2, 16, 1)
     assert acc["main_process_ip"] == "jo-dbxfe2k2l635222i-worker-0"
-    assert acc["deepspeed_config"]["deepspeed_config_file"] == "/tmp/entrypoint-run/node1/deepspeed.json"
+    ds = "/tmp/entrypoint-run/node1/accelerate-deepspeed.json"
+    assert acc["deepspeed_config"]["deepspeed_config_file"] == ds
+    # the trainer brings its optimizer and scheduler; accelerate refuses one in the file too
+    assert "optimizer" not in json.loads(plan.files[ds]) and json.loads(plan.files[ds])[
+        "train_batch_size"] == json.loads(plan.files[ds.replace("accelerate-", "")])[
+        "train_batch_size"]
     assert plan.command[1:5] == ("-m", "accelerate.commands.launch", "--config_file",
                                  "/tmp/entrypoint-run/node1/accelerate.yaml")
 

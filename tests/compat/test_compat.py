@@ -1,0 +1,185 @@
+"""Users' own trainers, unmodified, in real node containers (issue 13): each trainer in
+tests/trainers/ is written as its library's public documentation shows it, not against this
+project, and runs through `entrypoint run` on 2 node containers x 2 CPU workers (JAX: 1 process
+per node) under the four platform conventions of tests/cluster/test_cluster.py: a container
+platform's WORLD_SIZE = nodes, hand-started nodes' NNODES/NODE_RANK, SLURM's variables (one
+task per node), Kubeflow PyTorchJob's. The trainers are this repository's tests/trainers/,
+mounted read-only at /workspace as a user mounts code (`-v "$PWD":/workspace`); Lightning comes
+in a derived image (tests/compat/Dockerfile.lightning).
+
+Checked: both containers exit 0, and every rank printed the trainer's own success line, on the
+node the convention puts it, with the job's world size (plus what each trainer proves: equal
+weights after DDP, a psum over every process, ...).
+
+CI time: every trainer runs under one convention, and every convention under the two cheapest
+trainers (DDP, JAX); COMPAT_MATRIX=full runs every trainer under every convention.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from cluster.test_cluster import STYLES, TWO_WORKERS
+from cluster.test_slurm import _ca_bundle, _docker_cli
+from entrypoint.cluster import LABEL, Cluster, ClusterRun, Node
+
+ROOT = Path(__file__).parents[2]
+TRAINERS = ROOT / "tests" / "trainers"
+WORKSPACE = "/workspace"
+TIMEOUT = 300  # per cluster: a case takes ~30-90 s on 2 shared cores
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """A user's trainer: its command after `entrypoint run --`, the line every rank prints when
+    it is done (named groups `rank` and `world`), what it needs set, and workers per node."""
+    command: tuple[str, ...]
+    done: re.Pattern
+    env: dict[str, str] = field(default_factory=dict)
+    per_node: int = 2
+    derived: bool = False  # runs in the derived image (Lightning)
+    check: Callable[[list[re.Match]], None] | None = None  # on every rank's success line
+    node0_says: tuple[str, ...] = ()  # lines the library itself prints once, at global rank 0
+
+
+def same_weights(lines: list[re.Match]) -> None:
+    sums = {m["checksum"] for m in lines}
+    assert len(sums) == 1, f"DDP ranks ended with different weights: {sums}"
+
+
+def every_device_summed(lines: list[re.Match]) -> None:
+    for m in lines:
+        assert int(m["psum"]) == int(m["world"]), m[0]  # one CPU device per process
+        assert m["gathered"] == ", ".join(str(i) for i in range(int(m["world"]))), m[0]
+
+
+def deepspeed_evaluated_all(lines: list[re.Match]) -> None:
+    for m in lines:
+        assert m["type"] == "DistributedType.DEEPSPEED", m[0]
+        assert int(m["examples"]) == 100, m[0]  # gather_for_metrics drops the padding
+
+
+def same_step(lines: list[re.Match]) -> None:
+    steps = {int(m["steps"]) for m in lines}
+    assert len(steps) == 1 and steps.pop() > 0, steps
+
+
+def python(script: str, *args: str) -> tuple[str, ...]:
+    return ("python", f"{WORKSPACE}/{script}", *args)
+
+
+TRAINER_SHAPES = {
+    "ddp": Trainer(
+        python("ddp_tutorial.py"),
+        re.compile(r"Finished running basic DDP example on rank (?P<rank>\d+) of (?P<world>\d+) "
+                   r"\(weights checksum (?P<checksum>\S+)\)"),
+        check=same_weights),
+    "accelerate": Trainer(
+        python("accelerate_quicktour.py"),
+        re.compile(r"accelerate quick tour: process (?P<rank>\d+) of (?P<world>\d+) "
+                   r"\((?P<type>\S+)\) evaluated (?P<examples>\d+) examples"),
+        env={"ENTRYPOINT_LAUNCHER": "accelerate"}, check=deepspeed_evaluated_all),
+    # engineer ops's trainer (tests/image/test_deepspeed_ops.py runs it in one container)
+    "hf_trainer": Trainer(
+        python("hf_trainer.py", "--deepspeed", f"{WORKSPACE}/ds_config_zero2.json",
+               "--output_dir", "/tmp/hf-trainer", "--max_steps", "4",
+               "--per_device_train_batch_size", "2", "--save_strategy", "no",
+               "--report_to", "none"),
+        re.compile(r"hf_trainer: rank (?P<rank>\d+) of (?P<world>\d+) trained (?P<steps>\d+) "
+                   r"steps with DeepSpeedEngine"),
+        check=same_step, node0_says=("hf_trainer: done, loss",)),
+    "jax": Trainer(
+        python("jax_multiprocess.py"),
+        re.compile(r"jax multi-process: process (?P<rank>\d+) of (?P<world>\d+), "
+                   r"psum (?P<psum>\d+), allgather \[(?P<gathered>[\d, ]*)\]"),
+        env={"ENTRYPOINT_LAUNCHER": "jax"}, per_node=1, check=every_device_summed),
+    "lightning": Trainer(
+        python("lightning_multinode.py"),
+        re.compile(r"lightning: global rank (?P<rank>\d+) of (?P<world>\d+) \(node \d+, "
+                   r"local rank \d+\) finished (?P<steps>\d+) steps"),
+        derived=True, check=same_step),
+}
+
+# Which trainer under which convention: all of them (COMPAT_MATRIX=full), or for CI every
+# trainer under the container platforms' convention and every convention under the two cheapest
+# trainers, DDP and JAX (JAX: also where its own cluster detection competes, under SLURM).
+FULL = os.environ.get("COMPAT_MATRIX") == "full"
+CASES = [(t, c) for t in TRAINER_SHAPES for c in STYLES
+         if FULL or c == "commercial" or t in ("ddp", "jax")]
+
+
+def nodes_for(cluster: Cluster, convention: str, trainer: Trainer) -> list[Node]:
+    """The convention's two nodes, running the trainer. A JAX job is one process per node: no
+    ENTRYPOINT_NPROC_PER_NODE, and a PyTorchJob with nprocPerNode 1."""
+    nodes = STYLES[convention](cluster)
+    if trainer.per_node == 1:
+        one = {"WORLD_SIZE": "2", "PET_NPROC_PER_NODE": "1"} if convention == "pytorchjob" else {}
+        nodes = [Node(n.name, {k: v for k, v in n.env.items() if k not in TWO_WORKERS} | one)
+                 for n in nodes]
+    return [Node(n.name, dict(n.env) | trainer.env, command=("run", "--", *trainer.command))
+            for n in nodes]
+
+
+def assert_every_rank_done(run: ClusterRun, trainer: Trainer) -> None:
+    run.check()
+    world = 2 * trainer.per_node
+    done = []
+    for index, node_run in enumerate(run.nodes):
+        # Workers of a node share its stdout; with PYTHONUNBUFFERED (the image's) print writes
+        # the text and its newline apart, so two ranks' lines can arrive as one: "A.B.\n\n".
+        found = [m for line in node_run.lines for m in trainer.done.finditer(line)]
+        ranks = sorted(int(m["rank"]) for m in found)
+        expected = list(range(index * trainer.per_node, (index + 1) * trainer.per_node))
+        assert ranks == expected, (f"node {index} ({node_run.name}): success lines of ranks "
+                                   f"{ranks}, expected {expected}\n{run.log(80)}")
+        assert {int(m["world"]) for m in found} == {world}, [m[0] for m in found]
+        done += found
+    if trainer.check is not None:
+        trainer.check(done)
+    for text in trainer.node0_says:
+        assert any(text in line for line in run.nodes[0].lines), f"node 0 never said {text!r}"
+
+
+@pytest.fixture(scope="module")
+def derived_image(image, docker_client):
+    """tests/compat/Dockerfile.lightning FROM the image, under a tag of this module's own,
+    removed at the end (BuildKit's cache keeps the layer: the next build takes seconds)."""
+    tag = f"multinode-lightning:test-{secrets.token_hex(3)}"
+    ca = _ca_bundle()
+    command = [_docker_cli(), "build", "-q", "-f", str(ROOT / "tests/compat/Dockerfile.lightning"),
+               "--build-arg", f"IMAGE={image}", "--label", f"{LABEL}=compat-test", "-t", tag,
+               *(["--secret", f"id=ca,src={ca}"] if ca else []), str(ROOT)]
+    began = time.monotonic()
+    out = subprocess.run(command, capture_output=True, text=True, timeout=900,
+                         env=os.environ | {"DOCKER_BUILDKIT": "1"})
+    if out.returncode != 0:
+        pytest.fail(f"building {tag} failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}",
+                    pytrace=False)
+    print(f"built {tag} from {image} in {time.monotonic() - began:.1f} s")
+    yield tag
+    from docker.errors import APIError, NotFound
+
+    try:
+        docker_client.images.remove(tag)
+    except (NotFound, APIError) as err:
+        print(f"could not remove {tag}: {err}")
+
+
+@pytest.mark.parametrize(("shape", "convention"), CASES)
+def test_users_trainer_runs_unmodified(request, docker_client, image, shape, convention):
+    trainer = TRAINER_SHAPES[shape]
+    tag = request.getfixturevalue("derived_image") if trainer.derived else image
+    with Cluster(tag, client=docker_client, echo=print,
+                 mounts={str(TRAINERS): WORKSPACE}) as c:
+        run = c.run(nodes_for(c, convention, trainer), timeout=TIMEOUT)
+        assert_every_rank_done(run, trainer)
+        print(f"compat {shape} x {convention}: {run.seconds:.1f} s")
