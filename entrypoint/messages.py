@@ -170,7 +170,7 @@ def check_stats(raw: Any) -> dict:
 
 
 def check_failure(raw: Any) -> dict | None:
-    """What a node says about its failing rank (entrypoint.supervise.failure)."""
+    """What a node says about its failing rank (entrypoint.failures.failure)."""
     if raw is None:
         return None
     if type(raw) is not dict:
