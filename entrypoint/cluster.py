@@ -15,13 +15,9 @@ always removed: on success, failure, timeout, Ctrl-C and SIGTERM.
         run = cluster.run([Node(a, {...}), Node(b, {...})], timeout=240)
         run.check()  # raises ClusterFailed with every node's log unless all exited 0
 
-Faults for the failure tests: `run(nodes, faults=[Fault(...)])` carries out an action while it
-collects (kill with a signal, `docker stop`, pause, unpause, disconnect from the network, exec),
-at a time, once a node's log shows a line, or once a node has exited, and records when it fired;
-`Cluster(shared=PATH)` mounts one named volume at PATH in every node (writable by uid 1000),
-as a shared filesystem is on a real cluster, so that a second `run` of the same nodes resumes.
-`Cluster(mounts={HOST_DIR: PATH})` shows a directory of this machine (a user's code) read-only
-at PATH in every node.
+The failure tests' machinery (faults carried out while a run collects, a shared volume, a
+host directory mounted in every node) is a subclass under tests/ (tests/faulty_cluster.py): it
+hooks `Cluster.on_poll`, called once per poll while `run` collects, and `_volumes`.
 """
 
 from __future__ import annotations
@@ -61,22 +57,6 @@ class Node:
     gpus: Sequence[str] = ()  # this machine's GPU indices the node gets (a Docker device request)
 
 
-@dataclass(frozen=True)
-class Fault:
-    """Something done to the cluster while `run` collects, once: `action(cluster)` (e.g.
-    `lambda c: c.kill(name)`), run in its own thread so that a slow one (`docker stop -t`)
-    does not hold up the collecting. It fires `delay` seconds after the first of its triggers
-    that is set: `at` seconds after the cluster's start, a line containing `line` in the log of
-    node `node`, or node `exited` having exited."""
-    name: str
-    action: Callable[[Cluster], object]
-    at: float | None = None
-    node: str | None = None
-    line: str | None = None
-    exited: str | None = None
-    delay: float = 0.0
-
-
 @dataclass
 class NodeRun:
     name: str
@@ -103,8 +83,6 @@ class ClusterRun:
     seconds: float
     timed_out: bool
     killed_after_failure: list[str]
-    faults: dict[str, float] = field(default_factory=dict)  # name: seconds after the start
-    fault_errors: dict[str, str] = field(default_factory=dict)  # name: what the action raised
 
     @property
     def exit_codes(self) -> dict[str, int | None]:
@@ -147,8 +125,7 @@ class Cluster:
     def __init__(self, image: str, *, prefix: str | None = None, shm_size: str = "1g",
                  echo: Callable[[str], None] | None = None,
                  client: docker.DockerClient | None = None,
-                 output: str = DEFAULT_OUTPUT, shared: str | None = None,
-                 mounts: Mapping[str, str] | None = None):
+                 output: str = DEFAULT_OUTPUT):
         self.image = image
         self.output = output  # the job's ENTRYPOINT_JOB_OUTPUT in the nodes: results/ is there
         # Unique per cluster, so that concurrent runs (CI, several developers) never collide.
@@ -158,10 +135,6 @@ class Cluster:
         self.echo = echo
         self.client = client or sdk().from_env(timeout=120)
         self.network = None
-        self.shared = shared  # where every node mounts the one volume, or None
-        self.volume_name = f"{self.prefix}-shared"
-        self.volume = None
-        self.mounts = dict(mounts or {})  # host directory: where every node sees it, read-only
         self.containers: dict[str, object] = {}
         self._lines: list[str] = []
         self._lock = threading.Lock()
@@ -182,8 +155,6 @@ class Cluster:
             self.network = self.client.networks.create(
                 self.network_name, driver="bridge", labels={LABEL: self.prefix},
                 check_duplicate=True)
-            if self.shared:
-                self._make_volume()
         except BaseException:
             self.close()
             raise
@@ -210,9 +181,6 @@ class Cluster:
         if self.network is not None:
             _remove(f"network {self.network_name}", self.network.remove)
             self.network = None
-        if self.volume is not None:
-            _remove(f"volume {self.volume_name}", lambda: self.volume.remove(force=True))
-            self.volume = None
         if self._old_sigterm is not None:
             signal.signal(signal.SIGTERM, self._old_sigterm)
             self._old_sigterm = None
@@ -220,13 +188,13 @@ class Cluster:
     # -- running -----------------------------------------------------------------------------
 
     def run(self, nodes: Sequence[Node], *, timeout: float = 300, grace: float = 20,
-            poll: float = 0.5, faults: Sequence[Fault] = ()) -> ClusterRun:
+            poll: float = 0.5) -> ClusterRun:
         """Start the nodes (each at its delay), wait until all have exited, collect their logs
         and results. At `timeout` seconds every node still running is killed; once a node has
         failed the others get `grace` seconds to fail too, then are killed (a worker whose peer
-        died would otherwise wait for it until torch's own timeouts, many minutes). `faults`
-        are carried out as their triggers come (see Fault). Running the same nodes again (a
-        restart) replaces their old containers."""
+        died would otherwise wait for it until torch's own timeouts, many minutes). `on_poll`
+        is called once per poll. Running the same nodes again (a restart) replaces their old
+        containers."""
         if self.network is None:
             raise RuntimeError("use Cluster as a context manager: `with Cluster(image) as c:`")
         names = [n.name for n in nodes]
@@ -238,10 +206,6 @@ class Cluster:
             self.containers[node.name] = self._create(node)
         threads: list[threading.Thread] = []
         pending = sorted(nodes, key=lambda n: n.delay)
-        waiting = list(faults)
-        fired: dict[str, float] = {}
-        errors: dict[str, str] = {}
-        triggered: dict[str, float] = {}  # fault name: when its trigger came
         running: set[str] = set()
         with self._lock:
             first_line = len(self._lines)
@@ -271,15 +235,7 @@ class Cluster:
                     running.discard(name)
                     if code != 0 and failed_at is None:
                         failed_at = now
-            for fault in list(waiting):
-                if fault.name not in triggered and _triggered(fault, now, runs):
-                    triggered[fault.name] = now
-                if fault.name in triggered and now >= triggered[fault.name] + fault.delay:
-                    waiting.remove(fault)
-                    fired[fault.name] = time.monotonic() - start
-                    self._say("cluster", f"fault {fault.name} (at {fired[fault.name]:.1f} s)")
-                    threading.Thread(target=self._carry_out, args=(fault, errors),
-                                     daemon=True, name=f"fault-{fault.name}").start()
+            self.on_poll(now, runs)
             if now > timeout:
                 timed_out = True
             if timed_out or (failed_at is not None and now > failed_at + grace):
@@ -302,8 +258,12 @@ class Cluster:
         with self._lock:
             lines = self._lines[first_line:]
         return ClusterRun(nodes=[runs[n.name] for n in nodes], lines=lines, seconds=seconds,
-                          timed_out=timed_out, killed_after_failure=[] if timed_out else killed,
-                          faults=fired, fault_errors=errors)
+                          timed_out=timed_out, killed_after_failure=[] if timed_out else killed)
+
+    def on_poll(self, now: float, runs: Mapping[str, NodeRun]) -> None:
+        """Called once per poll while `run` collects, after the exits are read: `now` seconds
+        after the run's start, `runs` every node's state so far. Nothing here; a subclass (the
+        tests' faults) hooks in."""
 
     def start(self, node: Node) -> NodeRun:
         """Create and start one long-running node container (daemons, driven with exec), its
@@ -328,18 +288,8 @@ class Cluster:
             device_requests=gpus, detach=True, volumes=self._volumes() or None)
 
     def _volumes(self) -> dict[str, dict[str, str]]:
-        volumes = {host: {"bind": inside, "mode": "ro"} for host, inside in self.mounts.items()}
-        if self.shared:
-            volumes[self.volume_name] = {"bind": self.shared, "mode": "rw"}
-        return volumes
-
-    def _make_volume(self) -> None:
-        self.volume = self.client.volumes.create(self.volume_name, labels={LABEL: self.prefix})
-        # A new volume's root belongs to root; the nodes run as uid 1000 (the image's user).
-        self.client.containers.run(
-            self.image, entrypoint=["chown", "1000:0", self.shared], user="0", remove=True,
-            volumes={self.volume_name: {"bind": self.shared, "mode": "rw"}},
-            labels={LABEL: self.prefix})
+        """What every node mounts, as the Docker SDK takes it: nothing here (a subclass adds)."""
+        return {}
 
     def _remove(self, name: str) -> None:
         """Remove an earlier container of this name (the node's previous run)."""
@@ -351,40 +301,6 @@ class Cluster:
                 container.remove(force=True, v=True)
             except NotFound:
                 pass
-
-    # -- faults: what `Fault` actions call -----------------------------------------------------
-
-    def kill(self, name: str, signal: str = "SIGKILL") -> None:
-        """`docker kill --signal SIGNAL`: to the container's PID 1 (tini passes it on)."""
-        self.containers[name].kill(signal=signal)
-
-    def stop(self, name: str, timeout: float) -> None:
-        """`docker stop -t TIMEOUT`, as Kubernetes ends a pod: SIGTERM, then SIGKILL after
-        TIMEOUT seconds (its terminationGracePeriodSeconds). Returns once it stopped."""
-        self.containers[name].stop(timeout=int(timeout))
-
-    def pause(self, name: str) -> None:
-        """`docker pause`: every process frozen, sockets open (a hung or swapped-out node)."""
-        self.containers[name].pause()
-
-    def unpause(self, name: str) -> None:
-        self.containers[name].unpause()
-
-    def disconnect(self, name: str) -> None:
-        """`docker network disconnect`: the node is cut off, its connections never close."""
-        self.network.disconnect(self.containers[name], force=True)
-
-    def exec(self, name: str, command: Sequence[str], user: str | None = None) -> tuple[int, str]:
-        """`docker exec`: (exit code, output)."""
-        code, output = self.containers[name].exec_run(list(command), user=user or "")
-        return code, output.decode(errors="replace")
-
-    def _carry_out(self, fault: Fault, errors: dict[str, str]) -> None:
-        try:
-            fault.action(self)
-        except Exception as err:  # noqa: BLE001 - reported in ClusterRun.fault_errors
-            errors[fault.name] = f"{type(err).__name__}: {err}"
-            self._say("cluster", f"fault {fault.name} failed: {err}")
 
     def _kill(self, name: str) -> None:
         from docker.errors import APIError, NotFound
@@ -426,10 +342,8 @@ class Cluster:
             self._say(name, line)
 
     def _results(self, name: str, output: str = DEFAULT_OUTPUT) -> list[dict]:
-        """The rank<R>.json files this node's workers wrote, read from the stopped container
-        (with a shared output, the ones whose `node` is this node's name)."""
-        found = read_results(self.containers[name], output)
-        return [r for r in found if r.get("node", name) == name] if self.shared else found
+        """The rank<R>.json files this node's workers wrote, read from the stopped container."""
+        return read_results(self.containers[name], output)
 
 
 def read_results(container, output: str = DEFAULT_OUTPUT) -> list[dict]:
@@ -449,17 +363,6 @@ def read_results(container, output: str = DEFAULT_OUTPUT) -> list[dict]:
             if member.isfile() and base.startswith("rank") and base.endswith(".json"):
                 found.append(json.loads(tar.extractfile(member).read()))
     return found
-
-
-def _triggered(fault: Fault, now: float, runs: Mapping[str, NodeRun]) -> bool:
-    if fault.at is not None and now >= fault.at:
-        return True
-    if fault.line is not None:
-        lines = runs[fault.node].lines if fault.node in runs else []
-        if any(fault.line in line for line in list(lines)):
-            return True
-    return fault.exited is not None and fault.exited in runs and \
-        runs[fault.exited].exit_code is not None
 
 
 def _remove(what: str, remove: Callable[[], None]) -> None:

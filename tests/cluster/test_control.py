@@ -12,7 +12,8 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from entrypoint.cluster import Cluster, Fault, Node
+from entrypoint.cluster import Node
+from faulty_cluster import Fault, FaultyCluster
 
 TIMEOUT = 360  # per cluster run: a start takes ~30 s on 2 idle cores, minutes when shared
 TRAINING = "[job] step 10/"
@@ -20,7 +21,7 @@ TOKEN = "9f1c3e5a7b2d4f608192a3b4c5d6e7f8"  # test-only; asserted absent from ev
 CONTROL_PORT = 29501  # MASTER_PORT + 1
 
 
-def nodes(c: Cluster, steps: int, **env: str) -> list[Node]:
+def nodes(c: FaultyCluster, steps: int, **env: str) -> list[Node]:
     master = c.hostname("node", 0)
     return [Node(c.hostname("node", r), {
         "NNODES": "2", "NODE_RANK": str(r), "MASTER_ADDR": master, "MASTER_PORT": "29500",
@@ -55,7 +56,7 @@ def test_a_stranger_on_the_network_cannot_stop_the_job(image, docker_client):
     an HTTP request, a forged exit, 200 connections at once and a silent one, sent to node 0's
     control port from another machine while the job trains, are dropped and logged with the
     stranger's address, and both nodes finish with exit 0."""
-    with Cluster(image, client=docker_client, echo=print) as c:
+    with FaultyCluster(image, client=docker_client, echo=print) as c:
         first, second = c.hostname("node", 0), c.hostname("node", 1)
         seen: dict[str, tuple[int, str]] = {}
         stranger = ["python3", "-c", STRANGER, first, str(CONTROL_PORT)]
@@ -79,7 +80,7 @@ def test_a_wrong_token_or_another_jobs_node_is_refused_and_the_job_goes_on(image
     another job (ENTRYPOINT_JOB_ID) with the right token. Each is refused with one line on
     both sides naming it and the reason, exits 2, and the real nodes train and exit 0. The
     token never appears in a log."""
-    with Cluster(image, client=docker_client, echo=print) as c:
+    with FaultyCluster(image, client=docker_client, echo=print) as c:
         first, second = c.hostname("node", 0), c.hostname("node", 1)
         wrong, other = c.hostname("wrongtoken", 1), c.hostname("otherjob", 1)
         job = {"ENTRYPOINT_JOB_ID": "train-42", "ENTRYPOINT_JOB_TOKEN": TOKEN}
@@ -105,12 +106,12 @@ def test_no_false_alarm_when_every_core_is_saturated(image, docker_client, unava
         unavailable("stress-ng is not installed (apt-get install stress-ng; .ci/run does)")
     stress: list[subprocess.Popen] = []
 
-    def saturate(c: Cluster) -> None:
+    def saturate(c: FaultyCluster) -> None:
         stress.append(subprocess.Popen(["stress-ng", "--cpu", "0", "--cpu-method", "matrixprod",
                                         "--timeout", "45s", "--quiet"]))
 
     try:
-        with Cluster(image, client=docker_client, echo=print) as c:
+        with FaultyCluster(image, client=docker_client, echo=print) as c:
             first, second = c.hostname("node", 0), c.hostname("node", 1)
             run = c.run(nodes(c, 60), timeout=TIMEOUT, faults=[Fault(
                 "stress-ng", saturate, node=first, line=TRAINING)])
@@ -145,7 +146,7 @@ def test_no_false_alarm_when_an_entrypoint_is_stopped_briefly(image, docker_clie
     """SIGSTOP, then SIGCONT 3 s later, of node 1's entrypoint, then of node 0's (a stall of
     the scheduler, a slow NFS read): shorter than the 5 s timeout less one interval, so no
     node is named lost and both exit 0."""
-    with Cluster(image, client=docker_client, echo=print) as c:
+    with FaultyCluster(image, client=docker_client, echo=print) as c:
         first, second = c.hostname("node", 0), c.hostname("node", 1)
         out: dict[str, tuple[int, str]] = {}
 

@@ -21,7 +21,8 @@ from datetime import datetime
 
 import pytest
 
-from entrypoint.cluster import LABEL, Cluster, ClusterRun, Fault, Node
+from entrypoint.cluster import LABEL, Node
+from faulty_cluster import Fault, FaultyCluster, FaultyRun
 
 STEPS = 5000  # never reached (~6 steps/s here): every case but the restart ends by its fault
 TRAINING = "[job] step 10/"  # rank 0's line once the job trains: the moment of the fault
@@ -38,7 +39,7 @@ SECRETS = {"HF_TOKEN": "hf_fAkEtOkEn0123456789", "WANDB_API_KEY": "wandbkey-5f4e
            "SOME_API_KEY": "some-api-key-31415"}
 
 
-def nodes(c: Cluster, **env: str) -> list[Node]:
+def nodes(c: FaultyCluster, **env: str) -> list[Node]:
     """Two nodes started by hand (tests/cluster/test_cluster.py's torchrun style), every
     secret set on both."""
     master = c.hostname("node", 0)
@@ -48,11 +49,11 @@ def nodes(c: Cluster, **env: str) -> list[Node]:
         "ENTRYPOINT_JOB_LOG_EVERY": "5"} | SECRETS | env) for r in (0, 1)]
 
 
-def when_training(c: Cluster, name: str, action) -> Fault:
+def when_training(c: FaultyCluster, name: str, action) -> Fault:
     return Fault(name, action, node=c.hostname("node", 0), line=TRAINING)
 
 
-def took(run: ClusterRun, node: str, fault: str) -> float:
+def took(run: FaultyRun, node: str, fault: str) -> float:
     """Seconds from the fault to the node's exit (polled every 0.5 s)."""
     assert run.node(node).ended is not None, run.log(80)
     return run.node(node).ended - run.faults[fault]
@@ -67,7 +68,7 @@ def measured(case: str, seconds: float) -> None:
     print(f"MEASURED {case}: {seconds:.1f} s")
 
 
-def log_times(run: ClusterRun, node: str, text: str) -> list[float]:
+def log_times(run: FaultyRun, node: str, text: str) -> list[float]:
     """Wall times (the structlog timestamp) of the node's JSON log lines containing `text`."""
     return [datetime.fromisoformat(json.loads(line)["timestamp"]).timestamp()
             for line in run.node(node).lines if line.startswith("{") and text in line]
@@ -78,7 +79,7 @@ def test_a_killed_node_stops_the_other_naming_it(image, docker_client, victim):
     """`docker kill` of one node mid-training: its connections close, so the other node stops
     at once with 75 (peers unavailable: a platform may retry) and names the lost node; when
     node 0 is the one killed, node 1 says it lost node 0."""
-    with Cluster(image, client=docker_client, echo=print) as c:
+    with FaultyCluster(image, client=docker_client, echo=print) as c:
         dead, alive = c.hostname("node", victim), c.hostname("node", 1 - victim)
         run = c.run(nodes(c), timeout=TIMEOUT, grace=90,
                     faults=[when_training(c, "kill", lambda c: c.kill(dead))])
@@ -94,7 +95,7 @@ def test_a_paused_node_is_caught_by_the_heartbeat_with_the_defaults(image, docke
     """`docker pause` of node 1: its sockets stay open, only the entrypoints' heartbeat sees it.
     Node 0 stops within ENTRYPOINT_HEARTBEAT_TIMEOUT (5 s) + the workers' 2 s to exit, and
     names it; unpaused afterwards, node 1 reads node 0's verdict and stops too."""
-    with Cluster(image, client=docker_client, echo=print) as c:
+    with FaultyCluster(image, client=docker_client, echo=print) as c:
         first, paused = c.hostname("node", 0), c.hostname("node", 1)
         run = c.run(nodes(c), timeout=TIMEOUT, grace=90, faults=[
             when_training(c, "pause", lambda c: c.pause(paused)),
@@ -111,7 +112,7 @@ def test_a_node_cut_off_the_network_ends_the_job_on_both_sides(image, docker_cli
     """`docker network disconnect` of node 1: no connection closes and no message passes, so
     both sides see the other go silent and stop on their own after the heartbeat timeout (5 s)
     and the workers' 2 s, each naming the other."""
-    with Cluster(image, client=docker_client, echo=print) as c:
+    with FaultyCluster(image, client=docker_client, echo=print) as c:
         first, cut = c.hostname("node", 0), c.hostname("node", 1)
         run = c.run(nodes(c), timeout=TIMEOUT, grace=90,
                     faults=[when_training(c, "disconnect", lambda c: c.disconnect(cut))])
@@ -133,11 +134,11 @@ def test_sigterm_on_one_node_checkpoints_everywhere_and_the_next_start_resumes(
     same shared output resume from that checkpoint (from the workers' own reports), and a
     SIGUSR1 (SLURM's --signal) during that run is forwarded too: checkpoint, exit 138."""
     grace = 25  # the default ENTRYPOINT_GRACE_PERIOD
-    with Cluster(image, client=docker_client, echo=print, shared=SHARED, output=OUTPUT) as c:
+    with FaultyCluster(image, client=docker_client, echo=print, shared=SHARED, output=OUTPUT) as c:
         first, second = c.hostname("node", 0), c.hostname("node", 1)
         sent: dict[str, float] = {}
 
-        def sigterm(c: Cluster) -> None:
+        def sigterm(c: FaultyCluster) -> None:
             sent["SIGTERM"] = time.time()
             c.kill(second, "SIGTERM")
 
@@ -179,7 +180,7 @@ def test_docker_stop_as_kubernetes_ends_a_job_checkpoints_within_the_grace(image
     """Kubernetes deleting the job: SIGTERM to every pod, SIGKILL after
     terminationGracePeriodSeconds (30 s; `docker stop -t 30`). The entrypoint's grace (25 s)
     fits inside it: every worker checkpoints and both containers exit 143 by themselves."""
-    with Cluster(image, client=docker_client, echo=print) as c:
+    with FaultyCluster(image, client=docker_client, echo=print) as c:
         names = [c.hostname("node", r) for r in (0, 1)]
         run = c.run(nodes(c), timeout=TIMEOUT, grace=90, faults=[
             when_training(c, f"stop {r}", lambda c, n=n: c.stop(n, 30))
@@ -196,7 +197,7 @@ def test_a_crashing_worker_stops_both_and_node_0_shows_its_error_once(image, doc
     """Rank 3 (node 1, local rank 1) raises at step 15: both containers exit with the trainer's
     code, 1, and node 0's log shows rank 3's error once: rank, node, exit code, the last lines
     of its traceback, not the gloo errors it caused in the other ranks."""
-    with Cluster(image, client=docker_client, echo=print) as c:
+    with FaultyCluster(image, client=docker_client, echo=print) as c:
         first, second = c.hostname("node", 0), c.hostname("node", 1)
         run = c.run(nodes(c, ENTRYPOINT_JOB_FAIL_AT_STEP="15", ENTRYPOINT_JOB_FAIL_RANK="3"),
                     timeout=TIMEOUT, grace=90)
@@ -218,7 +219,7 @@ def test_a_crashing_worker_restarts_every_node_which_resume_and_finish(image, do
     """The same crash at step 25 with ENTRYPOINT_MAX_RESTARTS=1: every node's trainer restarts
     together (the crash injection fires on the first start only), resumes from the step-20
     checkpoint on the shared output, trains to the end, and both exit 0."""
-    with Cluster(image, client=docker_client, echo=print, shared=SHARED, output=OUTPUT) as c:
+    with FaultyCluster(image, client=docker_client, echo=print, shared=SHARED, output=OUTPUT) as c:
         first, second = c.hostname("node", 0), c.hostname("node", 1)
         run = c.run(nodes(c, ENTRYPOINT_JOB_STEPS="40", ENTRYPOINT_JOB_SAVE_EVERY="10",
                           ENTRYPOINT_JOB_FAIL_AT_STEP="25", ENTRYPOINT_JOB_FAIL_RANK="3",
@@ -268,7 +269,7 @@ def test_a_killed_launcher_leaves_no_worker_and_the_container_exits(image, docke
     """PID 1 is tini, its child the entrypoint, a subreaper. torchrun SIGKILLed in node 1 (the
     OOM killer's usual pick is the biggest process; here the launcher): its orphaned workers
     are killed at once, and both containers exit 137 (128 + SIGKILL)."""
-    with Cluster(image, client=docker_client, echo=print) as c:
+    with FaultyCluster(image, client=docker_client, echo=print) as c:
         first, second = c.hostname("node", 0), c.hostname("node", 1)
         seen: dict[str, tuple[int, str]] = {}
         watch = ["python3", "-c", WATCH]
@@ -325,7 +326,7 @@ def test_secret_values_never_appear_in_plan_logs_or_the_printed_command(image, d
         code, out = one_shot(docker_client, image, args, env)
         assert code in (0, 1) and "MASTER_ADDR" in out, out
         assert_no_secret(out)
-    with Cluster(image, client=docker_client, echo=print) as c:
+    with FaultyCluster(image, client=docker_client, echo=print) as c:
         first, second = c.hostname("node", 0), c.hostname("node", 1)
         run = c.run([Node(n.name, n.env, command=["run", "--", *LEAKY]) for n in nodes(c)],
                     timeout=TIMEOUT, grace=90)
@@ -362,7 +363,7 @@ def test_a_rank_that_aborts_is_a_failure_not_a_signal(image, docker_client):
     """os.abort() on rank 3 (exit 134): both containers exit 134, node 0 names rank 3 with exit
     code 134, and the healthy ranks get SIGTERM, never SIGABRT (issue 16: every healthy rank
     was sent SIGABRT and dumped core)."""
-    with Cluster(image, client=docker_client, echo=print) as c:
+    with FaultyCluster(image, client=docker_client, echo=print) as c:
         first, second = c.hostname("node", 0), c.hostname("node", 1)
         run = c.run([Node(n.name, n.env, command=["run", "--", "python", "-c", ABORTER])
                      for n in nodes(c)], timeout=TIMEOUT, grace=90)
@@ -381,7 +382,7 @@ def test_sigterm_while_a_node_waits_for_node_0_ends_it_at_once(image, docker_cli
     """Node 0 never starts; node 1 waits for it (ENTRYPOINT_JOIN_TIMEOUT, 300 s by default) and
     is sent SIGTERM (Kubernetes deletes the pod): it exits 143 at once, well before the
     platform's SIGKILL (issue 16: the wait ignored it, exit 75 at the join timeout)."""
-    with Cluster(image, client=docker_client, echo=print) as c:
+    with FaultyCluster(image, client=docker_client, echo=print) as c:
         second = c.hostname("node", 1)
         (node1,) = [n for n in nodes(c, ENTRYPOINT_LOG_ALL_NODES="true") if n.name == second]
         term = Fault("term", lambda c: c.kill(second, "SIGTERM"), node=second,

@@ -30,7 +30,8 @@ import pytest
 
 from cluster.test_cluster import STYLES, TWO_WORKERS
 from cluster.test_slurm import _ca_bundle, _docker_cli
-from entrypoint.cluster import LABEL, Cluster, ClusterRun, Node
+from entrypoint.cluster import LABEL, ClusterRun, Node
+from faulty_cluster import FaultyCluster
 
 ROOT = Path(__file__).parents[2]
 TRAINERS = ROOT / "tests" / "trainers"
@@ -117,7 +118,7 @@ CASES = [(t, c) for t in TRAINER_SHAPES for c in STYLES
          if FULL or c == "commercial" or t in ("ddp", "jax")]
 
 
-def nodes_for(cluster: Cluster, convention: str, trainer: Trainer) -> list[Node]:
+def nodes_for(cluster: FaultyCluster, convention: str, trainer: Trainer) -> list[Node]:
     """The convention's two nodes, running the trainer. A JAX job is one process per node: no
     ENTRYPOINT_NPROC_PER_NODE, and a PyTorchJob with nprocPerNode 1."""
     nodes = STYLES[convention](cluster)
@@ -178,7 +179,7 @@ def derived_image(image, docker_client):
 def test_users_trainer_runs_unmodified(request, docker_client, image, shape, convention):
     trainer = TRAINER_SHAPES[shape]
     tag = request.getfixturevalue("derived_image") if trainer.derived else image
-    with Cluster(tag, client=docker_client, echo=print,
+    with FaultyCluster(tag, client=docker_client, echo=print,
                  mounts={str(TRAINERS): WORKSPACE}) as c:
         run = c.run(nodes_for(c, convention, trainer), timeout=TIMEOUT)
         assert_every_rank_done(run, trainer)

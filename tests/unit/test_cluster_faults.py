@@ -4,7 +4,8 @@ tests/cluster/test_faults.py)."""
 
 import pytest
 
-from entrypoint.cluster import ClusterRun, Fault, NodeRun, _triggered
+from entrypoint.cluster import ClusterRun, NodeRun
+from faulty_cluster import Fault, triggered
 
 STEP_10 = "[job] step 10/"
 
@@ -31,11 +32,12 @@ def noop(cluster):
     (Fault("exited", noop, exited="n0"), 1, {"n0": NodeRun("n0", exit_code=0)}, True),
 ])
 def test_a_fault_fires_on_its_trigger(fault, now, state, fires):
-    assert _triggered(fault, now, state) is fires
+    assert triggered(fault, now, state) is fires
 
 
 def test_nodes_of_a_shared_cluster_mount_one_volume_at_the_same_path():
     from entrypoint.cluster import Cluster, Node
+    from faulty_cluster import FaultyCluster
 
     class Containers:
         def create(self, image, **kwargs):
@@ -44,11 +46,11 @@ def test_nodes_of_a_shared_cluster_mount_one_volume_at_the_same_path():
     client = type("Client", (), {"containers": Containers()})()
     Cluster("img", prefix="x", client=client)._create(Node("x-node-0", {}))
     assert client.containers.kwargs["volumes"] is None
-    Cluster("img", prefix="x", client=client, shared="/shared")._create(Node("x-node-1", {}))
+    FaultyCluster("img", prefix="x", client=client, shared="/shared")._create(Node("x-node-1", {}))
     assert client.containers.kwargs["volumes"] == {"x-shared": {"bind": "/shared", "mode": "rw"}}
     # a directory of this machine (the user's code), read-only in every node, beside the volume
-    Cluster("img", prefix="x", client=client, shared="/shared",
-            mounts={"/src/trainers": "/workspace"})._create(Node("x-node-2", {}))
+    FaultyCluster("img", prefix="x", client=client, shared="/shared",
+                  mounts={"/src/trainers": "/workspace"})._create(Node("x-node-2", {}))
     assert client.containers.kwargs["volumes"] == {
         "/src/trainers": {"bind": "/workspace", "mode": "ro"},
         "x-shared": {"bind": "/shared", "mode": "rw"}}

@@ -1,0 +1,166 @@
+"""The cluster helper of the failure tests: entrypoint.cluster.Cluster, plus what only tests use.
+
+Faults: `run(nodes, faults=[Fault(...)])` carries out an action while it collects (kill with a
+signal, `docker stop`, pause, unpause, disconnect from the network, exec), at a time, once a
+node's log shows a line, or once a node has exited, and records when it fired (FaultyRun.faults).
+`FaultyCluster(shared=PATH)` mounts one named volume at PATH in every node (writable by uid
+1000), as a shared filesystem is on a real cluster, so that a second `run` of the same nodes
+resumes. `FaultyCluster(mounts={HOST_DIR: PATH})` shows a directory of this machine (a user's
+code) read-only at PATH in every node.
+
+    with FaultyCluster("multinode:dev", shared="/shared") as cluster:
+        run = cluster.run(nodes, faults=[Fault("kill", lambda c: c.kill(name), at=30)])
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+from entrypoint.cluster import DEFAULT_OUTPUT, LABEL, Cluster, ClusterRun, Node, NodeRun, _remove
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Something done to the cluster while `run` collects, once: `action(cluster)` (e.g.
+    `lambda c: c.kill(name)`), run in its own thread so that a slow one (`docker stop -t`)
+    does not hold up the collecting. It fires `delay` seconds after the first of its triggers
+    that is set: `at` seconds after the cluster's start, a line containing `line` in the log of
+    node `node`, or node `exited` having exited."""
+
+    name: str
+    action: Callable[[FaultyCluster], object]
+    at: float | None = None
+    node: str | None = None
+    line: str | None = None
+    exited: str | None = None
+    delay: float = 0.0
+
+
+@dataclass
+class FaultyRun(ClusterRun):
+    faults: dict[str, float] = field(default_factory=dict)  # name: seconds after the start
+    fault_errors: dict[str, str] = field(default_factory=dict)  # name: what the action raised
+
+
+class FaultyCluster(Cluster):
+    """A Cluster that carries out faults while it runs, with an optional shared volume and
+    read-only host directories in every node."""
+
+    def __init__(self, image: str, *, shared: str | None = None,
+                 mounts: Mapping[str, str] | None = None, **kwargs: Any):
+        super().__init__(image, **kwargs)
+        self.shared = shared  # where every node mounts the one volume, or None
+        self.volume_name = f"{self.prefix}-shared"
+        self.volume: Any = None
+        self.mounts = dict(mounts or {})  # host directory: where every node sees it, read-only
+        self._waiting: list[Fault] = []
+        self._triggered: dict[str, float] = {}  # fault name: when its trigger came
+        self._fired: dict[str, float] = {}
+        self._errors: dict[str, str] = {}
+
+    def __enter__(self) -> Self:
+        super().__enter__()
+        if self.shared:
+            try:
+                self._make_volume()
+            except BaseException:
+                self.close()
+                raise
+        return self
+
+    def close(self) -> None:
+        super().close()
+        if self.volume is not None:
+            volume = self.volume
+            _remove(f"volume {self.volume_name}", lambda: volume.remove(force=True))
+            self.volume = None
+
+    def run(self, nodes: Sequence[Node], *, faults: Sequence[Fault] = (),
+            **kwargs: Any) -> FaultyRun:
+        """Cluster.run, carrying out `faults` as their triggers come (see Fault)."""
+        self._waiting = list(faults)
+        self._triggered, self._fired, self._errors = {}, {}, {}
+        run = super().run(nodes, **kwargs)
+        # the same dicts: an action still running (a slow `docker stop`) reports into them
+        return FaultyRun(**vars(run), faults=self._fired, fault_errors=self._errors)
+
+    def on_poll(self, now: float, runs: Mapping[str, NodeRun]) -> None:
+        for fault in list(self._waiting):
+            if fault.name not in self._triggered and triggered(fault, now, runs):
+                self._triggered[fault.name] = now
+            if fault.name in self._triggered and now >= self._triggered[fault.name] + fault.delay:
+                self._waiting.remove(fault)
+                self._fired[fault.name] = time.monotonic() - self._t0
+                self._say("cluster", f"fault {fault.name} (at {self._fired[fault.name]:.1f} s)")
+                threading.Thread(target=self._carry_out, args=(fault, self._errors),
+                                 daemon=True, name=f"fault-{fault.name}").start()
+
+    def _volumes(self) -> dict[str, dict[str, str]]:
+        volumes = {host: {"bind": inside, "mode": "ro"} for host, inside in self.mounts.items()}
+        if self.shared:
+            volumes[self.volume_name] = {"bind": self.shared, "mode": "rw"}
+        return volumes
+
+    def _make_volume(self) -> None:
+        assert self.shared is not None
+        self.volume = self.client.volumes.create(self.volume_name, labels={LABEL: self.prefix})
+        # A new volume's root belongs to root; the nodes run as uid 1000 (the image's user).
+        self.client.containers.run(
+            self.image, entrypoint=["chown", "1000:0", self.shared], user="0", remove=True,
+            volumes={self.volume_name: {"bind": self.shared, "mode": "rw"}},
+            labels={LABEL: self.prefix})
+
+    def _results(self, name: str, output: str = DEFAULT_OUTPUT) -> list[dict]:
+        """With a shared output, only the reports whose `node` is this node's name."""
+        found = super()._results(name, output)
+        return [r for r in found if r.get("node", name) == name] if self.shared else found
+
+    # -- what `Fault` actions call --------------------------------------------------------------
+
+    def kill(self, name: str, signal: str = "SIGKILL") -> None:
+        """`docker kill --signal SIGNAL`: to the container's PID 1 (tini passes it on)."""
+        self.containers[name].kill(signal=signal)
+
+    def stop(self, name: str, timeout: float) -> None:
+        """`docker stop -t TIMEOUT`, as Kubernetes ends a pod: SIGTERM, then SIGKILL after
+        TIMEOUT seconds (its terminationGracePeriodSeconds). Returns once it stopped."""
+        self.containers[name].stop(timeout=int(timeout))
+
+    def pause(self, name: str) -> None:
+        """`docker pause`: every process frozen, sockets open (a hung or swapped-out node)."""
+        self.containers[name].pause()
+
+    def unpause(self, name: str) -> None:
+        self.containers[name].unpause()
+
+    def disconnect(self, name: str) -> None:
+        """`docker network disconnect`: the node is cut off, its connections never close."""
+        self.network.disconnect(self.containers[name], force=True)
+
+    def exec(self, name: str, command: Sequence[str], user: str | None = None) -> tuple[int, str]:
+        """`docker exec`: (exit code, output)."""
+        code, output = self.containers[name].exec_run(list(command), user=user or "")
+        return code, output.decode(errors="replace")
+
+    def _carry_out(self, fault: Fault, errors: dict[str, str]) -> None:
+        try:
+            fault.action(self)
+        except Exception as err:  # noqa: BLE001 - reported in FaultyRun.fault_errors
+            errors[fault.name] = f"{type(err).__name__}: {err}"
+            self._say("cluster", f"fault {fault.name} failed: {err}")
+
+
+def triggered(fault: Fault, now: float, runs: Mapping[str, NodeRun]) -> bool:
+    """Whether one of `fault`'s triggers has come, `now` seconds after the start."""
+    if fault.at is not None and now >= fault.at:
+        return True
+    if fault.line is not None:
+        lines = runs[fault.node].lines if fault.node in runs else []
+        if any(fault.line in line for line in list(lines)):
+            return True
+    return (fault.exited is not None and fault.exited in runs
+            and runs[fault.exited].exit_code is not None)
