@@ -47,13 +47,26 @@ def node0(n: int, steady: float, settle: float) -> None:
     from entrypoint.settings import Settings
 
     s = Settings.from_env({})
-    conductor = Conductor(n, Limits(join_timeout=300, heartbeat_timeout=s.heartbeat_timeout,
-                                    monitor_interval=0), time.monotonic(), address="bench")
-    server = control.Server(conductor, 0, heartbeat_interval=s.heartbeat_interval,
-                            log=lambda level, text: None, bind="127.0.0.1")
+    conductor = Conductor(
+        n,
+        Limits(join_timeout=300, heartbeat_timeout=s.heartbeat_timeout, monitor_interval=0),
+        time.monotonic(),
+        address="bench",
+    )
+    server = control.Server(
+        conductor,
+        0,
+        heartbeat_interval=s.heartbeat_interval,
+        log=lambda level, text: None,
+        bind="127.0.0.1",
+    )
     server.start()
-    print(json.dumps({"port": server.port, "interval": s.heartbeat_interval,
-                      "timeout": s.heartbeat_timeout}), flush=True)
+    print(
+        json.dumps(
+            {"port": server.port, "interval": s.heartbeat_interval, "timeout": s.heartbeat_timeout}
+        ),
+        flush=True,
+    )
     while conductor.phase == "join":
         time.sleep(0.01)
     time.sleep(settle)
@@ -80,16 +93,16 @@ class Sim:
         self.beats = 0
 
 
-def nodes(members: list[int], n: int, port: int, interval: float, silent_member: int,
-          silence_after: float) -> None:
+def nodes(
+    members: list[int], n: int, port: int, interval: float, silent_member: int, silence_after: float
+) -> None:
     """A worker process driving `members`: join, beat, go silent (one of them), report."""
     from entrypoint import control, fingerprint
     from entrypoint import messages as m
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    fp = fingerprint.collect(gpus_per_node=8, gpu_names=("NVIDIA H100 80GB HBM3",),
-                             data_dir=None)
+    fp = fingerprint.collect(gpus_per_node=8, gpu_names=("NVIDIA H100 80GB HBM3",), data_dir=None)
     fp["cuda_driver"] = "12"
     print("ready", flush=True)
     sys.stdin.readline()
@@ -123,13 +136,26 @@ def nodes(members: list[int], n: int, port: int, interval: float, silent_member:
                 msg = m.decode(line, m.FROM_NODE_0)
                 if isinstance(msg, m.Challenge):
                     sim.channel.challenge = msg
-                    layout = {"nnodes": n, "node_rank": sim.member, "nproc_per_node": 8,
-                              "world_size": 8 * n, "master_addr": "node-0",
-                              "master_port": 29500, "launcher": "torchrun"}
-                    sim.channel.send({"t": "hello", "member": sim.member,
-                                      "node_rank": sim.member, "host": f"sim-{sim.member}",
-                                      "generation": 0, "time": time.time(),
-                                      "fingerprint": fp | {"layout": layout}})
+                    layout = {
+                        "nnodes": n,
+                        "node_rank": sim.member,
+                        "nproc_per_node": 8,
+                        "world_size": 8 * n,
+                        "master_addr": "node-0",
+                        "master_port": 29500,
+                        "launcher": "torchrun",
+                    }
+                    sim.channel.send(
+                        {
+                            "t": "hello",
+                            "member": sim.member,
+                            "node_rank": sim.member,
+                            "host": f"sim-{sim.member}",
+                            "generation": 0,
+                            "time": time.time(),
+                            "fingerprint": fp | {"layout": layout},
+                        }
+                    )
                     sim.sock.setblocking(False)
                     sim.hello_at = time.monotonic()
                 elif isinstance(msg, m.Go):
@@ -143,8 +169,12 @@ def nodes(members: list[int], n: int, port: int, interval: float, silent_member:
             for sim in sims:
                 if sim.silent or sim.stop_at is not None:
                     continue
-                if sim.member == silent_member and sim.go_at and \
-                        now - sim.go_at > silence_after and sim.last_beat:
+                if (
+                    sim.member == silent_member
+                    and sim.go_at
+                    and now - sim.go_at > silence_after
+                    and sim.last_beat
+                ):
                     sim.silent, silenced_at = True, sim.last_beat
                     continue
                 if now >= sim.next_beat:
@@ -154,30 +184,64 @@ def nodes(members: list[int], n: int, port: int, interval: float, silent_member:
                     except OSError:
                         pass
                     sim.last_beat, sim.next_beat = now, sim.next_beat + interval
-    print(json.dumps({"first_connect": first_connect,
-                      "hello": [s.hello_at for s in sims], "go": [s.go_at for s in sims],
-                      "stop": [s.stop_at for s in sims], "silenced_at": silenced_at}),
-          flush=True)
+    print(
+        json.dumps(
+            {
+                "first_connect": first_connect,
+                "hello": [s.hello_at for s in sims],
+                "go": [s.go_at for s in sims],
+                "stop": [s.stop_at for s in sims],
+                "silenced_at": silenced_at,
+            }
+        ),
+        flush=True,
+    )
 
 
 def once(n: int, workers: int, steady: float) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE),
-                                                       os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]),
+    )
     settle = 3.0
-    zero = subprocess.Popen([sys.executable, __file__, "--role", "node0", "--nodes", str(n),
-                             "--steady", str(steady)], stdout=subprocess.PIPE, text=True,
-                            env=env)
+    zero = subprocess.Popen(
+        [sys.executable, __file__, "--role", "node0", "--nodes", str(n), "--steady", str(steady)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     info = json.loads(zero.stdout.readline())
     interval = info["interval"]
     share = [list(range(n))[w::workers] for w in range(workers)]
     silent = n - 1
-    procs = [subprocess.Popen([sys.executable, __file__, "--role", "nodes", "--nodes", str(n),
-                               "--port", str(info["port"]), "--members",
-                               ",".join(map(str, members)), "--interval", str(interval),
-                               "--silent", str(silent), "--silence-after",
-                               str(settle + steady + 1)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-             for members in share if members]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--role",
+                "nodes",
+                "--nodes",
+                str(n),
+                "--port",
+                str(info["port"]),
+                "--members",
+                ",".join(map(str, members)),
+                "--interval",
+                str(interval),
+                "--silent",
+                str(silent),
+                "--silence-after",
+                str(settle + steady + 1),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for members in share
+        if members
+    ]
     try:
         for proc in procs:
             assert proc.stdout.readline().strip() == "ready"
@@ -196,19 +260,29 @@ def once(n: int, workers: int, steady: float) -> dict:
     gos = [t for r in results for t in r["go"]]
     stops = [t for r in results for t in r["stop"] if t is not None]
     silenced = next(r["silenced_at"] for r in results if r["silenced_at"] is not None)
-    return {"join": max(gos) - max(hellos), "all": max(gos) - min(r["first_connect"]
-                                                                  for r in results),
-            "cpu": cpu, "detect": min(stops) - silenced, "detect_all": max(stops) - silenced,
-            "interval": interval, "timeout": info["timeout"],
-            "hello_kb": None}
+    return {
+        "join": max(gos) - max(hellos),
+        "all": max(gos) - min(r["first_connect"] for r in results),
+        "cpu": cpu,
+        "detect": min(stops) - silenced,
+        "detect_all": max(stops) - silenced,
+        "interval": interval,
+        "timeout": info["timeout"],
+        "hello_kb": None,
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nodes", default="64,256,1024", help="node counts (%(default)s)")
-    parser.add_argument("--steady", type=float, default=20, help="seconds of steady beats "
-                        "over which node 0's CPU is measured (%(default)s)")
+    parser.add_argument(
+        "--steady",
+        type=float,
+        default=20,
+        help="seconds of steady beats over which node 0's CPU is measured (%(default)s)",
+    )
     parser.add_argument("--workers", type=int, default=4, help="processes simulating nodes")
     parser.add_argument("--role", default="main", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -221,19 +295,32 @@ def main() -> None:
         node0(int(args.nodes), args.steady, 3.0)
         return
     if args.role == "nodes":
-        nodes([int(x) for x in args.members.split(",")], int(args.nodes), args.port,
-              args.interval, args.silent, args.silence_after)
+        nodes(
+            [int(x) for x in args.members.split(",")],
+            int(args.nodes),
+            args.port,
+            args.interval,
+            args.silent,
+            args.silence_after,
+        )
         return
     cores = len(os.sched_getaffinity(0))
     load = os.getloadavg()[0]
-    print(f"control plane, simulated nodes on loopback ({cores} CPU cores, load {load:.1f} at "
-          f"the start; {args.workers} processes simulate the nodes)")
-    print(f"{'nodes':>6} {'last hello->go':>15} {'connect->go':>12} {'node 0 CPU':>11} "
-          f"{'detection':>10}  (interval, timeout)")
+    print(
+        f"control plane, simulated nodes on loopback ({cores} CPU cores, load {load:.1f} at "
+        f"the start; {args.workers} processes simulate the nodes)"
+    )
+    print(
+        f"{'nodes':>6} {'last hello->go':>15} {'connect->go':>12} {'node 0 CPU':>11} "
+        f"{'detection':>10}  (interval, timeout)"
+    )
     for n in (int(x) for x in args.nodes.split(",")):
         r = once(n, args.workers, args.steady)
-        print(f"{n:>6} {r['join']:>13.2f} s {r['all']:>10.2f} s {r['cpu'] * 100:>9.1f} % "
-              f"{r['detect']:>8.1f} s  ({r['interval']:g} s, {r['timeout']:g} s)", flush=True)
+        print(
+            f"{n:>6} {r['join']:>13.2f} s {r['all']:>10.2f} s {r['cpu'] * 100:>9.1f} % "
+            f"{r['detect']:>8.1f} s  ({r['interval']:g} s, {r['timeout']:g} s)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -41,44 +41,65 @@ def free_port() -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--minutes", type=float, default=30)
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--stress", action="store_true", help="stress-ng on every core")
-    parser.add_argument("--stall", type=float, default=0, help="SIGSTOP an entrypoint for "
-                        "this many seconds once a minute (0: never)")
+    parser.add_argument(
+        "--stall",
+        type=float,
+        default=0,
+        help="SIGSTOP an entrypoint for this many seconds once a minute (0: never)",
+    )
     args = parser.parse_args()
     seconds = args.minutes * 60
     work = Path(tempfile.mkdtemp(prefix="control-soak-"))
     port = free_port()
-    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"),
-           "PYTHONPATH": str(ROOT), "NNODES": str(args.nodes), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port), "ENTRYPOINT_GPUS_PER_NODE": "0",
-           "ENTRYPOINT_LAUNCHER": "direct", "ENTRYPOINT_SOCKET_IFNAME": "lo",
-           "ENTRYPOINT_RUN_DIR": str(work / "run"), "ENTRYPOINT_LOG_ALL_NODES": "true",
-           "ENTRYPOINT_MONITOR_INTERVAL": "60"}
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "PYTHONPATH": str(ROOT),
+        "NNODES": str(args.nodes),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "ENTRYPOINT_GPUS_PER_NODE": "0",
+        "ENTRYPOINT_LAUNCHER": "direct",
+        "ENTRYPOINT_SOCKET_IFNAME": "lo",
+        "ENTRYPOINT_RUN_DIR": str(work / "run"),
+        "ENTRYPOINT_LOG_ALL_NODES": "true",
+        "ENTRYPOINT_MONITOR_INTERVAL": "60",
+    }
     trainer = [sys.executable, "-c", f"import time; time.sleep({seconds})"]
     nodes = []
     for rank in range(args.nodes):
         log = open(work / f"node{rank}.log", "w")
-        nodes.append(subprocess.Popen(
-            [sys.executable, "-m", "entrypoint", "run", "--", *trainer],
-            env=env | {"NODE_RANK": str(rank)}, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True))
+        nodes.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "entrypoint", "run", "--", *trainer],
+                env=env | {"NODE_RANK": str(rank)},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
     stress = None
     if args.stress:
         if shutil.which("stress-ng") is None:
             print("stress-ng is not installed (apt-get install stress-ng)")
             return 2
-        stress = subprocess.Popen(["stress-ng", "--cpu", "0", "--timeout",
-                                   f"{int(seconds) + 60}s", "--quiet"])
+        stress = subprocess.Popen(
+            ["stress-ng", "--cpu", "0", "--timeout", f"{int(seconds) + 60}s", "--quiet"]
+        )
     began = time.monotonic()
     stalls = 0
-    print(f"soak: {args.nodes} nodes on loopback for {args.minutes:g} min, default heartbeats"
-          f"{', stress-ng on every core' if stress else ''}"
-          f"{f', a {args.stall:g} s stall a minute' if args.stall else ''}; logs in {work}",
-          flush=True)
+    print(
+        f"soak: {args.nodes} nodes on loopback for {args.minutes:g} min, default heartbeats"
+        f"{', stress-ng on every core' if stress else ''}"
+        f"{f', a {args.stall:g} s stall a minute' if args.stall else ''}; logs in {work}",
+        flush=True,
+    )
     try:
         next_stall = began + 60
         while any(p.poll() is None for p in nodes):
@@ -106,8 +127,10 @@ def main() -> int:
     logs = "\n".join((work / f"node{r}.log").read_text() for r in range(args.nodes))
     alarms = [line for line in logs.splitlines() if "lost node" in line or "silent for" in line]
     elapsed = time.monotonic() - began
-    print(f"soak: {elapsed / 60:.1f} min, exit codes {codes}, {stalls} stalls, "
-          f"{len(alarms)} false alarms")
+    print(
+        f"soak: {elapsed / 60:.1f} min, exit codes {codes}, {stalls} stalls, "
+        f"{len(alarms)} false alarms"
+    )
     for line in alarms[:5]:
         print(f"  {line}")
     return 0 if codes == [0] * args.nodes and not alarms else 1

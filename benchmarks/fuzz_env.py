@@ -51,13 +51,16 @@ def main() -> int:
             outcomes["refused (one ConfigError line)"] += 1
             refusals[err.variable] += 1
             if "\n" in line:
-                problems.append(f"case {case}: a refusal of more than one line: {line!r}\n"
-                                f"  env={env!r}")
+                problems.append(
+                    f"case {case}: a refusal of more than one line: {line!r}\n  env={env!r}"
+                )
         except Exception:  # noqa: BLE001 - any other exception is what this script hunts
             outcomes["traceback"] += 1
-            problems.append(f"case {case}: traceback\n  env={env!r} gpus="
-                            f"{None if node.gpus is None else len(node.gpus)} command={command}"
-                            f"\n{traceback.format_exc()}")
+            problems.append(
+                f"case {case}: traceback\n  env={env!r} gpus="
+                f"{None if node.gpus is None else len(node.gpus)} command={command}"
+                f"\n{traceback.format_exc()}"
+            )
         else:
             broken = violations(plan, node)
             outcomes["planned, invariants broken" if broken else "planned"] += 1
@@ -72,9 +75,11 @@ def main() -> int:
             problems.append(f"case {case}: {took:.2f} s of CPU\n  env={str(env)[:500]}")
     total = time.perf_counter() - started
 
-    print(f"fuzz_env: {args.cases} environments (seed {args.seed}) in {total:.1f} s, "
-          f"{total / args.cases * 1e3:.2f} ms each on average; slowest {slowest[0] * 1e3:.0f} ms "
-          f"of CPU, {slowest_wall * 1e3:.0f} ms of wall time")
+    print(
+        f"fuzz_env: {args.cases} environments (seed {args.seed}) in {total:.1f} s, "
+        f"{total / args.cases * 1e3:.2f} ms each on average; slowest {slowest[0] * 1e3:.0f} ms "
+        f"of CPU, {slowest_wall * 1e3:.0f} ms of wall time"
+    )
     for outcome, n in outcomes.most_common():
         print(f"  {outcome:<32} {n:>7}")
     print(f"  slowest case (CPU): {str(slowest[1])[:300]}")

@@ -28,10 +28,16 @@ GB = 1e9
 # can be reached from the build machines); read off the registries' tag pages, compressed
 # as pulled. Check the current figures on those pages before quoting them.
 PUBLISHED = [
-    ("pytorch/pytorch:2.9.1-cuda12.8-cudnn9-runtime (torch only, conda)",
-     "https://hub.docker.com/r/pytorch/pytorch/tags", "about 3.4 GB compressed"),
-    ("nvcr.io/nvidia/pytorch:25.10-py3 (NGC PyTorch, with CUDA toolkit and compilers)",
-     "https://catalog.ngc.nvidia.com/orgs/nvidia/containers/pytorch/tags", "about 10 GB compressed, ~20 GB on disk"),
+    (
+        "pytorch/pytorch:2.9.1-cuda12.8-cudnn9-runtime (torch only, conda)",
+        "https://hub.docker.com/r/pytorch/pytorch/tags",
+        "about 3.4 GB compressed",
+    ),
+    (
+        "nvcr.io/nvidia/pytorch:25.10-py3 (NGC PyTorch, with CUDA toolkit and compilers)",
+        "https://catalog.ngc.nvidia.com/orgs/nvidia/containers/pytorch/tags",
+        "about 10 GB compressed, ~20 GB on disk",
+    ),
 ]
 
 
@@ -54,6 +60,7 @@ def image_size(image: str) -> int:
 
 def gzip_size(image: str) -> int:
     """Bytes of `docker save IMAGE | gzip` (level 6, gzip's default), streamed."""
+
     class Counter:
         n = 0
 
@@ -73,7 +80,15 @@ def gzip_size(image: str) -> int:
 
 
 def layers(image: str) -> list[tuple[int, str]]:
-    out = sh(DOCKER, "history", "--no-trunc", "--human=false", "--format", "{{.Size}}\t{{.CreatedBy}}", image)
+    out = sh(
+        DOCKER,
+        "history",
+        "--no-trunc",
+        "--human=false",
+        "--format",
+        "{{.Size}}\t{{.CreatedBy}}",
+        image,
+    )
     rows = []
     for line in out.splitlines():
         size, _, created_by = line.partition("\t")
@@ -82,16 +97,29 @@ def layers(image: str) -> list[tuple[int, str]]:
 
 
 def venv_size(image: str) -> tuple[int, int]:
-    out = sh(DOCKER, "run", "--rm", "--entrypoint", "sh", image, "-c",
-             "du -sb /opt/venv | cut -f1; du -sbc /opt/venv/lib/python3*/site-packages/nvidia | tail -1 | cut -f1")
+    out = sh(
+        DOCKER,
+        "run",
+        "--rm",
+        "--entrypoint",
+        "sh",
+        image,
+        "-c",
+        "du -sb /opt/venv | cut -f1; du -sbc /opt/venv/lib/python3*/site-packages/nvidia | tail -1 | cut -f1",
+    )
     venv, nvidia = out.split()
     return int(venv), int(nvidia)
 
 
 def build(tree: Path, image: str) -> float:
     start = time.perf_counter()
-    subprocess.run([str(tree / "docker" / "build.sh")], check=True, env={**os.environ, "IMAGE": image,
-                   "PROGRESS": "plain"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [str(tree / "docker" / "build.sh")],
+        check=True,
+        env={**os.environ, "IMAGE": image, "PROGRESS": "plain"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - start
 
 
@@ -99,7 +127,9 @@ def rebuild_times(image: str) -> tuple[float, float]:
     """(no-change rebuild, entrypoint-only change rebuild), in a copy of the tree."""
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "tree"
-        shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__", ".hypothesis"))
+        shutil.copytree(
+            REPO, tree, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__", ".hypothesis")
+        )
         tag = image.rsplit(":", 1)[0] + ":bench-rebuild"
         build(tree, tag)  # warm: same tree as the image, all from cache
         nochange = build(tree, tag)
@@ -114,13 +144,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--image", default=os.environ.get("IMAGE", "multinode:dev"))
     parser.add_argument("--no-gzip", action="store_true", help="skip the compressed size (minutes)")
-    parser.add_argument("--rebuild", action="store_true", help="time no-change and entrypoint-only rebuilds")
-    parser.add_argument("--cold", action="store_true", help="prune the build cache and time a full build")
+    parser.add_argument(
+        "--rebuild", action="store_true", help="time no-change and entrypoint-only rebuilds"
+    )
+    parser.add_argument(
+        "--cold", action="store_true", help="prune the build cache and time a full build"
+    )
     args = parser.parse_args()
 
     if args.cold:
         subprocess.run([DOCKER, "builder", "prune", "-af"], check=True, capture_output=True)
-        print(f"cold build (empty BuildKit cache, base present): {build(REPO, args.image):7.0f} s", flush=True)
+        print(
+            f"cold build (empty BuildKit cache, base present): {build(REPO, args.image):7.0f} s",
+            flush=True,
+        )
 
     size = image_size(args.image)
     venv, nvidia = venv_size(args.image)

@@ -28,20 +28,43 @@ def node(member: int, port: int, n: int) -> None:
     sys.stdin.readline()
     start = time.monotonic()
     fp = fingerprint.collect(gpus_per_node=0, gpu_names=(), data_dir=None)
-    fp["layout"] = {"nnodes": n, "node_rank": member, "nproc_per_node": 1, "world_size": n,
-                    "master_addr": "127.0.0.1", "master_port": port - 1, "launcher": "torchrun"}
+    fp["layout"] = {
+        "nnodes": n,
+        "node_rank": member,
+        "nproc_per_node": 1,
+        "world_size": n,
+        "master_addr": "127.0.0.1",
+        "master_port": port - 1,
+        "launcher": "torchrun",
+    }
     collected = time.monotonic()
     channel = control.connect("127.0.0.1", port, timeout=60, log=lambda line: None)
-    hello = {"t": "hello", "member": member, "node_rank": member,
-             "host": f"sim-{member}", "generation": 0, "time": time.time(), "fingerprint": fp}
+    hello = {
+        "t": "hello",
+        "member": member,
+        "node_rank": member,
+        "host": f"sim-{member}",
+        "generation": 0,
+        "time": time.time(),
+        "fingerprint": fp,
+    }
     channel.send(hello)
     while not any(m.get("t") == "go" for m in channel.receive(1.0)):
         if channel.closed:
             raise SystemExit(f"node {member}: node 0 closed the channel")
     done = time.monotonic()
     channel.close()
-    print(json.dumps({"start": start, "collect": collected - start, "done": done,
-                      "hello_bytes": len(json.dumps(hello))}), flush=True)
+    print(
+        json.dumps(
+            {
+                "start": start,
+                "collect": collected - start,
+                "done": done,
+                "hello_bytes": len(json.dumps(hello)),
+            }
+        ),
+        flush=True,
+    )
 
 
 def once(n: int) -> dict:
@@ -49,15 +72,38 @@ def once(n: int) -> dict:
     from entrypoint.conductor import Conductor, Limits
 
     conductor = Conductor(n, Limits(join_timeout=120), time.monotonic(), address="bench")
-    server = control.Server(conductor, 0, heartbeat_interval=5, log=lambda level, text: None,
-                            bind="127.0.0.1")
+    server = control.Server(
+        conductor, 0, heartbeat_interval=5, log=lambda level, text: None, bind="127.0.0.1"
+    )
     server.start()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-         os.environ.get("PYTHONPATH", "")]))
-    procs = [subprocess.Popen([sys.executable, __file__, "--member", str(m), "--port",
-                               str(server.port), "--nodes", str(n)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, env=env) for m in range(n)]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                os.environ.get("PYTHONPATH", ""),
+            ]
+        ),
+    )
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--member",
+                str(m),
+                "--port",
+                str(server.port),
+                "--nodes",
+                str(n),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for m in range(n)
+    ]
     try:
         for proc in procs:
             assert proc.stdout.readline().strip() == "ready"
@@ -73,14 +119,17 @@ def once(n: int) -> dict:
             if proc.poll() is None:
                 proc.kill()
         server.stop()
-    return {"wall": max(r["done"] for r in results) - began,
-            "collect": statistics.median(r["collect"] for r in results),
-            "hello_bytes": results[0]["hello_bytes"]}
+    return {
+        "wall": max(r["done"] for r in results) - began,
+        "collect": statistics.median(r["collect"] for r in results),
+        "hello_bytes": results[0]["hello_bytes"],
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nodes", default="2,8,32", help="node counts (default %(default)s)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per count; the median shows")
     parser.add_argument("--member", type=int, help=argparse.SUPPRESS)
@@ -90,15 +139,20 @@ def main() -> None:
         node(args.member, args.port, int(args.nodes))
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    print(f"join + fingerprint comparison, simulated nodes on loopback ({cores} CPU cores, "
-          f"median of {args.repeat})")
+    print(
+        f"join + fingerprint comparison, simulated nodes on loopback ({cores} CPU cores, "
+        f"median of {args.repeat})"
+    )
     print(f"{'nodes':>6} {'join + check':>14} {'collect/node':>14} {'hello':>9}")
     for n in (int(x) for x in args.nodes.split(",")):
         runs = [once(n) for _ in range(args.repeat)]
         wall = statistics.median(r["wall"] for r in runs)
         collect = statistics.median(r["collect"] for r in runs)
-        print(f"{n:>6} {wall * 1000:>11.0f} ms {collect * 1000:>11.1f} ms "
-              f"{runs[0]['hello_bytes'] / 1024:>6.1f} kB", flush=True)
+        print(
+            f"{n:>6} {wall * 1000:>11.0f} ms {collect * 1000:>11.1f} ms "
+            f"{runs[0]['hello_bytes'] / 1024:>6.1f} kB",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,13 @@ def patch(state: ModuleType) -> None:
     def _prepare_backend(self, cpu=False, sagemaker_dp=False, backend=None):
         chosen, kind = original(self, cpu, sagemaker_dp, backend)
         workers = int(os.environ.get("WORLD_SIZE", "1") or 1)
-        if (chosen is None and kind == state.DistributedType.NO and not cpu
-                and os.environ.get("LOCAL_RANK") is not None and workers > 1):
+        if (
+            chosen is None
+            and kind == state.DistributedType.NO
+            and not cpu
+            and os.environ.get("LOCAL_RANK") is not None
+            and workers > 1
+        ):
             return "gloo", state.DistributedType.MULTI_CPU
         return chosen, kind
 
@@ -51,8 +56,10 @@ def _patch_quietly(state: ModuleType) -> None:
     try:
         patch(state)
     except Exception as err:  # another accelerate: leave it as it is, and say so
-        print(f"entrypoint: accelerate on CPU: not adapted ({type(err).__name__}: {err})",
-              file=sys.stderr)
+        print(
+            f"entrypoint: accelerate on CPU: not adapted ({type(err).__name__}: {err})",
+            file=sys.stderr,
+        )
 
 
 def install() -> None:

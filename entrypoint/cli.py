@@ -33,52 +33,83 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="entrypoint",
         description="Start this node's part of a multi-node PyTorch, DeepSpeed or JAX job, on any platform.",
-        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"entrypoint {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    plan = sub.add_parser("plan", help="print this node's launch plan; launches nothing",
-                          description="Print the launch plan this node would follow, with the "
-                                      "source of every value. Launches nothing.")
+    plan = sub.add_parser(
+        "plan",
+        help="print this node's launch plan; launches nothing",
+        description="Print the launch plan this node would follow, with the "
+        "source of every value. Launches nothing.",
+    )
     plan.add_argument("--json", action="store_true", help="print one JSON object")
-    plan.add_argument("trainer", nargs=argparse.REMAINDER,
-                      help="-- CMD ARGS...: the trainer command (default: the built-in job)")
+    plan.add_argument(
+        "trainer",
+        nargs=argparse.REMAINDER,
+        help="-- CMD ARGS...: the trainer command (default: the built-in job)",
+    )
 
-    run = sub.add_parser("run", help="plan, check, join the other nodes, then start and "
-                                     "supervise the launcher and the trainer",
-                         description="Build the plan, check it against this node's hardware, "
-                                     "write the generated configs, join the other nodes (in any "
-                                     "start order; their environments must match), then start "
-                                     "the launcher (torchrun, accelerate, JAX or direct) and "
-                                     "supervise it: heartbeats, signals, failures, restarts.")
-    run.add_argument("trainer", nargs=argparse.REMAINDER,
-                     help="-- CMD ARGS...: the trainer command (default: the built-in job)")
+    run = sub.add_parser(
+        "run",
+        help="plan, check, join the other nodes, then start and "
+        "supervise the launcher and the trainer",
+        description="Build the plan, check it against this node's hardware, "
+        "write the generated configs, join the other nodes (in any "
+        "start order; their environments must match), then start "
+        "the launcher (torchrun, accelerate, JAX or direct) and "
+        "supervise it: heartbeats, signals, failures, restarts.",
+    )
+    run.add_argument(
+        "trainer",
+        nargs=argparse.REMAINDER,
+        help="-- CMD ARGS...: the trainer command (default: the built-in job)",
+    )
 
-    settings = sub.add_parser("settings", help="list the ENTRYPOINT_* settings",
-                              description="List every ENTRYPOINT_* setting with its default.")
+    settings = sub.add_parser(
+        "settings",
+        help="list the ENTRYPOINT_* settings",
+        description="List every ENTRYPOINT_* setting with its default.",
+    )
     settings.add_argument("--markdown", action="store_true", help="as a Markdown table")
 
     render_options.add_parser(sub)  # entrypoint/render: one sub-command per platform
 
     from entrypoint import local  # stdlib only at import: the Docker SDK loads when it runs
+
     local.add_parser(sub)
     doctor = sub.add_parser(  # entrypoint/doctor.py, imported when it runs
-        "doctor", help="check this node: versions, GPUs, plan, network, master; each problem "
-                       "with its fix",
+        "doctor",
+        help="check this node: versions, GPUs, plan, network, master; each problem with its fix",
         description="Report this node's OS, Python, torch, JAX, DeepSpeed, CUDA, NCCL and driver "
-                    "versions, its GPUs, the plan, the network interfaces and the one chosen, "
-                    "and whether the master's name resolves and its ports answer; then each "
-                    "problem with its fix. Exit 0: no problem; 1: problems; 2: configuration "
-                    "error. With --allreduce (on every node, like run), measure all-reduce "
-                    "bandwidth across all nodes.")
+        "versions, its GPUs, the plan, the network interfaces and the one chosen, "
+        "and whether the master's name resolves and its ports answer; then each "
+        "problem with its fix. Exit 0: no problem; 1: problems; 2: configuration "
+        "error. With --allreduce (on every node, like run), measure all-reduce "
+        "bandwidth across all nodes.",
+    )
     doctor.add_argument("--json", action="store_true", help="print one JSON object")
-    doctor.add_argument("--allreduce", action="store_true",
-                        help="then all-reduce across every node (run this on all of them) and "
-                             "report algorithm and bus bandwidth (gloo on CPU, NCCL on GPUs)")
-    doctor.add_argument("--sizes", default=None, metavar="MIB,...",
-                        help="with --allreduce: tensor sizes in MiB (default 1,16,64)")
-    doctor.add_argument("--iters", type=int, default=None, metavar="N",
-                        help="with --allreduce: timed calls per size (default 5)")
+    doctor.add_argument(
+        "--allreduce",
+        action="store_true",
+        help="then all-reduce across every node (run this on all of them) and "
+        "report algorithm and bus bandwidth (gloo on CPU, NCCL on GPUs)",
+    )
+    doctor.add_argument(
+        "--sizes",
+        default=None,
+        metavar="MIB,...",
+        help="with --allreduce: tensor sizes in MiB (default 1,16,64)",
+    )
+    doctor.add_argument(
+        "--iters",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --allreduce: timed calls per size (default 5)",
+    )
     return parser
 
 
@@ -136,8 +167,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     env = dict(os.environ)
-    handlers = {"plan": cmd_plan, "run": cmd_run, "settings": cmd_settings,
-                "render": render_options.cmd_render, "local": cmd_local, "doctor": cmd_doctor}
+    handlers = {
+        "plan": cmd_plan,
+        "run": cmd_run,
+        "settings": cmd_settings,
+        "render": render_options.cmd_render,
+        "local": cmd_local,
+        "doctor": cmd_doctor,
+    }
     if args.command is None:
         parser.print_help()
         return EXIT_CONFIG

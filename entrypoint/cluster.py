@@ -50,6 +50,7 @@ class ClusterFailed(AssertionError):
 class Node:
     """One machine: its name (container name = hostname = DNS name on the network), the
     environment its platform gives it, and how long after the cluster's start it boots."""
+
     name: str
     env: Mapping[str, str]
     delay: float = 0.0
@@ -69,8 +70,9 @@ class NodeRun:
 
     def when(self, text: str) -> float | None:
         """Seconds after the cluster's start at which a line containing `text` arrived."""
-        return next((t for line, t in zip(self.lines, self.times, strict=False) if text in line),
-                    None)
+        return next(
+            (t for line, t in zip(self.lines, self.times, strict=False) if text in line), None
+        )
 
     def log(self) -> str:
         return "\n".join(self.lines)
@@ -99,33 +101,43 @@ class ClusterRun:
         return [by_rank[rank] for rank in sorted(by_rank)]
 
     def log(self, tail: int | None = None) -> str:
-        lines = self.lines if tail is None else self.lines[len(self.lines) - tail:]
+        lines = self.lines if tail is None else self.lines[len(self.lines) - tail :]
         return "\n".join(lines)
 
     def problem(self) -> str | None:
         if self.timed_out:
             return f"timed out after {self.seconds:.0f} s; exit codes {self.exit_codes}"
         if any(code != 0 for code in self.exit_codes.values()):
-            extra = (f" (killed {', '.join(self.killed_after_failure)} after another node failed)"
-                     if self.killed_after_failure else "")
+            extra = (
+                f" (killed {', '.join(self.killed_after_failure)} after another node failed)"
+                if self.killed_after_failure
+                else ""
+            )
             return f"exit codes {self.exit_codes}{extra}"
         return None
 
     def check(self, tail: int = 200) -> ClusterRun:
         problem = self.problem()
         if problem:
-            raise ClusterFailed(f"cluster failed: {problem}\n--- last {tail} log lines ---\n"
-                                f"{self.log(tail)}")
+            raise ClusterFailed(
+                f"cluster failed: {problem}\n--- last {tail} log lines ---\n{self.log(tail)}"
+            )
         return self
 
 
 class Cluster:
     """A private network and the node containers on it; a context manager that removes both."""
 
-    def __init__(self, image: str, *, prefix: str | None = None, shm_size: str = "1g",
-                 echo: Callable[[str], None] | None = None,
-                 client: docker.DockerClient | None = None,
-                 output: str = DEFAULT_OUTPUT):
+    def __init__(
+        self,
+        image: str,
+        *,
+        prefix: str | None = None,
+        shm_size: str = "1g",
+        echo: Callable[[str], None] | None = None,
+        client: docker.DockerClient | None = None,
+        output: str = DEFAULT_OUTPUT,
+    ):
         self.image = image
         self.output = output  # the job's ENTRYPOINT_JOB_OUTPUT in the nodes: results/ is there
         # Unique per cluster, so that concurrent runs (CI, several developers) never collide.
@@ -153,8 +165,11 @@ class Cluster:
             self._old_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
             self.network = self.client.networks.create(
-                self.network_name, driver="bridge", labels={LABEL: self.prefix},
-                check_duplicate=True)
+                self.network_name,
+                driver="bridge",
+                labels={LABEL: self.prefix},
+                check_duplicate=True,
+            )
         except BaseException:
             self.close()
             raise
@@ -187,8 +202,9 @@ class Cluster:
 
     # -- running -----------------------------------------------------------------------------
 
-    def run(self, nodes: Sequence[Node], *, timeout: float = 300, grace: float = 20,
-            poll: float = 0.5) -> ClusterRun:
+    def run(
+        self, nodes: Sequence[Node], *, timeout: float = 300, grace: float = 20, poll: float = 0.5
+    ) -> ClusterRun:
         """Start the nodes (each at its delay), wait until all have exited, collect their logs
         and results. At `timeout` seconds every node still running is killed; once a node has
         failed the others get `grace` seconds to fail too, then are killed (a worker whose peer
@@ -222,8 +238,9 @@ class Cluster:
                 runs[node.name].started = now
                 running.add(node.name)
                 self._say(node.name, f"started (at {now:.1f} s)")
-                thread = threading.Thread(target=self._follow, daemon=True,
-                                          args=(node.name, container, runs[node.name]))
+                thread = threading.Thread(
+                    target=self._follow, daemon=True, args=(node.name, container, runs[node.name])
+                )
                 thread.start()
                 threads.append(thread)
             for name in sorted(running):
@@ -242,8 +259,11 @@ class Cluster:
                 for name in sorted(running):
                     self._kill(name)
                     killed.append(name)
-                    why = (f"ran past the {timeout:.0f} s deadline" if timed_out
-                           else f"still running {grace:.0f} s after another node failed")
+                    why = (
+                        f"ran past the {timeout:.0f} s deadline"
+                        if timed_out
+                        else f"still running {grace:.0f} s after another node failed"
+                    )
                     self._say(name, f"killed: {why}")
                 for node in pending:  # never started: counts as failed, exit code None
                     self._say(node.name, "never started")
@@ -257,8 +277,13 @@ class Cluster:
         seconds = time.monotonic() - start
         with self._lock:
             lines = self._lines[first_line:]
-        return ClusterRun(nodes=[runs[n.name] for n in nodes], lines=lines, seconds=seconds,
-                          timed_out=timed_out, killed_after_failure=[] if timed_out else killed)
+        return ClusterRun(
+            nodes=[runs[n.name] for n in nodes],
+            lines=lines,
+            seconds=seconds,
+            timed_out=timed_out,
+            killed_after_failure=[] if timed_out else killed,
+        )
 
     def on_poll(self, now: float, runs: Mapping[str, NodeRun]) -> None:
         """Called once per poll while `run` collects, after the exits are read: `now` seconds
@@ -273,19 +298,31 @@ class Cluster:
         container = self.containers[node.name] = self._create(node)
         node_run = NodeRun(node.name, started=0.0)
         container.start()
-        threading.Thread(target=self._follow, daemon=True,
-                         args=(node.name, container, node_run)).start()
+        threading.Thread(
+            target=self._follow, daemon=True, args=(node.name, container, node_run)
+        ).start()
         return node_run
 
     def _create(self, node: Node):
         # Explicit device ids: each node sees only its own GPUs, numbered from 0 inside.
-        gpus = ([sdk().types.DeviceRequest(device_ids=list(node.gpus), capabilities=[["gpu"]])]
-                if node.gpus else None)
+        gpus = (
+            [sdk().types.DeviceRequest(device_ids=list(node.gpus), capabilities=[["gpu"]])]
+            if node.gpus
+            else None
+        )
         return self.client.containers.create(
-            self.image, command=list(node.command) if node.command is not None else None,
-            name=node.name, hostname=node.name, network=self.network_name,
-            environment=dict(node.env), shm_size=self.shm_size, labels={LABEL: self.prefix},
-            device_requests=gpus, detach=True, volumes=self._volumes() or None)
+            self.image,
+            command=list(node.command) if node.command is not None else None,
+            name=node.name,
+            hostname=node.name,
+            network=self.network_name,
+            environment=dict(node.env),
+            shm_size=self.shm_size,
+            labels={LABEL: self.prefix},
+            device_requests=gpus,
+            detach=True,
+            volumes=self._volumes() or None,
+        )
 
     def _volumes(self) -> dict[str, dict[str, str]]:
         """What every node mounts, as the Docker SDK takes it: nothing here (a subclass adds)."""
@@ -384,8 +421,12 @@ def sdk():
     except ImportError:
         from entrypoint.errors import ConfigError
 
-        raise ConfigError("docker", None, "the Docker SDK for Python is not installed",
-                          "pip install 'multinode-entrypoint[local]' (or pip install docker)") from None
+        raise ConfigError(
+            "docker",
+            None,
+            "the Docker SDK for Python is not installed",
+            "pip install 'multinode-entrypoint[local]' (or pip install docker)",
+        ) from None
     return docker
 
 

@@ -29,8 +29,13 @@ import signal
 from dataclasses import dataclass, field
 
 from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
-from entrypoint.fingerprint import (Member, clock_problems, data_mismatches, layout_mismatches,
-                                    mismatches)
+from entrypoint.fingerprint import (
+    Member,
+    clock_problems,
+    data_mismatches,
+    layout_mismatches,
+    mismatches,
+)
 from entrypoint.messages import Beat, Done, Exit, Go, Hello, Message, Restart, Signal, Stop
 
 ALL = -1  # Send.to: every connected member
@@ -86,8 +91,9 @@ def signal_name(number: int) -> str:
 
 
 class Conductor:
-    def __init__(self, expected: int, limits: Limits, now: float, *, unit: str = "node",
-                 address: str = "?") -> None:
+    def __init__(
+        self, expected: int, limits: Limits, now: float, *, unit: str = "node", address: str = "?"
+    ) -> None:
         self.expected = expected
         self.limits = limits
         self.unit = unit  # "node", or "process" when the platform started one per GPU
@@ -117,37 +123,58 @@ class Conductor:
         """A node of this job (the handshake passed) says hello: join, or join again."""
         host = message.host
         if not 0 <= member < self.expected:
-            reason = (f"{self.unit} {member} ({host}) joined, but node 0 plans {self.expected} "
-                      f"{self.units} (0-{self.expected - 1}): every node needs the same node "
-                      "count; check NNODES/WORLD_SIZE on each")
+            reason = (
+                f"{self.unit} {member} ({host}) joined, but node 0 plans {self.expected} "
+                f"{self.units} (0-{self.expected - 1}): every node needs the same node "
+                "count; check NNODES/WORLD_SIZE on each"
+            )
             if self.phase == JOIN:  # a node of this job that disagrees: nothing may start
-                return [Send(member, self._stop_message(EXIT_CONFIG, reason)), Close(member),
-                        *self._end(EXIT_CONFIG, reason)]
+                return [
+                    Send(member, self._stop_message(EXIT_CONFIG, reason)),
+                    Close(member),
+                    *self._end(EXIT_CONFIG, reason),
+                ]
             return [Send(member, self._stop_message(EXIT_CONFIG, reason)), Close(member)]
         old = self.members.get(member)
-        if old is not None and old.connected and old.host != host and self.phase == JOIN \
-                and self.generation == 0:
+        if (
+            old is not None
+            and old.connected
+            and old.host != host
+            and self.phase == JOIN
+            and self.generation == 0
+        ):
             # Two nodes at the first start with one rank. Later, a new host is a replacement
             # (the platform started the node elsewhere) and takes the rank over.
-            reason = (f"{self.unit} {member} claimed by both {old.host} and {host}: give each node "
-                      "its own node rank (NODE_RANK, RANK or the platform's index)")
+            reason = (
+                f"{self.unit} {member} claimed by both {old.host} and {host}: give each node "
+                "its own node rank (NODE_RANK, RANK or the platform's index)"
+            )
             return self._end(EXIT_CONFIG, reason)
         if self.phase == RUN:
             # A node that comes back while the job runs was restarted by its platform: the job it
             # belonged to is gone on that node. With restarts left, the newcomer is the first
             # member of the next start, whatever became of its old connection.
-            actions = self._failure(member, None, f"{self.name(member)} started again while the "
-                                    "job was running (its container or pod was restarted)",
-                                    EXIT_PEERS, now)
+            actions = self._failure(
+                member,
+                None,
+                f"{self.name(member)} started again while the "
+                "job was running (its container or pod was restarted)",
+                EXIT_PEERS,
+                now,
+            )
             if self.phase == JOIN:
                 actions += self.hello(member, message, now, wall_now)
             return actions
         if self.phase == END:
             code, reason = self.outcome or (EXIT_PEERS, "the job has ended")
             return [Send(member, self._stop_message(code, reason)), Close(member)]
-        self.members[member] = _State(host=host, joined_at=now, last_seen=now,
-                                      fingerprint=dict(message.fingerprint),
-                                      clock_offset=message.time - wall_now)
+        self.members[member] = _State(
+            host=host,
+            joined_at=now,
+            last_seen=now,
+            fingerprint=dict(message.fingerprint),
+            clock_offset=message.time - wall_now,
+        )
         return self._maybe_go(now)
 
     def beat(self, member: int, message: Beat, now: float) -> list:
@@ -165,23 +192,34 @@ class Conductor:
         # or another node's signal is known here): a trainer that exits 134 (abort), 139 or 130
         # by itself has failed, and its peers get SIGTERM, never SIGABRT.
         sig = (message.signal or 0) or (
-            code - 128 if code > 128 and code - 128 in self.received else 0)
+            code - 128 if code > 128 and code - 128 in self.received else 0
+        )
         if sig and self.phase != END and 0 <= member < self.expected:
             who = self.name(self.received.get(sig, member))
-            return self._end(128 + sig, f"stopped on {signal_name(sig)}, which {who} received "
-                             "(preemption, or the job was cancelled): every node checkpoints and "
-                             "stops", sig=sig)
+            return self._end(
+                128 + sig,
+                f"stopped on {signal_name(sig)}, which {who} received "
+                "(preemption, or the job was cancelled): every node checkpoints and "
+                "stops",
+                sig=sig,
+            )
         if state is None or self.phase == END:
             return []
         state.last_seen = now
         state.exit_code = code
         if code == 0:
-            if self.phase == RUN and all(s.exit_code == 0 for s in self.members.values()) \
-                    and len(self.members) == self.expected:
+            if (
+                self.phase == RUN
+                and all(s.exit_code == 0 for s in self.members.values())
+                and len(self.members) == self.expected
+            ):
                 self.phase, self.outcome = END, (0, "every node finished")
                 done = [Send(ALL, Done())]
-                return done if self.expected == 1 else [
-                    Log("info", f"all {self.expected} {self.units} finished"), *done]
+                return (
+                    done
+                    if self.expected == 1
+                    else [Log("info", f"all {self.expected} {self.units} finished"), *done]
+                )
             return []
         self.failures[member] = (message, code, len(self.failures))
         if self.decide_at is None:
@@ -197,13 +235,19 @@ class Conductor:
             return []
         self.received[sig] = member
         if sig not in STOPPING:
-            return [Log("info", f"{self.name(member)} received {signal_name(sig)}: passed to its "
-                                "workers")]
+            return [
+                Log(
+                    "info",
+                    f"{self.name(member)} received {signal_name(sig)}: passed to its workers",
+                )
+            ]
         if self.failures:  # a failure awaits its verdict: the signal ends the job, no restart
             return self._judge(now)
         reason = f"{self.name(member)} received {signal_name(sig)}"
-        return [Log("warning", f"{reason}: passing it to every {self.unit}'s workers"),
-                Send(ALL, Signal(sig, reason))]
+        return [
+            Log("warning", f"{reason}: passing it to every {self.unit}'s workers"),
+            Send(ALL, Signal(sig, reason)),
+        ]
 
     def closed(self, member: int, now: float) -> list:
         state = self.members.get(member)
@@ -212,21 +256,32 @@ class Conductor:
         state.connected = False
         if self.phase == JOIN:
             del self.members[member]  # it may come back before the deadline
-            return [Log("warning", f"{self.unit} {member} ({state.host}) left before the job "
-                                   "started; waiting for it to come back")]
+            return [
+                Log(
+                    "warning",
+                    f"{self.unit} {member} ({state.host}) left before the job "
+                    "started; waiting for it to come back",
+                )
+            ]
         if self.phase == RUN and state.exit_code is None:
-            return self._lost(member, "its connection closed without an exit report (container "
-                              "killed, node crashed or rebooted)", now)
+            return self._lost(
+                member,
+                "its connection closed without an exit report (container "
+                "killed, node crashed or rebooted)",
+                now,
+            )
         return []
 
     def tick(self, now: float) -> list:
         if self.phase == JOIN and now > self.join_deadline:
             missing = [m for m in range(self.expected) if m not in self.members]
             waited = now - self.join_started
-            reason = (f"{self._list(missing)} did not join within {waited:.0f} s "
-                      f"(ENTRYPOINT_JOIN_TIMEOUT={self.limits.join_timeout:g}); node 0 listens at "
-                      f"{self.address}. Check that they started, that their MASTER_ADDR is node "
-                      "0's address, and that the port is open between nodes")
+            reason = (
+                f"{self._list(missing)} did not join within {waited:.0f} s "
+                f"(ENTRYPOINT_JOIN_TIMEOUT={self.limits.join_timeout:g}); node 0 listens at "
+                f"{self.address}. Check that they started, that their MASTER_ADDR is node "
+                "0's address, and that the port is open between nodes"
+            )
             return self._end(EXIT_PEERS, reason)
         actions: list = []
         if self.phase == RUN and self.decide_at is not None and now >= self.decide_at:
@@ -235,10 +290,14 @@ class Conductor:
             for member, state in sorted(self.members.items()):
                 silent = now - state.last_seen
                 if state.exit_code is None and silent > self.limits.heartbeat_timeout:
-                    return self._lost(member, f"silent for {silent:.0f} s (no heartbeat within "
-                                      f"ENTRYPOINT_HEARTBEAT_TIMEOUT="
-                                      f"{self.limits.heartbeat_timeout:g} s): it hangs, is paused "
-                                      "or is cut off from the network", now)
+                    return self._lost(
+                        member,
+                        f"silent for {silent:.0f} s (no heartbeat within "
+                        f"ENTRYPOINT_HEARTBEAT_TIMEOUT="
+                        f"{self.limits.heartbeat_timeout:g} s): it hangs, is paused "
+                        "or is cut off from the network",
+                        now,
+                    )
             interval = self.limits.monitor_interval
             if interval > 0 and now - self._last_monitor >= interval:
                 self._last_monitor = now
@@ -250,18 +309,26 @@ class Conductor:
     def _maybe_go(self, now: float) -> list:
         if len(self.members) < self.expected:
             return []
-        members = [Member(m, s.host, s.fingerprint, s.clock_offset)
-                   for m, s in sorted(self.members.items())]
+        members = [
+            Member(m, s.host, s.fingerprint, s.clock_offset)
+            for m, s in sorted(self.members.items())
+        ]
         problems = layout_mismatches(members) + mismatches(members) + data_mismatches(members)
         # Clocks are compared once per job: drift during a long job must not turn a restart
         # into a configuration error.
-        refusals, warnings = (clock_problems(members, self.limits.max_clock_skew)
-                              if self.generation == 0 else ([], []))
+        refusals, warnings = (
+            clock_problems(members, self.limits.max_clock_skew)
+            if self.generation == 0
+            else ([], [])
+        )
         if problems or refusals:
-            return self._end(EXIT_CONFIG, "the nodes do not match, nothing was started: "
-                             + " | ".join(problems + refusals)
-                             + ". Run every node from the same image (tag and digest) with the "
-                             "same data, and synchronized clocks")
+            return self._end(
+                EXIT_CONFIG,
+                "the nodes do not match, nothing was started: "
+                + " | ".join(problems + refusals)
+                + ". Run every node from the same image (tag and digest) with the "
+                "same data, and synchronized clocks",
+            )
         self.phase = RUN
         for state in self.members.values():
             state.last_seen, state.exit_code = now, None
@@ -271,17 +338,23 @@ class Conductor:
         if self.expected > 1:
             lock = str(first.get("image_lock"))
             lock = lock if lock.startswith("none") else lock[:12]
-            actions.append(Log("info", f"all {self.expected} {self.units} joined in {took:.1f} s "
-                                       f"and match: lock {lock}, "
-                                       f"torch {first.get('torch')}, jax {first.get('jax')}, "
-                                       f"deepspeed {first.get('deepspeed')}, NCCL "
-                                       f"{first.get('nccl')}"))
+            actions.append(
+                Log(
+                    "info",
+                    f"all {self.expected} {self.units} joined in {took:.1f} s "
+                    f"and match: lock {lock}, "
+                    f"torch {first.get('torch')}, jax {first.get('jax')}, "
+                    f"deepspeed {first.get('deepspeed')}, NCCL "
+                    f"{first.get('nccl')}",
+                )
+            )
         actions.append(Send(ALL, Go(self.generation, tuple(warnings))))
         return actions
 
     def _judge(self, now: float) -> list:
         """The failure that came first, by the failing rank's own time on node 0's clock (the
         report's order when a time is missing), is the one shown and acted on."""
+
         def first(item):
             member, (message, _code, order) = item
             when = (message.failure or {}).get("time")
@@ -290,22 +363,32 @@ class Conductor:
 
         member, (message, code, _) = min(self.failures.items(), key=first)
         self.failures, self.decide_at = {}, None
-        return self._failure(member, message.failure, message.reason or
-                             f"{self.name(member)}'s trainer exited with code {code}", code, now)
+        return self._failure(
+            member,
+            message.failure,
+            message.reason or f"{self.name(member)}'s trainer exited with code {code}",
+            code,
+            now,
+        )
 
     def _lost(self, member: int, why: str, now: float) -> list:
         return self._failure(member, None, f"lost {self.name(member)}: {why}", EXIT_PEERS, now)
 
-    def _failure(self, member: int, failure: dict | None, reason: str, code: int,
-                 now: float) -> list:
+    def _failure(
+        self, member: int, failure: dict | None, reason: str, code: int, now: float
+    ) -> list:
         summary = failure_summary(failure, self.name(member)) if failure else ""
         stopping = next((sig for sig in self.received if sig in STOPPING), None)
         if stopping is not None:
             # The job is being stopped (preemption, scancel): a failure on the way out is no
             # reason to start it again.
             who = self.name(self.received[stopping])
-            return self._end(128 + stopping, f"{reason}; no restart: {who} received "
-                             f"{signal_name(stopping)}", summary, sig=stopping)
+            return self._end(
+                128 + stopping,
+                f"{reason}; no restart: {who} received {signal_name(stopping)}",
+                summary,
+                sig=stopping,
+            )
         if self.restarts_left > 0 and code != EXIT_CONFIG:
             self.restarts_left -= 1
             self.generation += 1
@@ -317,9 +400,14 @@ class Conductor:
             self.join_deadline = self.join_started + self.limits.join_timeout
             used = self.limits.max_restarts - self.restarts_left
             actions: list = [Log("error", summary)] if summary else []
-            actions += [Log("warning", f"{reason}; restarting every {self.unit}'s trainer "
-                                       f"(restart {used} of {self.limits.max_restarts})"),
-                        Send(ALL, Restart(self.generation, reason))]
+            actions += [
+                Log(
+                    "warning",
+                    f"{reason}; restarting every {self.unit}'s trainer "
+                    f"(restart {used} of {self.limits.max_restarts})",
+                ),
+                Send(ALL, Restart(self.generation, reason)),
+            ]
             return actions
         return self._end(code, reason, summary)
 
@@ -327,8 +415,10 @@ class Conductor:
         self.phase, self.outcome = END, (code, reason)
         self.failures, self.decide_at = {}, None
         actions: list = [Log("error", summary)] if summary else []
-        actions += [Log("error", f"stopping every {self.unit} (exit {code}): {reason}"),
-                    Send(ALL, self._stop_message(code, reason, sig))]
+        actions += [
+            Log("error", f"stopping every {self.unit} (exit {code}): {reason}"),
+            Send(ALL, self._stop_message(code, reason, sig)),
+        ]
         return actions
 
     @staticmethod
@@ -357,17 +447,24 @@ class Conductor:
                 devices = f"{len(gpus)} GPU, util {util:.0f}%, mem {used:.1f}/{total:.0f} GiB"
             else:
                 devices = f"CPU, load {stats.get('load', 0):.1f}" if stats else "-"
-            rows.append(f"{member:<6}{state.host[:27]:<28}{now - state.last_seen:>5.0f} s ago "
-                        f"{devices}")
+            rows.append(
+                f"{member:<6}{state.host[:27]:<28}{now - state.last_seen:>5.0f} s ago {devices}"
+            )
         return "nodes:\n  " + "\n  ".join(rows)
 
 
 def failure_summary(failure: dict, where: str) -> str:
     """The failing rank's error, once: rank, node, exit code, the last lines of its traceback."""
     rank = failure.get("rank")
-    head = (f"worker failed: rank {rank}" if rank is not None else "worker failed") + \
-        f" on {where}" + (f" (local rank {failure['local_rank']})"
-                          if failure.get("local_rank") is not None else "") + \
-        f", exit code {failure.get('exitcode', '?')}"
+    head = (
+        (f"worker failed: rank {rank}" if rank is not None else "worker failed")
+        + f" on {where}"
+        + (
+            f" (local rank {failure['local_rank']})"
+            if failure.get("local_rank") is not None
+            else ""
+        )
+        + f", exit code {failure.get('exitcode', '?')}"
+    )
     tail = failure.get("tail") or []
     return head + ("\n    " + "\n    ".join(tail) if tail else "")

@@ -100,6 +100,7 @@ def raise_open_files_limit() -> int:
 
 # -- node 0 ---------------------------------------------------------------------------------
 
+
 class _Peer:
     """One accepted connection, as node 0 holds it."""
 
@@ -125,11 +126,19 @@ class _Peer:
 class Server(threading.Thread):
     """Node 0's side: accepts every node's connection and carries out the Conductor's actions."""
 
-    def __init__(self, conductor: Conductor, port: int, *, heartbeat_interval: float,
-                 log: Callable[[str, str], None], bind: str = "0.0.0.0",
-                 port_variable: str = "ENTRYPOINT_CONTROL_PORT",
-                 identity: Identity = NO_IDENTITY, hello_timeout: float = HELLO_TIMEOUT,
-                 max_pending: int | None = None) -> None:
+    def __init__(
+        self,
+        conductor: Conductor,
+        port: int,
+        *,
+        heartbeat_interval: float,
+        log: Callable[[str, str], None],
+        bind: str = "0.0.0.0",
+        port_variable: str = "ENTRYPOINT_CONTROL_PORT",
+        identity: Identity = NO_IDENTITY,
+        hello_timeout: float = HELLO_TIMEOUT,
+        max_pending: int | None = None,
+    ) -> None:
         super().__init__(name="entrypoint-control", daemon=True)
         self.conductor = conductor
         self.interval = heartbeat_interval
@@ -146,9 +155,12 @@ class Server(threading.Thread):
             self.listener.bind((bind, port))
         except OSError as err:
             self.listener.close()
-            raise ConfigError(port_variable, port, f"cannot listen on node 0 ({err.strerror})",
-                              f"Pick a free port with {port_variable} (default: MASTER_PORT + 1)"
-                              ) from None
+            raise ConfigError(
+                port_variable,
+                port,
+                f"cannot listen on node 0 ({err.strerror})",
+                f"Pick a free port with {port_variable} (default: MASTER_PORT + 1)",
+            ) from None
         self.listener.listen(4096)
         self.listener.setblocking(False)
         self.port = self.listener.getsockname()[1]
@@ -164,8 +176,11 @@ class Server(threading.Thread):
         try:
             self._loop()
         except Exception as err:  # a bug here must not look like a silent node 0
-            self.log("error", f"node 0's control server failed: {err!r}; every node will stop "
-                              "when its heartbeat times out")
+            self.log(
+                "error",
+                f"node 0's control server failed: {err!r}; every node will stop "
+                "when its heartbeat times out",
+            )
         finally:
             for peer in list(self.peers.values()):
                 self._flush(peer)
@@ -191,8 +206,7 @@ class Server(threading.Thread):
                 peer = self.peers.get(key.fileobj)
                 if peer is not None and events & selectors.EVENT_WRITE:
                     self._flush(peer)
-                if peer is not None and events & selectors.EVENT_READ and \
-                        key.fileobj in self.peers:
+                if peer is not None and events & selectors.EVENT_READ and key.fileobj in self.peers:
                     self._read(peer)
             now = time.monotonic()
             # A round far longer than its poll (this process stopped, starved of CPU or of the
@@ -230,25 +244,32 @@ class Server(threading.Thread):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             peer = _Peer(sock, f"{address[0]}:{address[1]}", now)
             # Members are peers too: fewer peers than members + max_pending, no need to count.
-            pending = [p for p in self.peers.values() if p.member is None] \
-                if len(self.peers) - len(self.members) >= self.max_pending else []
+            pending = (
+                [p for p in self.peers.values() if p.member is None]
+                if len(self.peers) - len(self.members) >= self.max_pending
+                else []
+            )
             if len(pending) >= self.max_pending:
                 # Full of connections that have not said hello: the oldest goes, so that a
                 # flood delays a real node's join but cannot lock it out.
                 oldest = min(pending, key=lambda p: p.accepted)
-                self._dropped_log(f"dropped {oldest.name()}: more than {self.max_pending} "
-                                  "connections waiting for their hello")
+                self._dropped_log(
+                    f"dropped {oldest.name()}: more than {self.max_pending} "
+                    "connections waiting for their hello"
+                )
                 self._drop(oldest)
             self.peers[sock] = peer
             self.selector.register(sock, selectors.EVENT_READ, None)
-            self._queue(peer, m.encode(m.Challenge(peer.nonce, self.identity.job,
-                                                   self.identity.auth)))
+            self._queue(
+                peer, m.encode(m.Challenge(peer.nonce, self.identity.job, self.identity.auth))
+            )
 
     def _expire(self, now: float) -> None:
         for peer in [p for p in self.peers.values() if p.member is None]:
             if now - peer.accepted > self.hello_timeout:
-                self._dropped_log(f"dropped {peer.name()}: no hello within "
-                                  f"{self.hello_timeout:g} s")
+                self._dropped_log(
+                    f"dropped {peer.name()}: no hello within {self.hello_timeout:g} s"
+                )
                 self._drop(peer)
 
     def _read(self, peer: _Peer) -> None:
@@ -316,9 +337,13 @@ class Server(threading.Thread):
         first = peer.member is None
         peer.member, peer.hello = hello.member, hello
         if first:
-            welcome = m.welcome_proof(self.identity.token, peer.nonce, hello.nonce,
-                                      self.identity.job, hello.member) \
-                if self.identity.token else ""
+            welcome = (
+                m.welcome_proof(
+                    self.identity.token, peer.nonce, hello.nonce, self.identity.job, hello.member
+                )
+                if self.identity.token
+                else ""
+            )
             self._queue(peer, m.encode(m.Welcome(welcome)))
         old = self.members.get(hello.member)
         self.members[hello.member] = peer
@@ -332,23 +357,33 @@ class Server(threading.Thread):
     def _refusal(self, peer: _Peer, hello: m.Hello) -> str:
         """Why this hello does not come from a node of this job ('' when it does)."""
         if hello.protocol != PROTOCOL:
-            return (f"it speaks control protocol {hello.protocol}, node 0 speaks {PROTOCOL}: "
-                    "run the same image on every node")
+            return (
+                f"it speaks control protocol {hello.protocol}, node 0 speaks {PROTOCOL}: "
+                "run the same image on every node"
+            )
         if peer.member is not None and hello.member != peer.member:
             return f"it joined as node {peer.member} and now says it is node {hello.member}"
         if hello.job != self.identity.job:
-            return (f"it belongs to another job: {hello.job or 'no job identity'} there, "
-                    f"{self.identity.job or 'no job identity'} on node 0. Start every node of "
-                    "one job from one submission, or give them one ENTRYPOINT_JOB_ID")
+            return (
+                f"it belongs to another job: {hello.job or 'no job identity'} there, "
+                f"{self.identity.job or 'no job identity'} on node 0. Start every node of "
+                "one job from one submission, or give them one ENTRYPOINT_JOB_ID"
+            )
         token = self.identity.token
         if hello.auth != self.identity.auth:
             has, lacks = ("it", "node 0") if token is None else ("node 0", "it")
-            return (f"{has} has a job token (ENTRYPOINT_JOB_TOKEN), {lacks} has none: give "
-                    "every node the same token, or none")
-        if token is not None and not m.same(hello.proof, m.hello_proof(
-                token, peer.nonce, hello.nonce, self.identity.job, hello.member)):
-            return ("wrong job token: its ENTRYPOINT_JOB_TOKEN is not node 0's. Give every "
-                    "node the same token")
+            return (
+                f"{has} has a job token (ENTRYPOINT_JOB_TOKEN), {lacks} has none: give "
+                "every node the same token, or none"
+            )
+        if token is not None and not m.same(
+            hello.proof,
+            m.hello_proof(token, peer.nonce, hello.nonce, self.identity.job, hello.member),
+        ):
+            return (
+                "wrong job token: its ENTRYPOINT_JOB_TOKEN is not node 0's. Give every "
+                "node the same token"
+            )
         return ""
 
     def _closed(self, peer: _Peer) -> None:
@@ -443,11 +478,17 @@ class Server(threading.Thread):
 
 # -- every node -----------------------------------------------------------------------------
 
+
 class Channel:
     """A node's connection to node 0, through the handshake."""
 
-    def __init__(self, sock: socket.socket, address: str, identity: Identity = NO_IDENTITY,
-                 challenge: m.Challenge | None = None) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        address: str,
+        identity: Identity = NO_IDENTITY,
+        challenge: m.Challenge | None = None,
+    ) -> None:
         self.sock = sock
         self.address = address
         self.identity = identity
@@ -483,12 +524,20 @@ class Channel:
         if message.get("t") == "hello":
             self.member = int(message["member"])
             challenge = self.challenge
-            proof = m.hello_proof(self.identity.token, challenge.nonce, self.nonce,
-                                  self.identity.job, self.member) \
-                if self.identity.token and challenge else ""
-            message = message | {"protocol": PROTOCOL, "job": self.identity.job,
-                                 "auth": self.identity.auth, "nonce": self.nonce,
-                                 "proof": proof}
+            proof = (
+                m.hello_proof(
+                    self.identity.token, challenge.nonce, self.nonce, self.identity.job, self.member
+                )
+                if self.identity.token and challenge
+                else ""
+            )
+            message = message | {
+                "protocol": PROTOCOL,
+                "job": self.identity.job,
+                "auth": self.identity.auth,
+                "nonce": self.nonce,
+                "proof": proof,
+            }
         elif message.get("t") == "beat" and message.get("stats"):
             # The figures are for node 0's table (every few minutes); a bare beat costs node 0
             # a fifth of the CPU of one with 8 GPUs' figures, at 1,024 nodes every second.
@@ -548,11 +597,21 @@ class Channel:
 
     def _check_welcome(self, welcome: m.Welcome) -> None:
         token, challenge = self.identity.token, self.challenge
-        if token and challenge and not m.same(welcome.proof, m.welcome_proof(
-                token, challenge.nonce, self.nonce, self.identity.job, self.member or 0)):
-            raise Refused(f"node 0 at {self.address} could not prove that it holds this job's "
-                          "ENTRYPOINT_JOB_TOKEN: it belongs to another job, or the tokens "
-                          "differ. Give every node the same token")
+        if (
+            token
+            and challenge
+            and not m.same(
+                welcome.proof,
+                m.welcome_proof(
+                    token, challenge.nonce, self.nonce, self.identity.job, self.member or 0
+                ),
+            )
+        ):
+            raise Refused(
+                f"node 0 at {self.address} could not prove that it holds this job's "
+                "ENTRYPOINT_JOB_TOKEN: it belongs to another job, or the tokens "
+                "differ. Give every node the same token"
+            )
         self.welcomed = True
 
     def close(self) -> None:
@@ -596,18 +655,30 @@ def _challenge(sock: socket.socket, address: str, wait: float) -> m.Challenge:
             except m.BadMessage:
                 break
             if challenge.protocol != PROTOCOL:
-                raise Refused(f"node 0 at {address} speaks control protocol "
-                              f"{challenge.protocol}, this node {PROTOCOL}: run the same image "
-                              "on every node")
+                raise Refused(
+                    f"node 0 at {address} speaks control protocol "
+                    f"{challenge.protocol}, this node {PROTOCOL}: run the same image "
+                    "on every node"
+                )
             return challenge  # type: ignore[return-value]
-    raise PeersError(f"what answers at {address} is not node 0's entrypoint, or not one of "
-                     f"this version (no challenge "
-                     f"within {wait:g} s): check MASTER_ADDR and ENTRYPOINT_CONTROL_PORT")
+    raise PeersError(
+        f"what answers at {address} is not node 0's entrypoint, or not one of "
+        f"this version (no challenge "
+        f"within {wait:g} s): check MASTER_ADDR and ENTRYPOINT_CONTROL_PORT"
+    )
 
 
-def connect(host: str, port: int, *, timeout: float, log: Callable[[str], None],
-            progress_every: float = 10.0, sleep: Callable[[float], None] = time.sleep,
-            identity: Identity = NO_IDENTITY, challenge_wait: float = 30.0) -> Channel:
+def connect(
+    host: str,
+    port: int,
+    *,
+    timeout: float,
+    log: Callable[[str], None],
+    progress_every: float = 10.0,
+    sleep: Callable[[float], None] = time.sleep,
+    identity: Identity = NO_IDENTITY,
+    challenge_wait: float = 30.0,
+) -> Channel:
     """Connect to node 0's control port, waiting for it in any start order (bounded), and
     take its challenge."""
     start = time.monotonic()
@@ -616,8 +687,9 @@ def connect(host: str, port: int, *, timeout: float, log: Callable[[str], None],
     while True:
         try:
             infos = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)
-            sock = socket.create_connection(infos[0][4], timeout=min(5.0, max(0.5, deadline -
-                                                                                time.monotonic())))
+            sock = socket.create_connection(
+                infos[0][4], timeout=min(5.0, max(0.5, deadline - time.monotonic()))
+            )
             try:
                 challenge = _challenge(sock, f"{host}:{port}", challenge_wait)
             except BaseException:
@@ -632,11 +704,13 @@ def connect(host: str, port: int, *, timeout: float, log: Callable[[str], None],
                 f"node 0's entrypoint at {host}:{port} did not answer within {now - start:.0f} s "
                 f"(ENTRYPOINT_JOIN_TIMEOUT={timeout:g}); last try: {why}. Likely causes: node 0 "
                 "did not start or failed (see its log), MASTER_ADDR is not node 0's address, or "
-                "a firewall or network policy blocks the port between nodes")
+                "a firewall or network policy blocks the port between nodes"
+            )
         if now >= next_progress:
-            log(f"waiting for node 0 at {host}:{port}: {why}; {now - start:.0f} s so far, giving "
-                f"up after {timeout:g} s")
+            log(
+                f"waiting for node 0 at {host}:{port}: {why}; {now - start:.0f} s so far, giving "
+                f"up after {timeout:g} s"
+            )
             next_progress = now + progress_every
         sleep(min(delay, max(0.0, deadline - now)))
         delay = min(delay * 2, 5.0)
-

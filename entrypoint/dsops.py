@@ -37,7 +37,7 @@ _OFFLOAD_DEVICES = ("cpu", "nvme")  # zero_use_cpu_optimizer(): the optimizer st
 _FIXES = {
     "fused_adam": 'set "torch_adam": true in optimizer.params (torch\'s own Adam, no op)',
     "cpu_adam": 'set "torch_adam": true in optimizer.params, or drop the optimizer offload',
-    "async_io": "offload to \"cpu\" instead of \"nvme\", or run this job on GPUs",
+    "async_io": 'offload to "cpu" instead of "nvme", or run this job on GPUs',
     "cpu_adagrad": "use Adam or AdamW, or drop the optimizer offload",
     "cpu_lion": "use Adam or AdamW, or drop the optimizer offload",
     "fused_lion": "use Adam or AdamW",
@@ -97,31 +97,39 @@ def ops_needed(config: Mapping) -> tuple[Need, ...]:
     return tuple(needs)
 
 
-def missing_ops(config: Mapping, installed: Mapping[str, frozenset[str]],
-                accelerator: str) -> tuple[Need, ...]:
+def missing_ops(
+    config: Mapping, installed: Mapping[str, frozenset[str]], accelerator: str
+) -> tuple[Need, ...]:
     """The ops this config selects that DeepSpeed would have to build at start on this
     accelerator ("cuda" or "cpu"); `installed` maps each accelerator to its built ops."""
     have = installed.get(accelerator, frozenset())
     return tuple(need for need in ops_needed(config) if need.op not in have)
 
 
-def problem_line(source: str, need: Need, installed: Mapping[str, frozenset[str]],
-                 accelerator: str) -> ConfigError:
+def problem_line(
+    source: str, need: Need, installed: Mapping[str, frozenset[str]], accelerator: str
+) -> ConfigError:
     """The one line for a missing op: the config file and field, the op, and the fix."""
     have = ", ".join(sorted(installed.get(accelerator, ()))) or "none"
     fix = _FIXES.get(need.op, "choose an optimizer and offload this image has ops for")
     return ConfigError(
-        f"{source}: {need.field}", need.value,
+        f"{source}: {need.field}",
+        need.value,
         f"needs DeepSpeed's {need.op} op for the {accelerator} accelerator, which this image "
         f"does not have prebuilt (it has: {have}) and cannot build at start (no compiler)",
-        f"{fix[0].upper()}{fix[1:]}, {_BUILD_FIX}")
+        f"{fix[0].upper()}{fix[1:]}, {_BUILD_FIX}",
+    )
 
 
 # -- which configs a job uses (pure, given a reader) --------------------------------------
 
 # DeepSpeed's own argparse flag, the Hugging Face Trainer's, accelerate launch's.
-_CONFIG_FLAGS = ("--deepspeed", "--deepspeed_config", "--deepspeed-config",
-                 "--deepspeed_config_file")
+_CONFIG_FLAGS = (
+    "--deepspeed",
+    "--deepspeed_config",
+    "--deepspeed-config",
+    "--deepspeed_config_file",
+)
 _ACCELERATE_FLAGS = ("--config_file", "--config-file")
 
 
@@ -145,19 +153,25 @@ def _json(text: str | None) -> Mapping | None:
     return config if isinstance(config, Mapping) else None
 
 
-def configs_of(command: tuple[str, ...], generated: Mapping[str, str], uses_generated: bool,
-               read: Callable[[str], str | None]) -> list[tuple[str, Mapping]]:
+def configs_of(
+    command: tuple[str, ...],
+    generated: Mapping[str, str],
+    uses_generated: bool,
+    read: Callable[[str], str | None],
+) -> list[tuple[str, Mapping]]:
     """(where, config) for every DeepSpeed config the command names (`--deepspeed FILE`,
     `--deepspeed_config FILE`, an accelerate config's deepspeed_config_file) and, when the job
     reads it, the plan's generated deepspeed.json (`generated`: path -> text). `read(path)`
     gives None for a file that cannot be read: the trainer reports that itself."""
+
     def load(path: str) -> str | None:
         return generated[path] if path in generated else read(path)
 
     named: list[tuple[str, str | None]] = []
     if uses_generated:
-        named += [(path, text) for path, text in generated.items()
-                  if path.endswith("deepspeed.json")]
+        named += [
+            (path, text) for path, text in generated.items() if path.endswith("deepspeed.json")
+        ]
     for value in _flag_values(command, _CONFIG_FLAGS):
         if value.lstrip().startswith("{"):  # the Trainer takes the config inline, too
             named.append(("--deepspeed (inline)", value))
@@ -169,8 +183,9 @@ def configs_of(command: tuple[str, ...], generated: Mapping[str, str], uses_gene
     return found
 
 
-def _accelerate_configs(path: str, text: str | None,
-                        load: Callable[[str], str | None]) -> list[tuple[str, Mapping]]:
+def _accelerate_configs(
+    path: str, text: str | None, load: Callable[[str], str | None]
+) -> list[tuple[str, Mapping]]:
     import yaml
 
     try:
@@ -185,13 +200,18 @@ def _accelerate_configs(path: str, text: str | None,
         config = _json(load(file))
         return [(file, config)] if config is not None else []
     # accelerate's inline form: offload_optimizer_device, offload_param_device
-    inline = {"zero_optimization": {
-        part: {"device": section[f"{part}_device"]}
-        for part in ("offload_optimizer", "offload_param") if section.get(f"{part}_device")}}
+    inline = {
+        "zero_optimization": {
+            part: {"device": section[f"{part}_device"]}
+            for part in ("offload_optimizer", "offload_param")
+            if section.get(f"{part}_device")
+        }
+    }
     return [(f"{path}: deepspeed_config", inline)]
 
 
 # -- the edge ----------------------------------------------------------------------------
+
 
 def installed_ops(env: Mapping[str, str]) -> dict[str, frozenset[str]] | None:
     """accelerator -> the ops DeepSpeed loads there without building; None: no DeepSpeed.
@@ -207,8 +227,9 @@ def installed_ops(env: Mapping[str, str]) -> dict[str, frozenset[str]] | None:
         ops[str(record["accelerator_name"])] |= {str(op) for op, on in built.items() if on}
     extensions = env.get("TORCH_EXTENSIONS_DIR")
     if extensions and shutil.which("ninja", path=env.get("PATH")):
-        ops["cpu"] |= {so.parent.name for so in Path(extensions).glob("*/*.so")
-                       if so.stem == so.parent.name}
+        ops["cpu"] |= {
+            so.parent.name for so in Path(extensions).glob("*/*.so") if so.stem == so.parent.name
+        }
     return {accelerator: frozenset(names) for accelerator, names in ops.items()}
 
 
@@ -219,8 +240,11 @@ def _literals(path: Path) -> dict[str, object]:
         return {}
     out = {}
     for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and \
-                isinstance(node.targets[0], ast.Name):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
             try:
                 out[node.targets[0].id] = ast.literal_eval(node.value)
             except ValueError:

@@ -28,7 +28,7 @@ def prune(log_dir: Path, keep: int) -> None:
         runs = sorted((p for p in log_dir.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
     except OSError:
         return
-    for old in runs[:max(0, len(runs) - (keep - 1))]:
+    for old in runs[: max(0, len(runs) - (keep - 1))]:
         shutil.rmtree(old, ignore_errors=True)
 
 
@@ -44,12 +44,13 @@ def tail(path: Path, lines: int) -> list[str]:
     return text[-lines:]
 
 
-def _root_cause(plan: Plan, launch: Launch, text: list[str],
-                code: int) -> tuple[int | None, int | None, int | None]:
+def _root_cause(
+    plan: Plan, launch: Launch, text: list[str], code: int
+) -> tuple[int | None, int | None, int | None]:
     """Rank, local rank and exit code: from torchrun's "Root Cause" table, or the trainer's."""
     rank = local = exitcode = None
     if launch.spawns_workers and any("Root Cause" in line for line in text):
-        block = text[max(i for i, line in enumerate(text) if "Root Cause" in line):]
+        block = text[max(i for i, line in enumerate(text) if "Root Cause" in line) :]
         for line in block:
             if rank is None and (m := _ROOT_RANK.search(line)):
                 rank, local = int(m[1]), int(m[2])
@@ -84,8 +85,9 @@ def _launcher_killed(launch: Launch, code: int) -> str:
     return f"the launcher ({launcher}) was killed by {signal.Signals(-code).name}"
 
 
-def failure(plan: Plan, launch: Launch, code: int, log_dir: Path, lines: int = 12,
-            seen: float | None = None) -> dict:
+def failure(
+    plan: Plan, launch: Launch, code: int, log_dir: Path, lines: int = 12, seen: float | None = None
+) -> dict:
     """Rank, local rank, exit code (0-255, as the job exits), the last lines of the failing
     rank's stderr, and when it failed (its error file's last write, else `seen`: when the
     launcher's exit was seen)."""
@@ -110,14 +112,28 @@ def failure(plan: Plan, launch: Launch, code: int, log_dir: Path, lines: int = 1
         hint = " (out of memory? the kernel's OOM killer sends SIGKILL)" if sig == 9 else ""
         if not killed:
             lines_found = lines_found + [f"killed by {name}{hint}"]
-    return {"rank": rank, "local_rank": local,
-            "exitcode": exit_status(exitcode if exitcode is not None else code),
-            "tail": lines_found, "time": when, "killed": killed}
+    return {
+        "rank": rank,
+        "local_rank": local,
+        "exitcode": exit_status(exitcode if exitcode is not None else code),
+        "tail": lines_found,
+        "time": when,
+        "killed": killed,
+    }
 
 
-def exit_report(plan: Plan, launch: Launch, code: int, signalled: int | None, *,
-                delivered: Mapping[int, set[int]], log_dir: Path, seen: float, who: str,
-                mask: Callable[[str], str]) -> dict:
+def exit_report(
+    plan: Plan,
+    launch: Launch,
+    code: int,
+    signalled: int | None,
+    *,
+    delivered: Mapping[int, set[int]],
+    log_dir: Path,
+    seen: float,
+    who: str,
+    mask: Callable[[str], str],
+) -> dict:
     """The exit message to node 0 for a launch that ended with `code` (0-255): a signal's
     stop, or a failure with its summary (rank, exit code, masked last lines) and reason."""
     message: dict = {"t": "exit", "code": code}

@@ -24,8 +24,19 @@ IMAGE_DIR = Path(os.environ.get("ENTRYPOINT_IMAGE_DIR", "/opt/venv/share/entrypo
 CLOCK_WARN_SECONDS = 2.0
 
 # Fields compared across nodes, in the order a mismatch names them.
-MATCHED = ("image_lock", "image_revision", "python", "torch", "jax", "deepspeed", "nccl",
-           "cuda_driver", "gpu_model", "gpus_per_node", "packages")
+MATCHED = (
+    "image_lock",
+    "image_revision",
+    "python",
+    "torch",
+    "jax",
+    "deepspeed",
+    "nccl",
+    "cuda_driver",
+    "gpu_model",
+    "gpus_per_node",
+    "packages",
+)
 _HEADLINE = {"torch": "torch", "jax": "jax", "deepspeed": "deepspeed", "nccl": "nvidia-nccl-cu12"}
 
 
@@ -110,8 +121,13 @@ def data_summary(path: Path | None, *, limit: int = 200_000) -> dict | None:
                 continue
             files += 1
             if files >= limit:  # a huge tree: compare what was counted, and say so
-                return {"path": str(path), "exists": True, "files": files, "bytes": size,
-                        "partial": True}
+                return {
+                    "path": str(path),
+                    "exists": True,
+                    "files": files,
+                    "bytes": size,
+                    "partial": True,
+                }
     return {"path": str(path), "exists": True, "files": files, "bytes": size}
 
 
@@ -134,6 +150,7 @@ def collect(*, gpus_per_node: int, gpu_names: tuple[str, ...], data_dir: Path | 
 @dataclass(frozen=True)
 class Member:
     """One node (or one process, when the platform started one per GPU) as node 0 sees it."""
+
     id: int
     host: str
     fingerprint: Mapping
@@ -147,8 +164,11 @@ def _name(m: Member) -> str:
 def _diff(field: str, value, reference) -> str:
     if field == "packages":
         keys = sorted(set(value) | set(reference))
-        parts = [f"{k} {value.get(k, 'absent')} vs {reference.get(k, 'absent')}"
-                 for k in keys if value.get(k) != reference.get(k)]
+        parts = [
+            f"{k} {value.get(k, 'absent')} vs {reference.get(k, 'absent')}"
+            for k in keys
+            if value.get(k) != reference.get(k)
+        ]
         shown = ", ".join(parts[:6]) + (f" and {len(parts) - 6} more" if len(parts) > 6 else "")
         return f"packages: {shown}"
     return f"{field} {value} vs {reference}"
@@ -163,17 +183,22 @@ def mismatches(members: list[Member]) -> list[str]:
     lines = []
     odd: dict[int, list[str]] = {}
     for field in MATCHED:
-        values = [repr(sorted(m.fingerprint.get(field, {}).items())) if field == "packages"
-                  else repr(m.fingerprint.get(field)) for m in ordered]
+        values = [
+            repr(sorted(m.fingerprint.get(field, {}).items()))
+            if field == "packages"
+            else repr(m.fingerprint.get(field))
+            for m in ordered
+        ]
         counts = Counter(values)
         top = max(counts.values())
         reference_key = next(v for v in values if counts[v] == top)  # first = lowest id on ties
         reference = ordered[values.index(reference_key)]
         for member, key in zip(ordered, values, strict=True):
             if key != reference_key:
-                odd.setdefault(member.id, []).append(_diff(
-                    field, member.fingerprint.get(field), reference.fingerprint.get(field))
-                    + f" on {_name(reference)}")
+                odd.setdefault(member.id, []).append(
+                    _diff(field, member.fingerprint.get(field), reference.fingerprint.get(field))
+                    + f" on {_name(reference)}"
+                )
     by_id = {m.id: m for m in ordered}
     for member_id, diffs in sorted(odd.items()):
         lines.append(f"{_name(by_id[member_id])} differs: " + "; ".join(diffs))
@@ -186,10 +211,15 @@ LAYOUT = ("nnodes", "nproc_per_node", "world_size", "master_addr", "master_port"
 
 def layout(plan) -> dict:
     """This node's view of the job's shape (an entrypoint.plan.Plan), as node 0 compares it."""
-    return {"nnodes": plan.nnodes, "node_rank": plan.node_rank,
-            "nproc_per_node": plan.nproc_per_node, "world_size": plan.world_size,
-            "master_addr": plan.master_addr, "master_port": plan.master_port,
-            "launcher": plan.launcher}
+    return {
+        "nnodes": plan.nnodes,
+        "node_rank": plan.node_rank,
+        "nproc_per_node": plan.nproc_per_node,
+        "world_size": plan.world_size,
+        "master_addr": plan.master_addr,
+        "master_port": plan.master_port,
+        "launcher": plan.launcher,
+    }
 
 
 def layout_mismatches(members: list[Member]) -> list[str]:
@@ -215,15 +245,18 @@ def layout_mismatches(members: list[Member]) -> list[str]:
             if key != reference_key:
                 odd.setdefault(member.id, []).append(
                     f"{field} {shapes[member.id].get(field)} vs "
-                    f"{shapes[reference.id].get(field)} on {_name(reference)}")
+                    f"{shapes[reference.id].get(field)} on {_name(reference)}"
+                )
     nnodes = Counter(shapes[m.id].get("nnodes") for m in ordered).most_common(1)[0][0]
     for m in ordered:
         rank = shapes[m.id].get("node_rank")
         if isinstance(nnodes, int) and isinstance(rank, int) and rank >= nnodes:
             odd.setdefault(m.id, []).append(f"node_rank {rank} outside 0-{nnodes - 1}")
     by_id = {m.id: m for m in ordered}
-    return [f"{_name(by_id[i])} plans another job shape: " + "; ".join(diffs)
-            for i, diffs in sorted(odd.items())]
+    return [
+        f"{_name(by_id[i])} plans another job shape: " + "; ".join(diffs)
+        for i, diffs in sorted(odd.items())
+    ]
 
 
 def data_mismatches(members: list[Member]) -> list[str]:
@@ -242,9 +275,11 @@ def data_mismatches(members: list[Member]) -> list[str]:
         common = seen.most_common(1)[0][0]
         for member_id, s in sorted(summaries.items()):
             if s and s.get("exists") and (s["files"], s["bytes"]) != common:
-                lines.append(f"{_name(by_id[member_id])}: data directory {s['path']} has "
-                             f"{s['files']} files, {s['bytes']} bytes; most nodes have "
-                             f"{common[0]} files, {common[1]} bytes")
+                lines.append(
+                    f"{_name(by_id[member_id])}: data directory {s['path']} has "
+                    f"{s['files']} files, {s['bytes']} bytes; most nodes have "
+                    f"{common[0]} files, {common[1]} bytes"
+                )
     return lines
 
 

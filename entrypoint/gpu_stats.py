@@ -28,8 +28,13 @@ class Stats:
             try:
                 util = self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu
                 memory = self.nvml.nvmlDeviceGetMemoryInfo(handle)
-                gpus.append({"util": util, "mem_used_mib": memory.used >> 20,
-                             "mem_total_mib": memory.total >> 20})
+                gpus.append(
+                    {
+                        "util": util,
+                        "mem_used_mib": memory.used >> 20,
+                        "mem_total_mib": memory.total >> 20,
+                    }
+                )
             except Exception:
                 continue
         return {"gpus": gpus} if gpus else {"load": os.getloadavg()[0]}

@@ -26,17 +26,26 @@ def visible_ids(env: Mapping[str, str], facts: Facts) -> tuple[list[str] | None,
             return [], "env CUDA_VISIBLE_DEVICES (hides every GPU)"
         if facts.gpus is not None:  # probed: every listed GPU must exist here (seed 004)
             uuids = [g.uuid for g in facts.gpus if g.uuid]
-            missing = [x for x in ids if not (
-                (x.isdigit() and int(x) < len(facts.gpus))
-                or (x.startswith(("GPU-", "MIG-")) and any(u.startswith(x) for u in uuids)))]
+            missing = [
+                x
+                for x in ids
+                if not (
+                    (x.isdigit() and int(x) < len(facts.gpus))
+                    or (x.startswith(("GPU-", "MIG-")) and any(u.startswith(x) for u in uuids))
+                )
+            ]
             if missing:
                 n = len(facts.gpus)
                 raise ConfigError(
-                    "CUDA_VISIBLE_DEVICES", cvd,
+                    "CUDA_VISIBLE_DEVICES",
+                    cvd,
                     f"names GPU {','.join(missing)} but this node has {n} ({facts.gpu_probe})",
                     f"List only this node's GPUs ({'0' if n == 1 else f'0-{n - 1}'}) or unset it: "
-                    "a 2 x 8 job is not 1 x 16" if n else "Unset it, or start the container "
-                    "with its GPUs (--gpus all, the NVIDIA runtime)")
+                    "a 2 x 8 job is not 1 x 16"
+                    if n
+                    else "Unset it, or start the container "
+                    "with its GPUs (--gpus all, the NVIDIA runtime)",
+                )
         return ids, "env CUDA_VISIBLE_DEVICES"
     if facts.gpus is None:
         return None, "not probed"
@@ -53,8 +62,13 @@ def visible_ids(env: Mapping[str, str], facts: Facts) -> tuple[list[str] | None,
     return ids, facts.gpu_probe
 
 
-def count(env: Mapping[str, str], settings: Settings, reading: Reading, facts: Facts,
-          sources: dict[str, str]) -> tuple[int, list[str], str]:
+def count(
+    env: Mapping[str, str],
+    settings: Settings,
+    reading: Reading,
+    facts: Facts,
+    sources: dict[str, str],
+) -> tuple[int, list[str], str]:
     """(GPUs per node, the ids this node may use, where they came from)."""
     visible, visible_from = visible_ids(env, facts)
     if settings.gpus_per_node is not None:
@@ -73,22 +87,29 @@ def count(env: Mapping[str, str], settings: Settings, reading: Reading, facts: F
     elif len(visible) > stated.value:
         visible = visible[: stated.value]
     elif len(visible) < stated.value and visible_from.startswith("env"):
-        raise ConfigError(variable_of(stated.source), stated.value,
-                          f"but {visible_from} leaves {len(visible)} GPUs visible",
-                          "State the number of GPUs this node really has, or widen "
-                          "CUDA_VISIBLE_DEVICES")
+        raise ConfigError(
+            variable_of(stated.source),
+            stated.value,
+            f"but {visible_from} leaves {len(visible)} GPUs visible",
+            "State the number of GPUs this node really has, or widen CUDA_VISIBLE_DEVICES",
+        )
     return stated.value, visible, visible_from
 
 
 def device(settings: Settings, gpus: int, sources: dict[str, str]) -> str:
     """cuda or cpu: ENTRYPOINT_DEVICE, else whether the node has GPUs."""
     if settings.device == "cuda" and gpus == 0:
-        raise ConfigError(DEVICE, "cuda", "asks for GPUs but none is stated or visible",
-                          "Start the container with --gpus all (or the NVIDIA runtime), or set "
-                          f"{PREFIX}GPUS_PER_NODE")
+        raise ConfigError(
+            DEVICE,
+            "cuda",
+            "asks for GPUs but none is stated or visible",
+            "Start the container with --gpus all (or the NVIDIA runtime), or set "
+            f"{PREFIX}GPUS_PER_NODE",
+        )
     if settings.device != "auto":
         sources["device"] = f"env {DEVICE}"
         return settings.device
-    sources["device"] = ("auto: GPUs present" if gpus
-                         else "auto: no GPU, workers run on CPU with gloo")
+    sources["device"] = (
+        "auto: GPUs present" if gpus else "auto: no GPU, workers run on CPU with gloo"
+    )
     return "cuda" if gpus else "cpu"

@@ -91,15 +91,20 @@ def _parse_one(expr: str) -> list[str | Ranges]:
 
 
 def _size(pieces: list[str | Ranges]) -> int:
-    return math.prod(sum(high - low + 1 for low, high, _ in piece)
-                     for piece in pieces if not isinstance(piece, str))
+    return math.prod(
+        sum(high - low + 1 for low, high, _ in piece)
+        for piece in pieces
+        if not isinstance(piece, str)
+    )
 
 
 def _expand(pieces: list[str | Ranges]) -> list[str]:
-    choices = [[piece] if isinstance(piece, str)
-               else [str(n).zfill(width) for low, high, width in piece
-                     for n in range(low, high + 1)]
-               for piece in pieces]
+    choices = [
+        [piece]
+        if isinstance(piece, str)
+        else [str(n).zfill(width) for low, high, width in piece for n in range(low, high + 1)]
+        for piece in pieces
+    ]
     return ["".join(combo) for combo in itertools.product(*choices)]
 
 
@@ -128,7 +133,9 @@ def expand_var(name: str, raw: str, limit: int = NODES.high) -> list[str]:
         return expand(raw, limit)
     except HostlistError as err:
         raise ConfigError(
-            name, raw, f"not a valid SLURM hostlist ({err})",
+            name,
+            raw,
+            f"not a valid SLURM hostlist ({err})",
             f"Pass the node list as SLURM sets it, e.g. node[01-04] or a,b,c, at most "
             f"{limit} hosts",
         ) from None

@@ -56,6 +56,7 @@ def job_identity(env: Mapping[str, str], platform: str, job_id: str | None = Non
 @dataclass(frozen=True)
 class Identity:
     """What a node proves at the handshake. The token never appears in repr or a log."""
+
     job: str = ""
     token: bytes | None = field(default=None, repr=False)
 
@@ -70,19 +71,28 @@ def read_token(token: str | None, token_file: Path | None) -> bytes | None:
     """The job's token from ENTRYPOINT_JOB_TOKEN or the file ENTRYPOINT_JOB_TOKEN_FILE names
     (a mounted Kubernetes Secret, a file in the SLURM job's directory); None when neither."""
     if token is not None and token_file is not None:
-        raise ConfigError(TOKEN_FILE_VARIABLE, token_file, f"{TOKEN_VARIABLE} is set too",
-                          "Set one of them")
+        raise ConfigError(
+            TOKEN_FILE_VARIABLE, token_file, f"{TOKEN_VARIABLE} is set too", "Set one of them"
+        )
     variable, shown = TOKEN_VARIABLE, "***"
     if token_file is not None:
         variable, shown = TOKEN_FILE_VARIABLE, str(token_file)
         try:
             token = token_file.read_text().strip()
         except OSError as err:
-            raise ConfigError(variable, shown, f"cannot be read ({err.strerror})",
-                              "Give every node the job's token file, or unset it") from None
+            raise ConfigError(
+                variable,
+                shown,
+                f"cannot be read ({err.strerror})",
+                "Give every node the job's token file, or unset it",
+            ) from None
     if token is None:
         return None
     if len(token.strip()) < MIN_TOKEN:
-        raise ConfigError(variable, shown, f"the token is shorter than {MIN_TOKEN} characters",
-                          "Use a random one, e.g. `openssl rand -hex 32`")
+        raise ConfigError(
+            variable,
+            shown,
+            f"the token is shorter than {MIN_TOKEN} characters",
+            "Use a random one, e.g. `openssl rand -hex 32`",
+        )
     return token.strip().encode()

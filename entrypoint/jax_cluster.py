@@ -41,8 +41,9 @@ def register(clusters) -> type:
 
         @classmethod
         def is_env_present(cls) -> bool:
-            return all(os.environ.get(n, "").strip()
-                       for n in (NUM_PROCESSES, PROCESS_ID, COORDINATOR))
+            return all(
+                os.environ.get(n, "").strip() for n in (NUM_PROCESSES, PROCESS_ID, COORDINATOR)
+            )
 
         @classmethod
         def get_coordinator_address(cls, timeout_secs=None, override_coordinator_port=None):
@@ -74,9 +75,12 @@ def _register_quietly(clusters) -> None:
     try:
         register(clusters)
     except Exception as err:  # a JAX without ClusterEnv: the trainer passes arguments itself
-        print(f"entrypoint: jax.distributed.initialize() without arguments is not available "
-              f"in this JAX ({type(err).__name__}: {err}); pass num_processes and process_id "
-              f"from {NUM_PROCESSES} and {PROCESS_ID}", file=sys.stderr)
+        print(
+            f"entrypoint: jax.distributed.initialize() without arguments is not available "
+            f"in this JAX ({type(err).__name__}: {err}); pass num_processes and process_id "
+            f"from {NUM_PROCESSES} and {PROCESS_ID}",
+            file=sys.stderr,
+        )
 
 
 def install() -> None:

@@ -15,9 +15,11 @@ from entrypoint.gpus import visible_ids
 from entrypoint.plan import Plan
 from entrypoint.values import variable_of
 
-_FIX_NO_GPU = ("Start the container with --gpus all (Docker) or the NVIDIA runtime "
-               "(runtimeClassName: nvidia, nvidia.com/gpu limits on Kubernetes), or set "
-               "ENTRYPOINT_DEVICE=cpu")
+_FIX_NO_GPU = (
+    "Start the container with --gpus all (Docker) or the NVIDIA runtime "
+    "(runtimeClassName: nvidia, nvidia.com/gpu limits on Kubernetes), or set "
+    "ENTRYPOINT_DEVICE=cpu"
+)
 
 
 def _stated_variable(plan: Plan) -> str:
@@ -33,16 +35,26 @@ def check_hardware(plan: Plan, env: Mapping[str, str], facts: Facts) -> None:
     have = len(visible or ())
     variable = _stated_variable(plan)
     if have == 0:
-        raise ConfigError(variable, plan.gpus_per_node,
-                          f"promises {plan.gpus_per_node} GPUs but this container sees none ({how})",
-                          _FIX_NO_GPU)
+        raise ConfigError(
+            variable,
+            plan.gpus_per_node,
+            f"promises {plan.gpus_per_node} GPUs but this container sees none ({how})",
+            _FIX_NO_GPU,
+        )
     if plan.gpus_per_node > have:
-        raise ConfigError(variable, plan.gpus_per_node,
-                          f"asks for {plan.gpus_per_node} GPUs but this node has {have} ({how})",
-                          f"Ask for at most {have} per node; a 2 x 8 job is not 1 x 16")
+        raise ConfigError(
+            variable,
+            plan.gpus_per_node,
+            f"asks for {plan.gpus_per_node} GPUs but this node has {have} ({how})",
+            f"Ask for at most {have} per node; a 2 x 8 job is not 1 x 16",
+        )
     if not plan.spawn and plan.local_rank is not None and plan.local_rank >= have:
-        raise ConfigError("LOCAL_RANK", plan.local_rank, f"but this node has {have} GPUs ({how})",
-                          "Start at most one task per GPU on each node")
+        raise ConfigError(
+            "LOCAL_RANK",
+            plan.local_rank,
+            f"but this node has {have} GPUs ({how})",
+            "Start at most one task per GPU on each node",
+        )
 
 
 def child_env(plan: Plan, env: Mapping[str, str]) -> dict[str, str]:
@@ -69,8 +81,12 @@ def apply(plan: Plan, run_dir: Path) -> Path:
 def check_command(plan: Plan, env: Mapping[str, str]) -> None:
     program = plan.command[0]
     if shutil.which(program, path=env.get("PATH")) is None and not os.path.exists(program):
-        raise ConfigError("command", program, "is not an executable on PATH",
-                          "Check the trainer command after --, e.g. -- python train.py")
+        raise ConfigError(
+            "command",
+            program,
+            "is not an executable on PATH",
+            "Check the trainer command after --, e.g. -- python train.py",
+        )
 
 
 def plan_from_file(path: str) -> dict:

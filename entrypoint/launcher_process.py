@@ -26,13 +26,15 @@ _DIE_WITH_PARENT = (
     "    os.execvp(sys.argv[2], sys.argv[2:])\n"
     "except OSError as err:\n"
     "    print(f'entrypoint: cannot start {sys.argv[2]}: {err.strerror}', file=sys.stderr)\n"
-    "    os._exit(127)\n")
+    "    os._exit(127)\n"
+)
 _TAIL_LINES = 400  # the launcher's stderr lines kept for the failure summary
 
 
 @dataclass
 class Launch:
     """One start of the launcher, and how to reach its workers."""
+
     process: subprocess.Popen
     spawns_workers: bool  # torchrun/accelerate: the ranks are its children
     tail: collections.deque  # the launcher's last stderr lines
@@ -98,18 +100,29 @@ def _kept_lines(stream: IO[bytes], tail: collections.deque) -> Iterable[str]:
         yield line
 
 
-def start(plan: Plan, env: Mapping[str, str], generation: int,
-          echo: Callable[[str], None]) -> Launch:
+def start(
+    plan: Plan, env: Mapping[str, str], generation: int, echo: Callable[[str], None]
+) -> Launch:
     """Start the plan's launcher, its stderr relayed to `echo` by a thread of its own."""
     tail: collections.deque = collections.deque(maxlen=_TAIL_LINES)
     child_env = dict(env) | {"ENTRYPOINT_RESTART_COUNT": str(generation)}
     process = subprocess.Popen(
         [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *plan.command],
-        env=child_env, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        env=child_env,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
     stderr = process.stderr
     assert stderr is not None  # stderr=PIPE
-    pumping = threading.Thread(target=relay, args=(_kept_lines(stderr, tail), echo),
-                               daemon=True, name="launcher-stderr")
+    pumping = threading.Thread(
+        target=relay, args=(_kept_lines(stderr, tail), echo), daemon=True, name="launcher-stderr"
+    )
     pumping.start()
-    return Launch(process, plan.launcher in ("torchrun", "accelerate"), tail, time.monotonic(),
-                  tuple(plan.command), pumping)
+    return Launch(
+        process,
+        plan.launcher in ("torchrun", "accelerate"),
+        tail,
+        time.monotonic(),
+        tuple(plan.command),
+        pumping,
+    )

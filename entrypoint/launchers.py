@@ -70,8 +70,7 @@ class Launch:
     sources: dict[str, str] = field(default_factory=dict)
 
 
-def choose(settings: Settings, spawn: bool, builtin_jax: bool,
-           sources: dict[str, str]) -> Launcher:
+def choose(settings: Settings, spawn: bool, builtin_jax: bool, sources: dict[str, str]) -> Launcher:
     """ENTRYPOINT_LAUNCHER, else jax for the built-in JAX job, else by who starts processes."""
     if settings.launcher == "auto" and builtin_jax:
         sources["launcher"] = f"the built-in JAX job ({PREFIX}JOB=jax)"
@@ -80,29 +79,40 @@ def choose(settings: Settings, spawn: bool, builtin_jax: bool,
         launcher = Launcher(settings.launcher)
         sources["launcher"] = f"env {PREFIX}LAUNCHER"
         if launcher.spawns and not spawn:
-            raise ConfigError(f"{PREFIX}LAUNCHER", settings.launcher,
-                              "the platform already started one process per GPU, nothing to "
-                              "spawn", f"Unset {PREFIX}LAUNCHER, or start one task per node")
+            raise ConfigError(
+                f"{PREFIX}LAUNCHER",
+                settings.launcher,
+                "the platform already started one process per GPU, nothing to spawn",
+                f"Unset {PREFIX}LAUNCHER, or start one task per node",
+            )
         return launcher
-    sources["launcher"] = ("default: torchrun spawns the workers" if spawn
-                           else "default: the platform started every process; exec directly")
+    sources["launcher"] = (
+        "default: torchrun spawns the workers"
+        if spawn
+        else "default: the platform started every process; exec directly"
+    )
     return Launcher.TORCHRUN if spawn else Launcher.DIRECT
 
 
-def preflight(trainer: tuple[str, ...], settings: Settings, launcher: Launcher,
-              sources: dict[str, str]) -> tuple[str, ...]:
+def preflight(
+    trainer: tuple[str, ...], settings: Settings, launcher: Launcher, sources: dict[str, str]
+) -> tuple[str, ...]:
     """ENTRYPOINT_PREFLIGHT_ALLREDUCE: each worker measures all-reduce bandwidth, then execs
     the trainer in the same process. Only torchrun's agent store outlives that measurement."""
     if not settings.preflight_allreduce or tuple(trainer[:3]) == ALLREDUCE:
         return trainer
     if not launcher.spawns:
-        raise ConfigError(f"{PREFIX}PREFLIGHT_ALLREDUCE", "true",
-                          "measures in the workers torchrun starts, then execs the trainer in "
-                          f"them; the {launcher} launcher starts no torchrun",
-                          "Unset it, and measure the nodes first with `entrypoint doctor "
-                          "--allreduce`")
-    sources["preflight_allreduce"] = (f"env {PREFIX}PREFLIGHT_ALLREDUCE: each worker measures "
-                                      "all-reduce bandwidth, then execs the trainer")
+        raise ConfigError(
+            f"{PREFIX}PREFLIGHT_ALLREDUCE",
+            "true",
+            "measures in the workers torchrun starts, then execs the trainer in "
+            f"them; the {launcher} launcher starts no torchrun",
+            "Unset it, and measure the nodes first with `entrypoint doctor --allreduce`",
+        )
+    sources["preflight_allreduce"] = (
+        f"env {PREFIX}PREFLIGHT_ALLREDUCE: each worker measures "
+        "all-reduce bandwidth, then execs the trainer"
+    )
     return (*ALLREDUCE, "--then", *trainer)
 
 
@@ -127,18 +137,28 @@ def torchrun(layout: Layout, trainer: Sequence[str]) -> Launch:
         rendezvous, env, port = ["--standalone"], {}, None
         sources = {"master_port": "torchrun --standalone picks a free port"}
     else:
-        rendezvous = [f"--master-addr={layout.master_addr}",
-                      f"--master-port={layout.master_port}"]
+        rendezvous = [f"--master-addr={layout.master_addr}", f"--master-port={layout.master_port}"]
         env, port, sources = {"MASTER_PORT": str(layout.master_port)}, layout.master_port, {}
-    command = (layout.python, "-m", "torch.distributed.run", f"--nnodes={layout.nnodes}",
-               f"--node-rank={layout.node_rank}", f"--nproc-per-node={layout.nproc_per_node}",
-               *rendezvous, "--max-restarts=0", f"--log-dir={layout.run_dir}/logs",
-               "--redirects=2", "--tee=2", *script_args(trainer, layout.python))
+    command = (
+        layout.python,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={layout.nnodes}",
+        f"--node-rank={layout.node_rank}",
+        f"--nproc-per-node={layout.nproc_per_node}",
+        *rendezvous,
+        "--max-restarts=0",
+        f"--log-dir={layout.run_dir}/logs",
+        "--redirects=2",
+        "--tee=2",
+        *script_args(trainer, layout.python),
+    )
     return Launch(command, env, {}, port, sources)
 
 
-def accelerate(layout: Layout, trainer: Sequence[str], config: Config,
-               deepspeed: Mapping[str, object] | None) -> Launch:
+def accelerate(
+    layout: Layout, trainer: Sequence[str], config: Config, deepspeed: Mapping[str, object] | None
+) -> Launch:
     path = f"{layout.run_dir}/accelerate.yaml"
     args = list(trainer) if trainer[0].endswith(".py") else script_args(trainer, layout.python)
     files = {path: accelerate_yaml(layout, config)}
@@ -149,10 +169,14 @@ def accelerate(layout: Layout, trainer: Sequence[str], config: Config,
         files[accelerate_deepspeed(layout)] = json.dumps(kept, indent=2) + "\n"
     return Launch(
         (layout.python, "-m", "accelerate.commands.launch", "--config_file", path, *args),
-        {"MASTER_PORT": str(layout.master_port), "ENTRYPOINT_ACCELERATE_CONFIG": path}, files,
+        {"MASTER_PORT": str(layout.master_port), "ENTRYPOINT_ACCELERATE_CONFIG": path},
+        files,
         layout.master_port,
-        {"accelerate.yaml": "the config's accelerate settings, this cluster's numbers; its "
-                            "DeepSpeed config without optimizer and scheduler (the trainer's own)"})
+        {
+            "accelerate.yaml": "the config's accelerate settings, this cluster's numbers; its "
+            "DeepSpeed config without optimizer and scheduler (the trainer's own)"
+        },
+    )
 
 
 def accelerate_deepspeed(layout: Layout) -> str:
@@ -162,14 +186,23 @@ def accelerate_deepspeed(layout: Layout) -> str:
 def accelerate_yaml(layout: Layout, config: Config) -> str:
     """accelerate's config for this node: the config's own settings, the cluster's numbers."""
     body = dict(config.accelerate)
-    body["deepspeed_config"] = dict(body.get("deepspeed_config", {}),
-                                    deepspeed_config_file=accelerate_deepspeed(layout))
-    body |= {"num_machines": layout.nnodes, "machine_rank": layout.node_rank,
-             "num_processes": layout.world_size, "main_process_ip": layout.master_addr,
-             "main_process_port": layout.master_port, "rdzv_backend": "static"}
+    body["deepspeed_config"] = dict(
+        body.get("deepspeed_config", {}), deepspeed_config_file=accelerate_deepspeed(layout)
+    )
+    body |= {
+        "num_machines": layout.nnodes,
+        "machine_rank": layout.node_rank,
+        "num_processes": layout.world_size,
+        "main_process_ip": layout.master_addr,
+        "main_process_port": layout.master_port,
+        "rdzv_backend": "static",
+    }
     # JSON is YAML: no YAML library needed, and every string comes out quoted.
-    return ("# Written by the entrypoint for this node; do not edit.\n"
-            + json.dumps(body, indent=2, sort_keys=True) + "\n")
+    return (
+        "# Written by the entrypoint for this node; do not edit.\n"
+        + json.dumps(body, indent=2, sort_keys=True)
+        + "\n"
+    )
 
 
 def worker(layout: Layout, trainer: Sequence[str]) -> Launch:
@@ -182,25 +215,37 @@ def worker(layout: Layout, trainer: Sequence[str]) -> Launch:
     rank = layout.node_rank if layout.spawn else layout.rank
     local_rank = 0 if layout.spawn else layout.local_rank
     host = f"[{layout.master_addr}]" if ":" in layout.master_addr else layout.master_addr
-    out = {"MASTER_PORT": str(layout.master_port), "RANK": str(rank),
-           "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(layout.world_size),
-           "LOCAL_WORLD_SIZE": str(layout.nproc_per_node), "NODE_RANK": str(layout.node_rank),
-           "JAX_COORDINATOR_ADDRESS": f"{host}:{layout.master_port}",
-           "JAX_NUM_PROCESSES": str(layout.world_size), "JAX_PROCESS_ID": str(rank)}
+    out = {
+        "MASTER_PORT": str(layout.master_port),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(layout.world_size),
+        "LOCAL_WORLD_SIZE": str(layout.nproc_per_node),
+        "NODE_RANK": str(layout.node_rank),
+        "JAX_COORDINATOR_ADDRESS": f"{host}:{layout.master_port}",
+        "JAX_NUM_PROCESSES": str(layout.world_size),
+        "JAX_PROCESS_ID": str(rank),
+    }
     sources: dict[str, str] = {}
     if layout.cuda_visible is not None:
         ids = range(layout.gpus_per_node) if layout.spawn else [local_rank]
         out["JAX_LOCAL_DEVICE_IDS"] = ",".join(str(i) for i in ids)
-        sources["JAX_LOCAL_DEVICE_IDS"] = ("every GPU of this node" if layout.spawn
-                                           else "this process's LOCAL_RANK")
+        sources["JAX_LOCAL_DEVICE_IDS"] = (
+            "every GPU of this node" if layout.spawn else "this process's LOCAL_RANK"
+        )
     command = list(trainer)
     if command[0] == "python":
         command[0] = layout.python
     return Launch(tuple(command), out, {}, layout.master_port, sources)
 
 
-def build(launcher: Launcher, layout: Layout, trainer: Sequence[str], config: Config,
-          deepspeed: Mapping[str, object] | None) -> Launch:
+def build(
+    launcher: Launcher,
+    layout: Layout,
+    trainer: Sequence[str],
+    config: Config,
+    deepspeed: Mapping[str, object] | None,
+) -> Launch:
     if launcher is Launcher.TORCHRUN:
         return torchrun(layout, trainer)
     if launcher is Launcher.ACCELERATE:
@@ -208,25 +253,31 @@ def build(launcher: Launcher, layout: Layout, trainer: Sequence[str], config: Co
     return worker(layout, trainer)
 
 
-def timeouts(env: Mapping[str, str], settings: Settings, launcher: Launcher,
-             sources: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+def timeouts(
+    env: Mapping[str, str], settings: Settings, launcher: Launcher, sources: dict[str, str]
+) -> tuple[dict[str, str], list[str]]:
     """One collective timeout for every library, so that a stuck rank surfaces in a known time
     and no library's own default (DeepSpeed 0.19: 10 min; accelerate: 30 min on gloo) comes
     back silently. Node loss does not wait for these: the entrypoints' heartbeats catch it."""
     seconds = settings.collective_timeout
     out = {"ENTRYPOINT_COLLECTIVE_TIMEOUT": str(seconds)}
     sources["ENTRYPOINT_COLLECTIVE_TIMEOUT"] = (
-        f"env {PREFIX}COLLECTIVE_TIMEOUT" if "collective_timeout" in settings.model_fields_set
-        else f"default {seconds} s")
+        f"env {PREFIX}COLLECTIVE_TIMEOUT"
+        if "collective_timeout" in settings.model_fields_set
+        else f"default {seconds} s"
+    )
     warnings = []
     if "DEEPSPEED_TIMEOUT" in env:
         sources["DEEPSPEED_TIMEOUT"] = "env DEEPSPEED_TIMEOUT (set by you, kept)"
     else:  # DeepSpeed reads it in minutes (deepspeed/constants.py default_pg_timeout)
         out["DEEPSPEED_TIMEOUT"] = str(-(-seconds // 60))
-        sources["DEEPSPEED_TIMEOUT"] = (f"{PREFIX}COLLECTIVE_TIMEOUT in minutes "
-                                        "(DeepSpeed's own: 10)")
+        sources["DEEPSPEED_TIMEOUT"] = (
+            f"{PREFIX}COLLECTIVE_TIMEOUT in minutes (DeepSpeed's own: 10)"
+        )
     if launcher is Launcher.ACCELERATE:
-        warnings.append("accelerate's process-group timeout is 1800 s on gloo (600 s on NCCL) "
-                        "unless the trainer passes InitProcessGroupKwargs(timeout=...): read "
-                        "ENTRYPOINT_COLLECTIVE_TIMEOUT from the environment there")
+        warnings.append(
+            "accelerate's process-group timeout is 1800 s on gloo (600 s on NCCL) "
+            "unless the trainer passes InitProcessGroupKwargs(timeout=...): read "
+            "ENTRYPOINT_COLLECTIVE_TIMEOUT from the environment there"
+        )
     return out, warnings

@@ -31,6 +31,7 @@ CPU_WORKERS = 2  # CPU nodes: more than the entrypoint's default of 1, so each n
 @dataclass(frozen=True)
 class Layout:
     """How many nodes, and what each gets: GPUs (host indices, per node) or CPU workers."""
+
     nnodes: int
     gpus_per_node: int
     workers: int | None  # None: the entrypoint's default (one per GPU; one process for JAX)
@@ -43,52 +44,88 @@ class Layout:
         return "cuda" if self.gpus_per_node else "cpu"
 
 
-def layout(*, nnodes: int, gpus_per_node: int | None, workers: int | None, job: str,
-           host_gpus: int, gpu_probe: str) -> Layout:
+def layout(
+    *,
+    nnodes: int,
+    gpus_per_node: int | None,
+    workers: int | None,
+    job: str,
+    host_gpus: int,
+    gpu_probe: str,
+) -> Layout:
     """Check the request against this machine and split its GPUs; raises ConfigError."""
     if nnodes < 1:
-        raise ConfigError("--nodes", nnodes, "must be 1 or more",
-                          "Pass --nodes 2 for two node containers")
+        raise ConfigError(
+            "--nodes", nnodes, "must be 1 or more", "Pass --nodes 2 for two node containers"
+        )
     if gpus_per_node is not None and gpus_per_node < 0:
-        raise ConfigError("--gpus-per-node", gpus_per_node, "must be 0 or more",
-                          "Pass --gpus-per-node 0 for CPU workers")
+        raise ConfigError(
+            "--gpus-per-node",
+            gpus_per_node,
+            "must be 0 or more",
+            "Pass --gpus-per-node 0 for CPU workers",
+        )
     if workers is not None and workers < 1:
-        raise ConfigError("--workers", workers, "must be 1 or more",
-                          "Pass --workers 2, or leave it out")
+        raise ConfigError(
+            "--workers", workers, "must be 1 or more", "Pass --workers 2, or leave it out"
+        )
     if job == "jax" and workers is not None:
-        raise ConfigError("--workers", workers, "the JAX job runs one process per node, owning its "
-                          "devices", "Leave --workers out with --job jax")
+        raise ConfigError(
+            "--workers",
+            workers,
+            "the JAX job runs one process per node, owning its devices",
+            "Leave --workers out with --job jax",
+        )
     if gpus_per_node is None:  # default: an even share of this machine's GPUs, else CPU
         gpus_per_node = host_gpus // nnodes
-        why = (f"{host_gpus} GPUs here ({gpu_probe}), {gpus_per_node} per node" if host_gpus
-               else f"no GPU here ({gpu_probe}): CPU workers")
+        why = (
+            f"{host_gpus} GPUs here ({gpu_probe}), {gpus_per_node} per node"
+            if host_gpus
+            else f"no GPU here ({gpu_probe}): CPU workers"
+        )
     else:
         why = f"--gpus-per-node {gpus_per_node}; {host_gpus} GPUs here ({gpu_probe})"
     if nnodes * gpus_per_node > host_gpus:
-        raise ConfigError("--gpus-per-node", gpus_per_node,
-                          f"{nnodes} nodes x {gpus_per_node} GPUs need {nnodes * gpus_per_node} "
-                          f"but this machine has {host_gpus} ({gpu_probe})",
-                          "Use fewer nodes or GPUs per node, or --gpus-per-node 0 for CPU workers")
+        raise ConfigError(
+            "--gpus-per-node",
+            gpus_per_node,
+            f"{nnodes} nodes x {gpus_per_node} GPUs need {nnodes * gpus_per_node} "
+            f"but this machine has {host_gpus} ({gpu_probe})",
+            "Use fewer nodes or GPUs per node, or --gpus-per-node 0 for CPU workers",
+        )
     if workers is None and gpus_per_node == 0 and job != "jax":
         workers = CPU_WORKERS
-    gpu_ids = tuple(tuple(str(i) for i in range(n * gpus_per_node, (n + 1) * gpus_per_node))
-                    for n in range(nnodes))
+    gpu_ids = tuple(
+        tuple(str(i) for i in range(n * gpus_per_node, (n + 1) * gpus_per_node))
+        for n in range(nnodes)
+    )
     return Layout(nnodes, gpus_per_node, workers, job, gpu_ids, why)
 
 
-def nodes(plan: Layout, name, *, env: Mapping[str, str] = {},  # noqa: B006 - read only
-          command: Sequence[str] | None = None, tty: bool = False,
-          token: str | None = None) -> list[Node]:
+def nodes(
+    plan: Layout,
+    name,
+    *,
+    env: Mapping[str, str] = {},  # noqa: B006 - read only
+    command: Sequence[str] | None = None,
+    tty: bool = False,
+    token: str | None = None,
+) -> list[Node]:
     """The node containers: `name(i)` is node i's host name; node 0 is the master. `env` (the
     user's -e) wins over what is set here. The job is named after node 0 and, with `token`
     (a fresh one per run), its nodes prove it at the join (entrypoint.control)."""
     from entrypoint.cluster import Node
 
     master = name(0)
-    common = {"NNODES": str(plan.nnodes), "MASTER_ADDR": master, "MASTER_PORT": MASTER_PORT,
-              # every node's lines, readable when a person watches: what `local` is for
-              "ENTRYPOINT_LOG_ALL_NODES": "true", "PYTHONUNBUFFERED": "1",
-              "ENTRYPOINT_JOB_ID": master}
+    common = {
+        "NNODES": str(plan.nnodes),
+        "MASTER_ADDR": master,
+        "MASTER_PORT": MASTER_PORT,
+        # every node's lines, readable when a person watches: what `local` is for
+        "ENTRYPOINT_LOG_ALL_NODES": "true",
+        "PYTHONUNBUFFERED": "1",
+        "ENTRYPOINT_JOB_ID": master,
+    }
     if token:
         common["ENTRYPOINT_JOB_TOKEN"] = token
     if plan.gpus_per_node:
@@ -103,10 +140,20 @@ def nodes(plan: Layout, name, *, env: Mapping[str, str] = {},  # noqa: B006 - re
         common["ENTRYPOINT_NPROC_PER_NODE"] = str(plan.workers)
     # The image sets NVIDIA_VISIBLE_DEVICES=all: where the NVIDIA runtime is the default one, a
     # node would see every GPU of the machine unless told its own ("void": none).
-    return [Node(name(rank), common | {"NODE_RANK": str(rank), "NVIDIA_VISIBLE_DEVICES":
-                                       ",".join(plan.gpu_ids[rank]) or "void"} | dict(env),
-                 command=("run", "--", *command) if command else None, gpus=plan.gpu_ids[rank])
-            for rank in range(plan.nnodes)]
+    return [
+        Node(
+            name(rank),
+            common
+            | {
+                "NODE_RANK": str(rank),
+                "NVIDIA_VISIBLE_DEVICES": ",".join(plan.gpu_ids[rank]) or "void",
+            }
+            | dict(env),
+            command=("run", "--", *command) if command else None,
+            gpus=plan.gpu_ids[rank],
+        )
+        for rank in range(plan.nnodes)
+    ]
 
 
 def summary(results: list[dict], nnodes: int, seconds: float) -> list[str]:
@@ -114,12 +161,16 @@ def summary(results: list[dict], nnodes: int, seconds: float) -> list[str]:
     lines = ["", "local: every worker's report (<output>/results/rank<R>.json):"]
     for r in results:
         writer = "  wrote the checkpoint" if r["checkpoint_writer"] else ""
-        lines.append(f"  rank {r['rank']} of {r['world_size']} on {r['node']} (node "
-                     f"{r['node_rank']}, local rank {r['local_rank']}){writer}")
+        lines.append(
+            f"  rank {r['rank']} of {r['world_size']} on {r['node']} (node "
+            f"{r['node_rank']}, local rank {r['local_rank']}){writer}"
+        )
     first = results[0]
-    lines.append(f"local: {first['job']} on {nnodes} nodes x {len(results) // nnodes} workers, "
-                 f"{first['steps']} steps in {seconds:.0f} s; final loss {first['final_loss']:.4f} "
-                 f"(first {first['first_loss']:.4f})")
+    lines.append(
+        f"local: {first['job']} on {nnodes} nodes x {len(results) // nnodes} workers, "
+        f"{first['steps']} steps in {seconds:.0f} s; final loss {first['final_loss']:.4f} "
+        f"(first {first['first_loss']:.4f})"
+    )
     return lines
 
 
@@ -146,33 +197,66 @@ def _env_pairs(pairs: Sequence[str]) -> dict[str, str]:
 def add_parser(sub) -> argparse.ArgumentParser:
     """The `local` subcommand, for the CLI's parser."""
     p = sub.add_parser(
-        "local", help="run a job as N node containers on this machine (needs Docker)",
+        "local",
+        help="run a job as N node containers on this machine (needs Docker)",
         description="Start N node containers of the image on this machine, on a private Docker "
-                    "network, as hand-started nodes (NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT); "
-                    "give each its share of the GPUs, or CPU workers; stream their logs prefixed "
-                    "by node; remove everything at the end or on Ctrl-C. Exit 0 when every node "
-                    "exited 0, 1 when one failed, 2 on bad input. Needs the Docker SDK: "
-                    "pip install 'multinode-entrypoint[local]'.")
+        "network, as hand-started nodes (NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT); "
+        "give each its share of the GPUs, or CPU workers; stream their logs prefixed "
+        "by node; remove everything at the end or on Ctrl-C. Exit 0 when every node "
+        "exited 0, 1 when one failed, 2 on bad input. Needs the Docker SDK: "
+        "pip install 'multinode-entrypoint[local]'.",
+    )
     p.add_argument("--nodes", type=int, required=True, metavar="N", help="node containers")
-    p.add_argument("--gpus-per-node", type=int, metavar="G",
-                   help="GPUs per node, node i gets GPUs i*G..i*G+G-1 (default: an even share of "
-                        "this machine's GPUs; 0: CPU)")
-    p.add_argument("--workers", type=int, metavar="W",
-                   help=f"workers per node (default: one per GPU; {CPU_WORKERS} on CPU)")
-    p.add_argument("--image", default=os.environ.get("IMAGE", "multinode:dev"),
-                   help="the image (default: $IMAGE, else multinode:dev)")
-    p.add_argument("--job", choices=("deepspeed", "jax"), default="deepspeed",
-                   help="the built-in job when no command is given (default deepspeed)")
-    p.add_argument("-e", "--env", action="append", default=[], metavar="VAR=VALUE",
-                   help="set a variable on every node, e.g. -e ENTRYPOINT_JOB_STEPS=40 "
-                        "(repeatable)")
-    p.add_argument("--timeout", type=float, default=0, metavar="SECONDS",
-                   help="kill the nodes after this long (default 0: no limit)")
-    p.add_argument("--results", metavar="DIR",
-                   help="copy every worker's report (<output>/results/rank<R>.json in its node) "
-                        "to DIR before the containers are removed")
-    p.add_argument("trainer", nargs=argparse.REMAINDER,
-                   help="-- CMD ARGS...: run this on every node (default: the built-in job)")
+    p.add_argument(
+        "--gpus-per-node",
+        type=int,
+        metavar="G",
+        help="GPUs per node, node i gets GPUs i*G..i*G+G-1 (default: an even share of "
+        "this machine's GPUs; 0: CPU)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="W",
+        help=f"workers per node (default: one per GPU; {CPU_WORKERS} on CPU)",
+    )
+    p.add_argument(
+        "--image",
+        default=os.environ.get("IMAGE", "multinode:dev"),
+        help="the image (default: $IMAGE, else multinode:dev)",
+    )
+    p.add_argument(
+        "--job",
+        choices=("deepspeed", "jax"),
+        default="deepspeed",
+        help="the built-in job when no command is given (default deepspeed)",
+    )
+    p.add_argument(
+        "-e",
+        "--env",
+        action="append",
+        default=[],
+        metavar="VAR=VALUE",
+        help="set a variable on every node, e.g. -e ENTRYPOINT_JOB_STEPS=40 (repeatable)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="kill the nodes after this long (default 0: no limit)",
+    )
+    p.add_argument(
+        "--results",
+        metavar="DIR",
+        help="copy every worker's report (<output>/results/rank<R>.json in its node) "
+        "to DIR before the containers are removed",
+    )
+    p.add_argument(
+        "trainer",
+        nargs=argparse.REMAINDER,
+        help="-- CMD ARGS...: run this on every node (default: the built-in job)",
+    )
     return p
 
 
@@ -185,21 +269,34 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
     command = command[1:] if command[:1] == ["--"] else command
     extra = _env_pairs(args.env)
     host_gpus, gpu_probe = probe.gpus()
-    plan = layout(nnodes=args.nodes, gpus_per_node=args.gpus_per_node, workers=args.workers,
-                  job=args.job, host_gpus=len(host_gpus), gpu_probe=gpu_probe)
+    plan = layout(
+        nnodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        workers=args.workers,
+        job=args.job,
+        host_gpus=len(host_gpus),
+        gpu_probe=gpu_probe,
+    )
     docker = sdk()
     try:
         client = docker.from_env(timeout=120)
         client.ping()
     except docker.errors.DockerException as err:
-        raise ConfigError("DOCKER_HOST", env.get("DOCKER_HOST"),
-                          f"no Docker engine answers ({err})",
-                          "Start dockerd, or point DOCKER_HOST at one") from None
+        raise ConfigError(
+            "DOCKER_HOST",
+            env.get("DOCKER_HOST"),
+            f"no Docker engine answers ({err})",
+            "Start dockerd, or point DOCKER_HOST at one",
+        ) from None
     try:
         client.images.get(args.image)
     except docker.errors.ImageNotFound:
-        raise ConfigError("--image", args.image, "no such image on this machine",
-                          "Build it with make image, or pass --image") from None
+        raise ConfigError(
+            "--image",
+            args.image,
+            "no such image on this machine",
+            "Build it with make image, or pass --image",
+        ) from None
     shm = f"{max(1, plan.gpus_per_node)}g"  # at least 1 GB per GPU (docs/IMAGE.md, Run)
     timeout = args.timeout if args.timeout > 0 else float("inf")
 
@@ -207,24 +304,44 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
         print(line, flush=True)
 
     try:
-        with Cluster(args.image, prefix=f"local-{os.urandom(2).hex()}", shm_size=shm, echo=echo,
-                     client=client, output=extra.get("ENTRYPOINT_JOB_OUTPUT", DEFAULT_OUTPUT)
-                     ) as cluster:
-            specs = nodes(plan, lambda rank: cluster.hostname("node", rank), env=extra,
-                          command=command, tty=sys.stdout.isatty(),
-                          token=secrets.token_hex(32))
-            per_node = (f"{plan.workers} {plan.device.upper()} workers" if plan.workers
-                        else f"{plan.gpus_per_node} GPUs" if plan.gpus_per_node else "1 process")
-            echo(f"local: {plan.nnodes} nodes x {per_node} on network {cluster.network_name}, "
-                 f"image {args.image} ({plan.why})")
+        with Cluster(
+            args.image,
+            prefix=f"local-{os.urandom(2).hex()}",
+            shm_size=shm,
+            echo=echo,
+            client=client,
+            output=extra.get("ENTRYPOINT_JOB_OUTPUT", DEFAULT_OUTPUT),
+        ) as cluster:
+            specs = nodes(
+                plan,
+                lambda rank: cluster.hostname("node", rank),
+                env=extra,
+                command=command,
+                tty=sys.stdout.isatty(),
+                token=secrets.token_hex(32),
+            )
+            per_node = (
+                f"{plan.workers} {plan.device.upper()} workers"
+                if plan.workers
+                else f"{plan.gpus_per_node} GPUs"
+                if plan.gpus_per_node
+                else "1 process"
+            )
+            echo(
+                f"local: {plan.nnodes} nodes x {per_node} on network {cluster.network_name}, "
+                f"image {args.image} ({plan.why})"
+            )
             for spec in specs:
                 if spec.gpus:
                     echo(f"local: {spec.name} gets GPUs {','.join(spec.gpus)}")
             try:
                 run = cluster.run(specs, timeout=timeout)
             except docker.errors.APIError as err:  # e.g. a GPU request with no NVIDIA runtime
-                print(f"entrypoint: error: docker: {err.explanation or err}. Check the image and, "
-                      "for GPUs, the NVIDIA container toolkit", file=sys.stderr)
+                print(
+                    f"entrypoint: error: docker: {err.explanation or err}. Check the image and, "
+                    "for GPUs, the NVIDIA container toolkit",
+                    file=sys.stderr,
+                )
                 return EXIT_CONFIG
     except KeyboardInterrupt:
         print("local: interrupted; containers and network removed", file=sys.stderr)

@@ -24,8 +24,12 @@ import structlog
 
 from entrypoint import secrets
 
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-           "error": logging.ERROR}
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 QUEUE_LINES = 10000  # lines held while stderr is slow; beyond this they are dropped, counted
 
 
@@ -40,6 +44,7 @@ def _masker(values: tuple[str, ...]):
                 elif isinstance(value, dict):
                     event_dict[key] = {k: secrets.mask(str(v), values) for k, v in value.items()}
         return event_dict
+
     return processor
 
 
@@ -48,8 +53,9 @@ def _lines_below(_logger, _name, event_dict):
     event, readable; JSON keeps it as a list in the same line."""
     lines = event_dict.pop("traceback", None)
     if lines:
-        event_dict["event"] = str(event_dict.get("event", "")) + "".join(
-            f"\n    {line}" for line in lines) + "\n"
+        event_dict["event"] = (
+            str(event_dict.get("event", "")) + "".join(f"\n    {line}" for line in lines) + "\n"
+        )
     return event_dict
 
 
@@ -79,8 +85,11 @@ class Writer(threading.Thread):
                 self.file = path.open("a", buffering=1)
             except OSError as err:
                 self.file_error = f"{path}: {err.strerror or err}"
-                self.put(f"entrypoint: cannot write the node's log file {self.file_error}; "
-                         "logging to stderr only", to_file=False)
+                self.put(
+                    f"entrypoint: cannot write the node's log file {self.file_error}; "
+                    "logging to stderr only",
+                    to_file=False,
+                )
         self.start()
 
     def put(self, line: str, *, to_file: bool = True) -> None:
@@ -97,8 +106,11 @@ class Writer(threading.Thread):
             try:
                 if self.dropped:
                     count, self.dropped = self.dropped, 0
-                    self._write(f"entrypoint: {count} log line(s) dropped: stderr was not being "
-                                "read fast enough", to_file=True)
+                    self._write(
+                        f"entrypoint: {count} log line(s) dropped: stderr was not being "
+                        "read fast enough",
+                        to_file=True,
+                    )
                 self._write(line, to_file)
             finally:
                 self.queue.task_done()
@@ -107,7 +119,7 @@ class Writer(threading.Thread):
         data = (line + "\n").encode(errors="replace")
         try:
             while data:
-                data = data[os.write(self.fd, data):]
+                data = data[os.write(self.fd, data) :]
         except OSError:
             pass  # stderr closed: nothing to tell it
         if to_file and self.file is not None:
@@ -121,8 +133,11 @@ class Writer(threading.Thread):
                 except OSError:
                     pass
                 self.file = None
-                self._write(f"entrypoint: stopped writing the node's log file "
-                            f"{self.file_error}; logging to stderr only", to_file=False)
+                self._write(
+                    f"entrypoint: stopped writing the node's log file "
+                    f"{self.file_error}; logging to stderr only",
+                    to_file=False,
+                )
 
     def flush(self, timeout: float = 3.0) -> bool:
         """Wait until every queued line is written, at most `timeout` seconds."""
@@ -175,15 +190,24 @@ def console(fmt: str) -> bool:
     return fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
 
 
-def setup(*, node_rank: int | None = None, level: str = "info", fmt: str = "auto",
-          all_nodes: bool = False, log_dir: Path | None = None,
-          secret_values: tuple[str, ...] = ()) -> structlog.stdlib.BoundLogger:
+def setup(
+    *,
+    node_rank: int | None = None,
+    level: str = "info",
+    fmt: str = "auto",
+    all_nodes: bool = False,
+    log_dir: Path | None = None,
+    secret_values: tuple[str, ...] = (),
+) -> structlog.stdlib.BoundLogger:
     global _writer
     quiet = node_rank not in (None, 0) and not all_nodes
     threshold = max(_LEVELS[level], logging.WARNING) if quiet else _LEVELS[level]
     readable = console(fmt)
-    renderer = (structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
-                if readable else structlog.processors.JSONRenderer())
+    renderer = (
+        structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        if readable
+        else structlog.processors.JSONRenderer()
+    )
     path = None if log_dir is None or node_rank is None else log_dir / f"node{node_rank}.log"
     if _writer is None or path != _writer.path:
         if _writer is not None:

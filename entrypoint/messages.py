@@ -39,6 +39,7 @@ class BadMessage(ValueError):
 
 # -- field checks ---------------------------------------------------------------------------
 
+
 def _int(raw: dict, key: str, lo: int, hi: int, default: Any = ...) -> int:
     value = raw.get(key, default)
     if value is ...:
@@ -68,23 +69,28 @@ def _str(raw: dict, key: str, limit: int = 256, default: Any = ...) -> str:
     if value is None and default is None:
         return None  # type: ignore[return-value]
     if type(value) is not str or len(value) > limit:
-        raise BadMessage(f"{key} must be a string of at most {limit} characters, "
-                         f"got {_short(value)}")
+        raise BadMessage(
+            f"{key} must be a string of at most {limit} characters, got {_short(value)}"
+        )
     return value
 
 
 def _hex(raw: dict, key: str, length: int, allow_empty: bool = False) -> str:
     value = _str(raw, key, length, "" if allow_empty else ...)
-    if (value or not allow_empty) and (len(value) != length or
-                                       any(c not in "0123456789abcdef" for c in value)):
+    if (value or not allow_empty) and (
+        len(value) != length or any(c not in "0123456789abcdef" for c in value)
+    ):
         raise BadMessage(f"{key} must be {length} lowercase hex digits")
     return value
 
 
 def _strings(raw: dict, key: str, count: int, limit: int) -> tuple[str, ...]:
     value = raw.get(key, [])
-    if type(value) is not list or len(value) > count or \
-            any(type(v) is not str or len(v) > limit for v in value):
+    if (
+        type(value) is not list
+        or len(value) > count
+        or any(type(v) is not str or len(v) > limit for v in value)
+    ):
         raise BadMessage(f"{key} must be a list of at most {count} strings")
     return tuple(value)
 
@@ -103,10 +109,25 @@ def _short(value: Any) -> str:
 
 # -- the fingerprint and the stats a beat carries ---------------------------------------------
 
-_FP_TEXT = ("image_lock", "image_revision", "python", "torch", "jax", "deepspeed", "nccl",
-            "gpu_model")
-LAYOUT_FIELDS = ("nnodes", "node_rank", "nproc_per_node", "world_size", "master_addr",
-                 "master_port", "launcher")
+_FP_TEXT = (
+    "image_lock",
+    "image_revision",
+    "python",
+    "torch",
+    "jax",
+    "deepspeed",
+    "nccl",
+    "gpu_model",
+)
+LAYOUT_FIELDS = (
+    "nnodes",
+    "node_rank",
+    "nproc_per_node",
+    "world_size",
+    "master_addr",
+    "master_port",
+    "launcher",
+)
 
 
 def check_fingerprint(raw: Any) -> dict:
@@ -120,9 +141,14 @@ def check_fingerprint(raw: Any) -> dict:
     fp["cuda_driver"] = driver
     fp["gpus_per_node"] = _int(raw, "gpus_per_node", 0, 1 << 16)
     pkgs = raw.get("packages")
-    if type(pkgs) is not dict or len(pkgs) > 20_000 or any(
+    if (
+        type(pkgs) is not dict
+        or len(pkgs) > 20_000
+        or any(
             type(k) is not str or type(v) is not str or len(k) > 256 or len(v) > 256
-            for k, v in pkgs.items()):
+            for k, v in pkgs.items()
+        )
+    ):
         raise BadMessage("fingerprint.packages must map at most 20000 names to versions")
     fp["packages"] = pkgs
     data = raw.get("data")
@@ -131,9 +157,11 @@ def check_fingerprint(raw: Any) -> dict:
             raise BadMessage("fingerprint.data must be an object or null")
         fp["data"] = {"path": _str(data, "path", 4096), "exists": data.get("exists") is True}
         if fp["data"]["exists"]:
-            fp["data"] |= {"files": _int(data, "files", 0, 1 << 62),
-                           "bytes": _int(data, "bytes", 0, 1 << 62),
-                           "partial": data.get("partial") is True}
+            fp["data"] |= {
+                "files": _int(data, "files", 0, 1 << 62),
+                "bytes": _int(data, "bytes", 0, 1 << 62),
+                "partial": data.get("partial") is True,
+            }
     else:
         fp["data"] = None
     layout = raw.get("layout")
@@ -161,9 +189,16 @@ def check_stats(raw: Any) -> dict:
         gpus = raw["gpus"]
         if type(gpus) is not list or len(gpus) > 1024 or any(type(g) is not dict for g in gpus):
             raise BadMessage("stats.gpus must be a list of at most 1024 objects")
-        return {"gpus": [{"util": _float(g, "util"), "mem_used_mib": _int(g, "mem_used_mib", 0,
-                                                                          1 << 40),
-                          "mem_total_mib": _int(g, "mem_total_mib", 0, 1 << 40)} for g in gpus]}
+        return {
+            "gpus": [
+                {
+                    "util": _float(g, "util"),
+                    "mem_used_mib": _int(g, "mem_used_mib", 0, 1 << 40),
+                    "mem_total_mib": _int(g, "mem_total_mib", 0, 1 << 40),
+                }
+                for g in gpus
+            ]
+        }
     if "load" in raw:
         return {"load": _float(raw, "load")}
     return {}
@@ -175,15 +210,18 @@ def check_failure(raw: Any) -> dict | None:
         return None
     if type(raw) is not dict:
         raise BadMessage("failure must be an object or null")
-    return {"rank": _int(raw, "rank", 0, 1 << 30, None),
-            "local_rank": _int(raw, "local_rank", 0, 1 << 16, None),
-            "exitcode": _int(raw, "exitcode", -255, 255, None),
-            "tail": list(_strings(raw, "tail", 100, 4096)),
-            "time": _float(raw, "time", None),
-            "killed": _str(raw, "killed", 1024, "") or ""}
+    return {
+        "rank": _int(raw, "rank", 0, 1 << 30, None),
+        "local_rank": _int(raw, "local_rank", 0, 1 << 16, None),
+        "exitcode": _int(raw, "exitcode", -255, 255, None),
+        "tail": list(_strings(raw, "tail", 100, 4096)),
+        "time": _float(raw, "time", None),
+        "killed": _str(raw, "killed", 1024, "") or "",
+    }
 
 
 # -- messages -------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Message:
@@ -205,6 +243,7 @@ class Message:
 @dataclass(frozen=True)
 class Hello(Message):
     """A node joins (and again after a restart): who it is, its fingerprint, its proof."""
+
     kind: ClassVar[str] = "hello"
     member: int
     host: str
@@ -228,11 +267,19 @@ class Hello(Message):
         auth = _str(raw, "auth", 32)
         if auth not in (AUTH_NONE, AUTH_HMAC):
             raise BadMessage(f"auth must be {AUTH_NONE} or {AUTH_HMAC}")
-        return cls(member=member, host=host, fingerprint=check_fingerprint(raw.get("fingerprint")),
-                   time=_float(raw, "time"), node_rank=_int(raw, "node_rank", 0, MAX_MEMBER),
-                   generation=_int(raw, "generation", 0, 1 << 30), protocol=protocol,
-                   job=_str(raw, "job", 512), auth=auth, nonce=_hex(raw, "nonce", 32),
-                   proof=_hex(raw, "proof", 64, allow_empty=True))
+        return cls(
+            member=member,
+            host=host,
+            fingerprint=check_fingerprint(raw.get("fingerprint")),
+            time=_float(raw, "time"),
+            node_rank=_int(raw, "node_rank", 0, MAX_MEMBER),
+            generation=_int(raw, "generation", 0, 1 << 30),
+            protocol=protocol,
+            job=_str(raw, "job", 512),
+            auth=auth,
+            nonce=_hex(raw, "nonce", 32),
+            proof=_hex(raw, "proof", 64, allow_empty=True),
+        )
 
 
 @dataclass(frozen=True)
@@ -248,6 +295,7 @@ class Beat(Message):
 @dataclass(frozen=True)
 class Exit(Message):
     """A node's launcher ended: its code, the signal that stopped it, the failing rank."""
+
     kind: ClassVar[str] = "exit"
     code: int
     signal: int | None = None
@@ -256,14 +304,18 @@ class Exit(Message):
 
     @classmethod
     def from_wire(cls, raw: dict) -> Exit:
-        return cls(code=_int(raw, "code", 0, 255), signal=_signal_number(raw, "signal", None),
-                   failure=check_failure(raw.get("failure")),
-                   reason=_str(raw, "reason", 4096, None))
+        return cls(
+            code=_int(raw, "code", 0, 255),
+            signal=_signal_number(raw, "signal", None),
+            failure=check_failure(raw.get("failure")),
+            reason=_str(raw, "reason", 4096, None),
+        )
 
 
 @dataclass(frozen=True)
 class Signal(Message):
     """A node received a signal (node -> node 0), or node 0 passes it on (with the reason)."""
+
     kind: ClassVar[str] = "signal"
     signal: int
     reason: str = ""
@@ -283,8 +335,12 @@ class Challenge(Message):
 
     @classmethod
     def from_wire(cls, raw: dict) -> Challenge:
-        return cls(nonce=_hex(raw, "nonce", 32), job=_str(raw, "job", 512),
-                   auth=_str(raw, "auth", 32), protocol=_int(raw, "protocol", 0, 1 << 30))
+        return cls(
+            nonce=_hex(raw, "nonce", 32),
+            job=_str(raw, "job", 512),
+            auth=_str(raw, "auth", 32),
+            protocol=_int(raw, "protocol", 0, 1 << 30),
+        )
 
 
 @dataclass(frozen=True)
@@ -321,6 +377,7 @@ class Go(Message):
 @dataclass(frozen=True)
 class Stop(Message):
     """The job ends with `code`; `signal`: a node received it, the others pass it on."""
+
     kind: ClassVar[str] = "stop"
     code: int
     reason: str
@@ -328,8 +385,11 @@ class Stop(Message):
 
     @classmethod
     def from_wire(cls, raw: dict) -> Stop:
-        return cls(_int(raw, "code", 0, 255), _str(raw, "reason", 1 << 16),
-                   _signal_number(raw, "signal", None))
+        return cls(
+            _int(raw, "code", 0, 255),
+            _str(raw, "reason", 1 << 16),
+            _signal_number(raw, "signal", None),
+        )
 
 
 @dataclass(frozen=True)
@@ -352,11 +412,14 @@ class Done(Message):
         return cls()
 
 
-KINDS: dict[str, type[Message]] = {m.kind: m for m in (
-    Hello, Beat, Exit, Signal, Challenge, Welcome, Refuse, Go, Stop, Restart, Done)}
+KINDS: dict[str, type[Message]] = {
+    m.kind: m
+    for m in (Hello, Beat, Exit, Signal, Challenge, Welcome, Refuse, Go, Stop, Restart, Done)
+}
 FROM_NODES = frozenset({"hello", "beat", "exit", "signal"})
-FROM_NODE_0 = frozenset({"challenge", "welcome", "refuse", "go", "stop", "restart", "signal",
-                         "beat", "done"})
+FROM_NODE_0 = frozenset(
+    {"challenge", "welcome", "refuse", "go", "stop", "restart", "signal", "beat", "done"}
+)
 
 
 def _no_constant(name: str):
@@ -391,6 +454,7 @@ def encode(message: Message) -> bytes:
 
 
 # -- the handshake's proofs -----------------------------------------------------------------
+
 
 def proof(token: bytes, *parts: str) -> str:
     """HMAC-SHA256 of the parts under the job's token: proves the token without sending it."""

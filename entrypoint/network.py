@@ -21,13 +21,14 @@ def choose_interface(facts: Facts, settings: Settings) -> tuple[str | None, str]
         return route, f"probe: routes to the master ({facts.master_ip})"
     default = facts.default_route
     if default and not is_local_only(default):
-        why = ("the master is this node" if route else "the master's name did not resolve yet")
+        why = "the master is this node" if route else "the master's name did not resolve yet"
         return default, f"probe: default route ({why})"
     return None, "probe: no interface other than loopback or a container bridge"
 
 
-def settle(env: Mapping[str, str], facts: Facts, settings: Settings, *, nnodes: int,
-           device: str) -> tuple[dict[str, str], dict[str, str], list[str]]:
+def settle(
+    env: Mapping[str, str], facts: Facts, settings: Settings, *, nnodes: int, device: str
+) -> tuple[dict[str, str], dict[str, str], list[str]]:
     out: dict[str, str] = {}
     sources: dict[str, str] = {}
     warnings: list[str] = []
@@ -40,8 +41,10 @@ def settle(env: Mapping[str, str], facts: Facts, settings: Settings, *, nnodes: 
             elif iface:
                 out[name], sources[name] = iface, why
         if iface is None and not all(name in env for name in IFNAME_VARS):
-            warnings.append(f"no network interface found for traffic between nodes ({why}); "
-                            f"set {PREFIX}SOCKET_IFNAME to the interface that reaches the other nodes")
+            warnings.append(
+                f"no network interface found for traffic between nodes ({why}); "
+                f"set {PREFIX}SOCKET_IFNAME to the interface that reaches the other nodes"
+            )
 
     if facts.ib_hcas and device == "cuda":
         if "NCCL_IB_HCA" in env:

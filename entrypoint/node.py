@@ -16,14 +16,17 @@ from entrypoint.plan import BUILTIN_JOBS, Plan, gpus_stated, make_plan, read_pla
 from entrypoint.settings import Settings
 
 
-def prepare(env: Mapping[str, str], trainer: Sequence[str] | None, *,
-            always_probe_gpus: bool) -> tuple[Plan, Facts, Settings]:
+def prepare(
+    env: Mapping[str, str], trainer: Sequence[str] | None, *, always_probe_gpus: bool
+) -> tuple[Plan, Facts, Settings]:
     settings = Settings.from_env(env)  # a bad setting is reported before any probe
     read = read_platform(env, settings)
     reading = read[2]
     master = reading.master_addr.value if reading.master_addr else None
-    facts = probe.facts(master_addr=master if reading.nnodes.value > 1 else None,
-                        probe_gpus=always_probe_gpus or not gpus_stated(settings, reading))
+    facts = probe.facts(
+        master_addr=master if reading.nnodes.value > 1 else None,
+        probe_gpus=always_probe_gpus or not gpus_stated(settings, reading),
+    )
     return make_plan(env, facts, trainer, read=read, settings=settings), facts, settings
 
 
@@ -31,24 +34,41 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
     """Check the plan against this node, write its configs, then join the other nodes and
     supervise the launcher (`run`, and `doctor --allreduce` with its own trainer)."""
     values = secrets.secret_values(env)
-    log = logs.setup(node_rank=plan.node_rank, level=settings.log_level, fmt=settings.log_format,
-                     all_nodes=settings.log_all_nodes, log_dir=settings.log_dir,
-                     secret_values=values)
+    log = logs.setup(
+        node_rank=plan.node_rank,
+        level=settings.log_level,
+        fmt=settings.log_format,
+        all_nodes=settings.log_all_nodes,
+        log_dir=settings.log_dir,
+        secret_values=values,
+    )
     launch.check_hardware(plan, env, facts)
     if plan.trainer in BUILTIN_JOBS.values() and importlib.util.find_spec(plan.trainer[2]) is None:
-        raise ConfigError("command", None, "no trainer command given and this build has no "
-                          "built-in job", "Pass one after --, e.g. entrypoint run -- python "
-                          "train.py")
+        raise ConfigError(
+            "command",
+            None,
+            "no trainer command given and this build has no built-in job",
+            "Pass one after --, e.g. entrypoint run -- python train.py",
+        )
     for warning in plan.warnings:
         log.warning(warning)
     for note in plan.notes:
         log.info(note)
-    log.info("plan", platform=plan.platform, nnodes=plan.nnodes,
-             nproc_per_node=plan.nproc_per_node, world_size=plan.world_size,
-             master=f"{plan.master_addr}:{plan.master_port or 'auto'}", device=plan.device,
-             cuda_visible_devices=plan.cuda_visible_devices, config=plan.config,
-             launcher=str(plan.launcher), ranks=report.rank_line(plan),
-             command=plan.command, sources=dict(plan.sources))
+    log.info(
+        "plan",
+        platform=plan.platform,
+        nnodes=plan.nnodes,
+        nproc_per_node=plan.nproc_per_node,
+        world_size=plan.world_size,
+        master=f"{plan.master_addr}:{plan.master_port or 'auto'}",
+        device=plan.device,
+        cuda_visible_devices=plan.cuda_visible_devices,
+        config=plan.config,
+        launcher=str(plan.launcher),
+        ranks=report.rank_line(plan),
+        command=plan.command,
+        sources=dict(plan.sources),
+    )
     # The table for a person; in JSON mode the event above is the plan, and every line is JSON.
     if plan.node_rank == 0 and logs.console(settings.log_format):
         logs.writer().put(report.table(plan, values), to_file=False)
@@ -56,5 +76,6 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
     dsops.check(plan, launch.child_env(plan, env))  # a DeepSpeed op the image lacks: say so now
     plan_file = launch.apply(plan, Path(settings.run_dir) / f"node{plan.node_rank}")
     log.info("start", command=secrets.mask(shlex.join(plan.command), values))
-    return supervise.run(plan, launch.child_env(plan, env)
-                         | {"ENTRYPOINT_PLAN_FILE": str(plan_file)}, settings, log)
+    return supervise.run(
+        plan, launch.child_env(plan, env) | {"ENTRYPOINT_PLAN_FILE": str(plan_file)}, settings, log
+    )

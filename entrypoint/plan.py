@@ -21,8 +21,10 @@ from entrypoint.settings import PREFIX, Settings, control_port
 from entrypoint.values import Sourced, below, variable_of
 
 # The image's built-in jobs (entrypoint/job), run when no trainer command is given.
-BUILTIN_JOBS = {"deepspeed": ("python", "-m", "entrypoint.job"),
-                "jax": ("python", "-m", "entrypoint.job.jax_train")}
+BUILTIN_JOBS = {
+    "deepspeed": ("python", "-m", "entrypoint.job"),
+    "jax": ("python", "-m", "entrypoint.job.jax_train"),
+}
 BUILTIN_JOB = BUILTIN_JOBS["deepspeed"]
 __all__ = ["ALLREDUCE", "BUILTIN_JOB", "BUILTIN_JOBS", "Plan", "make_plan", "read_platform"]
 
@@ -64,8 +66,13 @@ class Plan:
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            out[f.name] = (dict(value) if isinstance(value, Mapping)
-                           else list(value) if isinstance(value, tuple) else value)
+            out[f.name] = (
+                dict(value)
+                if isinstance(value, Mapping)
+                else list(value)
+                if isinstance(value, tuple)
+                else value
+            )
         return out
 
     def to_json(self, **kwargs) -> str:
@@ -82,8 +89,9 @@ def _overlay(reading: Reading, settings: Settings) -> Reading:
     return replace(reading, **changes) if changes else reading
 
 
-def read_platform(env: Mapping[str, str],
-                  settings: Settings | None = None) -> tuple[str, str, Reading]:
+def read_platform(
+    env: Mapping[str, str], settings: Settings | None = None
+) -> tuple[str, str, Reading]:
     """(platform name, why it was chosen, its reading with explicit settings applied)."""
     module, why = platforms.detect(env)
     return module.NAME, why, _overlay(module.read(env), settings or Settings.from_env(env))
@@ -91,29 +99,45 @@ def read_platform(env: Mapping[str, str],
 
 def gpus_stated(settings: Settings, reading: Reading) -> bool:
     """Whether the plan can be made without probing GPUs."""
-    return (settings.gpus_per_node is not None or reading.gpus_per_node is not None
-            or settings.device == "cpu")
+    return (
+        settings.gpus_per_node is not None
+        or reading.gpus_per_node is not None
+        or settings.device == "cpu"
+    )
 
 
 def _master(reading: Reading, nnodes: int, sources: dict[str, str]) -> str:
     master = reading.master_addr
     if master is None:
         if nnodes > 1:
-            raise ConfigError("MASTER_ADDR", None, f"{nnodes} nodes but no master address",
-                              "Set MASTER_ADDR (or ENTRYPOINT_MASTER_ADDR) on every node to "
-                              "node 0's host name or IP")
+            raise ConfigError(
+                "MASTER_ADDR",
+                None,
+                f"{nnodes} nodes but no master address",
+                "Set MASTER_ADDR (or ENTRYPOINT_MASTER_ADDR) on every node to "
+                "node 0's host name or IP",
+            )
         master = Sourced("127.0.0.1", "default: single node, loopback")
     sources["master_addr"] = master.source
     return master.value
 
 
-def _nproc(settings: Settings, reading: Reading, launcher: Launcher, device: str, gpus: int,
-           sources: dict[str, str]) -> int:
+def _nproc(
+    settings: Settings,
+    reading: Reading,
+    launcher: Launcher,
+    device: str,
+    gpus: int,
+    sources: dict[str, str],
+) -> int:
     if launcher is Launcher.JAX and reading.spawn.value:
         if settings.nproc_per_node not in (None, 1):
-            raise ConfigError(f"{PREFIX}NPROC_PER_NODE", settings.nproc_per_node,
-                              "JAX runs one process per node that owns all its GPUs",
-                              f"Unset {PREFIX}NPROC_PER_NODE for the jax launcher")
+            raise ConfigError(
+                f"{PREFIX}NPROC_PER_NODE",
+                settings.nproc_per_node,
+                "JAX runs one process per node that owns all its GPUs",
+                f"Unset {PREFIX}NPROC_PER_NODE for the jax launcher",
+            )
         sources["nproc_per_node"] = "jax: one process per node owns all the node's devices"
         return 1
     if settings.nproc_per_node is not None:
@@ -125,17 +149,20 @@ def _nproc(settings: Settings, reading: Reading, launcher: Launcher, device: str
     else:
         count = Sourced(1, "default 1 on CPU")
     if device == "cuda" and count.value > gpus:
-        raise ConfigError(variable_of(count.source), count.value,
-                          f"asks for {count.value} GPU workers but this node has {gpus} GPUs "
-                          f"({sources['gpus_per_node']})",
-                          f"Ask for at most {gpus} workers per node, or run on nodes with more "
-                          "GPUs")
+        raise ConfigError(
+            variable_of(count.source),
+            count.value,
+            f"asks for {count.value} GPU workers but this node has {gpus} GPUs "
+            f"({sources['gpus_per_node']})",
+            f"Ask for at most {gpus} workers per node, or run on nodes with more GPUs",
+        )
     sources["nproc_per_node"] = count.source
     return count.value
 
 
-def _trainer(command: Sequence[str] | None, settings: Settings,
-             sources: dict[str, str]) -> tuple[str, ...]:
+def _trainer(
+    command: Sequence[str] | None, settings: Settings, sources: dict[str, str]
+) -> tuple[str, ...]:
     if command:
         sources["trainer"] = "command line after --"
         return tuple(command)
@@ -154,19 +181,22 @@ class _Out:
     warnings: list[str] = field(default_factory=list)
 
 
-def _config(settings: Settings, device: str, devices: int, needs_config: bool, run_dir: str,
-            out: _Out) -> tuple[configs.Config, dict | None]:
+def _config(
+    settings: Settings, device: str, devices: int, needs_config: bool, run_dir: str, out: _Out
+) -> tuple[configs.Config, dict | None]:
     """The named config, else the one for the nearest world size, and its deepspeed.json
     with the batch split for this world size (`devices`: GPUs in total for JAX)."""
-    config, out.sources["config"] = configs.select(settings.config, device=device,
-                                                   world_size=devices)
+    config, out.sources["config"] = configs.select(
+        settings.config, device=device, world_size=devices
+    )
     try:
         split = configs.split(config, devices)
     except ConfigError as err:
         if needs_config:
             raise
-        out.notes.append(f"config {config.name} does not fit; your trainer does not use it: "
-                         f"{err.line()}")
+        out.notes.append(
+            f"config {config.name} does not fit; your trainer does not use it: {err.line()}"
+        )
         return config, None
     ds_path = f"{run_dir}/deepspeed.json"
     deepspeed = configs.derive_deepspeed(config, devices)
@@ -179,15 +209,21 @@ def _config(settings: Settings, device: str, devices: int, needs_config: bool, r
     return config, deepspeed
 
 
-def _device_env(env: Mapping[str, str], settings: Settings, facts: Facts, device: str,
-                nproc: int, out: _Out) -> None:
+def _device_env(
+    env: Mapping[str, str], settings: Settings, facts: Facts, device: str, nproc: int, out: _Out
+) -> None:
     if device == "cpu":
-        for key, value in (("DS_ACCELERATOR", "cpu"), ("JAX_PLATFORMS", "cpu"),
-                           ("OMP_NUM_THREADS", str(max(1, facts.cpu_count // nproc)))):
+        for key, value in (
+            ("DS_ACCELERATOR", "cpu"),
+            ("JAX_PLATFORMS", "cpu"),
+            ("OMP_NUM_THREADS", str(max(1, facts.cpu_count // nproc))),
+        ):
             if key not in env:
                 out.env[key] = value
-    for key, setting in (("XLA_PYTHON_CLIENT_PREALLOCATE", settings.xla_preallocate),
-                         ("XLA_PYTHON_CLIENT_MEM_FRACTION", settings.xla_mem_fraction)):
+    for key, setting in (
+        ("XLA_PYTHON_CLIENT_PREALLOCATE", settings.xla_preallocate),
+        ("XLA_PYTHON_CLIENT_MEM_FRACTION", settings.xla_mem_fraction),
+    ):
         if setting is not None:
             out.env[key] = str(setting).lower() if isinstance(setting, bool) else str(setting)
 
@@ -195,18 +231,22 @@ def _device_env(env: Mapping[str, str], settings: Settings, facts: Facts, device
 def _site_hook(env: Mapping[str, str], out: _Out) -> None:
     """The trainer's interpreter starts with entrypoint/site-hook first on its path."""
     out.env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(jax_cluster.SITE_HOOK), env.get("PYTHONPATH")) if p)
+        p for p in (str(jax_cluster.SITE_HOOK), env.get("PYTHONPATH")) if p
+    )
     out.sources["PYTHONPATH"] = (
         "the entrypoint's site hook first: jax.distributed.initialize() with no arguments reads "
         "the plan (entrypoint/jax_cluster.py); accelerate on CPU nodes gets gloo "
-        "(entrypoint/accelerate_cpu.py)")
+        "(entrypoint/accelerate_cpu.py)"
+    )
 
 
-def _control_port(settings: Settings, reading: Reading, layout: Layout,
-                  sources: dict[str, str]) -> int | None:
+def _control_port(
+    settings: Settings, reading: Reading, layout: Layout, sources: dict[str, str]
+) -> int | None:
     """Never the rendezvous port, never past 65535 (entrypoint.settings.control_port)."""
-    port, sources["control_port"] = control_port(settings, layout.master_port,
-                                                 reading.master_port.source, layout.standalone)
+    port, sources["control_port"] = control_port(
+        settings, layout.master_port, reading.master_port.source, layout.standalone
+    )
     return port
 
 
@@ -223,35 +263,64 @@ def _placed(reading: Reading, sources: dict[str, str]) -> tuple[int, int] | None
 def _inside(placed: tuple[int, int], nnodes: int, nproc: int, sources: dict[str, str]) -> None:
     """A process the platform started must lie inside the job as planned: ENTRYPOINT_NNODES or
     ENTRYPOINT_NPROC_PER_NODE may not shrink the job around it."""
-    for (value, size, what), key in zip(((placed[0], nnodes * nproc, "the world size"),
-                                         (placed[1], nproc, "the processes per node")),
-                                        ("rank", "local_rank"), strict=True):
+    for (value, size, what), key in zip(
+        (
+            (placed[0], nnodes * nproc, "the world size"),
+            (placed[1], nproc, "the processes per node"),
+        ),
+        ("rank", "local_rank"),
+        strict=True,
+    ):
         if value >= size:
-            raise ConfigError(variable_of(sources[key]), value,
-                              f"is outside the job as planned: {what} is {size} ({nnodes} nodes "
-                              f"x {nproc} per node)",
-                              f"Leave {PREFIX}NNODES and {PREFIX}NPROC_PER_NODE unset when the "
-                              "platform started every process, or make them match it")
+            raise ConfigError(
+                variable_of(sources[key]),
+                value,
+                f"is outside the job as planned: {what} is {size} ({nnodes} nodes "
+                f"x {nproc} per node)",
+                f"Leave {PREFIX}NNODES and {PREFIX}NPROC_PER_NODE unset when the "
+                "platform started every process, or make them match it",
+            )
 
 
-def _layout(env: Mapping[str, str], settings: Settings, reading: Reading, master: str,
-            nproc: int, n_gpus: int, cuda_visible: str | None, python: str,
-            placed: tuple[int, int] | None) -> Layout:
+def _layout(
+    env: Mapping[str, str],
+    settings: Settings,
+    reading: Reading,
+    master: str,
+    nproc: int,
+    n_gpus: int,
+    cuda_visible: str | None,
+    python: str,
+    placed: tuple[int, int] | None,
+) -> Layout:
     nnodes, node_rank, spawn = reading.nnodes.value, reading.node_rank.value, reading.spawn.value
     return Layout(
-        nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc, master_addr=master,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        nproc_per_node=nproc,
+        master_addr=master,
         master_port=reading.master_port.value,
         standalone=nnodes == 1 and settings.master_port is None and "MASTER_PORT" not in env,
-        spawn=spawn, rank=placed[0] if placed else None,
+        spawn=spawn,
+        rank=placed[0] if placed else None,
         local_rank=placed[1] if placed else None,
         gpus_per_node=n_gpus,
-        cuda_visible=cuda_visible, python=python,
-        run_dir=f"{settings.run_dir}/node{node_rank}")  # nodes sharing a host keep apart
+        cuda_visible=cuda_visible,
+        python=python,
+        run_dir=f"{settings.run_dir}/node{node_rank}",
+    )  # nodes sharing a host keep apart
 
 
-def _launch(env: Mapping[str, str], settings: Settings, trainer: tuple[str, ...],
-            launcher: Launcher, layout: Layout, config: configs.Config,
-            deepspeed: dict | None, out: _Out) -> launchers.Launch:
+def _launch(
+    env: Mapping[str, str],
+    settings: Settings,
+    trainer: tuple[str, ...],
+    launcher: Launcher,
+    layout: Layout,
+    config: configs.Config,
+    deepspeed: dict | None,
+    out: _Out,
+) -> launchers.Launch:
     launched = launchers.preflight(trainer, settings, launcher, out.sources)
     launch = launchers.build(launcher, layout, launched, config, deepspeed)
     timeouts, timeout_warnings = launchers.timeouts(env, settings, launcher, out.sources)
@@ -262,20 +331,30 @@ def _launch(env: Mapping[str, str], settings: Settings, trainer: tuple[str, ...]
     return launch
 
 
-def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | None = None,
-              read: tuple[str, str, Reading] | None = None,
-              settings: Settings | None = None) -> Plan:
+def make_plan(
+    env: Mapping[str, str],
+    facts: Facts,
+    command: Sequence[str] | None = None,
+    read: tuple[str, str, Reading] | None = None,
+    settings: Settings | None = None,
+) -> Plan:
     """The plan for this node: platform reading -> GPU layout -> launcher and workers ->
     config -> network -> the launcher's command. `settings` and `read` are passed in when the
     caller has them already (read once per run)."""
     settings = settings or Settings.from_env(env)
     platform_name, why, reading = read or read_platform(env, settings)
-    out = _Out(sources={"platform": why, **{k: getattr(reading, k).source
-                                            for k in ("nnodes", "node_rank", "master_port")}},
-               notes=list(reading.notes), warnings=list(reading.warnings))
+    out = _Out(
+        sources={
+            "platform": why,
+            **{k: getattr(reading, k).source for k in ("nnodes", "node_rank", "master_port")},
+        },
+        notes=list(reading.notes),
+        warnings=list(reading.warnings),
+    )
     nnodes, node_rank = reading.nnodes.value, reading.node_rank.value
-    below(variable_of(out.sources["node_rank"]), node_rank,
-          variable_of(out.sources["nnodes"]), nnodes)
+    below(
+        variable_of(out.sources["node_rank"]), node_rank, variable_of(out.sources["nnodes"]), nnodes
+    )
     master = _master(reading, nnodes, out.sources)
 
     n_gpus, visible, visible_from = gpus.count(env, settings, reading, facts, out.sources)
@@ -293,14 +372,16 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
     if device == "cuda":
         chosen = visible if (launcher is Launcher.JAX or not spawn) else visible[:nproc]
         cuda_visible, out.sources["cuda_visible_devices"] = ",".join(chosen), visible_from
-    layout = _layout(env, settings, reading, master, nproc, n_gpus, cuda_visible, facts.python,
-                     placed)
+    layout = _layout(
+        env, settings, reading, master, nproc, n_gpus, cuda_visible, facts.python, placed
+    )
 
     devices = nnodes * (n_gpus if launcher is Launcher.JAX and device == "cuda" else nproc)
     needs_config = trainer in BUILTIN_JOBS.values() or launcher is Launcher.ACCELERATE
     config, deepspeed = _config(settings, device, devices, needs_config, layout.run_dir, out)
-    net_env, net_sources, net_warnings = network.settle(env, facts, settings, nnodes=nnodes,
-                                                        device=device)
+    net_env, net_sources, net_warnings = network.settle(
+        env, facts, settings, nnodes=nnodes, device=device
+    )
     out.env |= net_env | {"MASTER_ADDR": master}
     out.sources |= net_sources
     out.warnings += net_warnings
@@ -311,14 +392,32 @@ def make_plan(env: Mapping[str, str], facts: Facts, command: Sequence[str] | Non
 
     launch = _launch(env, settings, trainer, launcher, layout, config, deepspeed, out)
     return Plan(
-        platform=platform_name, nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc,
-        world_size=layout.world_size, master_addr=master, master_port=launch.master_port,
-        control_port=_control_port(settings, reading, layout, out.sources), spawn=spawn,
-        rank=layout.rank, local_rank=layout.local_rank, device=device, gpus_per_node=n_gpus,
-        cuda_visible_devices=cuda_visible, config=str(config.path), launcher=launcher,
-        command=launch.command, trainer=trainer, env=out.env, files=out.files,
-        sources=out.sources, hosts=reading.hosts, notes=tuple(out.notes),
-        warnings=tuple(out.warnings), gpu_names=tuple(g.name for g in facts.gpus or ()),
-        ranks=((placed[0], placed[0]) if placed
-               else (node_rank * nproc, node_rank * nproc + nproc - 1)),
+        platform=platform_name,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        nproc_per_node=nproc,
+        world_size=layout.world_size,
+        master_addr=master,
+        master_port=launch.master_port,
+        control_port=_control_port(settings, reading, layout, out.sources),
+        spawn=spawn,
+        rank=layout.rank,
+        local_rank=layout.local_rank,
+        device=device,
+        gpus_per_node=n_gpus,
+        cuda_visible_devices=cuda_visible,
+        config=str(config.path),
+        launcher=launcher,
+        command=launch.command,
+        trainer=trainer,
+        env=out.env,
+        files=out.files,
+        sources=out.sources,
+        hosts=reading.hosts,
+        notes=tuple(out.notes),
+        warnings=tuple(out.warnings),
+        gpu_names=tuple(g.name for g in facts.gpus or ()),
+        ranks=(
+            (placed[0], placed[0]) if placed else (node_rank * nproc, node_rank * nproc + nproc - 1)
+        ),
     )

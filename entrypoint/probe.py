@@ -31,12 +31,14 @@ def gpus() -> tuple[tuple[Gpu, ...], str]:
             for i in range(pynvml.nvmlDeviceGetCount()):
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
                 name = pynvml.nvmlDeviceGetName(handle)
-                found.append(Gpu(
-                    index=i,
-                    uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-                    name=_text(name),
-                    memory_mib=pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1 << 20),
-                ))
+                found.append(
+                    Gpu(
+                        index=i,
+                        uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+                        name=_text(name),
+                        memory_mib=pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1 << 20),
+                    )
+                )
             return tuple(found), "probe nvml"
         finally:
             pynvml.nvmlShutdown()
@@ -44,15 +46,21 @@ def gpus() -> tuple[tuple[Gpu, ...], str]:
         nvml_error = _nvml_reason(err)
     proc = sorted(glob.glob("/proc/driver/nvidia/gpus/*/information"))
     if proc:
-        return tuple(Gpu(index=i, name=_proc_model(p)) for i, p in enumerate(proc)), \
-            "probe /proc/driver/nvidia/gpus"
+        return tuple(
+            Gpu(index=i, name=_proc_model(p)) for i, p in enumerate(proc)
+        ), "probe /proc/driver/nvidia/gpus"
     if shutil.which("nvidia-smi"):
         try:
             out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
             lines = [ln for ln in out.stdout.splitlines() if ln.startswith("GPU ")]
-            return tuple(Gpu(index=i, name=ln.split(":", 1)[1].split("(")[0].strip(),
-                             uuid=ln.rsplit("UUID: ", 1)[-1].rstrip(")") if "UUID" in ln else "")
-                         for i, ln in enumerate(lines)), "probe nvidia-smi -L"
+            return tuple(
+                Gpu(
+                    index=i,
+                    name=ln.split(":", 1)[1].split("(")[0].strip(),
+                    uuid=ln.rsplit("UUID: ", 1)[-1].rstrip(")") if "UUID" in ln else "",
+                )
+                for i, ln in enumerate(lines)
+            ), "probe nvidia-smi -L"
         except (OSError, subprocess.SubprocessError):
             pass
     if nvml_error and "not found" not in nvml_error.lower():
@@ -63,8 +71,11 @@ def gpus() -> tuple[tuple[Gpu, ...], str]:
 def _nvml_reason(err: Exception) -> str:
     """NVML's error in one line: `Driver/library version mismatch`, `Library Not Found`..."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return text if "library" in text.lower() or "driver" in text.lower() or "nvml" in \
-        text.lower() else f"{type(err).__name__}: {text}"
+    return (
+        text
+        if "library" in text.lower() or "driver" in text.lower() or "nvml" in text.lower()
+        else f"{type(err).__name__}: {text}"
+    )
 
 
 def _text(value: bytes | str) -> str:
@@ -83,8 +94,9 @@ def interfaces() -> tuple[Interface, ...]:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         for _, name in socket.if_nameindex():
             try:
-                packed = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR,
-                                     struct.pack("256s", name[:15].encode()))
+                packed = fcntl.ioctl(
+                    sock.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode())
+                )
                 address = socket.inet_ntoa(packed[20:24])
             except OSError:
                 address = ""
@@ -150,8 +162,11 @@ def source_address(ip: str) -> str | None:
 
 
 def ib_hcas() -> tuple[str, ...]:
-    return tuple(sorted(os.listdir("/sys/class/infiniband"))) if os.path.isdir(
-        "/sys/class/infiniband") else ()
+    return (
+        tuple(sorted(os.listdir("/sys/class/infiniband")))
+        if os.path.isdir("/sys/class/infiniband")
+        else ()
+    )
 
 
 def facts(*, master_addr: str | None, probe_gpus: bool) -> Facts:
@@ -165,7 +180,9 @@ def facts(*, master_addr: str | None, probe_gpus: bool) -> Facts:
     return Facts(
         hostname=socket.gethostname(),
         python=sys.executable or "python3",
-        cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+        cpu_count=len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count() or 1,
         gpus=found,
         gpu_probe=how,
         interfaces=nics,

@@ -82,8 +82,12 @@ class Guard:
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", _GUARD, str(os.getpid()), str(grace)],
-                stdin=read, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True, close_fds=True)
+                stdin=read,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                close_fds=True,
+            )
         finally:
             os.close(read)
         os.set_inheritable(write, False)
@@ -187,8 +191,12 @@ def kill_and_wait(pids: list[int], seconds: float) -> None:
         time.sleep(0.05)
 
 
-def stop_then_kill(process: subprocess.Popen, grace: float, sig: int | None = None,
-                   targets: Callable[[], list[int]] | None = None) -> None:
+def stop_then_kill(
+    process: subprocess.Popen,
+    grace: float,
+    sig: int | None = None,
+    targets: Callable[[], list[int]] | None = None,
+) -> None:
     """Send `sig` (when given) to `targets()` while the process runs, wait up to `grace` for it
     to exit, then SIGKILL it and everything below it and wait up to KILL_WAIT more."""
     if sig is not None and process.poll() is None:

@@ -14,13 +14,31 @@ from collections.abc import Mapping
 
 _SUFFIXES = ("_TOKEN", "_KEY", "_SECRET", "_PASSWORD", "_PASSWD", "_APIKEY", "_ACCESS_KEY")
 # Credentials whose names do not end in a marker, and bare markers used as names.
-_NAMED = frozenset({
-    "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN", "GITHUB_TOKEN", "GH_TOKEN", "NGC_API_KEY", "OPENAI_API_KEY",
-    "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_SAS_TOKEN", "NEPTUNE_API_TOKEN",
-    "COMET_API_KEY", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
-    "TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "APIKEY",
-})
+_NAMED = frozenset(
+    {
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "WANDB_API_KEY",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "GITHUB_TOKEN",
+        "GH_TOKEN",
+        "NGC_API_KEY",
+        "OPENAI_API_KEY",
+        "AZURE_STORAGE_CONNECTION_STRING",
+        "AZURE_STORAGE_SAS_TOKEN",
+        "NEPTUNE_API_TOKEN",
+        "COMET_API_KEY",
+        "MLFLOW_TRACKING_PASSWORD",
+        "MLFLOW_TRACKING_TOKEN",
+        "TOKEN",
+        "SECRET",
+        "PASSWORD",
+        "PASSWD",
+        "API_KEY",
+        "APIKEY",
+    }
+)
 MASK = "***"
 
 
@@ -38,13 +56,19 @@ def secret_values(env: Mapping[str, str]) -> tuple[str, ...]:
 def _written(value: str) -> set[str]:
     """The forms a value takes in output: as is, JSON-escaped (`s\\u00ebcret`), repr-escaped,
     and as one shell word (a quote inside it splits the raw text)."""
-    return {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1],
-            repr(value)[1:-1], shlex.quote(value)}
+    return {
+        value,
+        json.dumps(value)[1:-1],
+        json.dumps(value, ensure_ascii=False)[1:-1],
+        repr(value)[1:-1],
+        shlex.quote(value),
+    }
 
 
 def mask(text: str, values: tuple[str, ...]) -> str:
     # Longest first, so that a form containing another is masked whole.
-    for form in sorted({form for value in values for form in _written(value)}, key=len,
-                       reverse=True):
+    for form in sorted(
+        {form for value in values for form in _written(value)}, key=len, reverse=True
+    ):
         text = text.replace(form, MASK)
     return text

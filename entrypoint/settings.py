@@ -28,43 +28,153 @@ MIN_BEATS_PER_TIMEOUT = 3
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore", frozen=True)
 
-    platform: str = Field("auto", description="Force a platform reading (see the platform table); `auto` detects it.")
+    platform: str = Field(
+        "auto", description="Force a platform reading (see the platform table); `auto` detects it."
+    )
     world_size_means: Literal["auto", "nodes", "processes"] = Field(
-        "auto", description="How to read a bare WORLD_SIZE/RANK pair: as nodes (container platforms) or processes.")
-    nnodes: int | None = Field(None, ge=1, le=NODES.high, description="Number of nodes; beats the platform's value.")
-    node_rank: int | None = Field(None, ge=0, le=NODES.high - 1, description="This node's index from 0; beats the platform's value.")
-    master_addr: str | None = Field(None, description="Address of node 0; beats the platform's value.")
-    master_port: int | None = Field(None, ge=1, le=65535, description="Rendezvous port on node 0; beats the platform's value.")
-    gpus_per_node: int | None = Field(None, ge=0, le=GPUS.high, description="GPUs on each node; unset: the platform's count, else a probe (NVML).")
-    nproc_per_node: int | None = Field(None, ge=1, le=PER_NODE.high, description="Workers per node; default one per GPU, or 1 on CPU.")
-    device: Literal["auto", "cuda", "cpu"] = Field("auto", description="`cuda` needs GPUs; `auto` uses them when present.")
+        "auto",
+        description="How to read a bare WORLD_SIZE/RANK pair: as nodes (container platforms) or processes.",
+    )
+    nnodes: int | None = Field(
+        None, ge=1, le=NODES.high, description="Number of nodes; beats the platform's value."
+    )
+    node_rank: int | None = Field(
+        None,
+        ge=0,
+        le=NODES.high - 1,
+        description="This node's index from 0; beats the platform's value.",
+    )
+    master_addr: str | None = Field(
+        None, description="Address of node 0; beats the platform's value."
+    )
+    master_port: int | None = Field(
+        None, ge=1, le=65535, description="Rendezvous port on node 0; beats the platform's value."
+    )
+    gpus_per_node: int | None = Field(
+        None,
+        ge=0,
+        le=GPUS.high,
+        description="GPUs on each node; unset: the platform's count, else a probe (NVML).",
+    )
+    nproc_per_node: int | None = Field(
+        None,
+        ge=1,
+        le=PER_NODE.high,
+        description="Workers per node; default one per GPU, or 1 on CPU.",
+    )
+    device: Literal["auto", "cuda", "cpu"] = Field(
+        "auto", description="`cuda` needs GPUs; `auto` uses them when present."
+    )
     launcher: Literal["auto", "torchrun", "accelerate", "jax", "direct"] = Field(
-        "auto", description="How workers start: torchrun (default), accelerate launch, JAX processes, or direct exec.")
+        "auto",
+        description="How workers start: torchrun (default), accelerate launch, JAX processes, or direct exec.",
+    )
     job: Literal["deepspeed", "jax"] = Field(
-        "deepspeed", description="The built-in job run when no command is given: DeepSpeed ZeRO-2 (torchrun) or JAX data parallel.")
-    config: str | None = Field(None, description="Training config: a shipped name (`8gpu`, `16gpu`, `cpu`...) or a directory; default: chosen by world size.")
-    socket_ifname: str | None = Field(None, description="Network interface for NCCL/gloo; default: the one that routes to the master.")
-    run_dir: Path = Field(Path("/tmp/entrypoint-run"), description="Where the entrypoint writes the configs it generates for this node (not /tmp/entrypoint: a directory named like the package would shadow it for `python -m entrypoint` started in /tmp).")
-    log_dir: Path | None = Field(None, description="Also write this node's log to `<log_dir>/node<rank>.log`.")
-    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level on node 0.")
-    log_format: Literal["auto", "console", "json"] = Field("auto", description="`auto`: readable on a terminal, JSON lines otherwise.")
-    log_all_nodes: bool = Field(False, description="Log informative lines on every node, not only node 0.")
-    xla_preallocate: bool | None = Field(None, description="JAX: sets XLA_PYTHON_CLIENT_PREALLOCATE (false stops JAX taking 75% of GPU memory at start).")
-    xla_mem_fraction: float | None = Field(None, gt=0, le=1, description="JAX: sets XLA_PYTHON_CLIENT_MEM_FRACTION.")
-    control_port: int | None = Field(None, ge=1, le=65535, description="Port of the entrypoints' own channel on node 0 (join, checks, heartbeats); default MASTER_PORT + 1 (MASTER_PORT - 1 for 65535); never MASTER_PORT itself.")
-    join_timeout: float = Field(300, gt=0, le=WEEK, description="Seconds `run` waits for node 0 to answer and for every node to join before it stops with exit 75.")
-    heartbeat_interval: float = Field(1, gt=0, le=HOUR, description="Seconds between heartbeats between the nodes' entrypoints.")
-    heartbeat_timeout: float = Field(5, gt=0, le=DAY, description="A node silent this long (paused, hung, cut off) is lost: every node stops with exit 75. At least 3 heartbeat intervals.")
-    job_id: str | None = Field(None, description="Names the job; a node whose job differs is refused at the join. Default: the platform's job id (SLURM_JOB_ID...), where it has one.")
-    job_token: SecretStr | None = Field(None, description="A secret shared by the job's nodes (16+ characters): a node must prove it (HMAC over a challenge; never sent) to join.")
-    job_token_file: Path | None = Field(None, description="A file holding the job token (a mounted Kubernetes Secret, a file in the job's directory), instead of ENTRYPOINT_JOB_TOKEN.")
-    collective_timeout: int = Field(600, ge=10, le=WEEK, description="Process-group timeout in seconds for a rank that is alive but stuck in a collective (DEEPSPEED_TIMEOUT, the built-in jobs); node loss is caught by heartbeats long before.")
-    grace_period: float = Field(25, ge=0, le=DAY, description="Seconds workers get after SIGTERM to checkpoint and exit before they are killed; keep it below the platform's (Kubernetes: terminationGracePeriodSeconds, 30 s).")
-    max_restarts: int = Field(0, ge=0, le=1000, description="Restart every node's trainer together this many times after a worker fails; the built-in job resumes from its checkpoint.")
-    max_clock_skew: float = Field(30, gt=0, le=DAY, description="Nodes whose clocks differ from node 0's by more than this many seconds are refused (above 2 s: a warning).")
-    data_dir: Path | None = Field(None, description="A dataset directory that must exist and look the same (file count, size) on every node.")
-    monitor_interval: float = Field(300, ge=0, le=WEEK, description="Node 0 logs a per-node table (GPU utilization and memory) this often, in seconds; 0: never.")
-    preflight_allreduce: bool = Field(False, description="Before the trainer, measure all-reduce bandwidth across all nodes (as `entrypoint doctor --allreduce`).")
+        "deepspeed",
+        description="The built-in job run when no command is given: DeepSpeed ZeRO-2 (torchrun) or JAX data parallel.",
+    )
+    config: str | None = Field(
+        None,
+        description="Training config: a shipped name (`8gpu`, `16gpu`, `cpu`...) or a directory; default: chosen by world size.",
+    )
+    socket_ifname: str | None = Field(
+        None,
+        description="Network interface for NCCL/gloo; default: the one that routes to the master.",
+    )
+    run_dir: Path = Field(
+        Path("/tmp/entrypoint-run"),
+        description="Where the entrypoint writes the configs it generates for this node (not /tmp/entrypoint: a directory named like the package would shadow it for `python -m entrypoint` started in /tmp).",
+    )
+    log_dir: Path | None = Field(
+        None, description="Also write this node's log to `<log_dir>/node<rank>.log`."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level on node 0."
+    )
+    log_format: Literal["auto", "console", "json"] = Field(
+        "auto", description="`auto`: readable on a terminal, JSON lines otherwise."
+    )
+    log_all_nodes: bool = Field(
+        False, description="Log informative lines on every node, not only node 0."
+    )
+    xla_preallocate: bool | None = Field(
+        None,
+        description="JAX: sets XLA_PYTHON_CLIENT_PREALLOCATE (false stops JAX taking 75% of GPU memory at start).",
+    )
+    xla_mem_fraction: float | None = Field(
+        None, gt=0, le=1, description="JAX: sets XLA_PYTHON_CLIENT_MEM_FRACTION."
+    )
+    control_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Port of the entrypoints' own channel on node 0 (join, checks, heartbeats); default MASTER_PORT + 1 (MASTER_PORT - 1 for 65535); never MASTER_PORT itself.",
+    )
+    join_timeout: float = Field(
+        300,
+        gt=0,
+        le=WEEK,
+        description="Seconds `run` waits for node 0 to answer and for every node to join before it stops with exit 75.",
+    )
+    heartbeat_interval: float = Field(
+        1, gt=0, le=HOUR, description="Seconds between heartbeats between the nodes' entrypoints."
+    )
+    heartbeat_timeout: float = Field(
+        5,
+        gt=0,
+        le=DAY,
+        description="A node silent this long (paused, hung, cut off) is lost: every node stops with exit 75. At least 3 heartbeat intervals.",
+    )
+    job_id: str | None = Field(
+        None,
+        description="Names the job; a node whose job differs is refused at the join. Default: the platform's job id (SLURM_JOB_ID...), where it has one.",
+    )
+    job_token: SecretStr | None = Field(
+        None,
+        description="A secret shared by the job's nodes (16+ characters): a node must prove it (HMAC over a challenge; never sent) to join.",
+    )
+    job_token_file: Path | None = Field(
+        None,
+        description="A file holding the job token (a mounted Kubernetes Secret, a file in the job's directory), instead of ENTRYPOINT_JOB_TOKEN.",
+    )
+    collective_timeout: int = Field(
+        600,
+        ge=10,
+        le=WEEK,
+        description="Process-group timeout in seconds for a rank that is alive but stuck in a collective (DEEPSPEED_TIMEOUT, the built-in jobs); node loss is caught by heartbeats long before.",
+    )
+    grace_period: float = Field(
+        25,
+        ge=0,
+        le=DAY,
+        description="Seconds workers get after SIGTERM to checkpoint and exit before they are killed; keep it below the platform's (Kubernetes: terminationGracePeriodSeconds, 30 s).",
+    )
+    max_restarts: int = Field(
+        0,
+        ge=0,
+        le=1000,
+        description="Restart every node's trainer together this many times after a worker fails; the built-in job resumes from its checkpoint.",
+    )
+    max_clock_skew: float = Field(
+        30,
+        gt=0,
+        le=DAY,
+        description="Nodes whose clocks differ from node 0's by more than this many seconds are refused (above 2 s: a warning).",
+    )
+    data_dir: Path | None = Field(
+        None,
+        description="A dataset directory that must exist and look the same (file count, size) on every node.",
+    )
+    monitor_interval: float = Field(
+        300,
+        ge=0,
+        le=WEEK,
+        description="Node 0 logs a per-node table (GPU utilization and memory) this often, in seconds; 0: never.",
+    )
+    preflight_allreduce: bool = Field(
+        False,
+        description="Before the trainer, measure all-reduce bandwidth across all nodes (as `entrypoint doctor --allreduce`).",
+    )
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, **_others):
@@ -88,8 +198,12 @@ class Settings(BaseSettings):
         except ValidationError as err:
             first = err.errors()[0]
             name = PREFIX + str(first["loc"][0]).upper()
-            raise ConfigError(name, given.get(str(first["loc"][0])), first["msg"].lower(),
-                              f"Fix {name} or unset it (see `entrypoint settings`)") from None
+            raise ConfigError(
+                name,
+                given.get(str(first["loc"][0])),
+                first["msg"].lower(),
+                f"Fix {name} or unset it (see `entrypoint settings`)",
+            ) from None
         settings._check_heartbeat(given)
         return settings
 
@@ -101,15 +215,21 @@ class Settings(BaseSettings):
         timeout, interval = PREFIX + "HEARTBEAT_TIMEOUT", PREFIX + "HEARTBEAT_INTERVAL"
         why = "one late heartbeat of a healthy node would stop the job"
         if "heartbeat_timeout" in given:
-            raise ConfigError(timeout, given["heartbeat_timeout"],
-                              f"is below {MIN_BEATS_PER_TIMEOUT} x {interval}="
-                              f"{self.heartbeat_interval:g} ({need:g} s): {why}",
-                              f"Raise it to {need:g} or more, or lower {interval}")
-        raise ConfigError(interval, given.get("heartbeat_interval"),
-                          f"{MIN_BEATS_PER_TIMEOUT} intervals ({need:g} s) exceed {timeout}="
-                          f"{self.heartbeat_timeout:g}: {why}",
-                          f"Lower it to {self.heartbeat_timeout / MIN_BEATS_PER_TIMEOUT:g} or "
-                          f"less, or raise {timeout} to {need:g}")
+            raise ConfigError(
+                timeout,
+                given["heartbeat_timeout"],
+                f"is below {MIN_BEATS_PER_TIMEOUT} x {interval}="
+                f"{self.heartbeat_interval:g} ({need:g} s): {why}",
+                f"Raise it to {need:g} or more, or lower {interval}",
+            )
+        raise ConfigError(
+            interval,
+            given.get("heartbeat_interval"),
+            f"{MIN_BEATS_PER_TIMEOUT} intervals ({need:g} s) exceed {timeout}="
+            f"{self.heartbeat_timeout:g}: {why}",
+            f"Lower it to {self.heartbeat_timeout / MIN_BEATS_PER_TIMEOUT:g} or "
+            f"less, or raise {timeout} to {need:g}",
+        )
 
     def stated(self) -> dict[str, object]:
         """Only the settings the user gave (for `sources`)."""
@@ -144,17 +264,24 @@ def _check_text(name: str, raw: str) -> None:
     or `²`), and the master one host: each refusal one line naming the range or the fix."""
     variable = PREFIX + name.upper()
     if not raw.strip().isprintable():
-        raise ConfigError(variable, "***" if name == "job_token" else raw[:300],
-                          "holds a control character (a newline, tab...)",
-                          f"Set {variable} to the value alone, on one line")
+        raise ConfigError(
+            variable,
+            "***" if name == "job_token" else raw[:300],
+            "holds a control character (a newline, tab...)",
+            f"Set {variable} to the value alone, on one line",
+        )
     if name == "master_addr":
         host(variable, raw)
         return
     if name in _PATHS:
         parts = raw.strip().encode(errors="surrogateescape").split(b"/")
         if len(raw) > 4095 or max(len(part) for part in parts) > 255:
-            raise ConfigError(variable, raw[:300], "not a usable path (Linux allows 255 bytes "
-                              "per name, 4095 in all)", f"Set {variable} to a shorter path")
+            raise ConfigError(
+                variable,
+                raw[:300],
+                "not a usable path (Linux allows 255 bytes per name, 4095 in all)",
+                f"Set {variable} to a shorter path",
+            )
         return
     annotation = Settings.model_fields[name].annotation
     kinds = {annotation, *get_args(annotation)}
@@ -168,33 +295,44 @@ def _check_text(name: str, raw: str) -> None:
         text = raw.strip()
         shown = f"{'from' if closed else 'above'} {low:g} to {high:g}"
         if not _DECIMAL.match(text):
-            raise ConfigError(variable, raw, "not a number (ASCII digits and at most one '.', "
-                              "such as 30 or 0.5)", f"Set {variable} to a number {shown}")
+            raise ConfigError(
+                variable,
+                raw,
+                "not a number (ASCII digits and at most one '.', such as 30 or 0.5)",
+                f"Set {variable} to a number {shown}",
+            )
         value = float(text)
         if not math.isfinite(value) or value > high or value < low or (value == low and not closed):
-            raise ConfigError(variable, raw, f"is outside {shown}",
-                              f"Set {variable} to a number {shown}")
+            raise ConfigError(
+                variable, raw, f"is outside {shown}", f"Set {variable} to a number {shown}"
+            )
 
 
-def control_port(settings: Settings, master_port: int | None, master_source: str,
-                 standalone: bool) -> tuple[int | None, str]:
+def control_port(
+    settings: Settings, master_port: int | None, master_source: str, standalone: bool
+) -> tuple[int | None, str]:
     """(node 0's control port, its source): ENTRYPOINT_CONTROL_PORT, else the rendezvous port
     + 1 (- 1 when that is 65535), never the rendezvous port itself; None: any free port."""
     stated = settings.control_port
     if stated is not None:
         if not standalone and stated == master_port:
-            raise ConfigError(PREFIX + "CONTROL_PORT", stated,
-                              f"is the rendezvous port too ({variable_of(master_source)}="
-                              f"{master_port}); torchrun's store and the entrypoints' channel "
-                              "cannot share it", f"Pick another free port on node 0, or unset "
-                              f"{PREFIX}CONTROL_PORT (default: the rendezvous port + 1)")
+            raise ConfigError(
+                PREFIX + "CONTROL_PORT",
+                stated,
+                f"is the rendezvous port too ({variable_of(master_source)}="
+                f"{master_port}); torchrun's store and the entrypoints' channel "
+                "cannot share it",
+                f"Pick another free port on node 0, or unset "
+                f"{PREFIX}CONTROL_PORT (default: the rendezvous port + 1)",
+            )
         return stated, f"env {PREFIX}CONTROL_PORT"
     if master_port is None or standalone:
         return None, "single node: any free port on loopback"
     if master_port < 65535:
         return master_port + 1, f"master port + 1 ({PREFIX}CONTROL_PORT unset)"
-    return master_port - 1, (f"master port - 1, as 65535 is the last port ({PREFIX}CONTROL_PORT "
-                             "unset)")
+    return master_port - 1, (
+        f"master port - 1, as 65535 is the last port ({PREFIX}CONTROL_PORT unset)"
+    )
 
 
 def markdown_table() -> str:

@@ -64,6 +64,7 @@ class _Interrupted(Exception):
 @dataclass
 class _Watch:
     """One launch as the supervising loop sees it."""
+
     signalled: int | None = None  # the stopping signal its workers were given
     signalled_at: float = 0.0
     kill_at: float | None = None  # when its workers are killed if still running
@@ -74,12 +75,17 @@ class _Watch:
         self.signalled, self.signalled_at, self.kill_at = sig, now, now + grace
 
 
-
 class Supervisor:
     """This node's life: join, start the launcher, watch it, restart it with the others, end."""
 
-    def __init__(self, plan: Plan, env: Mapping[str, str], settings: Settings, log,
-                 echo: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        env: Mapping[str, str],
+        settings: Settings,
+        log,
+        echo: Callable[[str], None] | None = None,
+    ) -> None:
         self.plan, self.settings, self.log = plan, settings, log
         self.secret_values = secrets.secret_values(env)
         self.identity = join.identity(env, plan, settings)
@@ -148,8 +154,9 @@ class Supervisor:
     def _join(self) -> None:
         host, port = self.plan.master_addr, self.plan.control_port
         if self.member == 0:
-            self.server, host, port = join.serve(self.plan, self.settings, self.expected,
-                                                 self.unit, self._server_log, self.identity)
+            self.server, host, port = join.serve(
+                self.plan, self.settings, self.expected, self.unit, self._server_log, self.identity
+            )
         waiting = "while waiting for node 0" if self.member != 0 else "before the nodes joined"
         # Collected before connecting: node 0 drops a connection silent for 30 s, and counting
         # a large data directory on a network filesystem can take longer.
@@ -158,12 +165,18 @@ class Supervisor:
             self._connecting = True
             for sig in [x for x in self.signals.received if x in STOPPING][:1]:
                 raise _Interrupted(sig)
-            self.channel = control.connect(host, port, timeout=self.settings.join_timeout,
-                                           log=lambda line: self.log.warning(line),
-                                           identity=self.identity)
+            self.channel = control.connect(
+                host,
+                port,
+                timeout=self.settings.join_timeout,
+                log=lambda line: self.log.warning(line),
+                identity=self.identity,
+            )
         except _Interrupted as got:
-            raise Stop(128 + got.sig, f"received {signal_name(got.sig)} {waiting}: stopping "
-                                      "(nothing was started)") from None
+            raise Stop(
+                128 + got.sig,
+                f"received {signal_name(got.sig)} {waiting}: stopping (nothing was started)",
+            ) from None
         finally:
             self._connecting = False
         self._hello(fp)
@@ -184,14 +197,20 @@ class Supervisor:
                     break
                 if sig not in self.signals.pending:
                     self.signals.pending.append(sig)
-                    self.log.warning(f"received {signal_name(sig)} before the trainer started: "
-                                     "passed to the workers once they run")
+                    self.log.warning(
+                        f"received {signal_name(sig)} before the trainer started: "
+                        "passed to the workers once they run"
+                    )
         if self.stop_signal is not None:
             sig = self.stop_signal
             # Said to node 0, so that the other nodes stop now, not at the join timeout.
             self.node0.send({"t": "exit", "code": 128 + sig, "signal": sig})
-            raise Stop(128 + sig, f"received {signal_name(sig)} before the trainer started"
-                       + (" again" if self.generation else "") + ": stopping")
+            raise Stop(
+                128 + sig,
+                f"received {signal_name(sig)} before the trainer started"
+                + (" again" if self.generation else "")
+                + ": stopping",
+            )
 
     def _await_go(self) -> None:
         deadline_silent = self.settings.heartbeat_timeout
@@ -230,12 +249,14 @@ class Supervisor:
                 procs.reap(exclude=launch.process.pid)
             self._handle_signals(watch, now)
             if watch.code is None:
-                for sig in self.signals.deliver_late(launch, watch.signalled,
-                                                     watch.signalled_at, now):
+                for sig in self.signals.deliver_late(
+                    launch, watch.signalled, watch.signalled_at, now
+                ):
                     self.node0.send({"t": "signal", "signal": sig})
             if watch.kill_at is not None and now > watch.kill_at and launch.running():
-                self.log.error(f"workers still running {s.grace_period:g} s after the signal: "
-                               "killing them")
+                self.log.error(
+                    f"workers still running {s.grace_period:g} s after the signal: killing them"
+                )
                 launch.kill_all()
                 watch.kill_at = None
             self._note_exit(watch)
@@ -249,14 +270,18 @@ class Supervisor:
         """The signals this node received since the last turn of the loop."""
         for sig in self.signals.take():
             if sig in STOPPING and watch.signalled is not None:
-                self.log.warning(f"received {signal_name(sig)} again: already "
-                                 "stopping, the workers are killed when the grace ends")
+                self.log.warning(
+                    f"received {signal_name(sig)} again: already "
+                    "stopping, the workers are killed when the grace ends"
+                )
                 continue
             if sig in STOPPING:
                 self.stop_signal = sig
                 if watch.code is not None:  # the trainer has exited: the job must not restart
-                    self.log.warning(f"received {signal_name(sig)} after the trainer exited: "
-                                     "the job stops, no restart")
+                    self.log.warning(
+                        f"received {signal_name(sig)} after the trainer exited: "
+                        "the job stops, no restart"
+                    )
                 else:
                     self.signals.pass_on(self.launched, sig, f"received {signal_name(sig)}")
                     watch.stopping(sig, now, self.settings.grace_period)
@@ -278,16 +303,16 @@ class Supervisor:
             self._kill_leftovers()  # a launcher that died leaves its workers headless
             self._report_exit(watch.code, watch.signalled, seen)
 
-    def _on_message(self, message: dict, watch: _Watch,
-                    now: float) -> tuple[bool, int | None]:
+    def _on_message(self, message: dict, watch: _Watch, now: float) -> tuple[bool, int | None]:
         """One message from node 0; (True, what `_supervise` returns) when the launch ends."""
         kind = message.get("t")
         if kind == "stop":
             return True, self._stopped(message, watch.signalled, watch.kill_at)
         if kind == "signal" and watch.signalled is None and watch.code is None:
             sig = int(message["signal"])
-            self.signals.pass_on(self.launched, sig,
-                                 str(message.get("reason", "another node received it")))
+            self.signals.pass_on(
+                self.launched, sig, str(message.get("reason", "another node received it"))
+            )
             watch.stopping(sig, now, self.settings.grace_period)
             self.stop_signal = sig
         if kind == "done":
@@ -298,18 +323,28 @@ class Supervisor:
             self.generation = int(message["generation"])
             if self.member != 0 and self.stop_signal is None:
                 # node 0's conductor has said it already
-                self.log.warning(f"restarting the trainer ({message.get('reason', '')})",
-                                 restart=self.generation)
+                self.log.warning(
+                    f"restarting the trainer ({message.get('reason', '')})", restart=self.generation
+                )
             self._hello()  # with a stop signal: says so to node 0 and stops
             return True, None
         return False, None
 
     def _report_exit(self, code: int, signalled: int | None, seen: float) -> None:
         who = f"{self.unit} {self.member} ({socket.gethostname()})"
-        self.node0.send(failures.exit_report(
-            self.plan, self.launched, code, signalled, delivered=self.signals.delivered,
-            log_dir=self.log_dir, seen=seen, who=who,
-            mask=lambda line: secrets.mask(line, self.secret_values)))
+        self.node0.send(
+            failures.exit_report(
+                self.plan,
+                self.launched,
+                code,
+                signalled,
+                delivered=self.signals.delivered,
+                log_dir=self.log_dir,
+                seen=seen,
+                who=who,
+                mask=lambda line: secrets.mask(line, self.secret_values),
+            )
+        )
 
     def _stopped(self, message: dict, signalled: int | None, kill_at: float | None) -> int:
         code, reason = int(message["code"]) & 0xFF, str(message.get("reason", ""))
@@ -334,17 +369,23 @@ class Supervisor:
         messages = self.node0.receive(timeout)
         if self.node0.closed:
             self._end_workers(_LOST_PEER_GRACE)
-            raise Stop(EXIT_PEERS, f"lost node 0 ({self.plan.master_addr}): its connection "
-                                   "closed (container killed, node crashed or rebooted)")
+            raise Stop(
+                EXIT_PEERS,
+                f"lost node 0 ({self.plan.master_addr}): its connection "
+                "closed (container killed, node crashed or rebooted)",
+            )
         return messages
 
     def _check_master(self, timeout: float) -> None:
         silent = time.monotonic() - self.node0.last_heard
         if silent > timeout:
             self._end_workers(_LOST_PEER_GRACE)
-            raise Stop(EXIT_PEERS, f"node 0 ({self.plan.master_addr}) silent for {silent:.0f} s "
-                                   f"(ENTRYPOINT_HEARTBEAT_TIMEOUT={timeout:g}): it hangs, is "
-                                   "paused or this node is cut off from it")
+            raise Stop(
+                EXIT_PEERS,
+                f"node 0 ({self.plan.master_addr}) silent for {silent:.0f} s "
+                f"(ENTRYPOINT_HEARTBEAT_TIMEOUT={timeout:g}): it hangs, is "
+                "paused or this node is cut off from it",
+            )
 
     def _end_workers(self, grace: float) -> None:
         """SIGTERM to a running launch's workers, `grace` to exit, then SIGKILL."""
@@ -360,12 +401,14 @@ class Supervisor:
         """Kill every process still below this one: workers orphaned when their launcher died
         are re-parented here (subreaper), and none may outlive the entrypoint."""
         guard = self.guard.pid if self.guard is not None else -1
-        pids = [pid for pid in procs.descendants(os.getpid())
-                if pid != guard and procs.alive(pid)]
+        pids = [pid for pid in procs.descendants(os.getpid()) if pid != guard and procs.alive(pid)]
         if not pids:
             return
-        self.log.warning(f"killing {len(pids)} process(es) left behind by the launcher "
-                         "(workers whose launcher died)", pids=pids[:20])
+        self.log.warning(
+            f"killing {len(pids)} process(es) left behind by the launcher "
+            "(workers whose launcher died)",
+            pids=pids[:20],
+        )
         procs.kill_and_wait(pids, _LEFTOVER_WAIT)
         procs.reap(exclude=self.launch.process.pid if self.launch else -1)
 

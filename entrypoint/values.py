@@ -54,37 +54,55 @@ def _empty(name: str, raw: str) -> ConfigError:
     return ConfigError(name, raw, "is set but empty", f"Give {name} a value, or unset it")
 
 
-def number(name: str, raw: str | None, *, low: int, high: int, noun: str = "",
-           example: int | None = None) -> int:
+def number(
+    name: str, raw: str | None, *, low: int, high: int, noun: str = "", example: int | None = None
+) -> int:
     """A whole number low..high written in ASCII digits, else one line naming the range."""
     example = low if example is None else example
     unit = f" {noun}" if noun else ""
     if raw is None:
-        raise ConfigError(name, None, "is not set", f"Set {name} to a whole number from "
-                          f"{low} to {high}, for example {example}")
+        raise ConfigError(
+            name,
+            None,
+            "is not set",
+            f"Set {name} to a whole number from {low} to {high}, for example {example}",
+        )
     text = raw.strip()
     if not text:
         raise _empty(name, raw)
     if not (text.isascii() and text.isdigit()):
         what = "a positive whole number" if low >= 1 else "a whole number"
-        raise ConfigError(name, raw, f"not {what} (ASCII digits 0-9 only, no sign)",
-                          f"Set {name} to a number from {low} to {high}, for example {example}")
+        raise ConfigError(
+            name,
+            raw,
+            f"not {what} (ASCII digits 0-9 only, no sign)",
+            f"Set {name} to a number from {low} to {high}, for example {example}",
+        )
     significant = text.lstrip("0") or "0"  # int() refuses 4300 digits, zeros included
     if len(significant) > _MAX_DIGITS or int(significant) > high:
-        raise ConfigError(name, raw, f"is above the limit of {high}{unit}",
-                          f"Set {name} to a number from {low} to {high}")
+        raise ConfigError(
+            name,
+            raw,
+            f"is above the limit of {high}{unit}",
+            f"Set {name} to a number from {low} to {high}",
+        )
     value = int(significant)
     if value < low:
         problem = "not a positive whole number" if low == 1 else f"is below {low}"
-        raise ConfigError(name, raw, problem,
-                          f"Set {name} to a number from {low} to {high}, for example {example}")
+        raise ConfigError(
+            name,
+            raw,
+            problem,
+            f"Set {name} to a number from {low} to {high}, for example {example}",
+        )
     return value
 
 
 def count(name: str, raw: str | None, limit: Limit, *, allow_zero: bool = False) -> int:
     """A count of nodes, processes or GPUs: 1 (or 0) up to the limit."""
-    return number(name, raw, low=0 if allow_zero else 1, high=limit.high, noun=limit.noun,
-                  example=2)
+    return number(
+        name, raw, low=0 if allow_zero else 1, high=limit.high, noun=limit.noun, example=2
+    )
 
 
 def index(name: str, raw: str | None, limit: Limit = PROCESSES) -> int:
@@ -98,8 +116,12 @@ def port(name: str, raw: str | None) -> int:
     except ConfigError:
         if raw is None or not raw.strip():
             raise
-        raise ConfigError(name, raw, "not a TCP port (a number from 1 to 65535, ASCII digits)",
-                          f"Set {name} to a free port such as 29500") from None
+        raise ConfigError(
+            name,
+            raw,
+            "not a TCP port (a number from 1 to 65535, ASCII digits)",
+            f"Set {name} to a free port such as 29500",
+        ) from None
 
 
 def first(env: Mapping[str, str], *names: str) -> tuple[str, str] | None:
@@ -137,8 +159,9 @@ def variable_of(source: str) -> str:
 _LABEL = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
 # Why node 0 may not be an IPv6 literal: its entrypoint's control channel (join, checks,
 # heartbeats) listens on IPv4 only, so the other nodes could never join it.
-IPV6_MASTER = ("an IPv6 address; node 0's control channel (join, checks, heartbeats) listens on "
-               "IPv4 only")
+IPV6_MASTER = (
+    "an IPv6 address; node 0's control channel (join, checks, heartbeats) listens on IPv4 only"
+)
 
 
 def _host_fix(name: str) -> str:
@@ -155,13 +178,18 @@ def host(name: str, raw: str | None, *, ipv6: bool = False) -> str:
     if not text:
         raise _empty(name, raw)
     if not text.isascii() or not text.isprintable():
-        raise ConfigError(name, raw, "not a host name (characters outside ASCII letters, digits, "
-                          "'-', '_' and '.')", _host_fix(name))
+        raise ConfigError(
+            name,
+            raw,
+            "not a host name (characters outside ASCII letters, digits, '-', '_' and '.')",
+            _host_fix(name),
+        )
     if "://" in text:
         raise ConfigError(name, raw, "a URL, not a host", _host_fix(name))
     if any(c in text for c in " \t,;/@"):
-        raise ConfigError(name, raw, "not one host name (it holds a space, comma or '/')",
-                          _host_fix(name))
+        raise ConfigError(
+            name, raw, "not one host name (it holds a space, comma or '/')", _host_fix(name)
+        )
     inner = text[1:-1] if text.startswith("[") and text.endswith("]") else text
     if inner.count(":") >= 2:
         try:
@@ -170,20 +198,36 @@ def host(name: str, raw: str | None, *, ipv6: bool = False) -> str:
             address = None
         if address is None and text.startswith("[") and "]:" in text:
             head, _, tail = text.rpartition(":")
-            raise ConfigError(name, raw, "holds a port (host:port)",
-                              f"Set {name}={head} and the port in MASTER_PORT={tail}")
+            raise ConfigError(
+                name,
+                raw,
+                "holds a port (host:port)",
+                f"Set {name}={head} and the port in MASTER_PORT={tail}",
+            )
         if address is None:
-            raise ConfigError(name, raw, "not a valid IPv6 address (with a port it would be "
-                              "[address]:port, and the port belongs in MASTER_PORT)",
-                              _host_fix(name))
+            raise ConfigError(
+                name,
+                raw,
+                "not a valid IPv6 address (with a port it would be "
+                "[address]:port, and the port belongs in MASTER_PORT)",
+                _host_fix(name),
+            )
         if not ipv6:
-            raise ConfigError(name, raw, IPV6_MASTER, "Give node 0's IPv4 address, or a host "
-                              "name that resolves to it")
+            raise ConfigError(
+                name,
+                raw,
+                IPV6_MASTER,
+                "Give node 0's IPv4 address, or a host name that resolves to it",
+            )
         return inner
     if ":" in text:
         head, _, tail = text.rpartition(":")
-        raise ConfigError(name, raw, "holds a port (host:port)",
-                          f"Set {name}={head} and the port in MASTER_PORT={tail}")
+        raise ConfigError(
+            name,
+            raw,
+            "holds a port (host:port)",
+            f"Set {name}={head} and the port in MASTER_PORT={tail}",
+        )
     if "[" in text or "]" in text:
         raise ConfigError(name, raw, "brackets belong around IPv6 addresses only", _host_fix(name))
     labels = text.removesuffix(".").split(".")
@@ -191,12 +235,20 @@ def host(name: str, raw: str | None, *, ipv6: bool = False) -> str:
         try:
             return str(ipaddress.IPv4Address(text))
         except ValueError:
-            raise ConfigError(name, raw, "not a valid IPv4 address (four numbers 0-255, no "
-                              "leading zeros)", _host_fix(name)) from None
+            raise ConfigError(
+                name,
+                raw,
+                "not a valid IPv4 address (four numbers 0-255, no leading zeros)",
+                _host_fix(name),
+            ) from None
     if len(text) > 253 or not all(_LABEL.match(label) for label in labels):
-        raise ConfigError(name, raw, "not a valid host name (labels of letters, digits, '-' and "
-                          "'_', at most 63 each, not starting or ending with '-')",
-                          _host_fix(name))
+        raise ConfigError(
+            name,
+            raw,
+            "not a valid host name (labels of letters, digits, '-' and "
+            "'_', at most 63 each, not starting or ending with '-')",
+            _host_fix(name),
+        )
     return text
 
 
@@ -221,8 +273,10 @@ def device_list(name: str, raw: str) -> tuple[str, ...]:
     entries = [entry.strip() for entry in text.split(",")]
     if entries[0].startswith("-") and entries[0][1:].isascii() and entries[0][1:].isdigit():
         return ()
-    fix = (f"List this node's GPUs once each, by index (0,1,2) or UUID (GPU-...), or unset "
-           f"{name} to use them all")
+    fix = (
+        f"List this node's GPUs once each, by index (0,1,2) or UUID (GPU-...), or unset "
+        f"{name} to use them all"
+    )
     seen: set[str] = set()
     ids = []
     for entry in entries:
@@ -233,12 +287,21 @@ def device_list(name: str, raw: str) -> tuple[str, ...]:
         elif _UUID.match(entry):
             key = entry
         elif entry == "all":
-            raise ConfigError(name, raw, "CUDA reads 'all' as no GPU at all (NVIDIA_VISIBLE_"
-                              "DEVICES=all is the container runtime's word, not CUDA's)",
-                              f"Unset {name} to use every GPU")
+            raise ConfigError(
+                name,
+                raw,
+                "CUDA reads 'all' as no GPU at all (NVIDIA_VISIBLE_"
+                "DEVICES=all is the container runtime's word, not CUDA's)",
+                f"Unset {name} to use every GPU",
+            )
         else:
-            raise ConfigError(name, raw, f"names {entry!r}, neither a GPU index nor a UUID "
-                              "(CUDA silently stops reading the list there)", fix)
+            raise ConfigError(
+                name,
+                raw,
+                f"names {entry!r}, neither a GPU index nor a UUID "
+                "(CUDA silently stops reading the list there)",
+                fix,
+            )
         if key in seen:
             raise ConfigError(name, raw, f"names GPU {entry} twice", fix)
         seen.add(key)

@@ -37,14 +37,18 @@ class SignalRelay:
     def pass_on(self, launch: Launch, sig: int, why: str) -> list[int]:
         pids = launch.forward(sig) if launch.running() else []
         self.delivered.setdefault(sig, set()).update(pids)
-        grace = (f"; they have {self.grace_period:g} s (ENTRYPOINT_GRACE_PERIOD) to "
-                 "checkpoint and exit" if sig in STOPPING else "")
+        grace = (
+            f"; they have {self.grace_period:g} s (ENTRYPOINT_GRACE_PERIOD) to checkpoint and exit"
+            if sig in STOPPING
+            else ""
+        )
         later = "" if pids else "; passed to the workers as they start"
         self.log.warning(f"{why}: forwarded to {len(pids)} worker process(es){grace}{later}")
         return pids
 
-    def deliver_late(self, launch: Launch, signalled: int | None, signalled_at: float,
-                     now: float) -> list[int]:
+    def deliver_late(
+        self, launch: Launch, signalled: int | None, signalled_at: float, now: float
+    ) -> list[int]:
         """Workers that started after a signal arrived get it too: as soon as they catch it
         (their handler is installed), or a stopping signal once 3/4 of the grace period are
         spent even if they never do (its default action ends them). Returns the signals to
@@ -58,25 +62,36 @@ class SignalRelay:
         patience, tell = self.grace_period * 0.75, []
         for sig in wanted:
             got = self.delivered.setdefault(sig, set())
-            new = [pid for pid in workers if pid not in got and (
-                procs.catches(pid, sig) or (sig == signalled and now - signalled_at > patience))]
+            new = [
+                pid
+                for pid in workers
+                if pid not in got
+                and (
+                    procs.catches(pid, sig) or (sig == signalled and now - signalled_at > patience)
+                )
+            ]
             if not new:
                 continue
             procs.send(new, sig)
             got.update(new)
-            self.log.warning(f"{signal_name(sig)} reached {len(new)} worker(s) that started "
-                             "after it arrived")
+            self.log.warning(
+                f"{signal_name(sig)} reached {len(new)} worker(s) that started after it arrived"
+            )
             if sig != signalled and sig not in self.told:
                 self.told.add(sig)
                 tell.append(sig)
-        if self.pending and all(len(self.delivered.get(sig, ())) >= len(workers)
-                                for sig in self.pending):
+        if self.pending and all(
+            len(self.delivered.get(sig, ())) >= len(workers) for sig in self.pending
+        ):
             self.pending = []
         return tell
 
     def drop_pending(self) -> None:
         """The launch ended: say which signals no worker caught, and forget them."""
         if self.pending:
-            self.log.warning("no worker caught " + ", ".join(signal_name(s) for s in self.pending)
-                             + " before the trainer ended")
+            self.log.warning(
+                "no worker caught "
+                + ", ".join(signal_name(s) for s in self.pending)
+                + " before the trainer ended"
+            )
             self.pending = []

@@ -17,12 +17,20 @@ if backend == "nccl":
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 dist.init_process_group(backend)
 rank, world = dist.get_rank(), dist.get_world_size()
-device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+device = (
+    torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+)
 value = torch.tensor([float(rank + 1)], device=device)
 dist.all_reduce(value)
-report = {"rank": rank, "world_size": world, "local_rank": int(os.environ["LOCAL_RANK"]),
-          "sum": value.item(), "expected": world * (world + 1) / 2, "backend": backend,
-          "env_world_size": int(os.environ["WORLD_SIZE"])}
+report = {
+    "rank": rank,
+    "world_size": world,
+    "local_rank": int(os.environ["LOCAL_RANK"]),
+    "sum": value.item(),
+    "expected": world * (world + 1) / 2,
+    "backend": backend,
+    "env_world_size": int(os.environ["WORLD_SIZE"]),
+}
 print("ALLREDUCE " + json.dumps(report), flush=True)
 out = os.environ.get("ALLREDUCE_OUT")
 if out:

@@ -25,9 +25,12 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def unavailable():
     """unavailable(why): skip, or fail under CI."""
+
     def say(why: str):
         if IN_CI:
-            pytest.fail(f"{why} (CI=true: tests that need Docker must run, not skip)",
-                        pytrace=False)
+            pytest.fail(
+                f"{why} (CI=true: tests that need Docker must run, not skip)", pytrace=False
+            )
         pytest.skip(why)
+
     return say

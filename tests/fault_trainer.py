@@ -52,8 +52,15 @@ def on_signal(number, _frame):
         signal_at = signal_at or time.time()
 
 
-for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGABRT, signal.SIGSEGV,
-            signal.SIGINT, signal.SIGHUP):
+for sig in (
+    signal.SIGTERM,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGABRT,
+    signal.SIGSEGV,
+    signal.SIGINT,
+    signal.SIGHUP,
+):
     signal.signal(sig, on_signal)
 
 dist.init_process_group("gloo")
@@ -66,8 +73,10 @@ signals_seen = []
 step = start
 for step in range(start + 1, steps + 1):
     if crash and restart == 0 and crash == f"{rank}:{step}":
-        raise ValueError(f"injected failure on rank {rank} at step {step}"
-                         + os.environ.get("FAULT_CRASH_SAY", ""))
+        raise ValueError(
+            f"injected failure on rank {rank} at step {step}"
+            + os.environ.get("FAULT_CRASH_SAY", "")
+        )
     if exit_at and restart == 0 and exit_at.startswith(f"{rank}:{step}:"):
         code = exit_at.split(":")[2]
         (out / f"exiting{rank}").write_text(code)
@@ -94,9 +103,15 @@ for step in range(start + 1, steps + 1):
     time.sleep(pause)
     if rank == 0 and step % 20 == 0:
         ckpt.write_text(str(step))
-report = {"rank": rank, "world_size": world, "start": start, "last_step": step,
-          "restart": restart, "signal": signals_seen[0] if signals_seen else None,
-          "signal_at": signal_at}
+report = {
+    "rank": rank,
+    "world_size": world,
+    "start": start,
+    "last_step": step,
+    "restart": restart,
+    "signal": signals_seen[0] if signals_seen else None,
+    "signal_at": signal_at,
+}
 (out / f"rank{rank}.json").write_text(json.dumps(report))
 dist.destroy_process_group()
 sys.exit(128 + signals_seen[0] if signals_seen else 0)

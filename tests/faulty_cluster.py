@@ -50,8 +50,14 @@ class FaultyCluster(Cluster):
     """A Cluster that carries out faults while it runs, with an optional shared volume and
     read-only host directories in every node."""
 
-    def __init__(self, image: str, *, shared: str | None = None,
-                 mounts: Mapping[str, str] | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        image: str,
+        *,
+        shared: str | None = None,
+        mounts: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(image, **kwargs)
         self.shared = shared  # where every node mounts the one volume, or None
         self.volume_name = f"{self.prefix}-shared"
@@ -79,8 +85,9 @@ class FaultyCluster(Cluster):
             _remove(f"volume {self.volume_name}", lambda: volume.remove(force=True))
             self.volume = None
 
-    def run(self, nodes: Sequence[Node], *, faults: Sequence[Fault] = (),
-            **kwargs: Any) -> FaultyRun:
+    def run(
+        self, nodes: Sequence[Node], *, faults: Sequence[Fault] = (), **kwargs: Any
+    ) -> FaultyRun:
         """Cluster.run, carrying out `faults` as their triggers come (see Fault)."""
         self._waiting = list(faults)
         self._triggered, self._fired, self._errors = {}, {}, {}
@@ -96,8 +103,12 @@ class FaultyCluster(Cluster):
                 self._waiting.remove(fault)
                 self._fired[fault.name] = time.monotonic() - self._t0
                 self._say("cluster", f"fault {fault.name} (at {self._fired[fault.name]:.1f} s)")
-                threading.Thread(target=self._carry_out, args=(fault, self._errors),
-                                 daemon=True, name=f"fault-{fault.name}").start()
+                threading.Thread(
+                    target=self._carry_out,
+                    args=(fault, self._errors),
+                    daemon=True,
+                    name=f"fault-{fault.name}",
+                ).start()
 
     def _volumes(self) -> dict[str, dict[str, str]]:
         volumes = {host: {"bind": inside, "mode": "ro"} for host, inside in self.mounts.items()}
@@ -110,9 +121,13 @@ class FaultyCluster(Cluster):
         self.volume = self.client.volumes.create(self.volume_name, labels={LABEL: self.prefix})
         # A new volume's root belongs to root; the nodes run as uid 1000 (the image's user).
         self.client.containers.run(
-            self.image, entrypoint=["chown", "1000:0", self.shared], user="0", remove=True,
+            self.image,
+            entrypoint=["chown", "1000:0", self.shared],
+            user="0",
+            remove=True,
             volumes={self.volume_name: {"bind": self.shared, "mode": "rw"}},
-            labels={LABEL: self.prefix})
+            labels={LABEL: self.prefix},
+        )
 
     def _results(self, name: str, output: str = DEFAULT_OUTPUT) -> list[dict]:
         """With a shared output, only the reports whose `node` is this node's name."""
@@ -162,5 +177,8 @@ def triggered(fault: Fault, now: float, runs: Mapping[str, NodeRun]) -> bool:
         lines = runs[fault.node].lines if fault.node in runs else []
         if any(fault.line in line for line in list(lines)):
             return True
-    return (fault.exited is not None and fault.exited in runs
-            and runs[fault.exited].exit_code is not None)
+    return (
+        fault.exited is not None
+        and fault.exited in runs
+        and runs[fault.exited].exit_code is not None
+    )

@@ -55,37 +55,61 @@ def _read_json(path: Path, *, required: bool) -> dict:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as err:
         why = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
-        raise ConfigError(VARIABLE, str(path.parent), f"cannot read {path.name} ({why})",
-                          "Point it at a directory with a readable deepspeed.json (and optional "
-                          "config.json)") from None
+        raise ConfigError(
+            VARIABLE,
+            str(path.parent),
+            f"cannot read {path.name} ({why})",
+            "Point it at a directory with a readable deepspeed.json (and optional config.json)",
+        ) from None
     except ValueError as err:
-        raise ConfigError(VARIABLE, str(path.parent), f"{path.name} is not valid JSON ({err})",
-                          f"Fix {path}: it must hold one JSON object") from None
+        raise ConfigError(
+            VARIABLE,
+            str(path.parent),
+            f"{path.name} is not valid JSON ({err})",
+            f"Fix {path}: it must hold one JSON object",
+        ) from None
     if not isinstance(data, dict):
-        raise ConfigError(VARIABLE, str(path.parent),
-                          f"{path.name} holds a JSON {type(data).__name__}, not an object",
-                          f"Fix {path}: it must hold one JSON object ({{...}})")
+        raise ConfigError(
+            VARIABLE,
+            str(path.parent),
+            f"{path.name} holds a JSON {type(data).__name__}, not an object",
+            f"Fix {path}: it must hold one JSON object ({{...}})",
+        )
     return data
 
 
 def _check_batch_fields(path: Path, ds: dict) -> None:
-    for field in ("train_batch_size", "train_micro_batch_size_per_gpu",
-                  "gradient_accumulation_steps"):
+    for field in (
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+    ):
         value = ds.get(field, "auto")
-        ok = value == "auto" or (isinstance(value, int) and not isinstance(value, bool)
-                                 and value > 0)
+        ok = value == "auto" or (
+            isinstance(value, int) and not isinstance(value, bool) and value > 0
+        )
         if not ok:
-            raise _invalid(path, field, value, "is not a positive whole number or \"auto\"",
-                           f"Set {field} in {path} to a positive integer or \"auto\"")
+            raise _invalid(
+                path,
+                field,
+                value,
+                'is not a positive whole number or "auto"',
+                f'Set {field} in {path} to a positive integer or "auto"',
+            )
 
 
 def _check_meta(path: Path, meta: dict) -> None:
-    checks = (("description", lambda v: isinstance(v, str), "is not a string", '"..."'),
-              ("device", lambda v: v in DEVICES, "is not cuda or cpu", '"cuda" or "cpu"'),
-              ("world_size", lambda v: v is None or (isinstance(v, int)
-                                                     and not isinstance(v, bool) and v > 0),
-               "is not a positive whole number or null", "a GPU count such as 8, or null"),
-              ("accelerate", lambda v: isinstance(v, dict), "is not an object", "{...}"))
+    checks = (
+        ("description", lambda v: isinstance(v, str), "is not a string", '"..."'),
+        ("device", lambda v: v in DEVICES, "is not cuda or cpu", '"cuda" or "cpu"'),
+        (
+            "world_size",
+            lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
+            "is not a positive whole number or null",
+            "a GPU count such as 8, or null",
+        ),
+        ("accelerate", lambda v: isinstance(v, dict), "is not an object", "{...}"),
+    )
     for field, ok, problem, example in checks:
         if field in meta and not ok(meta[field]):
             raise _invalid(path, field, meta[field], problem, f"Set {field} in {path} to {example}")
@@ -94,8 +118,12 @@ def _check_meta(path: Path, meta: dict) -> None:
 def load(path: Path) -> Config:
     """Read and validate a config directory as a whole; one line naming the file and field."""
     if not path.is_dir():
-        raise ConfigError(VARIABLE, str(path), "is not a directory",
-                          "Point it at a directory holding deepspeed.json")
+        raise ConfigError(
+            VARIABLE,
+            str(path),
+            "is not a directory",
+            "Point it at a directory holding deepspeed.json",
+        )
     meta = _read_json(path / "config.json", required=False)
     deepspeed = _read_json(path / "deepspeed.json", required=True)
     _check_meta(path / "config.json", meta)
@@ -131,15 +159,21 @@ def select(named: str | None, *, device: str, world_size: int) -> tuple[Config, 
             return catalog[named], f"env {VARIABLE}={named}"
         if Path(named).exists():
             return load(Path(named)), f"env {VARIABLE} (directory)"
-        raise ConfigError(VARIABLE, named, "is neither a shipped config nor a directory",
-                          f"Use one of {', '.join(catalog)} or a directory holding deepspeed.json")
+        raise ConfigError(
+            VARIABLE,
+            named,
+            "is neither a shipped config nor a directory",
+            f"Use one of {', '.join(catalog)} or a directory holding deepspeed.json",
+        )
     if device == "cpu":
         return catalog["cpu"], "device is cpu"
     config = _nearest(catalog, world_size)
     if config.world_size == world_size:
         return config, f"world size {world_size} matches {config.name}"
-    return config, (f"nearest shipped config to {world_size} GPUs in total: {config.name} "
-                    f"(made for {config.world_size}; have {', '.join(catalog)})")
+    return config, (
+        f"nearest shipped config to {world_size} GPUs in total: {config.name} "
+        f"(made for {config.world_size}; have {', '.join(catalog)})"
+    )
 
 
 def split(config: Config, world_size: int) -> Split | None:
@@ -158,27 +192,39 @@ def split(config: Config, world_size: int) -> Split | None:
         if micro * fixed * world_size != total:
             fits = str(total // (micro * fixed)) if total % (micro * fixed) == 0 else "none"
             raise ConfigError(
-                VARIABLE, str(config.path),
+                VARIABLE,
+                str(config.path),
                 f"deepspeed.json fixes train_batch_size {total} = micro batch {micro} x "
                 f"accumulation {fixed} x world size, which holds only for world size "
                 f"{fits}, not {world_size}",
-                'Set gradient_accumulation_steps to "auto" there, or run on that many workers')
+                'Set gradient_accumulation_steps to "auto" there, or run on that many workers',
+            )
         return Split(total, micro, fixed, total, f"{config.name}: fixed in deepspeed.json")
     if total % world_size == 0:
         per_rank = total // world_size
         m = max(d for d in _divisors(per_rank) if d <= micro)
         lowered = "" if m == micro else f", micro batch lowered from {micro}"
-        return Split(total, m, per_rank // m, total,
-                     f"{config.name}: global batch {total} kept = micro {m} x accumulation "
-                     f"{per_rank // m} x {world_size} workers{lowered}")
+        return Split(
+            total,
+            m,
+            per_rank // m,
+            total,
+            f"{config.name}: global batch {total} kept = micro {m} x accumulation "
+            f"{per_rank // m} x {world_size} workers{lowered}",
+        )
     # Not divisible: keep the micro batch (tuned for memory), round the accumulation; lower
     # the micro batch only where one micro step of every worker already exceeds the batch.
     m = micro if micro * world_size <= total else max(1, round(total / world_size))
     a = max(1, round(total / (m * world_size)))
     made = m * a * world_size
-    return Split(made, m, a, total,
-                 f"{config.name}: global batch {total} cannot be split over {world_size} "
-                 f"workers; nearest is {made} = micro {m} x accumulation {a} x {world_size}")
+    return Split(
+        made,
+        m,
+        a,
+        total,
+        f"{config.name}: global batch {total} cannot be split over {world_size} "
+        f"workers; nearest is {made} = micro {m} x accumulation {a} x {world_size}",
+    )
 
 
 def _divisors(n: int) -> list[int]:
@@ -191,7 +237,9 @@ def derive_deepspeed(config: Config, world_size: int) -> dict:
     ds = dict(config.deepspeed)
     found = split(config, world_size)
     if found is not None:
-        ds |= {"train_batch_size": found.global_batch,
-               "train_micro_batch_size_per_gpu": found.micro,
-               "gradient_accumulation_steps": found.accumulation}
+        ds |= {
+            "train_batch_size": found.global_batch,
+            "train_micro_batch_size_per_gpu": found.micro,
+            "gradient_accumulation_steps": found.accumulation,
+        }
     return ds

@@ -36,18 +36,42 @@ def bandwidth(nbytes: int, seconds: float, world: int) -> tuple[float, float]:
     return algbw, algbw * 2 * (world - 1) / world
 
 
-def summary(*, backend: str, device: str, world: int, nnodes: int, warmup: int, iters: int,
-            measured: list[tuple[int, float, float, int]]) -> dict:
+def summary(
+    *,
+    backend: str,
+    device: str,
+    world: int,
+    nnodes: int,
+    warmup: int,
+    iters: int,
+    measured: list[tuple[int, float, float, int]],
+) -> dict:
     """The result as JSON: measured = (bytes, mean seconds over ranks, slowest rank's, wrong)."""
     rows = []
     for nbytes, seconds, slowest, wrong in measured:
         algbw, busbw = bandwidth(nbytes, seconds, world)
-        rows.append({"bytes": nbytes, "count": nbytes // 4, "time_us": seconds * 1e6,
-                     "slowest_rank_time_us": slowest * 1e6, "algbw_gbps": algbw,
-                     "busbw_gbps": busbw, "wrong": wrong})
-    return {"backend": backend, "device": device, "dtype": "float32", "op": "sum",
-            "world_size": world, "nnodes": nnodes, "warmup": warmup, "iters": iters,
-            "results": rows}
+        rows.append(
+            {
+                "bytes": nbytes,
+                "count": nbytes // 4,
+                "time_us": seconds * 1e6,
+                "slowest_rank_time_us": slowest * 1e6,
+                "algbw_gbps": algbw,
+                "busbw_gbps": busbw,
+                "wrong": wrong,
+            }
+        )
+    return {
+        "backend": backend,
+        "device": device,
+        "dtype": "float32",
+        "op": "sum",
+        "world_size": world,
+        "nnodes": nnodes,
+        "warmup": warmup,
+        "iters": iters,
+        "results": rows,
+    }
 
 
 def _size(nbytes: int) -> str:
@@ -56,16 +80,26 @@ def _size(nbytes: int) -> str:
 
 
 def table(result: dict) -> str:
-    head = (f"all-reduce: {result['world_size']} ranks on {result['nnodes']} node(s), "
-            f"{result['backend']} on {result['device']}, {result['dtype']} {result['op']}, "
-            f"{result['iters']} timed after {result['warmup']} warm-up")
-    lines = [head, (f"{'size':>10} {'count':>10} {'time (us)':>12} {'algbw (GB/s)':>13} "
-                    f"{'busbw (GB/s)':>13} {'wrong':>6}")]
+    head = (
+        f"all-reduce: {result['world_size']} ranks on {result['nnodes']} node(s), "
+        f"{result['backend']} on {result['device']}, {result['dtype']} {result['op']}, "
+        f"{result['iters']} timed after {result['warmup']} warm-up"
+    )
+    lines = [
+        head,
+        (
+            f"{'size':>10} {'count':>10} {'time (us)':>12} {'algbw (GB/s)':>13} "
+            f"{'busbw (GB/s)':>13} {'wrong':>6}"
+        ),
+    ]
     for row in result["results"]:
-        lines.append(f"{_size(row['bytes']):>10} {row['count']:>10} {row['time_us']:>12.1f} "
-                     f"{row['algbw_gbps']:>13.3f} {row['busbw_gbps']:>13.3f} {row['wrong']:>6}")
-    lines.append("(as nccl-tests: algbw = size / time, busbw = algbw x 2(n-1)/n; time: mean "
-                 "over the ranks)")
+        lines.append(
+            f"{_size(row['bytes']):>10} {row['count']:>10} {row['time_us']:>12.1f} "
+            f"{row['algbw_gbps']:>13.3f} {row['busbw_gbps']:>13.3f} {row['wrong']:>6}"
+        )
+    lines.append(
+        "(as nccl-tests: algbw = size / time, busbw = algbw x 2(n-1)/n; time: mean over the ranks)"
+    )
     return "\n".join(lines)
 
 
@@ -84,18 +118,33 @@ def then_command(then: list[str], python: str) -> list[str]:
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m entrypoint.job.allreduce",
-        description="Measure all-reduce bandwidth across every worker (started by torchrun).")
-    parser.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES_MIB),
-                        help="tensor sizes in MiB, comma-separated (default %(default)s)")
+        description="Measure all-reduce bandwidth across every worker (started by torchrun).",
+    )
+    parser.add_argument(
+        "--sizes",
+        default=",".join(str(s) for s in DEFAULT_SIZES_MIB),
+        help="tensor sizes in MiB, comma-separated (default %(default)s)",
+    )
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls per size")
     parser.add_argument("--iters", type=int, default=5, help="timed calls per size")
-    parser.add_argument("--format", choices=("table", "json", "none"), default="table",
-                        help="what global rank 0 prints on stdout (it always writes the JSON file)")
-    parser.add_argument("--output", default=None,
-                        help="JSON file written by global rank 0 (default: allreduce.json next "
-                             "to ENTRYPOINT_PLAN_FILE)")
-    parser.add_argument("--then", nargs=argparse.REMAINDER, default=None,
-                        help="CMD ARGS...: exec this trainer in the same worker process afterwards")
+    parser.add_argument(
+        "--format",
+        choices=("table", "json", "none"),
+        default="table",
+        help="what global rank 0 prints on stdout (it always writes the JSON file)",
+    )
+    parser.add_argument(
+        "--output",
+        default=None,
+        help="JSON file written by global rank 0 (default: allreduce.json next "
+        "to ENTRYPOINT_PLAN_FILE)",
+    )
+    parser.add_argument(
+        "--then",
+        nargs=argparse.REMAINDER,
+        default=None,
+        help="CMD ARGS...: exec this trainer in the same worker process afterwards",
+    )
     args = parser.parse_args(argv)
     try:
         args.sizes = [float(s) for s in args.sizes.split(",") if s.strip()]
@@ -138,9 +187,14 @@ def measure(sizes_mib: list[float], warmup: int, iters: int) -> dict:
     # torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE); else rank 0 does, as in
     # torch's own env:// rendezvous.
     agent = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    base = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size=world,
-                         is_master=not agent and rank == 0, timeout=timeout,
-                         wait_for_workers=False)
+    base = dist.TCPStore(
+        env["MASTER_ADDR"],
+        int(env["MASTER_PORT"]),
+        world_size=world,
+        is_master=not agent and rank == 0,
+        timeout=timeout,
+        wait_for_workers=False,
+    )
     attempt = env.get("ENTRYPOINT_RESTART_COUNT", "0")
     store = dist.PrefixStore(f"{STORE_PREFIX}/{attempt}", base)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
@@ -174,22 +228,35 @@ def measure(sizes_mib: list[float], warmup: int, iters: int) -> dict:
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     dist.all_reduce(wrongs)
     sync()
-    measured = [(nbytes, t / world, s, int(w)) for (nbytes, _, _), t, s, w in
-                zip(mine, times.tolist(), slowest.tolist(), wrongs.tolist(), strict=True)]
+    measured = [
+        (nbytes, t / world, s, int(w))
+        for (nbytes, _, _), t, s, w in zip(
+            mine, times.tolist(), slowest.tolist(), wrongs.tolist(), strict=True
+        )
+    ]
     dist.destroy_process_group()
     if cuda:
         torch.cuda.empty_cache()
-    return summary(backend=backend, device=device.type, world=world,
-                   nnodes=max(1, world // max(1, local_world)), warmup=warmup, iters=iters,
-                   measured=measured)
+    return summary(
+        backend=backend,
+        device=device.type,
+        world=world,
+        nnodes=max(1, world // max(1, local_world)),
+        warmup=warmup,
+        iters=iters,
+        measured=measured,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if args.then is not None and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        print("entrypoint: error: ENTRYPOINT_PREFLIGHT_ALLREDUCE='true': these workers were not "
-              "started by torchrun, whose agent's store outlives the measurement. Unset it, and "
-              "measure alone with `entrypoint doctor --allreduce`", file=sys.stderr)
+        print(
+            "entrypoint: error: ENTRYPOINT_PREFLIGHT_ALLREDUCE='true': these workers were not "
+            "started by torchrun, whose agent's store outlives the measurement. Unset it, and "
+            "measure alone with `entrypoint doctor --allreduce`",
+            file=sys.stderr,
+        )
         return 2
     result = measure(args.sizes, args.warmup, args.iters)
     rank = int(os.environ["RANK"])
@@ -205,9 +272,13 @@ def main(argv: list[str] | None = None) -> int:
         elif args.format == "json":
             print(json.dumps(result), flush=True)
     if wrong:
-        print(f"entrypoint: error: all-reduce: {wrong} wrong values across the ranks (expected "
-              "every element to be the sum of the ranks' values). Check the network, NCCL and "
-              "driver versions on every node (entrypoint doctor)", file=sys.stderr, flush=True)
+        print(
+            f"entrypoint: error: all-reduce: {wrong} wrong values across the ranks (expected "
+            "every element to be the sum of the ranks' values). Check the network, NCCL and "
+            "driver versions on every node (entrypoint doctor)",
+            file=sys.stderr,
+            flush=True,
+        )
         return EXIT_WRONG
     if args.then is not None:
         command = then_command(args.then, sys.executable)

@@ -22,16 +22,42 @@ DEFAULT_OUTPUT = "/tmp/entrypoint-job"
 RESULTS_FORMAT = 1
 
 _SETTINGS = (  # (name, type, default, help)
-    ("steps", int, 100, "optimizer steps to train in total, counting steps a resumed checkpoint already did"),
-    ("output", str, DEFAULT_OUTPUT, ("directory for checkpoints/ and results/; shared storage lets "
-                                     "every node resume (mount a volume, e.g. /workspace/run)")),
+    (
+        "steps",
+        int,
+        100,
+        "optimizer steps to train in total, counting steps a resumed checkpoint already did",
+    ),
+    (
+        "output",
+        str,
+        DEFAULT_OUTPUT,
+        (
+            "directory for checkpoints/ and results/; shared storage lets "
+            "every node resume (mount a volume, e.g. /workspace/run)"
+        ),
+    ),
     ("save_every", int, 25, "save a checkpoint every this many steps (and always at the end)"),
     ("log_every", int, 10, "print the loss every this many steps (global rank 0 only)"),
     ("seed", int, 0, "seed of the synthetic data and the model's initial weights"),
-    ("resume", str, "auto", ("auto: resume from the last checkpoint when every worker can read it; "
-                             "never: start fresh (the old checkpoints are moved aside)")),
-    ("fail_at_step", int, 0, ("fault injection for tests of restarts and failure reports: raise at "
-                              "this step on --fail-rank, on the first start only (0: never)")),
+    (
+        "resume",
+        str,
+        "auto",
+        (
+            "auto: resume from the last checkpoint when every worker can read it; "
+            "never: start fresh (the old checkpoints are moved aside)"
+        ),
+    ),
+    (
+        "fail_at_step",
+        int,
+        0,
+        (
+            "fault injection for tests of restarts and failure reports: raise at "
+            "this step on --fail-rank, on the first start only (0: never)"
+        ),
+    ),
     ("fail_rank", int, 0, "the global rank that --fail-at-step fails"),
 )
 
@@ -58,23 +84,35 @@ class JobArgs:
 
 def parse_args(argv: list[str] | None, prog: str, description: str) -> JobArgs:
     parser = argparse.ArgumentParser(
-        prog=prog, description=description,
+        prog=prog,
+        description=description,
         epilog=f"Every option can also be set as {ENV}<NAME> (e.g. {ENV}STEPS=200); the "
-               "command line wins. Results: <output>/results/rank<R>.json, one per worker.")
+        "command line wins. Results: <output>/results/rank<R>.json, one per worker.",
+    )
     for name, kind, default, help_text in _SETTINGS:
         env_value = os.environ.get(ENV + name.upper(), "").strip()
-        parser.add_argument("--" + name.replace("_", "-"), type=kind,
-                            default=kind(env_value) if env_value else default,
-                            help=f"{help_text} ({ENV}{name.upper()}; default %(default)s)")
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            type=kind,
+            default=kind(env_value) if env_value else default,
+            help=f"{help_text} ({ENV}{name.upper()}; default %(default)s)",
+        )
     args = parser.parse_args(argv)
     if args.resume not in ("auto", "never"):
         parser.error(f"--resume {args.resume}: must be auto or never")
     for name in ("steps", "save_every", "log_every"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
-    return JobArgs(steps=args.steps, output=Path(args.output), save_every=args.save_every,
-                   log_every=args.log_every, seed=args.seed, resume=args.resume,
-                   fail_at_step=args.fail_at_step, fail_rank=args.fail_rank)
+    return JobArgs(
+        steps=args.steps,
+        output=Path(args.output),
+        save_every=args.save_every,
+        log_every=args.log_every,
+        seed=args.seed,
+        resume=args.resume,
+        fail_at_step=args.fail_at_step,
+        fail_rank=args.fail_rank,
+    )
 
 
 def maybe_fail(args: JobArgs, rank: int, step: int) -> None:
@@ -108,6 +146,7 @@ class StopRequest:
 @dataclass(frozen=True)
 class Place:
     """Where this worker stands, as its launcher told it (torchrun's or the entrypoint's variables)."""
+
     rank: int
     world_size: int
     local_rank: int
@@ -120,10 +159,17 @@ class Place:
         env = os.environ
         rank = int(env.get(rank_var, "0"))
         local_world = int(env.get("LOCAL_WORLD_SIZE", "1"))
-        node_rank = env.get("GROUP_RANK") or env.get("NODE_RANK") or str(rank // max(local_world, 1))
-        return cls(rank=rank, world_size=int(env.get(world_var, "1")),
-                   local_rank=int(env.get("LOCAL_RANK", "0")), local_world_size=local_world,
-                   node_rank=int(node_rank), node=socket.gethostname())
+        node_rank = (
+            env.get("GROUP_RANK") or env.get("NODE_RANK") or str(rank // max(local_world, 1))
+        )
+        return cls(
+            rank=rank,
+            world_size=int(env.get(world_var, "1")),
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            local_world_size=local_world,
+            node_rank=int(node_rank),
+            node=socket.gethostname(),
+        )
 
 
 def read_plan() -> dict:
@@ -147,7 +193,9 @@ def deepspeed_config(world_size: int, device: str) -> tuple[dict, str]:
 
     name = "cpu" if device == "cpu" else "1gpu"
     config = configs.shipped()[name]
-    return configs.derive_deepspeed(config, world_size), f"shipped {name} (no ENTRYPOINT_DEEPSPEED_CONFIG)"
+    return configs.derive_deepspeed(
+        config, world_size
+    ), f"shipped {name} (no ENTRYPOINT_DEEPSPEED_CONFIG)"
 
 
 class Console:
@@ -187,8 +235,14 @@ class Console:
                 from tqdm import tqdm
             except ImportError:
                 return
-            self.bar = tqdm(total=total, initial=initial, desc="train", unit="step",
-                            file=sys.stderr, dynamic_ncols=True)
+            self.bar = tqdm(
+                total=total,
+                initial=initial,
+                desc="train",
+                unit="step",
+                file=sys.stderr,
+                dynamic_ncols=True,
+            )
 
     def _meter(self) -> str:
         elapsed = time.monotonic() - self.since
@@ -196,8 +250,15 @@ class Console:
             from tqdm import tqdm
         except ImportError:
             return f"{self.done}/{self.total}"
-        return tqdm.format_meter(self.done, self.total, elapsed, ncols=72, prefix="train",
-                                 unit="step", initial=self.initial)
+        return tqdm.format_meter(
+            self.done,
+            self.total,
+            elapsed,
+            ncols=72,
+            prefix="train",
+            unit="step",
+            initial=self.initial,
+        )
 
     def advance(self, loss: float | None = None) -> None:
         self.done += 1
@@ -215,6 +276,7 @@ class Console:
 @dataclass
 class Results:
     """One worker's report, written to <output>/results/rank<R>.json at the end."""
+
     job: str  # "deepspeed" or "jax"
     rank: int
     world_size: int  # workers (DeepSpeed) or processes (JAX)

@@ -62,5 +62,5 @@ def batches(n: int, rank: int, world_size: int, batch: int, seed: int, start: in
         epoch, offset = divmod(position, per_epoch)
         indices = shard_indices(n, rank, world_size, epoch, seed)
         for i in range(offset, per_epoch):
-            yield indices[i * batch:(i + 1) * batch]
+            yield indices[i * batch : (i + 1) * batch]
             position += 1

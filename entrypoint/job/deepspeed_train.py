@@ -22,8 +22,10 @@ from pathlib import Path
 from entrypoint.job import common
 from entrypoint.job.data import batches, make_task
 
-DESCRIPTION = ("The image's built-in DeepSpeed ZeRO-2 job: a tiny transformer language model on a "
-               "synthetic Markov-chain language. Run it through `entrypoint run` (or torchrun).")
+DESCRIPTION = (
+    "The image's built-in DeepSpeed ZeRO-2 job: a tiny transformer language model on a "
+    "synthetic Markov-chain language. Run it through `entrypoint run` (or torchrun)."
+)
 MODEL_FILE = "mp_rank_00_model_states.pt"
 META_FILE = "job.json"
 
@@ -38,13 +40,16 @@ def build_model(vocab: int, seq_len: int, d_model: int = 64, layers: int = 2, he
             super().__init__()
             self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
             self.qkv, self.proj = nn.Linear(d_model, 3 * d_model), nn.Linear(d_model, d_model)
-            self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(),
-                                     nn.Linear(4 * d_model, d_model))
+            self.mlp = nn.Sequential(
+                nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
+            )
 
         def forward(self, h):
             b, t, _ = h.shape
-            q, k, v = (x.view(b, t, heads, -1).transpose(1, 2)
-                       for x in self.qkv(self.norm1(h)).chunk(3, dim=-1))
+            q, k, v = (
+                x.view(b, t, heads, -1).transpose(1, 2)
+                for x in self.qkv(self.norm1(h)).chunk(3, dim=-1)
+            )
             attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             h = h + self.proj(attended.transpose(1, 2).reshape(b, t, d_model))
             return h + self.mlp(self.norm2(h))
@@ -75,10 +80,12 @@ def choose_device(plan: dict) -> tuple[str, str]:
     wanted = plan.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
     if wanted == "cuda":
         if not torch.cuda.is_available():
-            raise SystemExit("[job] ERROR: the plan says device cuda but torch sees no GPU "
-                             f"(torch {torch.__version__}, CUDA_VISIBLE_DEVICES="
-                             f"{os.environ.get('CUDA_VISIBLE_DEVICES')}). Start the container "
-                             "with --gpus all, or set ENTRYPOINT_DEVICE=cpu")
+            raise SystemExit(
+                "[job] ERROR: the plan says device cuda but torch sees no GPU "
+                f"(torch {torch.__version__}, CUDA_VISIBLE_DEVICES="
+                f"{os.environ.get('CUDA_VISIBLE_DEVICES')}). Start the container "
+                "with --gpus all, or set ENTRYPOINT_DEVICE=cpu"
+            )
         return "cuda", "nccl"
     return "cpu", "gloo"
 
@@ -95,12 +102,24 @@ def find_checkpoint(directory: Path, world_size: int) -> tuple[int, str, str]:
     except (OSError, ValueError):
         return -1, tag, f"{folder / META_FILE} is missing or unreadable"
     if meta.get("world_size") != world_size:
-        return -1, tag, (f"{tag} was written by {meta.get('world_size')} workers, this job has "
-                         f"{world_size} (ZeRO shards do not carry over)")
+        return (
+            -1,
+            tag,
+            (
+                f"{tag} was written by {meta.get('world_size')} workers, this job has "
+                f"{world_size} (ZeRO shards do not carry over)"
+            ),
+        )
     shards = list(folder.glob("*zero_pp_rank_*_optim_states.pt"))
     if not (folder / MODEL_FILE).is_file() or len(shards) != world_size:
-        return -1, tag, (f"{folder} lacks files here ({len(shards)} of {world_size} shards): "
-                         "is the output directory shared by every node?")
+        return (
+            -1,
+            tag,
+            (
+                f"{folder} lacks files here ({len(shards)} of {world_size} shards): "
+                "is the output directory shared by every node?"
+            ),
+        )
     return int(meta["step"]), tag, f"{folder}"
 
 
@@ -121,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     if not os.environ.get("ENTRYPOINT_JOB_VERBOSE"):
         ds_logger.setLevel(logging.WARNING)
         # DeepSpeed's own use of a torch API that torch now deprecates: not the user's concern.
-        warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)
+        warnings.filterwarnings(
+            "ignore", message=".*all_gather_into_tensor.*", category=FutureWarning
+        )
     if device == "cuda":
         torch.cuda.set_device(place.local_rank)
     torch.manual_seed(args.seed)
@@ -138,24 +159,37 @@ def main(argv: list[str] | None = None) -> int:
     config, config_from = common.deepspeed_config(world, device)
     task = make_task(args.seed)
     model = build_model(task.vocab, task.seq_len)
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                           config=config)
-    micro, accumulation = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=config
+    )
+    micro, accumulation = (
+        engine.train_micro_batch_size_per_gpu(),
+        engine.gradient_accumulation_steps(),
+    )
     global_batch = micro * accumulation * world
-    console.log(f"{world} workers on {plan.get('nnodes', '?')} nodes, device {device}, backend "
-                f"{backend}, ZeRO stage {engine.zero_optimization_stage()}; global batch "
-                f"{global_batch} = micro {micro} x accumulation {accumulation} x {world} workers "
-                f"(config {config_from})")
+    console.log(
+        f"{world} workers on {plan.get('nnodes', '?')} nodes, device {device}, backend "
+        f"{backend}, ZeRO stage {engine.zero_optimization_stage()}; global batch "
+        f"{global_batch} = micro {micro} x accumulation {accumulation} x {world} workers "
+        f"(config {config_from})"
+    )
     params = sum(p.numel() for p in model.parameters())
-    console.log(f"model: tiny transformer LM, {params:,} parameters; data: {len(task.tokens)} "
-                f"synthetic sequences of {task.seq_len} tokens, vocabulary {task.vocab}, loss "
-                f"floor {task.floor:.3f} (guessing: {math.log(task.vocab):.3f})")
+    console.log(
+        f"model: tiny transformer LM, {params:,} parameters; data: {len(task.tokens)} "
+        f"synthetic sequences of {task.seq_len} tokens, vocabulary {task.vocab}, loss "
+        f"floor {task.floor:.3f} (guessing: {math.log(task.vocab):.3f})"
+    )
 
     # Resume only when every worker sees the same complete checkpoint.
     start, resumed_from, checkpoint = 0, None, None
-    step_seen, tag, why = (find_checkpoint(args.checkpoints, world) if args.resume == "auto"
-                           else (-1, "", "--resume never"))
-    seen = torch.tensor([step_seen, -step_seen], dtype=torch.long, device=engine.device)  # nccl: on GPU
+    step_seen, tag, why = (
+        find_checkpoint(args.checkpoints, world)
+        if args.resume == "auto"
+        else (-1, "", "--resume never")
+    )
+    seen = torch.tensor(
+        [step_seen, -step_seen], dtype=torch.long, device=engine.device
+    )  # nccl: on GPU
     dist.all_reduce(seen, op=dist.ReduceOp.MIN)
     if step_seen >= 0 and seen[0] == step_seen and -seen[1] == step_seen:
         load_path, client = engine.load_checkpoint(str(args.checkpoints), tag)
@@ -166,10 +200,14 @@ def main(argv: list[str] | None = None) -> int:
         console.log(f"resuming from checkpoint {checkpoint} (step {start})")
     else:
         if step_seen >= 0:
-            why = (f"not every worker can read {args.checkpoints / tag} (is the output directory "
-                   "shared by every node?)")
+            why = (
+                f"not every worker can read {args.checkpoints / tag} (is the output directory "
+                "shared by every node?)"
+            )
         console.log(f"starting fresh: {why}")
-        if place.local_rank == 0 and (moved := common.move_aside(args.checkpoints, place.node_rank)):
+        if place.local_rank == 0 and (
+            moved := common.move_aside(args.checkpoints, place.node_rank)
+        ):
             console.warn(f"moved the old checkpoints aside to {moved}")
         barrier()
 
@@ -177,8 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         common.drop_stale_results(args.results, world)
     is_writer = engine.global_rank == 0
     if start >= args.steps:
-        console.log(f"the checkpoint already has {start} steps (--steps {args.steps}): nothing to "
-                    "train; raise --steps to train more")
+        console.log(
+            f"the checkpoint already has {start} steps (--steps {args.steps}): nothing to "
+            "train; raise --steps to train more"
+        )
     console.progress(total=args.steps, initial=min(start, args.steps))
     stream = batches(len(task.tokens), place.rank, world, micro, args.seed, start * accumulation)
     tokens = torch.from_numpy(task.tokens)
@@ -196,10 +236,12 @@ def main(argv: list[str] | None = None) -> int:
         folder = args.checkpoints / f"step{step}"
         if is_writer:  # written before DeepSpeed's `latest`, so a `latest` always has it
             folder.mkdir(parents=True, exist_ok=True)
-            (folder / META_FILE).write_text(json.dumps(
-                {"step": step, "world_size": world, "global_batch": global_batch}) + "\n")
-        engine.save_checkpoint(str(args.checkpoints), tag=f"step{step}",
-                               client_state={"step": step})
+            (folder / META_FILE).write_text(
+                json.dumps({"step": step, "world_size": world, "global_batch": global_batch}) + "\n"
+            )
+        engine.save_checkpoint(
+            str(args.checkpoints), tag=f"step{step}", client_state={"step": step}
+        )
         console.log(f"checkpoint step {step} saved to {folder}")
         return str(folder)
 
@@ -246,19 +288,35 @@ def main(argv: list[str] | None = None) -> int:
             first_loss = final_loss = global_mean(engine(*next_batch()).item())
 
     results = common.Results(
-        job="deepspeed", rank=place.rank, world_size=world, local_rank=place.local_rank,
-        node_rank=place.node_rank, node=place.node, backend=backend, device=device,
-        devices=world, steps=max(start, done), trained_steps=max(0, done - start),
-        resumed_from=resumed_from, first_loss=first_loss, final_loss=final_loss,
-        loss_floor=task.floor, global_batch=global_batch, checkpoint_writer=is_writer,
-        checkpoint=checkpoint, seconds=round(time.monotonic() - started, 2),
-        stopped_by=common.StopRequest.name(stopped_by) if stopped_by else None)
+        job="deepspeed",
+        rank=place.rank,
+        world_size=world,
+        local_rank=place.local_rank,
+        node_rank=place.node_rank,
+        node=place.node,
+        backend=backend,
+        device=device,
+        devices=world,
+        steps=max(start, done),
+        trained_steps=max(0, done - start),
+        resumed_from=resumed_from,
+        first_loss=first_loss,
+        final_loss=final_loss,
+        loss_floor=task.floor,
+        global_batch=global_batch,
+        checkpoint_writer=is_writer,
+        checkpoint=checkpoint,
+        seconds=round(time.monotonic() - started, 2),
+        stopped_by=common.StopRequest.name(stopped_by) if stopped_by else None,
+    )
     results.write(args.results)
     barrier()
     if stopped_by:
         dist.destroy_process_group()
         return 128 + stopped_by
-    console.log(f"done: loss {first_loss:.4f} -> {final_loss:.4f} (floor {task.floor:.3f}) in "
-                f"{results.trained_steps} steps, {results.seconds:.1f} s; results in {args.results}")
+    console.log(
+        f"done: loss {first_loss:.4f} -> {final_loss:.4f} (floor {task.floor:.3f}) in "
+        f"{results.trained_steps} steps, {results.seconds:.1f} s; results in {args.results}"
+    )
     dist.destroy_process_group()
     return 0

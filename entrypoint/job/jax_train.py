@@ -23,8 +23,10 @@ import numpy as np
 from entrypoint.job import common
 from entrypoint.job.data import batches, make_task
 
-DESCRIPTION = ("The image's built-in JAX job: a tiny transformer language model on a synthetic "
-               "Markov-chain language, data parallel across processes with jax.distributed.")
+DESCRIPTION = (
+    "The image's built-in JAX job: a tiny transformer language model on a synthetic "
+    "Markov-chain language, data parallel across processes with jax.distributed."
+)
 D_MODEL, LAYERS, HEADS = 64, 2, 4
 
 
@@ -52,10 +54,17 @@ def init_params(jax, key, vocab: int, seq_len: int) -> dict:
     return {
         "embed": jax.random.normal(next(keys), (vocab, D_MODEL)),
         "position": jax.random.normal(next(keys), (seq_len, D_MODEL)) * 0.02,
-        "blocks": [{"norm1": norm(), "qkv": dense(D_MODEL, 3 * D_MODEL),
-                    "proj": dense(D_MODEL, D_MODEL), "norm2": norm(),
-                    "up": dense(D_MODEL, 4 * D_MODEL), "down": dense(4 * D_MODEL, D_MODEL)}
-                   for _ in range(LAYERS)],
+        "blocks": [
+            {
+                "norm1": norm(),
+                "qkv": dense(D_MODEL, 3 * D_MODEL),
+                "proj": dense(D_MODEL, D_MODEL),
+                "norm2": norm(),
+                "up": dense(D_MODEL, 4 * D_MODEL),
+                "down": dense(4 * D_MODEL, D_MODEL),
+            }
+            for _ in range(LAYERS)
+        ],
         "norm": norm(),
         "head": dense(D_MODEL, vocab),
     }
@@ -89,10 +98,14 @@ def optimizer_settings(config: dict) -> dict:
     """Adam(W) settings from the DeepSpeed config the entrypoint chose, so both jobs agree."""
     params = config.get("optimizer", {}).get("params", {})
     betas = params.get("betas", (0.9, 0.95))
-    return {"lr": float(params.get("lr", 1e-3)), "b1": float(betas[0]), "b2": float(betas[1]),
-            "eps": float(params.get("eps", 1e-8)),
-            "weight_decay": float(params.get("weight_decay", 0.0)),
-            "clip": float(config.get("gradient_clipping", 0.0) or 0.0)}
+    return {
+        "lr": float(params.get("lr", 1e-3)),
+        "b1": float(betas[0]),
+        "b2": float(betas[1]),
+        "eps": float(params.get("eps", 1e-8)),
+        "weight_decay": float(params.get("weight_decay", 0.0)),
+        "clip": float(config.get("gradient_clipping", 0.0) or 0.0),
+    }
 
 
 def make_train_step(jax, opt: dict):
@@ -103,15 +116,22 @@ def make_train_step(jax, opt: dict):
         loss, grads = jax.value_and_grad(lambda p: loss_fn(jax, p, tokens))(params)
         if opt["clip"] > 0:
             norm = jnp.sqrt(sum(jnp.sum(g * g) for g in tree.tree_leaves(grads)))
-            grads = tree.tree_map(lambda g: g * jnp.minimum(1.0, opt["clip"] / (norm + 1e-6)), grads)
+            grads = tree.tree_map(
+                lambda g: g * jnp.minimum(1.0, opt["clip"] / (norm + 1e-6)), grads
+            )
         count = state["count"] + 1
         mu = tree.tree_map(lambda m, g: opt["b1"] * m + (1 - opt["b1"]) * g, state["mu"], grads)
         nu = tree.tree_map(lambda v, g: opt["b2"] * v + (1 - opt["b2"]) * g * g, state["nu"], grads)
         c1, c2 = 1 - opt["b1"] ** count, 1 - opt["b2"] ** count
         params = tree.tree_map(
-            lambda p, m, v: p - opt["lr"] * ((m / c1) / (jnp.sqrt(v / c2) + opt["eps"])
-                                             + opt["weight_decay"] * p),
-            params, mu, nu)
+            lambda p, m, v: (
+                p
+                - opt["lr"] * ((m / c1) / (jnp.sqrt(v / c2) + opt["eps"]) + opt["weight_decay"] * p)
+            ),
+            params,
+            mu,
+            nu,
+        )
         return params, {"count": count, "mu": mu, "nu": nu}, loss
 
     return jax.jit(step, donate_argnums=(0, 1))
@@ -120,8 +140,9 @@ def make_train_step(jax, opt: dict):
 def save_checkpoint(jax, directory: Path, step: int, params, state, meta: dict) -> Path:
     """Process 0 only: params and Adam state are replicated, so its local copy is the whole."""
     leaves = jax.tree_util.tree_leaves((params, state))
-    arrays: dict[str, Any] = {f"leaf{i}": np.asarray(leaf.addressable_data(0))
-                              for i, leaf in enumerate(leaves)}
+    arrays: dict[str, Any] = {
+        f"leaf{i}": np.asarray(leaf.addressable_data(0)) for i, leaf in enumerate(leaves)
+    }
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"step{step}.npz"
     tmp = directory / f".step{step}.npz.tmp"
@@ -171,9 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     backend = jax.default_backend()
     device = "cuda" if backend == "gpu" else backend
     if plan.get("device") == "cuda" and device != "cuda":
-        raise SystemExit(f"[jax job] ERROR: the plan says device cuda but JAX's backend is "
-                         f"{backend} (jax {jax.__version__}): install jax[cuda12] and start the "
-                         "container with --gpus all, or set ENTRYPOINT_DEVICE=cpu")
+        raise SystemExit(
+            f"[jax job] ERROR: the plan says device cuda but JAX's backend is "
+            f"{backend} (jax {jax.__version__}): install jax[cuda12] and start the "
+            "container with --gpus all, or set ENTRYPOINT_DEVICE=cpu"
+        )
     devices = jax.devices()
     config, config_from = common.deepspeed_config(len(devices), device)
     opt = optimizer_settings(config)
@@ -186,39 +209,52 @@ def main(argv: list[str] | None = None) -> int:
     replicated = NamedSharding(mesh, PartitionSpec())
     sharded = NamedSharding(mesh, PartitionSpec("data"))
     task = make_task(args.seed)
-    console.log(f"{processes} processes, {len(devices)} {backend} devices "
-                f"({jax.local_device_count()} per process), jax {jax.__version__}; global batch "
-                f"{global_batch} sharded over a data mesh; Adam lr {opt['lr']} (config {config_from})")
+    console.log(
+        f"{processes} processes, {len(devices)} {backend} devices "
+        f"({jax.local_device_count()} per process), jax {jax.__version__}; global batch "
+        f"{global_batch} sharded over a data mesh; Adam lr {opt['lr']} (config {config_from})"
+    )
 
     def put(tree):  # the same host values on every process -> one replicated global array
         return jax.tree_util.tree_map(
-            lambda x: jax.make_array_from_callback(np.shape(x), replicated,
-                                                   lambda index: np.asarray(x)[index]), tree)
+            lambda x: jax.make_array_from_callback(
+                np.shape(x), replicated, lambda index: np.asarray(x)[index]
+            ),
+            tree,
+        )
 
     template = init_params(jax, jax.random.PRNGKey(args.seed), task.vocab, task.seq_len)
     n_params = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(template))
     zeros = jax.tree_util.tree_map(np.zeros_like, template)
     host_params, host_state = template, {"count": np.zeros((), np.int32), "mu": zeros, "nu": zeros}
-    console.log(f"model: tiny transformer LM, {n_params:,} parameters; loss floor {task.floor:.3f} "
-                f"(guessing: {math.log(task.vocab):.3f})")
+    console.log(
+        f"model: tiny transformer LM, {n_params:,} parameters; loss floor {task.floor:.3f} "
+        f"(guessing: {math.log(task.vocab):.3f})"
+    )
 
     directory = args.output / "jax-checkpoints"
-    step_seen, path, why = (find_checkpoint(directory, global_batch) if args.resume == "auto"
-                            else (-1, None, "--resume never"))
+    step_seen, path, why = (
+        find_checkpoint(directory, global_batch)
+        if args.resume == "auto"
+        else (-1, None, "--resume never")
+    )
     seen = np.asarray(multihost_utils.process_allgather(np.array([step_seen], np.int64))).ravel()
     start, resumed_from, checkpoint = 0, None, None
     if step_seen >= 0 and path is not None and (seen == step_seen).all():
         with np.load(path) as stored:
             leaves = [stored[f"leaf{i}"] for i in range(len(stored.files))]
         host_params, host_state = jax.tree_util.tree_unflatten(
-            jax.tree_util.tree_structure((host_params, host_state)), leaves)
+            jax.tree_util.tree_structure((host_params, host_state)), leaves
+        )
         start = resumed_from = step_seen
         checkpoint = str(path)
         console.log(f"resuming from checkpoint {path} (step {start})")
     else:
         if (seen >= 0).any():
-            why = ("not every process can read the same checkpoint (is the output directory "
-                   "shared by every node?)")
+            why = (
+                "not every process can read the same checkpoint (is the output directory "
+                "shared by every node?)"
+            )
         console.log(f"starting fresh: {why}")
         if moved := common.move_aside(directory, place.node_rank):  # one process per node
             console.warn(f"moved the old checkpoints aside to {moved}")
@@ -237,8 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"global_batch": global_batch, "processes": processes}
     first_loss = final_loss = None
     if start >= args.steps:
-        console.log(f"the checkpoint already has {start} steps (--steps {args.steps}): nothing "
-                    "to train; raise --steps to train more")
+        console.log(
+            f"the checkpoint already has {start} steps (--steps {args.steps}): nothing "
+            "to train; raise --steps to train more"
+        )
+
     def agreed_stop() -> int:  # the signal any process got, known to all
         if processes == 1:
             return stop.signal
@@ -271,28 +310,44 @@ def main(argv: list[str] | None = None) -> int:
         done = step
     console.close()
     if stopped_by:
-        console.log(f"{common.StopRequest.name(stopped_by)}: stopping after step {done} of "
-                    f"{args.steps}")
+        console.log(
+            f"{common.StopRequest.name(stopped_by)}: stopping after step {done} of {args.steps}"
+        )
         if done > start and not (checkpoint or "").endswith(f"step{done}.npz"):
             checkpoint = save(done)
     if first_loss is None:
         first_loss = final_loss = float(eval_loss(params, next_batch()))
 
     results = common.Results(
-        job="jax", rank=jax.process_index(), world_size=jax.process_count(),
-        local_rank=0, node_rank=place.node_rank, node=place.node, backend=f"jax-{backend}",
-        device=device, devices=len(devices), steps=max(start, done),
-        trained_steps=max(0, done - start), resumed_from=resumed_from,
-        first_loss=first_loss, final_loss=final_loss, loss_floor=task.floor,
-        global_batch=global_batch, checkpoint_writer=is_writer, checkpoint=checkpoint,
+        job="jax",
+        rank=jax.process_index(),
+        world_size=jax.process_count(),
+        local_rank=0,
+        node_rank=place.node_rank,
+        node=place.node,
+        backend=f"jax-{backend}",
+        device=device,
+        devices=len(devices),
+        steps=max(start, done),
+        trained_steps=max(0, done - start),
+        resumed_from=resumed_from,
+        first_loss=first_loss,
+        final_loss=final_loss,
+        loss_floor=task.floor,
+        global_batch=global_batch,
+        checkpoint_writer=is_writer,
+        checkpoint=checkpoint,
         seconds=round(time.monotonic() - started, 2),
-        stopped_by=common.StopRequest.name(stopped_by) if stopped_by else None)
+        stopped_by=common.StopRequest.name(stopped_by) if stopped_by else None,
+    )
     results.write(args.results)
     multihost_utils.sync_global_devices("entrypoint-job-done")
     if stopped_by:
         return 128 + stopped_by
-    console.log(f"done: loss {first_loss:.4f} -> {final_loss:.4f} (floor {task.floor:.3f}) in "
-                f"{results.trained_steps} steps, {results.seconds:.1f} s; results in {args.results}")
+    console.log(
+        f"done: loss {first_loss:.4f} -> {final_loss:.4f} (floor {task.floor:.3f}) in "
+        f"{results.trained_steps} steps, {results.seconds:.1f} s; results in {args.results}"
+    )
     return 0
 
 

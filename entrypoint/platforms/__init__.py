@@ -15,15 +15,37 @@ from collections.abc import Mapping
 
 from entrypoint.errors import ConfigError
 from entrypoint.platforms import (
-    awsbatch, commercial, indexedjob, jobset, local, mpi, pytorchjob, sagemaker, skypilot, slurm,
-    torchrun, trainjob, volcano,
+    awsbatch,
+    commercial,
+    indexedjob,
+    jobset,
+    local,
+    mpi,
+    pytorchjob,
+    sagemaker,
+    skypilot,
+    slurm,
+    torchrun,
+    trainjob,
+    volcano,
 )
 from entrypoint.platforms.base import Platform
 
 # Typed: a module that lacks NAME, DOCS, detect or read fails the type check here.
 PLATFORMS: tuple[Platform, ...] = (
-    mpi, slurm, pytorchjob, trainjob, volcano, jobset, skypilot, awsbatch, sagemaker,
-    indexedjob, torchrun, commercial, local,
+    mpi,
+    slurm,
+    pytorchjob,
+    trainjob,
+    volcano,
+    jobset,
+    skypilot,
+    awsbatch,
+    sagemaker,
+    indexedjob,
+    torchrun,
+    commercial,
+    local,
 )
 ORDER: tuple[str, ...] = tuple(p.NAME for p in PLATFORMS)
 
@@ -58,8 +80,7 @@ def refuse_empty(env: Mapping[str, str]) -> None:
     for name in sorted(variables()):
         raw = env.get(name)
         if raw is not None and not raw.strip():
-            raise ConfigError(name, raw, "is set but empty",
-                              f"Give {name} a value, or unset it")
+            raise ConfigError(name, raw, "is set but empty", f"Give {name} a value, or unset it")
 
 
 def detect(env: Mapping[str, str]) -> tuple[Platform, str]:
@@ -68,8 +89,9 @@ def detect(env: Mapping[str, str]) -> tuple[Platform, str]:
     forced = env.get(FORCE, "").strip().lower()
     if forced and forced != "auto":
         if forced not in ORDER:
-            raise ConfigError(FORCE, forced, "not a known platform",
-                              f"Use one of: auto, {', '.join(ORDER)}")
+            raise ConfigError(
+                FORCE, forced, "not a known platform", f"Use one of: auto, {', '.join(ORDER)}"
+            )
         return module(forced), f"forced by {FORCE}={forced}"
     for candidate in PLATFORMS:
         reason = candidate.detect(env)

@@ -52,29 +52,42 @@ def read(env: Mapping[str, str]) -> Reading:
     nnodes = require(read_count(env, NUM_NODES, limit=NODES), NUM_NODES, "the number of nodes")
     index = require(read_index(env, NODE_INDEX, limit=NODES), NODE_INDEX, "the node index")
     below(NODE_INDEX, index.value, NUM_NODES, nnodes.value)
-    main = (read_index(env, MAIN_NODE_INDEX, limit=NODES)
-            or Sourced(0, f"default 0 ({MAIN_NODE_INDEX} unset)"))
+    main = read_index(env, MAIN_NODE_INDEX, limit=NODES) or Sourced(
+        0, f"default 0 ({MAIN_NODE_INDEX} unset)"
+    )
     below(MAIN_NODE_INDEX, main.value, NUM_NODES, nnodes.value)
     notes: list[str] = []
     if main.value:
-        node_rank = Sourced((index.value - main.value) % nnodes.value,
-                            f"({NODE_INDEX} - {MAIN_NODE_INDEX}) mod {NUM_NODES}")
-        notes.append(f"node ranks start at the main node (index {main.value}), which hosts the store")
+        node_rank = Sourced(
+            (index.value - main.value) % nnodes.value,
+            f"({NODE_INDEX} - {MAIN_NODE_INDEX}) mod {NUM_NODES}",
+        )
+        notes.append(
+            f"node ranks start at the main node (index {main.value}), which hosts the store"
+        )
     else:
         node_rank = Sourced(index.value, f"env {NODE_INDEX}")
 
     master = read_addr(env, MAIN_NODE_ADDR, *MASTER_ADDR)
     if master is None:
         if index.value != main.value:
-            raise ConfigError(MAIN_NODE_ADDR, None,
-                              f"is unset on a child node ({NODE_INDEX}={index.value})",
-                              "Run the entrypoint as the job's container command so AWS Batch's "
-                              "variables reach it, or set MASTER_ADDR")
-        master = Sourced(SELF, f"this is the main node ({MAIN_NODE_ADDR} is set on the others only)")
-        notes.append("this node is the main node: the store binds here, the others connect to "
-                     "its private IPv4")
+            raise ConfigError(
+                MAIN_NODE_ADDR,
+                None,
+                f"is unset on a child node ({NODE_INDEX}={index.value})",
+                "Run the entrypoint as the job's container command so AWS Batch's "
+                "variables reach it, or set MASTER_ADDR",
+            )
+        master = Sourced(
+            SELF, f"this is the main node ({MAIN_NODE_ADDR} is set on the others only)"
+        )
+        notes.append(
+            "this node is the main node: the store binds here, the others connect to "
+            "its private IPv4"
+        )
     return node_reading(
-        NAME, env,
+        NAME,
+        env,
         nnodes=nnodes,
         node_rank=node_rank,
         master_addr=master,

@@ -40,7 +40,9 @@ class Reading:
     master_port: Sourced[int]
     # False when the platform already started one process per GPU (srun --ntasks-per-node=8,
     # mpirun -npernode 8): then rank/local_rank place this process and nothing is spawned.
-    spawn: Sourced[bool] = Sourced(True, "default: one process per node, the entrypoint spawns workers")
+    spawn: Sourced[bool] = Sourced(
+        True, "default: one process per node, the entrypoint spawns workers"
+    )
     rank: Sourced[int] | None = None
     local_rank: Sourced[int] | None = None
     nproc_per_node: Sourced[int] | None = None
@@ -69,14 +71,16 @@ class Platform(Protocol):
 # Every number, host and port a platform reads goes through entrypoint.values: ASCII digits,
 # bounded by the Limit of what it counts; one host per address, IPv4 or a name.
 
+
 def read_index(env: Mapping[str, str], *names: str, limit: Limit) -> Sourced[int] | None:
     """A 0-based index below limit.high (then `below` checks it inside the job)."""
     found = first(env, *names)
     return None if found is None else Sourced(index(found[0], found[1], limit), f"env {found[0]}")
 
 
-def read_count(env: Mapping[str, str], *names: str, limit: Limit,
-               allow_zero: bool = False) -> Sourced[int] | None:
+def read_count(
+    env: Mapping[str, str], *names: str, limit: Limit, allow_zero: bool = False
+) -> Sourced[int] | None:
     found = first(env, *names)
     if found is None:
         return None
@@ -100,8 +104,12 @@ def read_hosts(name: str, raw: str, hosts: list[str]) -> tuple[str, ...]:
     """Every node's host as a platform lists them (master first): each one host or IP (IPv6
     allowed but for the first, node 0), at most NODES.high, none twice."""
     if len(hosts) > NODES.high:
-        raise ConfigError(name, f"{raw[:60]}...", f"lists {len(hosts)} hosts, above the limit "
-                          f"of {NODES.high} nodes", "Run at most that many nodes in one job")
+        raise ConfigError(
+            name,
+            f"{raw[:60]}...",
+            f"lists {len(hosts)} hosts, above the limit of {NODES.high} nodes",
+            "Run at most that many nodes in one job",
+        )
     if not hosts:
         raise ConfigError(name, raw, "lists no host", f"Let the platform set {name}")
     checked = [host(name, hosts[0])] + [host(name, h, ipv6=True) for h in hosts[1:]]
@@ -125,9 +133,12 @@ def read_nproc(env: Mapping[str, str], *names: str) -> tuple[Sourced[int] | None
     if found[1].lower() in NPROC_WORDS:
         return None, f"{found[0]}={found[1]}: workers per node decided from this node's devices"
     if not (found[1].isascii() and found[1].isdigit()):
-        raise ConfigError(found[0], found[1], "neither a number nor one of torchrun's words "
-                          f"({', '.join(NPROC_WORDS)})",
-                          f"Set {found[0]} to a number of workers per node, or auto")
+        raise ConfigError(
+            found[0],
+            found[1],
+            f"neither a number nor one of torchrun's words ({', '.join(NPROC_WORDS)})",
+            f"Set {found[0]} to a number of workers per node, or auto",
+        )
     return Sourced(count(found[0], found[1], PER_NODE), f"env {found[0]}"), None
 
 
@@ -149,15 +160,22 @@ def node_reading(
 ) -> Reading:
     """Check the node counts hang together, then build the Reading."""
     if nnodes.value > NODES.high:
-        raise ConfigError(variable_of(nnodes.source), nnodes.value,
-                          f"makes {nnodes.value} nodes ({nnodes.source}), above the limit of "
-                          f"{NODES.high}", "Run at most that many nodes in one job")
+        raise ConfigError(
+            variable_of(nnodes.source),
+            nnodes.value,
+            f"makes {nnodes.value} nodes ({nnodes.source}), above the limit of {NODES.high}",
+            "Run at most that many nodes in one job",
+        )
     below(variable_of(node_rank.source), node_rank.value, variable_of(nnodes.source), nnodes.value)
     per_node = more.get("nproc_per_node")
     if per_node is not None and per_node.value > PER_NODE.high:
-        raise ConfigError(variable_of(per_node.source), per_node.value,
-                          f"makes {per_node.value} processes per node ({per_node.source}), above "
-                          f"the limit of {PER_NODE.high}", "Start at most that many per node")
+        raise ConfigError(
+            variable_of(per_node.source),
+            per_node.value,
+            f"makes {per_node.value} processes per node ({per_node.source}), above "
+            f"the limit of {PER_NODE.high}",
+            "Start at most that many per node",
+        )
     return Reading(
         platform=platform,
         nnodes=nnodes,

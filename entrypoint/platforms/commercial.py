@@ -45,15 +45,23 @@ def world_size_means(env: Mapping[str, str]) -> tuple[str, str]:
     """('nodes' | 'processes', why)."""
     forced = env.get(MEANS, "auto").strip().lower() or "auto"
     if forced not in ("auto", "nodes", "processes"):
-        raise ConfigError(MEANS, forced, "not one of auto, nodes, processes",
-                          f"Set {MEANS}=nodes or {MEANS}=processes, or leave it unset")
+        raise ConfigError(
+            MEANS,
+            forced,
+            "not one of auto, nodes, processes",
+            f"Set {MEANS}=nodes or {MEANS}=processes, or leave it unset",
+        )
     if forced != "auto":
         return forced, f"forced by {MEANS}={forced}"
     if env.get(LOCAL_RANK, "").strip() and env.get(LOCAL_WORLD_SIZE, "").strip():
-        return "processes", (f"{LOCAL_RANK} and {LOCAL_WORLD_SIZE} are set, so this process is "
-                             "one of several per node")
-    return "nodes", (f"{RANK} comes without {LOCAL_RANK}, as platforms that start one container "
-                     f"per node give it; set {MEANS}=processes if {WORLD_SIZE} counts processes")
+        return "processes", (
+            f"{LOCAL_RANK} and {LOCAL_WORLD_SIZE} are set, so this process is "
+            "one of several per node"
+        )
+    return "nodes", (
+        f"{RANK} comes without {LOCAL_RANK}, as platforms that start one container "
+        f"per node give it; set {MEANS}=processes if {WORLD_SIZE} counts processes"
+    )
 
 
 def read(env: Mapping[str, str]) -> Reading:
@@ -66,42 +74,61 @@ def read(env: Mapping[str, str]) -> Reading:
     port = read_port(env, MASTER_PORT)
     if means == "nodes":
         return node_reading(
-            NAME, env,
+            NAME,
+            env,
             nnodes=Sourced(world.value, f"env {WORLD_SIZE} (as nodes)"),
             node_rank=Sourced(rank.value, f"env {RANK} (as node index)"),
-            master_addr=addr, master_port=port, notes=(note,),
+            master_addr=addr,
+            master_port=port,
+            notes=(note,),
         )
 
-    per_node = (read_count(env, LOCAL_WORLD_SIZE, limit=PER_NODE)
-                or Sourced(1, f"default 1 ({LOCAL_WORLD_SIZE} unset)"))
+    per_node = read_count(env, LOCAL_WORLD_SIZE, limit=PER_NODE) or Sourced(
+        1, f"default 1 ({LOCAL_WORLD_SIZE} unset)"
+    )
     if world.value % per_node.value:
-        raise ConfigError(WORLD_SIZE, world.value,
-                          f"is not a multiple of {LOCAL_WORLD_SIZE}={per_node.value}",
-                          "Give every node the same number of processes")
-    local_rank = (read_index(env, LOCAL_RANK, limit=PER_NODE)
-                  or Sourced(0, f"default 0 ({LOCAL_RANK} unset)"))
+        raise ConfigError(
+            WORLD_SIZE,
+            world.value,
+            f"is not a multiple of {LOCAL_WORLD_SIZE}={per_node.value}",
+            "Give every node the same number of processes",
+        )
+    local_rank = read_index(env, LOCAL_RANK, limit=PER_NODE) or Sourced(
+        0, f"default 0 ({LOCAL_RANK} unset)"
+    )
     below(LOCAL_RANK, local_rank.value, LOCAL_WORLD_SIZE, per_node.value)
     # torchrun numbers ranks node by node: RANK = GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK.
     if rank.value % per_node.value != local_rank.value:
-        raise ConfigError(LOCAL_RANK, local_rank.value,
-                          f"does not match {RANK}={rank.value} with {LOCAL_WORLD_SIZE}="
-                          f"{per_node.value} (expected {rank.value % per_node.value})",
-                          "Set RANK, LOCAL_RANK and LOCAL_WORLD_SIZE as torchrun does, or leave "
-                          "them to the platform")
+        raise ConfigError(
+            LOCAL_RANK,
+            local_rank.value,
+            f"does not match {RANK}={rank.value} with {LOCAL_WORLD_SIZE}="
+            f"{per_node.value} (expected {rank.value % per_node.value})",
+            "Set RANK, LOCAL_RANK and LOCAL_WORLD_SIZE as torchrun does, or leave "
+            "them to the platform",
+        )
     node_rank = read_index(env, GROUP_RANK, limit=NODES) or Sourced(
-        rank.value // per_node.value, f"{RANK} // {LOCAL_WORLD_SIZE}")
+        rank.value // per_node.value, f"{RANK} // {LOCAL_WORLD_SIZE}"
+    )
     if node_rank.value != rank.value // per_node.value:
-        raise ConfigError(GROUP_RANK, node_rank.value,
-                          f"does not match {RANK}={rank.value} with {LOCAL_WORLD_SIZE}="
-                          f"{per_node.value} (expected {rank.value // per_node.value})",
-                          "Set RANK, GROUP_RANK and LOCAL_WORLD_SIZE as torchrun does, or leave "
-                          "them to the platform")
+        raise ConfigError(
+            GROUP_RANK,
+            node_rank.value,
+            f"does not match {RANK}={rank.value} with {LOCAL_WORLD_SIZE}="
+            f"{per_node.value} (expected {rank.value // per_node.value})",
+            "Set RANK, GROUP_RANK and LOCAL_WORLD_SIZE as torchrun does, or leave "
+            "them to the platform",
+        )
     return node_reading(
-        NAME, env,
+        NAME,
+        env,
         nnodes=Sourced(world.value // per_node.value, f"{WORLD_SIZE} / {LOCAL_WORLD_SIZE}"),
         node_rank=node_rank,
-        master_addr=addr, master_port=port,
+        master_addr=addr,
+        master_port=port,
         spawn=Sourced(False, why),
-        rank=rank, local_rank=local_rank, nproc_per_node=per_node,
+        rank=rank,
+        local_rank=local_rank,
+        nproc_per_node=per_node,
         notes=(note,),
     )

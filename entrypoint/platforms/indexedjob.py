@@ -39,19 +39,29 @@ def detect(env: Mapping[str, str]) -> str | None:
 
 
 def read(env: Mapping[str, str]) -> Reading:
-    node_rank = require(read_index(env, JOB_COMPLETION_INDEX, limit=NODES),
-                        JOB_COMPLETION_INDEX, "the index")
+    node_rank = require(
+        read_index(env, JOB_COMPLETION_INDEX, limit=NODES), JOB_COMPLETION_INDEX, "the index"
+    )
     nnodes = read_count(env, *NNODES, limit=NODES)
     if nnodes is None:
-        raise ConfigError(NNODES[0], None, "an Indexed Job does not tell its pods how many there are",
-                          f"Set {NNODES[0]} in the pod template to the Job's completions")
+        raise ConfigError(
+            NNODES[0],
+            None,
+            "an Indexed Job does not tell its pods how many there are",
+            f"Set {NNODES[0]} in the pod template to the Job's completions",
+        )
     master = read_addr(env, *MASTER_ADDR)
     if master is None and nnodes.value > 1:
-        raise ConfigError(MASTER_ADDR[0], None, "an Indexed Job does not name its first pod",
-                          f"Set {MASTER_ADDR[0]}=<job>-0.<subdomain> in the pod template, with a "
-                          "headless Service named as spec.template.spec.subdomain")
+        raise ConfigError(
+            MASTER_ADDR[0],
+            None,
+            "an Indexed Job does not name its first pod",
+            f"Set {MASTER_ADDR[0]}=<job>-0.<subdomain> in the pod template, with a "
+            "headless Service named as spec.template.spec.subdomain",
+        )
     return node_reading(
-        NAME, env,
+        NAME,
+        env,
         nnodes=nnodes,
         node_rank=node_rank,
         master_addr=master,

@@ -53,45 +53,69 @@ def detect(env: Mapping[str, str]) -> str | None:
 
 
 def read(env: Mapping[str, str]) -> Reading:
-    pod = require(read_index(env, JOB_COMPLETION_INDEX, limit=NODES), JOB_COMPLETION_INDEX,
-                  "the pod index")
+    pod = require(
+        read_index(env, JOB_COMPLETION_INDEX, limit=NODES), JOB_COMPLETION_INDEX, "the pod index"
+    )
     nnodes = read_count(env, *NNODES, limit=NODES)
     if nnodes is None:
-        raise ConfigError(NNODES[0], None, "a JobSet does not tell its pods how many there are",
-                          f"Set {NNODES[0]} in the pod template to replicas x parallelism")
-    job = (read_index(env, JOB_INDEX, limit=NODES)
-           or Sourced(0, f"default 0 ({JOB_INDEX} unset: one Job)"))
+        raise ConfigError(
+            NNODES[0],
+            None,
+            "a JobSet does not tell its pods how many there are",
+            f"Set {NNODES[0]} in the pod template to replicas x parallelism",
+        )
+    job = read_index(env, JOB_INDEX, limit=NODES) or Sourced(
+        0, f"default 0 ({JOB_INDEX} unset: one Job)"
+    )
     replicas = read_count(env, REPLICATED_JOB_REPLICAS, limit=NODES)
     if replicas is None:
         if job.value:
-            raise ConfigError(REPLICATED_JOB_REPLICAS, None, f"unset while {JOB_INDEX}={job.value}",
-                              f"Map {REPLICATED_JOB_REPLICAS} from the annotation "
-                              "jobset.sigs.k8s.io/replicatedjob-replicas")
+            raise ConfigError(
+                REPLICATED_JOB_REPLICAS,
+                None,
+                f"unset while {JOB_INDEX}={job.value}",
+                f"Map {REPLICATED_JOB_REPLICAS} from the annotation "
+                "jobset.sigs.k8s.io/replicatedjob-replicas",
+            )
         replicas = Sourced(1, f"default 1 ({REPLICATED_JOB_REPLICAS} unset)")
     below(JOB_INDEX, job.value, REPLICATED_JOB_REPLICAS, replicas.value)
     if nnodes.value % replicas.value:
-        raise ConfigError(variable_of(nnodes.source), nnodes.value,
-                          f"is not a multiple of {REPLICATED_JOB_REPLICAS}={replicas.value}",
-                          "Give every Job of the replicated job the same parallelism")
+        raise ConfigError(
+            variable_of(nnodes.source),
+            nnodes.value,
+            f"is not a multiple of {REPLICATED_JOB_REPLICAS}={replicas.value}",
+            "Give every Job of the replicated job the same parallelism",
+        )
     per_job = nnodes.value // replicas.value
     if pod.value >= per_job:
-        raise ConfigError(JOB_COMPLETION_INDEX, pod.value,
-                          f"must be below the {per_job} pods per Job ({nnodes.source} / "
-                          f"{replicas.source})", f"Set {NNODES[0]} to replicas x parallelism")
-    node_rank = Sourced(job.value * per_job + pod.value,
-                        f"{JOB_INDEX} x pods per Job + {JOB_COMPLETION_INDEX}")
+        raise ConfigError(
+            JOB_COMPLETION_INDEX,
+            pod.value,
+            f"must be below the {per_job} pods per Job ({nnodes.source} / {replicas.source})",
+            f"Set {NNODES[0]} to replicas x parallelism",
+        )
+    node_rank = Sourced(
+        job.value * per_job + pod.value, f"{JOB_INDEX} x pods per Job + {JOB_COMPLETION_INDEX}"
+    )
 
     master = read_addr(env, *MASTER_ADDR)
     name, rjob = env.get(JOBSET_NAME, "").strip(), env.get(REPLICATED_JOB_NAME, "").strip()
     if master is None and name and rjob:
-        master = Sourced(host(JOBSET_NAME, f"{name}-{rjob}-0-0.{name}"),
-                         f"{JOBSET_NAME}-{REPLICATED_JOB_NAME}-0-0.{JOBSET_NAME} (JobSet pod DNS)")
+        master = Sourced(
+            host(JOBSET_NAME, f"{name}-{rjob}-0-0.{name}"),
+            f"{JOBSET_NAME}-{REPLICATED_JOB_NAME}-0-0.{JOBSET_NAME} (JobSet pod DNS)",
+        )
     if master is None and nnodes.value > 1:
-        raise ConfigError(REPLICATED_JOB_NAME, None, "is needed to name the first pod",
-                          f"Map {REPLICATED_JOB_NAME} from the annotation "
-                          "jobset.sigs.k8s.io/replicatedjob-name, or set MASTER_ADDR")
+        raise ConfigError(
+            REPLICATED_JOB_NAME,
+            None,
+            "is needed to name the first pod",
+            f"Map {REPLICATED_JOB_NAME} from the annotation "
+            "jobset.sigs.k8s.io/replicatedjob-name, or set MASTER_ADDR",
+        )
     return node_reading(
-        NAME, env,
+        NAME,
+        env,
         nnodes=nnodes,
         node_rank=node_rank,
         master_addr=master,

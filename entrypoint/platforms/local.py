@@ -18,9 +18,21 @@ MASTER_ADDR = ("MASTER_ADDR",)
 MASTER_PORT = ("MASTER_PORT",)
 # Variables of a multi-node job that, alone, name no platform: seeing one here most likely
 # means the rest went missing (WORLD_SIZE without RANK), so the single machine is a warning.
-PARTIAL = ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-           "SLURM_JOB_ID", "SLURM_NNODES", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
-           "PET_NNODES", "SKYPILOT_NODE_IPS", "SM_HOSTS", "AWS_BATCH_JOB_NUM_NODES")
+PARTIAL = (
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "SLURM_JOB_ID",
+    "SLURM_NNODES",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_SIZE",
+    "PET_NNODES",
+    "SKYPILOT_NODE_IPS",
+    "SM_HOSTS",
+    "AWS_BATCH_JOB_NUM_NODES",
+)
 
 
 def _shown(raw: str) -> str:
@@ -40,10 +52,12 @@ def read(env: Mapping[str, str]) -> Reading:
     warnings: tuple[str, ...] = ()
     by_hand = bool(env.get("ENTRYPOINT_NNODES", "").strip())
     if seen and not by_hand:
-        warning = (f"{', '.join(seen)} set, but no platform is recognised from it: planned as "
-                   "a single machine. For several nodes give each node its place too (RANK with "
-                   "WORLD_SIZE, NODE_RANK with NNODES; see `entrypoint --help`), or set "
-                   "ENTRYPOINT_PLATFORM")
+        warning = (
+            f"{', '.join(seen)} set, but no platform is recognised from it: planned as "
+            "a single machine. For several nodes give each node its place too (RANK with "
+            "WORLD_SIZE, NODE_RANK with NNODES; see `entrypoint --help`), or set "
+            "ENTRYPOINT_PLATFORM"
+        )
         warnings = (warning,)
     return Reading(
         platform=NAME,

@@ -41,8 +41,12 @@ NAME = "mpi"
 DOCS = "https://docs.open-mpi.org/en/v5.0.x/tuning-apps/environment-var.html"
 
 # (world size, rank, ranks on this node, rank on this node) per launcher family.
-OPEN_MPI = ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
-            "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK")
+OPEN_MPI = (
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+)
 HYDRA = ("PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS", "MPI_LOCALRANKID")
 MASTER_ADDR = ("MASTER_ADDR", "ENTRYPOINT_MASTER_ADDR")
 MASTER_PORT = ("MASTER_PORT",)
@@ -73,35 +77,50 @@ def read(env: Mapping[str, str]) -> Reading:
     world = require(read_count(env, size_n, limit=PROCESSES), size_n, "the number of ranks")
     rank = require(read_index(env, rank_n, limit=PROCESSES), rank_n, "the rank")
     below(rank_n, rank.value, size_n, world.value)
-    local_size = (read_count(env, lsize_n, limit=PER_NODE)
-                  or Sourced(1, f"default 1 ({lsize_n} unset)"))
-    local_rank = (read_index(env, lrank_n, limit=PER_NODE)
-                  or Sourced(0, f"default 0 ({lrank_n} unset)"))
+    local_size = read_count(env, lsize_n, limit=PER_NODE) or Sourced(
+        1, f"default 1 ({lsize_n} unset)"
+    )
+    local_rank = read_index(env, lrank_n, limit=PER_NODE) or Sourced(
+        0, f"default 0 ({lrank_n} unset)"
+    )
     below(lrank_n, local_rank.value, lsize_n, local_size.value)
 
     if local_size.value == 1:
         nnodes = Sourced(world.value, f"env {size_n} (one rank per node)")
         node_rank = Sourced(rank.value, f"env {rank_n} (one rank per node)")
-        more: dict = {"spawn": Sourced(True, f"{lsize_n}=1: one rank per node, the entrypoint "
-                                             "spawns the workers")}
+        more: dict = {
+            "spawn": Sourced(
+                True, f"{lsize_n}=1: one rank per node, the entrypoint spawns the workers"
+            )
+        }
         notes = [f"{launcher} started one rank per node: {size_n} counts nodes"]
     else:
         if world.value % local_size.value:
-            raise ConfigError(size_n, world.value,
-                              f"is not a multiple of {lsize_n}={local_size.value}",
-                              "Start the same number of ranks on every node (mpirun --map-by "
-                              "ppr:N:node)")
+            raise ConfigError(
+                size_n,
+                world.value,
+                f"is not a multiple of {lsize_n}={local_size.value}",
+                "Start the same number of ranks on every node (mpirun --map-by ppr:N:node)",
+            )
         if rank.value % local_size.value != local_rank.value:
-            raise ConfigError(rank_n, rank.value,
-                              f"is not placed node by node ({lrank_n}={local_rank.value})",
-                              "Fill one node before the next (mpirun --map-by slot or ppr:N:node, "
-                              "not --map-by node)")
+            raise ConfigError(
+                rank_n,
+                rank.value,
+                f"is not placed node by node ({lrank_n}={local_rank.value})",
+                "Fill one node before the next (mpirun --map-by slot or ppr:N:node, "
+                "not --map-by node)",
+            )
         nnodes = Sourced(world.value // local_size.value, f"{size_n} / {lsize_n}")
         node_rank = Sourced(rank.value // local_size.value, f"{rank_n} // {lsize_n}")
         more = {
-            "spawn": Sourced(False, f"{local_size.value} ranks per node ({lsize_n}): "
-                                    f"{launcher} started one process per GPU"),
-            "rank": rank, "local_rank": local_rank, "nproc_per_node": local_size,
+            "spawn": Sourced(
+                False,
+                f"{local_size.value} ranks per node ({lsize_n}): "
+                f"{launcher} started one process per GPU",
+            ),
+            "rank": rank,
+            "local_rank": local_rank,
+            "nproc_per_node": local_size,
         }
         notes = [f"{launcher} started {local_size.value} ranks per node: {size_n} counts processes"]
 
@@ -110,12 +129,16 @@ def read(env: Mapping[str, str]) -> Reading:
         master = _derived_master(env)
     if master is None and nnodes.value > 1:
         raise ConfigError(
-            "MASTER_ADDR", None, f"{launcher} does not tell the ranks where rank 0 runs (no "
+            "MASTER_ADDR",
+            None,
+            f"{launcher} does not tell the ranks where rank 0 runs (no "
             f"SLURM allocation, no {HNP_URI})",
             "Export it to every rank: mpirun -x MASTER_ADDR=<rank 0's host> (Open MPI) or "
-            "mpiexec -genv MASTER_ADDR <rank 0's host> (MPICH)")
+            "mpiexec -genv MASTER_ADDR <rank 0's host> (MPICH)",
+        )
     return node_reading(
-        NAME, env,
+        NAME,
+        env,
         nnodes=nnodes,
         node_rank=node_rank,
         master_addr=master,
@@ -131,12 +154,15 @@ def _derived_master(env: Mapping[str, str]) -> Sourced[str] | None:
     for name in ALLOCATION:
         raw = env.get(name, "").strip()
         if raw:
-            return Sourced(host(name, expand_var(name, raw)[0]),
-                           f"env {name} (first host: mpirun puts rank 0 on the allocation's "
-                           "first node)")
+            return Sourced(
+                host(name, expand_var(name, raw)[0]),
+                f"env {name} (first host: mpirun puts rank 0 on the allocation's first node)",
+            )
     found = _HNP_HOST.search(env.get(HNP_URI, ""))
     if found:
-        return Sourced(host(HNP_URI, found.group(1) or found.group(2)),
-                       f"env {HNP_URI} (mpirun's own host, where rank 0 runs unless --host or a "
-                       "hostfile moves it)")
+        return Sourced(
+            host(HNP_URI, found.group(1) or found.group(2)),
+            f"env {HNP_URI} (mpirun's own host, where rank 0 runs unless --host or a "
+            "hostfile moves it)",
+        )
     return None

@@ -30,8 +30,9 @@ from entrypoint.platforms.base import (
 from entrypoint.values import NODES, PROCESSES, Sourced, below, first
 
 NAME = "pytorchjob"
-DOCS = ("https://github.com/kubeflow/training-operator/blob/v1.9.0/"
-        "pkg/controller.v1/pytorch/envvar.go")
+DOCS = (
+    "https://github.com/kubeflow/training-operator/blob/v1.9.0/pkg/controller.v1/pytorch/envvar.go"
+)
 
 WORLD_SIZE = "WORLD_SIZE"
 RANK = "RANK"
@@ -51,9 +52,16 @@ def _set(env: Mapping[str, str], name: str) -> bool:
 
 def detect(env: Mapping[str, str]) -> str | None:
     if all(_set(env, n) for n in (WORLD_SIZE, RANK, PET_NNODES, PET_NODE_RANK)):
-        return f"{PET_NNODES}, {PET_NODE_RANK}, {WORLD_SIZE} and {RANK} set (training-operator v1.7+)"
-    if (_set(env, PET_RDZV_ENDPOINT) and _set(env, PET_RDZV_BACKEND) and _set(env, PET_NNODES)
-            and not _set(env, PET_NODE_RANK) and not _set(env, RANK)):
+        return (
+            f"{PET_NNODES}, {PET_NODE_RANK}, {WORLD_SIZE} and {RANK} set (training-operator v1.7+)"
+        )
+    if (
+        _set(env, PET_RDZV_ENDPOINT)
+        and _set(env, PET_RDZV_BACKEND)
+        and _set(env, PET_NNODES)
+        and not _set(env, PET_NODE_RANK)
+        and not _set(env, RANK)
+    ):
         return f"{PET_RDZV_ENDPOINT} and {PET_NNODES} set without a node rank (elastic PyTorchJob)"
     return None
 
@@ -66,18 +74,25 @@ def nproc_per_node(env: Mapping[str, str]) -> Sourced[int] | None:
 def pods(env: Mapping[str, str]) -> Sourced[int]:
     raw = env.get(PET_NNODES, "").strip()
     if ":" in raw:
-        raise ConfigError(PET_NNODES, raw, "is an elastic range (elasticPolicy min/maxReplicas)",
-                          "Give the PyTorchJob a fixed number of replicas; the entrypoint plans a "
-                          "fixed set of nodes")
+        raise ConfigError(
+            PET_NNODES,
+            raw,
+            "is an elastic range (elasticPolicy min/maxReplicas)",
+            "Give the PyTorchJob a fixed number of replicas; the entrypoint plans a "
+            "fixed set of nodes",
+        )
     return require(read_count(env, PET_NNODES, limit=NODES), PET_NNODES, "the number of pods")
 
 
 def read(env: Mapping[str, str]) -> Reading:
     if not _set(env, RANK) and not _set(env, PET_NODE_RANK):
-        raise ConfigError(PET_NODE_RANK, None,
-                          f"an elastic PyTorchJob gives no node rank, only {PET_RDZV_ENDPOINT}",
-                          "Use a Master replica and Workers without elasticPolicy, so every pod "
-                          "gets RANK and PET_NODE_RANK")
+        raise ConfigError(
+            PET_NODE_RANK,
+            None,
+            f"an elastic PyTorchJob gives no node rank, only {PET_RDZV_ENDPOINT}",
+            "Use a Master replica and Workers without elasticPolicy, so every pod "
+            "gets RANK and PET_NODE_RANK",
+        )
     world = require(read_count(env, WORLD_SIZE, limit=PROCESSES), WORLD_SIZE, "the world size")
     rank = require(read_index(env, RANK, limit=NODES), RANK, "the rank")
     per_node = nproc_per_node(env)
@@ -86,42 +101,61 @@ def read(env: Mapping[str, str]) -> Reading:
 
     if _set(env, PET_NNODES):
         nnodes = pods(env)
-        node_rank = (read_index(env, PET_NODE_RANK, limit=NODES)
-                     or Sourced(rank.value, f"env {RANK}"))
+        node_rank = read_index(env, PET_NODE_RANK, limit=NODES) or Sourced(
+            rank.value, f"env {RANK}"
+        )
         if node_rank.value != rank.value:
-            raise ConfigError(PET_NODE_RANK, node_rank.value, f"differs from {RANK}={rank.value}",
-                              "Do not set RANK or PET_NODE_RANK in the pod template; "
-                              "training-operator sets both to the pod's index")
+            raise ConfigError(
+                PET_NODE_RANK,
+                node_rank.value,
+                f"differs from {RANK}={rank.value}",
+                "Do not set RANK or PET_NODE_RANK in the pod template; "
+                "training-operator sets both to the pod's index",
+            )
         as_processes = nnodes.value * per_node.value if per_node else None
         if per_node and world.value == as_processes:
-            notes.append(f"{WORLD_SIZE}={world.value} read as processes because "
-                         f"{PET_NPROC_PER_NODE}={per_node.value} and {PET_NNODES}={nnodes.value} "
-                         "(training-operator v1.7+ multiplies by nprocPerNode); nodes and node "
-                         f"rank come from {PET_NNODES} and {PET_NODE_RANK}")
+            notes.append(
+                f"{WORLD_SIZE}={world.value} read as processes because "
+                f"{PET_NPROC_PER_NODE}={per_node.value} and {PET_NNODES}={nnodes.value} "
+                "(training-operator v1.7+ multiplies by nprocPerNode); nodes and node "
+                f"rank come from {PET_NNODES} and {PET_NODE_RANK}"
+            )
         elif world.value == nnodes.value:
-            why = (f"{PET_NPROC_PER_NODE}={raw_nproc} is not a number" if raw_nproc
-                   else f"{PET_NPROC_PER_NODE} is unset")
-            notes.append(f"{WORLD_SIZE}={world.value} read as pods because {why}, so "
-                         "training-operator counts one process per pod")
+            why = (
+                f"{PET_NPROC_PER_NODE}={raw_nproc} is not a number"
+                if raw_nproc
+                else f"{PET_NPROC_PER_NODE} is unset"
+            )
+            notes.append(
+                f"{WORLD_SIZE}={world.value} read as pods because {why}, so "
+                "training-operator counts one process per pod"
+            )
         else:
             expected = f"{PET_NNODES}={nnodes.value}"
             if as_processes:
                 expected += f" or {PET_NNODES} x {PET_NPROC_PER_NODE}={as_processes}"
-            raise ConfigError(WORLD_SIZE, world.value, f"matches neither {expected}",
-                              "Do not set WORLD_SIZE in the pod template; training-operator sets it")
+            raise ConfigError(
+                WORLD_SIZE,
+                world.value,
+                f"matches neither {expected}",
+                "Do not set WORLD_SIZE in the pod template; training-operator sets it",
+            )
     else:
         # Before v1.7 there is no PET_NNODES and WORLD_SIZE counts pods.
         below(RANK, rank.value, WORLD_SIZE, world.value)
         nnodes = Sourced(world.value, f"env {WORLD_SIZE} (as pods)")
         node_rank = Sourced(rank.value, f"env {RANK} (as pod index)")
-        notes.append(f"{WORLD_SIZE}={world.value} read as pods: no {PET_NNODES}, as "
-                     "training-operator before v1.7 sets it")
+        notes.append(
+            f"{WORLD_SIZE}={world.value} read as pods: no {PET_NNODES}, as "
+            "training-operator before v1.7 sets it"
+        )
 
     found = first(env, *MASTER_ADDR)
     if found:
         notes.append(f"master is the Master replica's pod ({found[0]}={found[1]})")
     return node_reading(
-        NAME, env,
+        NAME,
+        env,
         nnodes=nnodes,
         node_rank=node_rank,
         master_addr=read_addr(env, *MASTER_ADDR),

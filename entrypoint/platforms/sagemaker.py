@@ -36,11 +36,18 @@ def hosts(raw: str | None) -> list[str]:
         parsed = json.loads(raw or "")
     except (ValueError, RecursionError):  # RecursionError: [[[[...]]]] nested too deep
         parsed = None
-    if not (isinstance(parsed, list) and parsed
-            and all(isinstance(h, str) and h.strip() for h in parsed)):
+    if not (
+        isinstance(parsed, list)
+        and parsed
+        and all(isinstance(h, str) and h.strip() for h in parsed)
+    ):
         shown = raw if raw is None or len(raw) <= 200 else raw[:200] + "..."
-        raise ConfigError(HOSTS, shown, "not a JSON list of host names",
-                          'Expect a value like ["algo-1","algo-2"], as SageMaker sets it')
+        raise ConfigError(
+            HOSTS,
+            shown,
+            "not a JSON list of host names",
+            'Expect a value like ["algo-1","algo-2"], as SageMaker sets it',
+        )
     return list(read_hosts(HOSTS, raw or "", [h.strip() for h in parsed]))
 
 
@@ -50,11 +57,16 @@ def read(env: Mapping[str, str]) -> Reading:
     current = (first(env, CURRENT_HOST) or ("", ""))[1]
     if current not in listed:
         shown = listed if len(listed) <= 8 else [*listed[:8], "..."]
-        raise ConfigError(CURRENT_HOST, current or None, f"is not one of {HOSTS}={shown}",
-                          f"Run inside the SageMaker training container, where {CURRENT_HOST} "
-                          f"names one of {HOSTS}")
+        raise ConfigError(
+            CURRENT_HOST,
+            current or None,
+            f"is not one of {HOSTS}={shown}",
+            f"Run inside the SageMaker training container, where {CURRENT_HOST} "
+            f"names one of {HOSTS}",
+        )
     return node_reading(
-        NAME, env,
+        NAME,
+        env,
         nnodes=Sourced(len(listed), f"count of hosts in {HOSTS}"),
         node_rank=Sourced(listed.index(current), f"position of {CURRENT_HOST} in {HOSTS}"),
         master_addr=Sourced(listed[0], f"first host of {HOSTS}"),

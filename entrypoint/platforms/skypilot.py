@@ -41,20 +41,29 @@ def read(env: Mapping[str, str]) -> Reading:
     raw_ips = env.get(NODE_IPS, "")
     ips = [line.strip() for line in raw_ips.splitlines() if line.strip()]
     if not ips:
-        raise ConfigError(NODE_IPS, raw_ips or None, "lists no node",
-                          "Start the entrypoint from the task's run section, where SkyPilot sets it")
+        raise ConfigError(
+            NODE_IPS,
+            raw_ips or None,
+            "lists no node",
+            "Start the entrypoint from the task's run section, where SkyPilot sets it",
+        )
     ips = list(read_hosts(NODE_IPS, raw_ips.replace("\n", ","), ips))
     node_rank = require(read_index(env, NODE_RANK, limit=NODES), NODE_RANK, "the node rank")
-    nnodes = (read_count(env, NUM_NODES, limit=NODES)
-              or Sourced(len(ips), f"count of lines in {NODE_IPS}"))
+    nnodes = read_count(env, NUM_NODES, limit=NODES) or Sourced(
+        len(ips), f"count of lines in {NODE_IPS}"
+    )
     if nnodes.value != len(ips):
-        raise ConfigError(NODE_IPS, raw_ips.replace("\n", ","),
-                          f"lists {len(ips)} nodes but {NUM_NODES}={nnodes.value}",
-                          "Start the entrypoint from the task's run section, where both describe the same nodes")
+        raise ConfigError(
+            NODE_IPS,
+            raw_ips.replace("\n", ","),
+            f"lists {len(ips)} nodes but {NUM_NODES}={nnodes.value}",
+            "Start the entrypoint from the task's run section, where both describe the same nodes",
+        )
     # 0 is a real answer here (a CPU task), so parse it as a count that may be zero.
     gpus = read_count(env, NUM_GPUS_PER_NODE, limit=GPUS, allow_zero=True)
     return node_reading(
-        NAME, env,
+        NAME,
+        env,
         nnodes=nnodes,
         node_rank=node_rank,
         master_addr=Sourced(ips[0], f"first line of {NODE_IPS} (the head node)"),

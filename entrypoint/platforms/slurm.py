@@ -52,8 +52,9 @@ def tasks_per_node(name: str, raw: str) -> list[tuple[int, int]]:
             raise ConfigError(name, raw, "not SLURM's tasks-per-node form", fix)
         tasks, repeat = int(match[1]), int(match[2] or 1)
         if not 1 <= tasks <= PER_NODE.high:
-            raise ConfigError(name, raw, f"gives {tasks} tasks per node, outside 1 to "
-                              f"{PER_NODE.high}", fix)
+            raise ConfigError(
+                name, raw, f"gives {tasks} tasks per node, outside 1 to {PER_NODE.high}", fix
+            )
         if repeat < 1:
             raise ConfigError(name, raw, f"repeats {tasks} tasks on {repeat} nodes", fix)
         counts.append((tasks, repeat))
@@ -74,20 +75,28 @@ def master_port(env: Mapping[str, str]) -> Sourced[int]:
 def read(env: Mapping[str, str]) -> Reading:
     found = first(env, *NODELIST)
     if found is None:
-        raise ConfigError(NODELIST[1], None, "SLURM names no node to this process",
-                          "Start the entrypoint with srun inside a SLURM job, or unset "
-                          "ENTRYPOINT_PLATFORM")
+        raise ConfigError(
+            NODELIST[1],
+            None,
+            "SLURM names no node to this process",
+            "Start the entrypoint with srun inside a SLURM job, or unset ENTRYPOINT_PLATFORM",
+        )
     nodelist_name, nodelist_raw = found
     hosts = expand_var(nodelist_name, nodelist_raw)
     master = host(nodelist_name, hosts[0])
-    nnodes = (read_count(env, *NNODES, limit=NODES)
-              or Sourced(len(hosts), f"count of hosts in {nodelist_name}"))
+    nnodes = read_count(env, *NNODES, limit=NODES) or Sourced(
+        len(hosts), f"count of hosts in {nodelist_name}"
+    )
     if nnodes.value != len(hosts):
-        raise ConfigError(nodelist_name, nodelist_raw,
-                          f"lists {len(hosts)} hosts but {nnodes.source} says {nnodes.value}",
-                          "Launch the step with srun so both describe the same nodes")
-    node_rank = (read_index(env, *NODEID, limit=NODES)
-                 or Sourced(0, "default 0 (SLURM_NODEID unset)"))
+        raise ConfigError(
+            nodelist_name,
+            nodelist_raw,
+            f"lists {len(hosts)} hosts but {nnodes.source} says {nnodes.value}",
+            "Launch the step with srun so both describe the same nodes",
+        )
+    node_rank = read_index(env, *NODEID, limit=NODES) or Sourced(
+        0, "default 0 (SLURM_NODEID unset)"
+    )
     notes: list[str] = [f"master is the first host of {nodelist_name} ({hosts[0]})"]
     if STEP_ID not in env and nnodes.value > 1:
         notes.append(
@@ -100,8 +109,12 @@ def read(env: Mapping[str, str]) -> Reading:
     if found:
         counts = tasks_per_node(*found)
         if len({tasks for tasks, _ in counts}) > 1:
-            raise ConfigError(found[0], found[1], "tasks differ between nodes",
-                              "Use --ntasks-per-node=1 (or one task per GPU on every node)")
+            raise ConfigError(
+                found[0],
+                found[1],
+                "tasks differ between nodes",
+                "Use --ntasks-per-node=1 (or one task per GPU on every node)",
+            )
         per_node = Sourced(counts[0][0], f"env {found[0]}")
     else:
         ntasks = read_count(env, *NTASKS, limit=PROCESSES)
@@ -112,15 +125,21 @@ def read(env: Mapping[str, str]) -> Reading:
     rank = read_index(env, *PROCID, limit=PROCESSES)
     local_rank = read_index(env, *LOCALID, limit=PER_NODE)
     if per_node and rank and rank.value >= nnodes.value * per_node.value:
-        raise ConfigError(PROCID[0], rank.value,
-                          f"must be below the step's {nnodes.value * per_node.value} tasks "
-                          f"({nnodes.value} nodes x {per_node.value} tasks per node, "
-                          f"{per_node.source}; task ranks count from 0)",
-                          "Start the entrypoint with srun, which numbers the tasks of its step")
+        raise ConfigError(
+            PROCID[0],
+            rank.value,
+            f"must be below the step's {nnodes.value * per_node.value} tasks "
+            f"({nnodes.value} nodes x {per_node.value} tasks per node, "
+            f"{per_node.source}; task ranks count from 0)",
+            "Start the entrypoint with srun, which numbers the tasks of its step",
+        )
     if per_node and local_rank and local_rank.value >= per_node.value:
-        raise ConfigError(LOCALID[0], local_rank.value,
-                          f"must be below the {per_node.value} tasks per node ({per_node.source})",
-                          "Start the entrypoint with srun, which numbers the tasks on each node")
+        raise ConfigError(
+            LOCALID[0],
+            local_rank.value,
+            f"must be below the {per_node.value} tasks per node ({per_node.source})",
+            "Start the entrypoint with srun, which numbers the tasks on each node",
+        )
 
     more: dict = {
         "hosts": tuple(hosts),
@@ -135,14 +154,18 @@ def read(env: Mapping[str, str]) -> Reading:
             "nproc_per_node": per_node,
         }
         if rank is None or local_rank is None:
-            raise ConfigError("SLURM_PROCID", env.get("SLURM_PROCID"),
-                              "several tasks per node but no task rank",
-                              "Start the entrypoint with srun, which sets SLURM_PROCID and SLURM_LOCALID")
+            raise ConfigError(
+                "SLURM_PROCID",
+                env.get("SLURM_PROCID"),
+                "several tasks per node but no task rank",
+                "Start the entrypoint with srun, which sets SLURM_PROCID and SLURM_LOCALID",
+            )
     else:
         more["spawn"] = Sourced(True, "one task per node: the entrypoint spawns the workers")
 
     return node_reading(
-        NAME, env,
+        NAME,
+        env,
         nnodes=nnodes,
         node_rank=node_rank,
         master_addr=Sourced(master, f"first host of {nodelist_name}"),

@@ -41,10 +41,12 @@ def read(env: Mapping[str, str]) -> Reading:
     nproc, word = read_nproc(env, *NPROC_PER_NODE)
     notes = (word,) if word else ()
     nnodes = require(read_count(env, *NNODES, limit=NODES), "NNODES", "the number of nodes")
-    node_rank = (read_index(env, *NODE_RANK, limit=NODES)
-                 or Sourced(0, "default 0 (NODE_RANK unset)"))
+    node_rank = read_index(env, *NODE_RANK, limit=NODES) or Sourced(
+        0, "default 0 (NODE_RANK unset)"
+    )
     return node_reading(
-        NAME, env,
+        NAME,
+        env,
         nnodes=nnodes,
         node_rank=node_rank,
         master_addr=read_addr(env, *MASTER_ADDR),

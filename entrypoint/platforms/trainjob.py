@@ -30,7 +30,9 @@ from entrypoint.platforms.base import (
 from entrypoint.values import NODES
 
 NAME = "trainjob"
-DOCS = "https://github.com/kubeflow/trainer/blob/master/pkg/runtime/framework/plugins/torch/torch.go"
+DOCS = (
+    "https://github.com/kubeflow/trainer/blob/master/pkg/runtime/framework/plugins/torch/torch.go"
+)
 
 PET_NNODES = "PET_NNODES"
 PET_NODE_RANK = "PET_NODE_RANK"
@@ -52,16 +54,20 @@ def read(env: Mapping[str, str]) -> Reading:
     node_rank = require(read_index(env, PET_NODE_RANK, limit=NODES), PET_NODE_RANK, "the node rank")
     index = read_index(env, JOB_COMPLETION_INDEX, limit=NODES)
     if index is not None and index.value != node_rank.value:
-        raise ConfigError(PET_NODE_RANK, node_rank.value,
-                          f"differs from {JOB_COMPLETION_INDEX}={index.value}",
-                          "Do not set PET_NODE_RANK yourself; the Trainer derives it from the "
-                          "pod's completion index")
+        raise ConfigError(
+            PET_NODE_RANK,
+            node_rank.value,
+            f"differs from {JOB_COMPLETION_INDEX}={index.value}",
+            "Do not set PET_NODE_RANK yourself; the Trainer derives it from the "
+            "pod's completion index",
+        )
     notes = [f"node rank is the pod's completion index ({PET_NODE_RANK})"]
     per_node, word = read_nproc(env, PET_NPROC_PER_NODE)
     if word:
         notes.append(word)
     return node_reading(
-        NAME, env,
+        NAME,
+        env,
         nnodes=nnodes,
         node_rank=node_rank,
         master_addr=read_addr(env, *MASTER_ADDR),

@@ -73,35 +73,47 @@ def read(env: Mapping[str, str]) -> Reading:
         rank = require(read_index(env, RANK, limit=NODES), RANK, "the rank")
         below(RANK, rank.value, WORLD_SIZE, world.value)
         return node_reading(
-            NAME, env,
+            NAME,
+            env,
             nnodes=Sourced(world.value, f"env {WORLD_SIZE} (pods, Volcano pytorch plugin)"),
             node_rank=Sourced(rank.value, f"env {RANK} (pod rank, Volcano pytorch plugin)"),
             master_addr=read_addr(env, *MASTER_ADDR),
             master_port=port,
-            notes=(f"{WORLD_SIZE}={world.value} read as pods: Volcano's pytorch plugin counts "
-                   "master and worker pods",),
+            notes=(
+                f"{WORLD_SIZE}={world.value} read as pods: Volcano's pytorch plugin counts "
+                "master and worker pods",
+            ),
         )
 
     tasks = task_hosts(env)
     if len(tasks) != 1:
         shown = ", ".join(f"VC_{t}_HOSTS" for t in sorted(tasks)) or "no VC_<TASK>_HOSTS"
-        raise ConfigError(TASK_INDEX[0], env.get(TASK_INDEX[0]),
-                          f"is an index within one task, but the job has {shown}",
-                          "Enable Volcano's pytorch plugin (it sets WORLD_SIZE and RANK) or run "
-                          "all nodes as one task")
+        raise ConfigError(
+            TASK_INDEX[0],
+            env.get(TASK_INDEX[0]),
+            f"is an index within one task, but the job has {shown}",
+            "Enable Volcano's pytorch plugin (it sets WORLD_SIZE and RANK) or run "
+            "all nodes as one task",
+        )
     task, raw = next(iter(tasks.items()))
     hosts_name, num_name = f"VC_{task}_HOSTS", NUM_FMT.format(task)
     hosts = [h.strip() for h in raw.split(",") if h.strip()]
-    count = require(read_count(env, num_name, limit=NODES), num_name,
-                    "the number of pods in the task")
+    count = require(
+        read_count(env, num_name, limit=NODES), num_name, "the number of pods in the task"
+    )
     if not hosts or count.value != len(hosts):
-        raise ConfigError(hosts_name, raw, f"lists {len(hosts)} hosts but {num_name}={count.value}",
-                          "Let Volcano's svc plugin set both")
+        raise ConfigError(
+            hosts_name,
+            raw,
+            f"lists {len(hosts)} hosts but {num_name}={count.value}",
+            "Let Volcano's svc plugin set both",
+        )
     master = read_addr(env, *MASTER_ADDR)
     hosts = list(read_hosts(hosts_name, raw, hosts))
     index = require(read_index(env, *TASK_INDEX, limit=NODES), TASK_INDEX[0], "the task index")
     return node_reading(
-        NAME, env,
+        NAME,
+        env,
         nnodes=Sourced(len(hosts), f"env {num_name}"),
         node_rank=index,
         master_addr=master or Sourced(hosts[0], f"first host of {hosts_name}"),

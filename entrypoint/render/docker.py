@@ -27,16 +27,23 @@ def _command(request: Request, rank: int) -> list[str]:
     port = request.master_port or DEFAULT_PORT
     master = request.master_addr or "127.0.0.1"
     lines = [f"docker run --rm --name {request.name}-node{rank}"]
-    lines.append(" ".join(["--gpus all"] * bool(request.gpus_per_node)
-                          + ["--network host", "--ipc host"]))
+    lines.append(
+        " ".join(["--gpus all"] * bool(request.gpus_per_node) + ["--network host", "--ipc host"])
+    )
     lines.append(" ".join(ULIMITS))
-    env = [f"NNODES={request.nodes}", f"NODE_RANK={rank}", f"MASTER_ADDR={master}",
-           f"MASTER_PORT={port}"]
+    env = [
+        f"NNODES={request.nodes}",
+        f"NODE_RANK={rank}",
+        f"MASTER_ADDR={master}",
+        f"MASTER_PORT={port}",
+    ]
     if request.gpus_per_node:
         env.append(f"GPUS_PER_NODE={request.gpus_per_node}")
     lines.append(" ".join(f"-e {quote.shell_word(item)}" for item in env))
-    extra = [f"-e {quote.shell_word(key if value is None else f'{key}={value}')}"
-             for key, value in request.env]
+    extra = [
+        f"-e {quote.shell_word(key if value is None else f'{key}={value}')}"
+        for key, value in request.env
+    ]
     if extra:
         lines.append(" ".join(extra))
     lines.append(quote.shell_join([request.image, *request.entrypoint_args()]))
@@ -45,20 +52,38 @@ def _command(request: Request, rank: int) -> list[str]:
 
 def render(request: Request) -> str:
     port = request.master_port or DEFAULT_PORT
-    opening = text.header(request, (
-        f"{request.name}: {text.shape(request, 'machine')} started by hand, {request.image}"), [
-        "Run block i on machine i, in any order; node 0 waits for the others.",
-        *([(f"Machine 0 is {request.master_addr}: the others reach it on TCP ports {port} "
-            f"(rendezvous) and {port + 1}"),
-           "(the entrypoints' own channel), so let them through its firewall."]
-          if request.nodes > 1 else []),
-        "--network host and --ipc host: NCCL uses the machine's interfaces and shared memory",
-        "(without --ipc host, give --shm-size=16g). With InfiniBand, add to each command:",
-        "  --device /dev/infiniband",
-        "the entrypoint then finds the HCAs in /sys/class/infiniband and sets NCCL_IB_HCA.",
-        *([(f"{', '.join(request.secrets)}: secret, never written here: docker takes it from "
-            "the shell (export it there first).")] if request.secrets else []),
-    ])
+    opening = text.header(
+        request,
+        (f"{request.name}: {text.shape(request, 'machine')} started by hand, {request.image}"),
+        [
+            "Run block i on machine i, in any order; node 0 waits for the others.",
+            *(
+                [
+                    (
+                        f"Machine 0 is {request.master_addr}: the others reach it on TCP ports {port} "
+                        f"(rendezvous) and {port + 1}"
+                    ),
+                    "(the entrypoints' own channel), so let them through its firewall.",
+                ]
+                if request.nodes > 1
+                else []
+            ),
+            "--network host and --ipc host: NCCL uses the machine's interfaces and shared memory",
+            "(without --ipc host, give --shm-size=16g). With InfiniBand, add to each command:",
+            "  --device /dev/infiniband",
+            "the entrypoint then finds the HCAs in /sys/class/infiniband and sets NCCL_IB_HCA.",
+            *(
+                [
+                    (
+                        f"{', '.join(request.secrets)}: secret, never written here: docker takes it from "
+                        "the shell (export it there first)."
+                    )
+                ]
+                if request.secrets
+                else []
+            ),
+        ],
+    )
     blocks = []
     for rank in range(request.nodes):
         role = "node 0, the master" if rank == 0 else f"node {rank}"

@@ -35,8 +35,11 @@ def render(request: Request) -> str:
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": text.kube_metadata(request),
-        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                 "selector": {JOB_NAME_LABEL: request.name}},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {JOB_NAME_LABEL: request.name},
+        },
     }
     fixed = [(NNODES, str(request.nodes)), (MASTER_ADDR, master_addr(request))]
     if request.master_port is not None:
@@ -55,31 +58,74 @@ def render(request: Request) -> str:
         },
     }
     port = request.master_port or "29500, torchrun's default"
-    opening = text.header(request, (
-        f"{request.name}: {text.shape(request)}, a Kubernetes Indexed Job of "
-        f"{request.image}"), [
-        *text.kube_notes(request),
-        f"Pod <index> is node <index>; node 0 is reached as {master_addr(request)}:{port}.",
-        (f"Logs: kubectl logs{' -n ' + request.namespace if request.namespace else ''} "
-         f"-f job/{request.name} (node 0)."),
-    ])
-    return text.yaml_documents([
-        (service, [
-            ("clusterIP:", ("Headless: a DNS name for each pod, <pod host>.<service>, no "
-                            "load-balancing.")),
-            ("publishNotReadyAddresses:", ("The names exist before the pods are ready: "
-                                           "the rendezvous happens while they start.")),
-        ]),
-        (job, [
-            ("completionMode:", ("Indexed: pod i gets JOB_COMPLETION_INDEX=i, the entrypoint's "
-                                 "node rank, and the host name <job>-<i>.")),
-            ("backoffLimit:", ("A lost node breaks the rendezvous of all: fail the job "
-                               "rather than restart one pod.")),
-            ("subdomain:", ("The headless Service above: gives pod 0 the name "
-                            f"{master_addr(request)}.")),
-            (f"- name: {NNODES}", ("What the pods cannot know by themselves: how many they are, "
-                                   "and where node 0 is.")),
-            *([("resources:", text.ENV_NOTES["gpu"])] if request.gpus_per_node else []),
-            ("volumes:", text.ENV_NOTES["shm"]),
-        ]),
-    ], opening)
+    opening = text.header(
+        request,
+        (f"{request.name}: {text.shape(request)}, a Kubernetes Indexed Job of {request.image}"),
+        [
+            *text.kube_notes(request),
+            f"Pod <index> is node <index>; node 0 is reached as {master_addr(request)}:{port}.",
+            (
+                f"Logs: kubectl logs{' -n ' + request.namespace if request.namespace else ''} "
+                f"-f job/{request.name} (node 0)."
+            ),
+        ],
+    )
+    return text.yaml_documents(
+        [
+            (
+                service,
+                [
+                    (
+                        "clusterIP:",
+                        (
+                            "Headless: a DNS name for each pod, <pod host>.<service>, no "
+                            "load-balancing."
+                        ),
+                    ),
+                    (
+                        "publishNotReadyAddresses:",
+                        (
+                            "The names exist before the pods are ready: "
+                            "the rendezvous happens while they start."
+                        ),
+                    ),
+                ],
+            ),
+            (
+                job,
+                [
+                    (
+                        "completionMode:",
+                        (
+                            "Indexed: pod i gets JOB_COMPLETION_INDEX=i, the entrypoint's "
+                            "node rank, and the host name <job>-<i>."
+                        ),
+                    ),
+                    (
+                        "backoffLimit:",
+                        (
+                            "A lost node breaks the rendezvous of all: fail the job "
+                            "rather than restart one pod."
+                        ),
+                    ),
+                    (
+                        "subdomain:",
+                        (
+                            "The headless Service above: gives pod 0 the name "
+                            f"{master_addr(request)}."
+                        ),
+                    ),
+                    (
+                        f"- name: {NNODES}",
+                        (
+                            "What the pods cannot know by themselves: how many they are, "
+                            "and where node 0 is."
+                        ),
+                    ),
+                    *([("resources:", text.ENV_NOTES["gpu"])] if request.gpus_per_node else []),
+                    ("volumes:", text.ENV_NOTES["shm"]),
+                ],
+            ),
+        ],
+        opening,
+    )

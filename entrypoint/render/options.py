@@ -56,75 +56,121 @@ _EXAMPLE_MORE = {"slurm": " --runtime pyxis --partition gpu", "docker": " --mast
 # The options every platform takes: flags, then argparse keywords.
 _COMMON: tuple[tuple[tuple[str, ...], dict], ...] = (
     (("--nodes",), {"metavar": "N", "help": f"number of nodes, 1 to {MAX_NODES} (required)"}),
-    (("--gpus-per-node",), {"metavar": "G", "help": f"GPUs on each node, 0 (CPU only) to "
-                                                    f"{MAX_GPUS_PER_NODE} (required)"}),
+    (
+        ("--gpus-per-node",),
+        {
+            "metavar": "G",
+            "help": f"GPUs on each node, 0 (CPU only) to {MAX_GPUS_PER_NODE} (required)",
+        },
+    ),
     (("--image",), {"metavar": "IMAGE", "help": "the image to run (required)"}),
-    (("--name",), {"metavar": "NAME",
-                   "help": f"the job's name, lower case (default: {DEFAULT_NAME})"}),
-    (("--env",), {"metavar": "KEY=VALUE", "action": "append", "default": [],
-                  "help": "a variable for every node (repeatable); a secret by its name alone"}),
-    (("-o", "--output"), {"metavar": "FILE",
-                          "help": "write the spec to FILE (default: standard output)"}),
+    (
+        ("--name",),
+        {"metavar": "NAME", "help": f"the job's name, lower case (default: {DEFAULT_NAME})"},
+    ),
+    (
+        ("--env",),
+        {
+            "metavar": "KEY=VALUE",
+            "action": "append",
+            "default": [],
+            "help": "a variable for every node (repeatable); a secret by its name alone",
+        },
+    ),
+    (
+        ("-o", "--output"),
+        {"metavar": "FILE", "help": "write the spec to FILE (default: standard output)"},
+    ),
 )
 
 # Options beyond the common ones; each platform module names those it takes in its OPTIONS.
 _OPTIONS: dict[str, dict] = {
-    "--master-port": {"metavar": "PORT", "help": f"rendezvous port on node 0, 1 to "
-                                                 f"{MAX_MASTER_PORT} (default: the platform's, "
-                                                 "or the entrypoint's)"},
-    "--runtime": {"metavar": "RUNTIME", "default": DEFAULT_RUNTIME,
-                  "help": f"how srun runs the image: {', '.join(RUNTIMES)} (none: the nodes run "
-                          f"the image already) (default: {DEFAULT_RUNTIME})"},
-    "--time": {"metavar": "LIMIT", "default": DEFAULT_TIME,
-               "help": f"time limit, as sbatch takes it (default: {DEFAULT_TIME})"},
+    "--master-port": {
+        "metavar": "PORT",
+        "help": f"rendezvous port on node 0, 1 to "
+        f"{MAX_MASTER_PORT} (default: the platform's, "
+        "or the entrypoint's)",
+    },
+    "--runtime": {
+        "metavar": "RUNTIME",
+        "default": DEFAULT_RUNTIME,
+        "help": f"how srun runs the image: {', '.join(RUNTIMES)} (none: the nodes run "
+        f"the image already) (default: {DEFAULT_RUNTIME})",
+    },
+    "--time": {
+        "metavar": "LIMIT",
+        "default": DEFAULT_TIME,
+        "help": f"time limit, as sbatch takes it (default: {DEFAULT_TIME})",
+    },
     "--partition": {"metavar": "NAME", "help": "SLURM partition"},
     "--account": {"metavar": "NAME", "help": "SLURM account to charge"},
     "--namespace": {"metavar": "NAME", "help": "Kubernetes namespace (default: kubectl's)"},
-    "--secret-name": {"metavar": "NAME", "help": "the Secret that holds the secret --env "
-                                                 "variables (default: NAME-secrets)"},
-    "--master-addr": {"metavar": "HOST", "help": "machine 0's host name or IP; required for "
-                                                 "more than one machine"},
+    "--secret-name": {
+        "metavar": "NAME",
+        "help": "the Secret that holds the secret --env variables (default: NAME-secrets)",
+    },
+    "--master-addr": {
+        "metavar": "HOST",
+        "help": "machine 0's host name or IP; required for more than one machine",
+    },
 }
 _TRAINER_HELP = "the trainer command (default: the image's built-in job)"
 
 
 def _listing() -> dict[str, str]:
     """The text of `entrypoint render --help`: every platform and every option."""
+
     def row(left: str, right: str) -> str:
-        return textwrap.fill(right, 100, initial_indent=f"  {left:<22} ",
-                             subsequent_indent=" " * 25)
+        return textwrap.fill(
+            right, 100, initial_indent=f"  {left:<22} ", subsequent_indent=" " * 25
+        )
 
     common = [row(" ".join(flags) + " " + kw["metavar"], kw["help"]) for flags, kw in _COMMON]
     common.append(row("-- CMD ARGS", _TRAINER_HELP))
-    more = [row(flag + " " + kw["metavar"], "[" + ", ".join(
-        name for name in PLATFORMS if flag in module(name).OPTIONS) + "] " + kw["help"])
-        for flag, kw in _OPTIONS.items()]
-    return {"platforms": "\n".join(row(name, module(name).SUMMARY) for name in PLATFORMS),
-            "common": "\n".join(common), "more": "\n".join(more)}
+    more = [
+        row(
+            flag + " " + kw["metavar"],
+            "["
+            + ", ".join(name for name in PLATFORMS if flag in module(name).OPTIONS)
+            + "] "
+            + kw["help"],
+        )
+        for flag, kw in _OPTIONS.items()
+    ]
+    return {
+        "platforms": "\n".join(row(name, module(name).SUMMARY) for name in PLATFORMS),
+        "common": "\n".join(common),
+        "more": "\n".join(more),
+    }
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add `render` and one sub-command per platform to the entrypoint's sub-commands."""
     parser = subparsers.add_parser(
-        "render", help="write a job spec for a platform: " + ", ".join(PLATFORMS),
+        "render",
+        help="write a job spec for a platform: " + ", ".join(PLATFORMS),
         description=_DESCRIPTION.format(**_listing()),
         epilog=_EXAMPLE.format(platform="kubernetes", more=""),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    platforms = parser.add_subparsers(dest="platform", metavar="PLATFORM", required=True,
-                                      help="one of: " + ", ".join(PLATFORMS))
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    platforms = parser.add_subparsers(
+        dest="platform", metavar="PLATFORM", required=True, help="one of: " + ", ".join(PLATFORMS)
+    )
     for name in PLATFORMS:
         platform = module(name)
         sub = platforms.add_parser(
-            name, description=(platform.__doc__ or "").split("\n\n")[0]
-            + f"\n\nDocs: {platform.DOCS}",
+            name,
+            description=(platform.__doc__ or "").split("\n\n")[0] + f"\n\nDocs: {platform.DOCS}",
             epilog=_EXAMPLE.format(platform=name, more=_EXAMPLE_MORE.get(name, "")),
-            formatter_class=argparse.RawDescriptionHelpFormatter)
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         for flags, keywords in _COMMON:
             sub.add_argument(*flags, **keywords)
         for flag in platform.OPTIONS:
             sub.add_argument(flag, **_OPTIONS[flag])
-        sub.add_argument("trainer", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
-                         help=_TRAINER_HELP)
+        sub.add_argument(
+            "trainer", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help=_TRAINER_HELP
+        )
     return parser
 
 
@@ -135,8 +181,16 @@ def _dest(flag: str) -> str:
 def cmd_render(args, env=None) -> int:
     """Build the request from the options, render it, write it."""
     extra = {_dest(flag): getattr(args, _dest(flag), None) for flag in _OPTIONS}
-    request = build(args.platform, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                    image=args.image, name=args.name, trainer=args.trainer, env=args.env, **extra)
+    request = build(
+        args.platform,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        image=args.image,
+        name=args.name,
+        trainer=args.trainer,
+        env=args.env,
+        **extra,
+    )
     spec = render(request)
     if not args.output:
         sys.stdout.write(spec)
@@ -144,7 +198,11 @@ def cmd_render(args, env=None) -> int:
     try:
         Path(args.output).write_text(spec)
     except OSError as err:
-        raise ConfigError("--output", args.output, f"cannot be written ({err.strerror})",
-                          "Name a file in a directory that exists and that you may write") from None
+        raise ConfigError(
+            "--output",
+            args.output,
+            f"cannot be written ({err.strerror})",
+            "Name a file in a directory that exists and that you may write",
+        ) from None
     print(f"entrypoint: wrote {args.output}", file=sys.stderr)
     return 0

@@ -29,12 +29,18 @@ def master_addr(request: Request) -> str:
 
 
 def _replica(request: Request, replicas: int) -> dict:
-    ports = ([{"name": PORT_NAME, "containerPort": request.master_port}]
-             if request.master_port is not None else [])
+    ports = (
+        [{"name": PORT_NAME, "containerPort": request.master_port}]
+        if request.master_port is not None
+        else []
+    )
     container = text.kube_container(request, CONTAINER, ports=ports)
     # The operator copies the replica's restartPolicy into the pod.
-    return {"replicas": replicas, "restartPolicy": "Never",
-            "template": {"spec": text.kube_pod_spec(container, restart=None)}}
+    return {
+        "replicas": replicas,
+        "restartPolicy": "Never",
+        "template": {"spec": text.kube_pod_spec(container, restart=None)},
+    }
 
 
 def render(request: Request) -> str:
@@ -52,20 +58,32 @@ def render(request: Request) -> str:
         },
     }
     port = request.master_port or DEFAULT_PORT
-    opening = text.header(request, (
-        f"{request.name}: {text.shape(request)}, a Kubeflow PyTorchJob of {request.image}"), [
-        *text.kube_notes(request),
-        f"Node 0 is the Master pod, {master_addr(request)}:{port}; Worker i is node i + 1.",
-        "Needs training-operator v1.7 or later (PET_NNODES); the last v1 release is v1.9.",
-    ])
+    opening = text.header(
+        request,
+        (f"{request.name}: {text.shape(request)}, a Kubeflow PyTorchJob of {request.image}"),
+        [
+            *text.kube_notes(request),
+            f"Node 0 is the Master pod, {master_addr(request)}:{port}; Worker i is node i + 1.",
+            "Needs training-operator v1.7 or later (PET_NNODES); the last v1 release is v1.9.",
+        ],
+    )
     notes = [
-        ("nprocPerNode:", ("Workers per node: one per GPU (one on CPU). The operator passes it as "
-                           "PET_NPROC_PER_NODE and counts WORLD_SIZE in processes.")),
-        ("backoffLimit:", ("A lost node breaks the rendezvous of all: fail the job rather than "
-                           "restart one pod.")),
+        (
+            "nprocPerNode:",
+            (
+                "Workers per node: one per GPU (one on CPU). The operator passes it as "
+                "PET_NPROC_PER_NODE and counts WORLD_SIZE in processes."
+            ),
+        ),
+        (
+            "backoffLimit:",
+            ("A lost node breaks the rendezvous of all: fail the job rather than restart one pod."),
+        ),
         ("Master:", "Node 0: the operator points every pod's MASTER_ADDR here."),
-        (f"- name: {CONTAINER}", ("The operator wants a container of this name, and takes the "
-                                  "port from it.")),
+        (
+            f"- name: {CONTAINER}",
+            ("The operator wants a container of this name, and takes the port from it."),
+        ),
     ]
     if request.master_port is not None:
         notes.append(("ports:", f"The operator takes MASTER_PORT from the port named {PORT_NAME}."))

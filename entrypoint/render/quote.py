@@ -25,8 +25,15 @@ _SHELL_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", "'": "\\'
 # (not a digit, sign, dot or indicator) and is none of the 1.1 booleans or nulls, in any case.
 _YAML_PLAIN = re.compile(r"[A-Za-z/][A-Za-z0-9_./-]*", re.ASCII)
 _YAML_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null"}
-_JSON_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r", "\b": "\\b",
-                 "\f": "\\f"}
+_JSON_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "\n": "\\n",
+    "\t": "\\t",
+    "\r": "\\r",
+    "\b": "\\b",
+    "\f": "\\f",
+}
 
 
 def _printable(char: str) -> bool:

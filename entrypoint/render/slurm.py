@@ -74,9 +74,13 @@ def _environment(request: Request) -> list[str]:
         if value is not None:
             lines.append(f"export {key}={quote.shell_word(value)}")
     if request.secrets:
-        lines += [(f"# {', '.join(request.secrets)}: secret, never written here. Export it in the "
-                   "shell you run sbatch"), ("# from: sbatch passes that environment on "
-                   "(--export=ALL, the default).")]
+        lines += [
+            (
+                f"# {', '.join(request.secrets)}: secret, never written here. Export it in the "
+                "shell you run sbatch"
+            ),
+            ("# from: sbatch passes that environment on (--export=ALL, the default)."),
+        ]
     if lines:
         lines.insert(0, "# srun passes this environment to every task.")
     return lines
@@ -84,8 +88,12 @@ def _environment(request: Request) -> list[str]:
 
 def _launch(request: Request) -> list[str]:
     """The srun line, in the runtime's flavour, one option per line."""
-    srun = ["srun --ntasks-per-node=1", "--kill-on-bad-exit=1",
-            '--cpus-per-task="$SLURM_CPUS_ON_NODE"', f"--output={NODE_LOG}"]
+    srun = [
+        "srun --ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        '--cpus-per-task="$SLURM_CPUS_ON_NODE"',
+        f"--output={NODE_LOG}",
+    ]
     notes = [
         "# --kill-on-bad-exit: one node failing stops the others instead of leaving them waiting.",
         "# --cpus-per-task: the task gets every CPU of its node, for its workers and data loaders.",
@@ -93,33 +101,55 @@ def _launch(request: Request) -> list[str]:
     entrypoint = quote.shell_join(["entrypoint", *request.entrypoint_args()])
     if request.runtime == "pyxis":
         srun.append(f"--container-image={quote.shell_word(pyxis_image(request.image))}")
-        notes.append("# pyxis imports the image on each node and runs the command in it, "
-                     "with the job's GPUs.")
+        notes.append(
+            "# pyxis imports the image on each node and runs the command in it, "
+            "with the job's GPUs."
+        )
         run = [entrypoint]
     elif request.runtime == "apptainer":
-        notes += [(f"# apptainer --nv binds the node's GPUs; faster: `apptainer pull image.sif "
-                   f"{apptainer_image(request.image)}`"),
-                   "# once on a shared file system, then render with --image /path/image.sif."]
-        run = ["apptainer exec --nv " + quote.shell_word(apptainer_image(request.image)),
-               entrypoint]
+        notes += [
+            (
+                f"# apptainer --nv binds the node's GPUs; faster: `apptainer pull image.sif "
+                f"{apptainer_image(request.image)}`"
+            ),
+            "# once on a shared file system, then render with --image /path/image.sif.",
+        ]
+        run = [
+            "apptainer exec --nv " + quote.shell_word(apptainer_image(request.image)),
+            entrypoint,
+        ]
     else:
-        notes.append(f"# The nodes' own environment is the image {request.image}: entrypoint "
-                     "is on their PATH.")
+        notes.append(
+            f"# The nodes' own environment is the image {request.image}: entrypoint "
+            "is on their PATH."
+        )
         run = [entrypoint]
     parts = srun + run
     return notes + [" \\\n    ".join(parts)]
 
 
 def render(request: Request) -> str:
-    title = (f"{request.name}: {text.shape(request)} under SLURM, image {request.image} "
-             f"(runtime: {request.runtime})")
-    opening = text.header(request, title, [
-        f"Submit: sbatch FILE. Logs: {SCRIPT_LOG} (this script), {NODE_LOG} (each node).",
-        "Each node's entrypoint reads SLURM_* (node list, node id, GPUs): node 0 is the first",
-        "host, the port is derived from the job id unless MASTER_PORT is set.",
-    ])
-    lines = ["#!/bin/bash", *("# " + line for line in opening), *_directives(request), "",
-             "set -euo pipefail", ""]
+    title = (
+        f"{request.name}: {text.shape(request)} under SLURM, image {request.image} "
+        f"(runtime: {request.runtime})"
+    )
+    opening = text.header(
+        request,
+        title,
+        [
+            f"Submit: sbatch FILE. Logs: {SCRIPT_LOG} (this script), {NODE_LOG} (each node).",
+            "Each node's entrypoint reads SLURM_* (node list, node id, GPUs): node 0 is the first",
+            "host, the port is derived from the job id unless MASTER_PORT is set.",
+        ],
+    )
+    lines = [
+        "#!/bin/bash",
+        *("# " + line for line in opening),
+        *_directives(request),
+        "",
+        "set -euo pipefail",
+        "",
+    ]
     environment = _environment(request)
     if environment:
         lines += [*environment, ""]

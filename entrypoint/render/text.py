@@ -111,8 +111,9 @@ def yaml_document(body: dict) -> str:
     return "\n".join(_yaml_mapping(body, 0)) + "\n"
 
 
-def yaml_documents(documents: Sequence[tuple[dict, Sequence[tuple[str, str]]]],
-                   opening: Sequence[str]) -> str:
+def yaml_documents(
+    documents: Sequence[tuple[dict, Sequence[tuple[str, str]]]], opening: Sequence[str]
+) -> str:
     """A multi-document YAML stream: the opening comment, then each (object, notes)."""
     parts = [annotate(yaml_document(body), notes) for body, notes in documents]
     return comment(opening) + "---\n".join(parts)
@@ -123,15 +124,17 @@ def kube_env(request, fixed: Sequence[tuple[str, str]] = ()) -> list[dict]:
     entries: list[dict] = [{"name": key, "value": value} for key, value in fixed]
     for key, value in request.env:
         if value is None:
-            entries.append({"name": key, "valueFrom": {"secretKeyRef": {
-                "name": request.secret, "key": key}}})
+            entries.append(
+                {"name": key, "valueFrom": {"secretKeyRef": {"name": request.secret, "key": key}}}
+            )
         else:
             entries.append({"name": key, "value": value})
     return entries
 
 
-def kube_container(request, name: str, fixed_env: Sequence[tuple[str, str]] = (),
-                   ports: Sequence[dict] = ()) -> dict:
+def kube_container(
+    request, name: str, fixed_env: Sequence[tuple[str, str]] = (), ports: Sequence[dict] = ()
+) -> dict:
     """The node's container: the image's entrypoint with `run`, GPUs as limits, /dev/shm."""
     container: dict = {"name": name, "image": request.image, "args": request.entrypoint_args()}
     env = kube_env(request, fixed_env)
@@ -168,15 +171,19 @@ def kube_notes(request) -> list[str]:
     lines = [f"Apply: kubectl apply{ns} -f FILE"]
     if request.secrets:
         literals = " ".join(f"--from-literal={key}=..." for key in request.secrets)
-        lines += [(f"{', '.join(request.secrets)}: secret, read from the Secret {request.secret} "
-                   "and never written here. Create it first:"),
-                   "  " + SECRET_HINT.format(secret=request.secret, ns=ns, literals=literals)]
+        lines += [
+            (
+                f"{', '.join(request.secrets)}: secret, read from the Secret {request.secret} "
+                "and never written here. Create it first:"
+            ),
+            "  " + SECRET_HINT.format(secret=request.secret, ns=ns, literals=literals),
+        ]
     return lines
 
 
 ENV_NOTES = {
     "shm": "NCCL and DataLoader workers share memory through /dev/shm; a container's default "
-           "is 64 MiB.",
+    "is 64 MiB.",
     "gpu": "The device plugin gives the container this many GPUs; the entrypoint starts one "
-           "worker per GPU it sees.",
+    "worker per GPU it sees.",
 }

@@ -42,8 +42,12 @@ def render(request: Request) -> str:
     env = text.kube_env(request)
     if env:
         trainer["env"] = env
-    pod = {"containers": [{"name": NODE, "volumeMounts": [
-        {"name": text.SHM_VOLUME, "mountPath": text.SHM_PATH}]}], "volumes": [text.shm_volume()]}
+    pod = {
+        "containers": [
+            {"name": NODE, "volumeMounts": [{"name": text.SHM_VOLUME, "mountPath": text.SHM_PATH}]}
+        ],
+        "volumes": [text.shm_volume()],
+    }
     job = {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
@@ -51,23 +55,50 @@ def render(request: Request) -> str:
         "spec": {
             "runtimeRef": {"name": RUNTIME},
             "trainer": trainer,
-            "runtimePatches": [{"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": {
-                "spec": {"replicatedJobs": [{"name": NODE, "template": {"spec": {
-                    "template": {"spec": pod}}}}]}}}}],
+            "runtimePatches": [
+                {
+                    "manager": PATCH_MANAGER,
+                    "trainingRuntimeSpec": {
+                        "template": {
+                            "spec": {
+                                "replicatedJobs": [
+                                    {
+                                        "name": NODE,
+                                        "template": {"spec": {"template": {"spec": pod}}},
+                                    }
+                                ]
+                            }
+                        }
+                    },
+                }
+            ],
         },
     }
-    opening = text.header(request, (
-        f"{request.name}: {text.shape(request)}, a Kubeflow TrainJob of {request.image}"), [
-        *text.kube_notes(request),
-        f"Node 0 is pod {master_addr(request)}:{MASTER_PORT} (the Trainer fixes the port).",
-        f"Needs Kubeflow Trainer v2.3 or later with the {RUNTIME} ClusterTrainingRuntime.",
-    ])
+    opening = text.header(
+        request,
+        (f"{request.name}: {text.shape(request)}, a Kubeflow TrainJob of {request.image}"),
+        [
+            *text.kube_notes(request),
+            f"Node 0 is pod {master_addr(request)}:{MASTER_PORT} (the Trainer fixes the port).",
+            f"Needs Kubeflow Trainer v2.3 or later with the {RUNTIME} ClusterTrainingRuntime.",
+        ],
+    )
     notes = [
-        ("runtimeRef:", (f"The {RUNTIME} runtime sets PET_NNODES, PET_NODE_RANK and "
-                         "PET_MASTER_ADDR in every pod; the entrypoint reads them.")),
+        (
+            "runtimeRef:",
+            (
+                f"The {RUNTIME} runtime sets PET_NNODES, PET_NODE_RANK and "
+                "PET_MASTER_ADDR in every pod; the entrypoint reads them."
+            ),
+        ),
         ("args:", "Kept the image's entrypoint (tini, then entrypoint): only its arguments."),
-        ("numProcPerNode:", ("Workers per node: one per GPU, one on CPU (the runtime's auto "
-                             "would start one per CPU core).")),
+        (
+            "numProcPerNode:",
+            (
+                "Workers per node: one per GPU, one on CPU (the runtime's auto "
+                "would start one per CPU core)."
+            ),
+        ),
     ]
     if request.gpus_per_node:
         notes.append(("resourcesPerNode:", text.ENV_NOTES["gpu"]))

@@ -30,16 +30,21 @@ def master_addr(request: Request) -> str:
 
 def _task(request: Request, name: str, replicas: int, **more) -> dict:
     container = text.kube_container(request, "node")
-    return {"name": name, "replicas": replicas, **more,
-            "template": {"spec": text.kube_pod_spec(container)}}
+    return {
+        "name": name,
+        "replicas": replicas,
+        **more,
+        "template": {"spec": text.kube_pod_spec(container)},
+    }
 
 
 def render(request: Request) -> str:
     pytorch = [f"--master={MASTER}", f"--worker={WORKER}"]
     if request.master_port is not None:
         pytorch.append(f"--port={request.master_port}")
-    tasks = [_task(request, MASTER, 1,
-                   policies=[{"event": "TaskCompleted", "action": "CompleteJob"}])]
+    tasks = [
+        _task(request, MASTER, 1, policies=[{"event": "TaskCompleted", "action": "CompleteJob"}])
+    ]
     if request.nodes > 1:
         tasks.append(_task(request, WORKER, request.nodes - 1))
     job = {
@@ -50,23 +55,38 @@ def render(request: Request) -> str:
             "schedulerName": "volcano",
             "minAvailable": request.nodes,
             "plugins": {"pytorch": pytorch, "svc": [], "env": []},
-            "policies": [{"event": "PodEvicted", "action": "RestartJob"},
-                         {"event": "PodFailed", "action": "AbortJob"}],
+            "policies": [
+                {"event": "PodEvicted", "action": "RestartJob"},
+                {"event": "PodFailed", "action": "AbortJob"},
+            ],
             "tasks": tasks,
         },
     }
     port = request.master_port or DEFAULT_PORT
-    opening = text.header(request, (
-        f"{request.name}: {text.shape(request)}, a Volcano Job of {request.image}"), [
-        *text.kube_notes(request),
-        f"Node 0 is the master task's pod, {master_addr(request)}:{port}; worker i is node i + 1.",
-    ])
+    opening = text.header(
+        request,
+        (f"{request.name}: {text.shape(request)}, a Volcano Job of {request.image}"),
+        [
+            *text.kube_notes(request),
+            f"Node 0 is the master task's pod, {master_addr(request)}:{port}; worker i is node i + 1.",
+        ],
+    )
     notes = [
         ("minAvailable:", "Gang scheduling: every node starts, or none does."),
-        ("plugins:", ("pytorch: MASTER_ADDR, MASTER_PORT, WORLD_SIZE (pods) and RANK in every pod; "
-                      "svc: host names under a headless Service; env: VC_TASK_INDEX.")),
-        ("policies:", ("A lost node breaks the rendezvous of all: restart the whole job when a pod "
-                       "is evicted, stop it when one fails.")),
+        (
+            "plugins:",
+            (
+                "pytorch: MASTER_ADDR, MASTER_PORT, WORLD_SIZE (pods) and RANK in every pod; "
+                "svc: host names under a headless Service; env: VC_TASK_INDEX."
+            ),
+        ),
+        (
+            "policies:",
+            (
+                "A lost node breaks the rendezvous of all: restart the whole job when a pod "
+                "is evicted, stop it when one fails."
+            ),
+        ),
         (f"- name: {MASTER}", "Node 0. When it completes, the job has."),
     ]
     if request.gpus_per_node:

@@ -23,16 +23,28 @@ def commercial(c: Cluster) -> list[Node]:
     """Container platforms with one container per node (seed 002: WORLD_SIZE=2, RANK=0|1,
     MASTER_ADDR=jo-...-worker-0, MASTER_PORT=29500); tests/unit/test_platforms_commercial.py."""
     master = c.hostname("worker", 0)
-    return [Node(c.hostname("worker", r), {"WORLD_SIZE": "2", "RANK": str(r), "MASTER_ADDR": master,
-                                           "MASTER_PORT": "29500"} | TWO_WORKERS) for r in (0, 1)]
+    return [
+        Node(
+            c.hostname("worker", r),
+            {"WORLD_SIZE": "2", "RANK": str(r), "MASTER_ADDR": master, "MASTER_PORT": "29500"}
+            | TWO_WORKERS,
+        )
+        for r in (0, 1)
+    ]
 
 
 def torchrun(c: Cluster) -> list[Node]:
     """Nodes started by hand with torchrun's names (seeds 001, 003, 004; torchrun's flags,
     https://pytorch.org/docs/stable/elastic/run.html); tests/unit/test_platforms_torchrun.py."""
     master = c.hostname("node", 0)
-    return [Node(c.hostname("node", r), {"NNODES": "2", "NODE_RANK": str(r), "MASTER_ADDR": master,
-                                         "MASTER_PORT": "29500"} | TWO_WORKERS) for r in (0, 1)]
+    return [
+        Node(
+            c.hostname("node", r),
+            {"NNODES": "2", "NODE_RANK": str(r), "MASTER_ADDR": master, "MASTER_PORT": "29500"}
+            | TWO_WORKERS,
+        )
+        for r in (0, 1)
+    ]
 
 
 def slurm(c: Cluster) -> list[Node]:
@@ -41,17 +53,39 @@ def slurm(c: Cluster) -> list[Node]:
     GPU variables of a CPU node; tests/unit/test_platforms_slurm.py (ONE_TASK_PER_NODE).
     No MASTER_PORT: the entrypoint derives it from the job id, as on a real cluster."""
     hostlist = f"{c.prefix}-node-[0-1]"  # expands to the two container names
-    job = {"SLURM_JOB_ID": "4242", "SLURM_JOBID": "4242", "SLURM_JOB_NAME": "train",
-           "SLURM_JOB_NODELIST": hostlist, "SLURM_NODELIST": hostlist,
-           "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2",
-           "SLURM_STEP_ID": "0", "SLURM_STEPID": "0", "SLURM_STEP_NODELIST": hostlist,
-           "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2",
-           "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
-           "SLURM_NTASKS": "2", "SLURM_NPROCS": "2", "SLURM_TASKS_PER_NODE": "1(x2)",
-           "SLURM_LOCALID": "0", "SLURM_CPUS_ON_NODE": "2"}
-    return [Node(c.hostname("node", r), job | TWO_WORKERS | {
-        "SLURM_NODEID": str(r), "SLURM_PROCID": str(r), "SLURMD_NODENAME": c.hostname("node", r)})
-        for r in (0, 1)]
+    job = {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOBID": "4242",
+        "SLURM_JOB_NAME": "train",
+        "SLURM_JOB_NODELIST": hostlist,
+        "SLURM_NODELIST": hostlist,
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_NNODES": "2",
+        "SLURM_STEP_ID": "0",
+        "SLURM_STEPID": "0",
+        "SLURM_STEP_NODELIST": hostlist,
+        "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+        "SLURM_NTASKS": "2",
+        "SLURM_NPROCS": "2",
+        "SLURM_TASKS_PER_NODE": "1(x2)",
+        "SLURM_LOCALID": "0",
+        "SLURM_CPUS_ON_NODE": "2",
+    }
+    return [
+        Node(
+            c.hostname("node", r),
+            job
+            | TWO_WORKERS
+            | {
+                "SLURM_NODEID": str(r),
+                "SLURM_PROCID": str(r),
+                "SLURMD_NODENAME": c.hostname("node", r),
+            },
+        )
+        for r in (0, 1)
+    ]
 
 
 def pytorchjob(c: Cluster) -> list[Node]:
@@ -60,11 +94,20 @@ def pytorchjob(c: Cluster) -> list[Node]:
     PyTorchJobDefaultPort); tests/unit/test_platforms_pytorchjob.py. The pods are <job>-master-0
     and <job>-worker-0. No ENTRYPOINT_NPROC_PER_NODE: PET_NPROC_PER_NODE says 2."""
     master = c.hostname("master", 0)
-    common = {"PYTHONUNBUFFERED": "1", "MASTER_ADDR": master, "MASTER_PORT": "23456",
-              "PET_MASTER_ADDR": master, "PET_MASTER_PORT": "23456", "WORLD_SIZE": "4",
-              "PET_NNODES": "2", "PET_NPROC_PER_NODE": "2"}
-    return [Node(name, common | {"RANK": str(r), "PET_NODE_RANK": str(r)})
-            for r, name in enumerate((master, c.hostname("worker", 0)))]
+    common = {
+        "PYTHONUNBUFFERED": "1",
+        "MASTER_ADDR": master,
+        "MASTER_PORT": "23456",
+        "PET_MASTER_ADDR": master,
+        "PET_MASTER_PORT": "23456",
+        "WORLD_SIZE": "4",
+        "PET_NNODES": "2",
+        "PET_NPROC_PER_NODE": "2",
+    }
+    return [
+        Node(name, common | {"RANK": str(r), "PET_NODE_RANK": str(r)})
+        for r, name in enumerate((master, c.hostname("worker", 0)))
+    ]
 
 
 STYLES = {"commercial": commercial, "torchrun": torchrun, "slurm": slurm, "pytorchjob": pytorchjob}
@@ -107,10 +150,11 @@ def test_deepspeed(image, docker_client, style):
 def test_jax(image, docker_client, style):
     """One JAX process per node owns the node's devices: JAX counts processes, so world size 2."""
     with Cluster(image, client=docker_client, echo=print) as c:
-        nodes = [Node(n.name, {k: v for k, v in n.env.items() if k not in TWO_WORKERS})
-                 for n in STYLES[style](c)]
+        nodes = [
+            Node(n.name, {k: v for k, v in n.env.items() if k not in TWO_WORKERS})
+            for n in STYLES[style](c)
+        ]
         nodes = with_job(nodes, ENTRYPOINT_JOB="jax", ENTRYPOINT_JOB_STEPS=str(STEPS))
         run = c.run(nodes, timeout=TIMEOUT)
         assert_trained(run, nodes, job="jax", per_node=1)
         print(f"jax {style}: {run.seconds:.1f} s")
-

@@ -23,10 +23,22 @@ CONTROL_PORT = 29501  # MASTER_PORT + 1
 
 def nodes(c: FaultyCluster, steps: int, **env: str) -> list[Node]:
     master = c.hostname("node", 0)
-    return [Node(c.hostname("node", r), {
-        "NNODES": "2", "NODE_RANK": str(r), "MASTER_ADDR": master, "MASTER_PORT": "29500",
-        "ENTRYPOINT_NPROC_PER_NODE": "2", "ENTRYPOINT_JOB_STEPS": str(steps),
-        "ENTRYPOINT_JOB_LOG_EVERY": "5"} | env) for r in (0, 1)]
+    return [
+        Node(
+            c.hostname("node", r),
+            {
+                "NNODES": "2",
+                "NODE_RANK": str(r),
+                "MASTER_ADDR": master,
+                "MASTER_PORT": "29500",
+                "ENTRYPOINT_NPROC_PER_NODE": "2",
+                "ENTRYPOINT_JOB_STEPS": str(steps),
+                "ENTRYPOINT_JOB_LOG_EVERY": "5",
+            }
+            | env,
+        )
+        for r in (0, 1)
+    ]
 
 
 STRANGER = r"""
@@ -60,22 +72,34 @@ def test_a_stranger_on_the_network_cannot_stop_the_job(image, docker_client):
         first, second = c.hostname("node", 0), c.hostname("node", 1)
         seen: dict[str, tuple[int, str]] = {}
         stranger = ["python3", "-c", STRANGER, first, str(CONTROL_PORT)]
-        run = c.run(nodes(c, 80), timeout=TIMEOUT, faults=[Fault(
-            "stranger", lambda c: seen.update(out=c.exec(second, stranger)), node=first,
-            line=TRAINING)])
+        run = c.run(
+            nodes(c, 80),
+            timeout=TIMEOUT,
+            faults=[
+                Fault(
+                    "stranger",
+                    lambda c: seen.update(out=c.exec(second, stranger)),
+                    node=first,
+                    line=TRAINING,
+                )
+            ],
+        )
         assert seen["out"][0] == 0 and "stranger done" in seen["out"][1], seen
         assert run.exit_codes == {first: 0, second: 0}, run.log(80)
         log0 = run.node(first).log()
         assert "control port: dropped a connection from " in log0
-        for why in ("a message is a JSON object, got int", "protocol missing",
-                    "signal must be an integer 1-127, got 128", "not JSON",
-                    "connections waiting for their hello"):
+        for why in (
+            "a message is a JSON object, got int",
+            "protocol missing",
+            "signal must be an integer 1-127, got 128",
+            "not JSON",
+            "connections waiting for their hello",
+        ):
             assert why in log0, why
         assert "lost node" not in log0
 
 
-def test_a_wrong_token_or_another_jobs_node_is_refused_and_the_job_goes_on(image,
-                                                                          docker_client):
+def test_a_wrong_token_or_another_jobs_node_is_refused_and_the_job_goes_on(image, docker_client):
     """Two more containers claim to be node 1: one with a wrong ENTRYPOINT_JOB_TOKEN, one of
     another job (ENTRYPOINT_JOB_ID) with the right token. Each is refused with one line on
     both sides naming it and the reason, exits 2, and the real nodes train and exit 0. The
@@ -85,14 +109,23 @@ def test_a_wrong_token_or_another_jobs_node_is_refused_and_the_job_goes_on(image
         wrong, other = c.hostname("wrongtoken", 1), c.hostname("otherjob", 1)
         job = {"ENTRYPOINT_JOB_ID": "train-42", "ENTRYPOINT_JOB_TOKEN": TOKEN}
         real = nodes(c, 60, **job)
-        intruders = [Node(wrong, real[1].env | {"ENTRYPOINT_JOB_TOKEN": "x" * 32}, delay=5),
-                     Node(other, real[1].env | {"ENTRYPOINT_JOB_ID": "train-41"}, delay=5)]
+        intruders = [
+            Node(wrong, real[1].env | {"ENTRYPOINT_JOB_TOKEN": "x" * 32}, delay=5),
+            Node(other, real[1].env | {"ENTRYPOINT_JOB_ID": "train-41"}, delay=5),
+        ]
         run = c.run(real + intruders, timeout=TIMEOUT, grace=TIMEOUT)
         assert run.exit_codes == {first: 0, second: 0, wrong: 2, other: 2}, run.log(80)
         log0 = run.node(first).log()
-        for name, why in ((wrong, "wrong job token: its ENTRYPOINT_JOB_TOKEN is not node 0's"),
-                          (other, ("it belongs to another job: ENTRYPOINT_JOB_ID=train-41 "
-                                  "there, ENTRYPOINT_JOB_ID=train-42 on node 0"))):
+        for name, why in (
+            (wrong, "wrong job token: its ENTRYPOINT_JOB_TOKEN is not node 0's"),
+            (
+                other,
+                (
+                    "it belongs to another job: ENTRYPOINT_JOB_ID=train-41 "
+                    "there, ENTRYPOINT_JOB_ID=train-42 on node 0"
+                ),
+            ),
+        ):
             assert f"refused node 1 ({name}, " in log0 and why in log0, log0[-3000:]
             own = run.node(name).log()
             assert f"node 0 refused node 1 ({name}, " in own and why in own, own[-2000:]
@@ -107,19 +140,36 @@ def test_no_false_alarm_when_every_core_is_saturated(image, docker_client, unava
     stress: list[subprocess.Popen] = []
 
     def saturate(c: FaultyCluster) -> None:
-        stress.append(subprocess.Popen(["stress-ng", "--cpu", "0", "--cpu-method", "matrixprod",
-                                        "--timeout", "45s", "--quiet"]))
+        stress.append(
+            subprocess.Popen(
+                [
+                    "stress-ng",
+                    "--cpu",
+                    "0",
+                    "--cpu-method",
+                    "matrixprod",
+                    "--timeout",
+                    "45s",
+                    "--quiet",
+                ]
+            )
+        )
 
     try:
         with FaultyCluster(image, client=docker_client, echo=print) as c:
             first, second = c.hostname("node", 0), c.hostname("node", 1)
-            run = c.run(nodes(c, 60), timeout=TIMEOUT, faults=[Fault(
-                "stress-ng", saturate, node=first, line=TRAINING)])
+            run = c.run(
+                nodes(c, 60),
+                timeout=TIMEOUT,
+                faults=[Fault("stress-ng", saturate, node=first, line=TRAINING)],
+            )
             assert stress, "stress-ng never started"
             assert run.exit_codes == {first: 0, second: 0}, run.log(80)
             assert "lost node" not in run.log() and "silent for" not in run.log()
-            print(f"MEASURED saturated cores: trained under stress-ng for "
-                  f"{run.node(first).ended - run.faults['stress-ng']:.1f} s, no false alarm")
+            print(
+                f"MEASURED saturated cores: trained under stress-ng for "
+                f"{run.node(first).ended - run.faults['stress-ng']:.1f} s, no false alarm"
+            )
     finally:
         for proc in stress:
             proc.kill()
@@ -151,12 +201,18 @@ def test_no_false_alarm_when_an_entrypoint_is_stopped_briefly(image, docker_clie
         out: dict[str, tuple[int, str]] = {}
 
         def stop(name: str):
-            return lambda c: out.update({name: c.exec(name, ["python3", "-c", STOP_ENTRYPOINT,
-                                                             "3"])})
+            return lambda c: out.update(
+                {name: c.exec(name, ["python3", "-c", STOP_ENTRYPOINT, "3"])}
+            )
 
-        run = c.run(nodes(c, 100), timeout=TIMEOUT, faults=[
-            Fault("stop node 1", stop(second), node=first, line=TRAINING),
-            Fault("stop node 0", stop(first), node=first, line="[job] step 30/")])
+        run = c.run(
+            nodes(c, 100),
+            timeout=TIMEOUT,
+            faults=[
+                Fault("stop node 1", stop(second), node=first, line=TRAINING),
+                Fault("stop node 0", stop(first), node=first, line="[job] step 30/"),
+            ],
+        )
         assert all(code == 0 and "stopped" in text for code, text in out.values()), out
         assert len(out) == 2, (out, run.fault_errors)
         assert run.exit_codes == {first: 0, second: 0}, run.log(80)

@@ -34,19 +34,36 @@ HEARTBEAT_TIMEOUT = 5  # ENTRYPOINT_HEARTBEAT_TIMEOUT's default
 TIMEOUT = 360  # per cluster run: a start takes ~30 s on 2 idle cores, minutes when shared
 SHARED = "/shared"  # the shared volume in restart cases, as a cluster's shared filesystem
 OUTPUT = f"{SHARED}/job"
-SECRETS = {"HF_TOKEN": "hf_fAkEtOkEn0123456789", "WANDB_API_KEY": "wandbkey-5f4e3d2c1b",
-           "MY_SECRET": "my-secret-value-42", "DB_PASSWORD": "db-pass-Xyzzy-7",
-           "SOME_API_KEY": "some-api-key-31415"}
+SECRETS = {
+    "HF_TOKEN": "hf_fAkEtOkEn0123456789",
+    "WANDB_API_KEY": "wandbkey-5f4e3d2c1b",
+    "MY_SECRET": "my-secret-value-42",
+    "DB_PASSWORD": "db-pass-Xyzzy-7",
+    "SOME_API_KEY": "some-api-key-31415",
+}
 
 
 def nodes(c: FaultyCluster, **env: str) -> list[Node]:
     """Two nodes started by hand (tests/cluster/test_cluster.py's torchrun style), every
     secret set on both."""
     master = c.hostname("node", 0)
-    return [Node(c.hostname("node", r), {
-        "NNODES": "2", "NODE_RANK": str(r), "MASTER_ADDR": master, "MASTER_PORT": "29500",
-        "ENTRYPOINT_NPROC_PER_NODE": "2", "ENTRYPOINT_JOB_STEPS": str(STEPS),
-        "ENTRYPOINT_JOB_LOG_EVERY": "5"} | SECRETS | env) for r in (0, 1)]
+    return [
+        Node(
+            c.hostname("node", r),
+            {
+                "NNODES": "2",
+                "NODE_RANK": str(r),
+                "MASTER_ADDR": master,
+                "MASTER_PORT": "29500",
+                "ENTRYPOINT_NPROC_PER_NODE": "2",
+                "ENTRYPOINT_JOB_STEPS": str(STEPS),
+                "ENTRYPOINT_JOB_LOG_EVERY": "5",
+            }
+            | SECRETS
+            | env,
+        )
+        for r in (0, 1)
+    ]
 
 
 def when_training(c: FaultyCluster, name: str, action) -> Fault:
@@ -70,8 +87,11 @@ def measured(case: str, seconds: float) -> None:
 
 def log_times(run: FaultyRun, node: str, text: str) -> list[float]:
     """Wall times (the structlog timestamp) of the node's JSON log lines containing `text`."""
-    return [datetime.fromisoformat(json.loads(line)["timestamp"]).timestamp()
-            for line in run.node(node).lines if line.startswith("{") and text in line]
+    return [
+        datetime.fromisoformat(json.loads(line)["timestamp"]).timestamp()
+        for line in run.node(node).lines
+        if line.startswith("{") and text in line
+    ]
 
 
 @pytest.mark.parametrize("victim", [1, 0])
@@ -81,12 +101,17 @@ def test_a_killed_node_stops_the_other_naming_it(image, docker_client, victim):
     node 0 is the one killed, node 1 says it lost node 0."""
     with FaultyCluster(image, client=docker_client, echo=print) as c:
         dead, alive = c.hostname("node", victim), c.hostname("node", 1 - victim)
-        run = c.run(nodes(c), timeout=TIMEOUT, grace=90,
-                    faults=[when_training(c, "kill", lambda c: c.kill(dead))])
+        run = c.run(
+            nodes(c),
+            timeout=TIMEOUT,
+            grace=90,
+            faults=[when_training(c, "kill", lambda c: c.kill(dead))],
+        )
         assert run.exit_codes == {dead: 137, alive: 75}, run.log(80)
         assert took(run, alive, "kill") < LOST
-        assert (f"lost node {victim} ({dead}): its connection closed"
-                in run.node(alive).log()), run.node(alive).log()[-3000:]
+        assert f"lost node {victim} ({dead}): its connection closed" in run.node(alive).log(), (
+            run.node(alive).log()[-3000:]
+        )
         assert_no_secret(run.log())
         measured(f"killed node {victim}: node {1 - victim} exited", took(run, alive, "kill"))
 
@@ -97,9 +122,15 @@ def test_a_paused_node_is_caught_by_the_heartbeat_with_the_defaults(image, docke
     names it; unpaused afterwards, node 1 reads node 0's verdict and stops too."""
     with FaultyCluster(image, client=docker_client, echo=print) as c:
         first, paused = c.hostname("node", 0), c.hostname("node", 1)
-        run = c.run(nodes(c), timeout=TIMEOUT, grace=90, faults=[
-            when_training(c, "pause", lambda c: c.pause(paused)),
-            Fault("unpause", lambda c: c.unpause(paused), exited=first)])
+        run = c.run(
+            nodes(c),
+            timeout=TIMEOUT,
+            grace=90,
+            faults=[
+                when_training(c, "pause", lambda c: c.pause(paused)),
+                Fault("unpause", lambda c: c.unpause(paused), exited=first),
+            ],
+        )
         assert run.exit_codes == {first: 75, paused: 75}, run.log(80)
         assert HEARTBEAT_TIMEOUT - 1 < took(run, first, "pause") < LOST  # not before the timeout
         assert f"lost node 1 ({paused}): silent for" in run.node(first).log()
@@ -114,8 +145,12 @@ def test_a_node_cut_off_the_network_ends_the_job_on_both_sides(image, docker_cli
     and the workers' 2 s, each naming the other."""
     with FaultyCluster(image, client=docker_client, echo=print) as c:
         first, cut = c.hostname("node", 0), c.hostname("node", 1)
-        run = c.run(nodes(c), timeout=TIMEOUT, grace=90,
-                    faults=[when_training(c, "disconnect", lambda c: c.disconnect(cut))])
+        run = c.run(
+            nodes(c),
+            timeout=TIMEOUT,
+            grace=90,
+            faults=[when_training(c, "disconnect", lambda c: c.disconnect(cut))],
+        )
         assert run.exit_codes == {first: 75, cut: 75}, run.log(80)
         for node in (first, cut):
             assert HEARTBEAT_TIMEOUT - 1 < took(run, node, "disconnect") < LOST, run.log(40)
@@ -127,7 +162,8 @@ def test_a_node_cut_off_the_network_ends_the_job_on_both_sides(image, docker_cli
 
 
 def test_sigterm_on_one_node_checkpoints_everywhere_and_the_next_start_resumes(
-        image, docker_client):
+    image, docker_client
+):
     """Preemption of one pod (`docker kill --signal SIGTERM` on node 1): the signal reaches node
     1's workers and, through node 0, node 0's within a second; all checkpoint and every
     container exits 143 within ENTRYPOINT_GRACE_PERIOD. The same nodes started again on the
@@ -142,12 +178,18 @@ def test_sigterm_on_one_node_checkpoints_everywhere_and_the_next_start_resumes(
             sent["SIGTERM"] = time.time()
             c.kill(second, "SIGTERM")
 
-        run = c.run(nodes(c, ENTRYPOINT_JOB_OUTPUT=OUTPUT), timeout=TIMEOUT, grace=90,
-                    faults=[when_training(c, "sigterm", sigterm)])
+        run = c.run(
+            nodes(c, ENTRYPOINT_JOB_OUTPUT=OUTPUT),
+            timeout=TIMEOUT,
+            grace=90,
+            faults=[when_training(c, "sigterm", sigterm)],
+        )
         assert run.exit_codes == {first: 143, second: 143}, run.log(80)
         assert took(run, first, "sigterm") < grace and took(run, second, "sigterm") < grace
-        reached = [log_times(run, name, "forwarded to 2 worker process(es)")[0] - sent["SIGTERM"]
-                   for name in (second, first)]
+        reached = [
+            log_times(run, name, "forwarded to 2 worker process(es)")[0] - sent["SIGTERM"]
+            for name in (second, first)
+        ]
         assert max(reached) < 2, reached  # within a second; margin for a loaded machine
         assert f"stopped on SIGTERM, which node 1 ({second}) received" in run.node(first).log()
         reports = run.results
@@ -158,22 +200,37 @@ def test_sigterm_on_one_node_checkpoints_everywhere_and_the_next_start_resumes(
         assert {r["checkpoint"] for r in reports} == {f"{OUTPUT}/checkpoints/step{saved}"}
         measured("SIGTERM on node 1: reached node 1's workers", reached[0])
         measured("SIGTERM on node 1: reached node 0's workers", reached[1])
-        measured("SIGTERM on node 1: both exited 143", max(took(run, n, "sigterm")
-                                                           for n in (first, second)))
+        measured(
+            "SIGTERM on node 1: both exited 143",
+            max(took(run, n, "sigterm") for n in (first, second)),
+        )
 
-        again = c.run(nodes(c, ENTRYPOINT_JOB_OUTPUT=OUTPUT), timeout=TIMEOUT, grace=90,
-                      faults=[Fault("sigusr1", lambda c: c.kill(first, "SIGUSR1"), node=first,
-                                    line=f"[job] step {saved + 1}/")])
+        again = c.run(
+            nodes(c, ENTRYPOINT_JOB_OUTPUT=OUTPUT),
+            timeout=TIMEOUT,
+            grace=90,
+            faults=[
+                Fault(
+                    "sigusr1",
+                    lambda c: c.kill(first, "SIGUSR1"),
+                    node=first,
+                    line=f"[job] step {saved + 1}/",
+                )
+            ],
+        )
         assert again.exit_codes == {first: 138, second: 138}, again.log(80)
         resumed = again.results
         assert [r["resumed_from"] for r in resumed] == [saved] * 4, resumed
         assert {r["stopped_by"] for r in resumed} == {"SIGUSR1"}
-        assert all(r["steps"] > saved and r["checkpoint"].endswith(f"step{r['steps']}")
-                   for r in resumed), resumed
+        assert all(
+            r["steps"] > saved and r["checkpoint"].endswith(f"step{r['steps']}") for r in resumed
+        ), resumed
         assert "received SIGUSR1: forwarded to 2 worker process(es)" in again.node(first).log()
         assert_no_secret(run.log(), again.log())
-        measured("SIGUSR1 on node 0: both exited 138", max(took(again, n, "sigusr1")
-                                                           for n in (first, second)))
+        measured(
+            "SIGUSR1 on node 0: both exited 138",
+            max(took(again, n, "sigusr1") for n in (first, second)),
+        )
 
 
 def test_docker_stop_as_kubernetes_ends_a_job_checkpoints_within_the_grace(image, docker_client):
@@ -182,9 +239,15 @@ def test_docker_stop_as_kubernetes_ends_a_job_checkpoints_within_the_grace(image
     fits inside it: every worker checkpoints and both containers exit 143 by themselves."""
     with FaultyCluster(image, client=docker_client, echo=print) as c:
         names = [c.hostname("node", r) for r in (0, 1)]
-        run = c.run(nodes(c), timeout=TIMEOUT, grace=90, faults=[
-            when_training(c, f"stop {r}", lambda c, n=n: c.stop(n, 30))
-            for r, n in enumerate(names)])
+        run = c.run(
+            nodes(c),
+            timeout=TIMEOUT,
+            grace=90,
+            faults=[
+                when_training(c, f"stop {r}", lambda c, n=n: c.stop(n, 30))
+                for r, n in enumerate(names)
+            ],
+        )
         assert run.exit_codes == dict.fromkeys(names, 143), run.log(80)  # 137: SIGKILLed
         seconds = max(took(run, n, f"stop {r}") for r, n in enumerate(names))
         assert seconds < 25
@@ -199,8 +262,11 @@ def test_a_crashing_worker_stops_both_and_node_0_shows_its_error_once(image, doc
     of its traceback, not the gloo errors it caused in the other ranks."""
     with FaultyCluster(image, client=docker_client, echo=print) as c:
         first, second = c.hostname("node", 0), c.hostname("node", 1)
-        run = c.run(nodes(c, ENTRYPOINT_JOB_FAIL_AT_STEP="15", ENTRYPOINT_JOB_FAIL_RANK="3"),
-                    timeout=TIMEOUT, grace=90)
+        run = c.run(
+            nodes(c, ENTRYPOINT_JOB_FAIL_AT_STEP="15", ENTRYPOINT_JOB_FAIL_RANK="3"),
+            timeout=TIMEOUT,
+            grace=90,
+        )
         assert run.exit_codes == {first: 1, second: 1}, run.log(80)
         log0 = run.node(first).log()
         error = "RuntimeError: injected failure at step 15 on rank 3 (--fail-at-step)"
@@ -221,10 +287,18 @@ def test_a_crashing_worker_restarts_every_node_which_resume_and_finish(image, do
     checkpoint on the shared output, trains to the end, and both exit 0."""
     with FaultyCluster(image, client=docker_client, echo=print, shared=SHARED, output=OUTPUT) as c:
         first, second = c.hostname("node", 0), c.hostname("node", 1)
-        run = c.run(nodes(c, ENTRYPOINT_JOB_STEPS="40", ENTRYPOINT_JOB_SAVE_EVERY="10",
-                          ENTRYPOINT_JOB_FAIL_AT_STEP="25", ENTRYPOINT_JOB_FAIL_RANK="3",
-                          ENTRYPOINT_MAX_RESTARTS="1", ENTRYPOINT_JOB_OUTPUT=OUTPUT),
-                    timeout=TIMEOUT)
+        run = c.run(
+            nodes(
+                c,
+                ENTRYPOINT_JOB_STEPS="40",
+                ENTRYPOINT_JOB_SAVE_EVERY="10",
+                ENTRYPOINT_JOB_FAIL_AT_STEP="25",
+                ENTRYPOINT_JOB_FAIL_RANK="3",
+                ENTRYPOINT_MAX_RESTARTS="1",
+                ENTRYPOINT_JOB_OUTPUT=OUTPUT,
+            ),
+            timeout=TIMEOUT,
+        )
         assert run.exit_codes == {first: 0, second: 0}, run.log(80)
         log0 = run.node(first).log()
         assert log0.count("worker failed: rank 3 on node 1") == 1
@@ -273,8 +347,14 @@ def test_a_killed_launcher_leaves_no_worker_and_the_container_exits(image, docke
         first, second = c.hostname("node", 0), c.hostname("node", 1)
         seen: dict[str, tuple[int, str]] = {}
         watch = ["python3", "-c", WATCH]
-        run = c.run(nodes(c), timeout=TIMEOUT, grace=90, faults=[when_training(
-            c, "kill torchrun", lambda c: seen.update(out=c.exec(second, watch)))])
+        run = c.run(
+            nodes(c),
+            timeout=TIMEOUT,
+            grace=90,
+            faults=[
+                when_training(c, "kill torchrun", lambda c: seen.update(out=c.exec(second, watch)))
+            ],
+        )
         code, out = seen["out"]
         assert code == 0, out
         assert "pid 1: tini -- entrypoint run" in out
@@ -282,8 +362,10 @@ def test_a_killed_launcher_leaves_no_worker_and_the_container_exits(image, docke
         assert "after: []" in out, out
         assert run.exit_codes == {first: 137, second: 137}, run.log(80)
         assert "killing 2 process(es) left behind by the launcher" in run.node(second).log()
-        assert (f"stopping every node (exit 137): node 1 ({second}): the launcher (python3 -m "
-                "torch.distributed.run) was killed by SIGKILL") in run.node(first).log()
+        assert (
+            f"stopping every node (exit 137): node 1 ({second}): the launcher (python3 -m "
+            "torch.distributed.run) was killed by SIGKILL"
+        ) in run.node(first).log()
         seconds = max(took(run, n, "kill torchrun") for n in (first, second))
         assert seconds < BOUND
         assert_no_secret(run.log())
@@ -294,8 +376,9 @@ def test_a_killed_launcher_leaves_no_worker_and_the_container_exits(image, docke
 
 def one_shot(client, image: str, args: list[str], env: dict[str, str]) -> tuple[int, str]:
     """`docker run --rm IMAGE ARGS`: (exit code, stdout and stderr)."""
-    container = client.containers.run(image, args, environment=env, detach=True,
-                                      labels={LABEL: "test-faults"})
+    container = client.containers.run(
+        image, args, environment=env, detach=True, labels={LABEL: "test-faults"}
+    )
     try:
         code = container.wait(timeout=120)["StatusCode"]
         return code, container.logs(stdout=True, stderr=True).decode()
@@ -305,10 +388,18 @@ def one_shot(client, image: str, args: list[str], env: dict[str, str]) -> tuple[
 
 # A user's trainer whose failing rank prints the token it was given (a library quoting a URL
 # with credentials), started with the secret on its command line too.
-SCRIPT = ('if [ "$RANK" = 3 ]; then echo "auth failed for token $HF_TOKEN and $MY_SECRET, '
-          'args $*" >&2; exit 3; fi; sleep 5')
-LEAKY = ("bash", "-c", SCRIPT, "trainer",
-         f"--token={SECRETS['HF_TOKEN']}", f"--password={SECRETS['DB_PASSWORD']}")
+SCRIPT = (
+    'if [ "$RANK" = 3 ]; then echo "auth failed for token $HF_TOKEN and $MY_SECRET, '
+    'args $*" >&2; exit 3; fi; sleep 5'
+)
+LEAKY = (
+    "bash",
+    "-c",
+    SCRIPT,
+    "trainer",
+    f"--token={SECRETS['HF_TOKEN']}",
+    f"--password={SECRETS['DB_PASSWORD']}",
+)
 
 
 def test_secret_values_never_appear_in_plan_logs_or_the_printed_command(image, docker_client):
@@ -316,8 +407,12 @@ def test_secret_values_never_appear_in_plan_logs_or_the_printed_command(image, d
     their values are masked in `plan`, `plan --json`, `doctor`, `doctor --json`, the launch
     command each node prints, the trainer's stderr that the entrypoint relays, and node 0's
     failure summary. (Image layers: tests/image/test_layers.py.)"""
-    env = SECRETS | {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "node-0",
-                     "ENTRYPOINT_GPUS_PER_NODE": "0"}
+    env = SECRETS | {
+        "NNODES": "2",
+        "NODE_RANK": "1",
+        "MASTER_ADDR": "node-0",
+        "ENTRYPOINT_GPUS_PER_NODE": "0",
+    }
     for args in (["plan", "--", *LEAKY], ["plan", "--json", "--", *LEAKY]):
         code, out = one_shot(docker_client, image, args, env)
         assert code == 0 and "--token=***" in out, out
@@ -328,13 +423,18 @@ def test_secret_values_never_appear_in_plan_logs_or_the_printed_command(image, d
         assert_no_secret(out)
     with FaultyCluster(image, client=docker_client, echo=print) as c:
         first, second = c.hostname("node", 0), c.hostname("node", 1)
-        run = c.run([Node(n.name, n.env, command=["run", "--", *LEAKY]) for n in nodes(c)],
-                    timeout=TIMEOUT, grace=90)
+        run = c.run(
+            [Node(n.name, n.env, command=["run", "--", *LEAKY]) for n in nodes(c)],
+            timeout=TIMEOUT,
+            grace=90,
+        )
         # rank 3's own code, on both (torchrun itself exits 1)
         assert run.exit_codes == {first: 3, second: 3}, run.log(80)
         assert "--token=*** --password=***" in run.node(first).log()  # the printed command
-        assert "auth failed for token *** and ***, args --token=*** --password=***" in \
-            run.node(second).log()  # relayed by node 1
+        assert (
+            "auth failed for token *** and ***, args --token=*** --password=***"
+            in run.node(second).log()
+        )  # relayed by node 1
         summary = run.node(first).log().split("worker failed: rank 3", 1)[1]
         assert "auth failed for token ***" in summary  # shown once at node 0, masked
         assert_no_secret(run.log())
@@ -345,18 +445,20 @@ def test_secret_values_never_appear_in_plan_logs_or_the_printed_command(image, d
 # Ranks 0-2 wait, saying which signal reached them; rank 3 aborts (as XLA and NCCL do on a fatal
 # error) after 8 s. Plain processes under torchrun: no collective, so nothing but the
 # entrypoints tells the healthy ranks.
-ABORTER = ("import os, signal, sys, time\n"
-           "rank = int(os.environ['RANK'])\n"
-           "def on(sig, _):\n"
-           "    print(f'rank {rank} got {signal.Signals(sig).name}', flush=True)\n"
-           "    sys.exit(128 + sig)\n"
-           "if rank != 3:\n"
-           "    for s in (signal.SIGTERM, signal.SIGABRT, signal.SIGSEGV, signal.SIGINT):\n"
-           "        signal.signal(s, on)\n"
-           "print(f'rank {rank} waits', flush=True)\n"
-           "time.sleep(8 if rank == 3 else 600)\n"
-           "print('rank 3 aborts', flush=True)\n"
-           "os.abort()\n")
+ABORTER = (
+    "import os, signal, sys, time\n"
+    "rank = int(os.environ['RANK'])\n"
+    "def on(sig, _):\n"
+    "    print(f'rank {rank} got {signal.Signals(sig).name}', flush=True)\n"
+    "    sys.exit(128 + sig)\n"
+    "if rank != 3:\n"
+    "    for s in (signal.SIGTERM, signal.SIGABRT, signal.SIGSEGV, signal.SIGINT):\n"
+    "        signal.signal(s, on)\n"
+    "print(f'rank {rank} waits', flush=True)\n"
+    "time.sleep(8 if rank == 3 else 600)\n"
+    "print('rank 3 aborts', flush=True)\n"
+    "os.abort()\n"
+)
 
 
 def test_a_rank_that_aborts_is_a_failure_not_a_signal(image, docker_client):
@@ -365,8 +467,11 @@ def test_a_rank_that_aborts_is_a_failure_not_a_signal(image, docker_client):
     was sent SIGABRT and dumped core)."""
     with FaultyCluster(image, client=docker_client, echo=print) as c:
         first, second = c.hostname("node", 0), c.hostname("node", 1)
-        run = c.run([Node(n.name, n.env, command=["run", "--", "python", "-c", ABORTER])
-                     for n in nodes(c)], timeout=TIMEOUT, grace=90)
+        run = c.run(
+            [Node(n.name, n.env, command=["run", "--", "python", "-c", ABORTER]) for n in nodes(c)],
+            timeout=TIMEOUT,
+            grace=90,
+        )
         assert run.exit_codes == {first: 134, second: 134}, run.log(80)
         log0, log1 = run.node(first).log(), run.node(second).log()
         assert "worker failed: rank 3 on node 1" in log0 and "exit code 134" in log0
@@ -385,8 +490,13 @@ def test_sigterm_while_a_node_waits_for_node_0_ends_it_at_once(image, docker_cli
     with FaultyCluster(image, client=docker_client, echo=print) as c:
         second = c.hostname("node", 1)
         (node1,) = [n for n in nodes(c, ENTRYPOINT_LOG_ALL_NODES="true") if n.name == second]
-        term = Fault("term", lambda c: c.kill(second, "SIGTERM"), node=second,
-                     line='"event": "start"', delay=3)
+        term = Fault(
+            "term",
+            lambda c: c.kill(second, "SIGTERM"),
+            node=second,
+            line='"event": "start"',
+            delay=3,
+        )
         run = c.run([node1], timeout=TIMEOUT, grace=30, faults=[term])
         assert run.exit_codes == {second: 143}, run.log(80)
         assert "received SIGTERM while waiting for node 0" in run.node(second).log()

@@ -20,8 +20,13 @@ TIMEOUT = 300
 
 
 def local(*args: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "entrypoint", "local", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "entrypoint", "local", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kw,
+    )
 
 
 def leftovers(client, prefix: str) -> list[str]:
@@ -32,8 +37,20 @@ def leftovers(client, prefix: str) -> list[str]:
 
 def test_two_nodes_train_together(image, docker_client, tmp_path):
     began = time.monotonic()
-    proc = local("--nodes", "2", "--gpus-per-node", "0", "--workers", str(WORKERS), "--image",
-                 image, "-e", f"ENTRYPOINT_JOB_STEPS={STEPS}", "--results", str(tmp_path))
+    proc = local(
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "0",
+        "--workers",
+        str(WORKERS),
+        "--image",
+        image,
+        "-e",
+        f"ENTRYPOINT_JOB_STEPS={STEPS}",
+        "--results",
+        str(tmp_path),
+    )
     try:
         out, _ = proc.communicate(timeout=TIMEOUT)
     finally:
@@ -47,8 +64,9 @@ def test_two_nodes_train_together(image, docker_client, tmp_path):
         assert f"[{name}] started" in out and out.count(f"[{name}] ") > 3, name
     assert re.search(r"final loss \d+\.\d+ \(first \d+\.\d+\)\s*$", out), out[-600:]
 
-    reports = sorted((json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")),
-                     key=lambda r: r["rank"])
+    reports = sorted(
+        (json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")), key=lambda r: r["rank"]
+    )
     world = 2 * WORKERS
     assert [r["rank"] for r in reports] == list(range(world))
     for r in reports:

@@ -48,14 +48,32 @@ def odd_image(image, docker_client):
     BuildKit (seconds), its tag removed at the end."""
     tag = f"multinode-odd:test-{secrets.token_hex(3)}"
     ca = _ca_bundle()
-    command = [_docker_cli(), "build", "-q", "-f", str(ROOT / "tests" / "preflight" / "Dockerfile"),
-               "--build-arg", f"IMAGE={image}", "--label", f"{LABEL}=preflight-test", "-t", tag,
-               *(["--secret", f"id=ca,src={ca}"] if ca else []), str(ROOT)]
-    out = subprocess.run(command, capture_output=True, text=True, timeout=600,
-                         env=os.environ | {"DOCKER_BUILDKIT": "1"})
+    command = [
+        _docker_cli(),
+        "build",
+        "-q",
+        "-f",
+        str(ROOT / "tests" / "preflight" / "Dockerfile"),
+        "--build-arg",
+        f"IMAGE={image}",
+        "--label",
+        f"{LABEL}=preflight-test",
+        "-t",
+        tag,
+        *(["--secret", f"id=ca,src={ca}"] if ca else []),
+        str(ROOT),
+    ]
+    out = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ | {"DOCKER_BUILDKIT": "1"},
+    )
     if out.returncode != 0:
-        pytest.fail(f"building {tag} failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}",
-                    pytrace=False)
+        pytest.fail(
+            f"building {tag} failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}", pytrace=False
+        )
     yield tag
     from docker.errors import APIError, NotFound
 
@@ -66,13 +84,15 @@ def odd_image(image, docker_client):
 
 
 def test_master_started_60s_after_the_worker_trains_after_the_allreduce_preflight(
-        image, docker_client):
+    image, docker_client
+):
     """Node 1 boots 60 s before node 0 (a pod scheduled late, a slow pull): it waits, saying so,
     and the job trains. With ENTRYPOINT_PREFLIGHT_ALLREDUCE every worker first measures, then
     execs the built-in DeepSpeed job in the same process."""
     with Cluster(image, client=docker_client, echo=print) as c:
-        first, second = with_job(torchrun(c), ENTRYPOINT_JOB_STEPS=str(STEPS),
-                                 ENTRYPOINT_PREFLIGHT_ALLREDUCE="true")
+        first, second = with_job(
+            torchrun(c), ENTRYPOINT_JOB_STEPS=str(STEPS), ENTRYPOINT_PREFLIGHT_ALLREDUCE="true"
+        )
         nodes = [Node(first.name, first.env, delay=60), second]
         run = c.run(nodes, timeout=TIMEOUT + 60)
         assert_trained(run, nodes, job="deepspeed", per_node=2)
@@ -85,12 +105,10 @@ def test_master_started_60s_after_the_worker_trains_after_the_allreduce_prefligh
         print(f"late master: {run.seconds:.1f} s")
 
 
-def test_master_never_starts_the_worker_stops_with_exit_75_within_the_bound(
-        image, docker_client):
+def test_master_never_starts_the_worker_stops_with_exit_75_within_the_bound(image, docker_client):
     with Cluster(image, client=docker_client, echo=print) as c:
         master, worker = torchrun(c)
-        node = Node(worker.name, dict(worker.env) | {"ENTRYPOINT_JOIN_TIMEOUT":
-                                                    str(JOIN_TIMEOUT)})
+        node = Node(worker.name, dict(worker.env) | {"ENTRYPOINT_JOIN_TIMEOUT": str(JOIN_TIMEOUT)})
         run = c.run([node], timeout=JOIN_TIMEOUT + 90)
         assert run.exit_codes == {worker.name: 75}, run.log(40)
         took = run.nodes[0].ended - run.nodes[0].started
@@ -98,9 +116,12 @@ def test_master_never_starts_the_worker_stops_with_exit_75_within_the_bound(
         # the timeout, plus the container's and the entrypoint's start, plus polling
         assert JOIN_TIMEOUT <= took <= JOIN_TIMEOUT + 15, run.log(40)
         text = run.log()
-        assert re.search(rf"node 0's entrypoint at {master.name}:29501 did not answer within "
-                         rf"2\d s \(ENTRYPOINT_JOIN_TIMEOUT={JOIN_TIMEOUT}\); last try: the name "
-                         r"does not resolve \(yet\)\. Likely causes", text), run.log(40)
+        assert re.search(
+            rf"node 0's entrypoint at {master.name}:29501 did not answer within "
+            rf"2\d s \(ENTRYPOINT_JOIN_TIMEOUT={JOIN_TIMEOUT}\); last try: the name "
+            r"does not resolve \(yet\)\. Likely causes",
+            text,
+        ), run.log(40)
 
 
 def test_nodes_of_images_that_differ_both_stop_before_training(image, odd_image, docker_client):
@@ -110,8 +131,10 @@ def test_nodes_of_images_that_differ_both_stop_before_training(image, odd_image,
         c.others = {nodes[1].name: odd_image}
         run = c.run(nodes, timeout=TIMEOUT)
         assert run.exit_codes == {nodes[0].name: 2, nodes[1].name: 2}, run.log(60)
-        expected = (f"node 1 ({nodes[1].name}) differs: packages: {package} {odd} vs {locked} "
-                    f"on node 0 ({nodes[0].name})")
+        expected = (
+            f"node 1 ({nodes[1].name}) differs: packages: {package} {odd} vs {locked} "
+            f"on node 0 ({nodes[0].name})"
+        )
         for node_run in run.nodes:
             assert any(expected in line for line in node_run.lines), (expected, node_run.lines)
         assert not any("[job]" in line for line in run.lines)  # no training step, no job output
@@ -120,13 +143,17 @@ def test_nodes_of_images_that_differ_both_stop_before_training(image, odd_image,
 
 def doctor(client, image: str, *args: str, env: dict | None = None, shm: str | None = "1g"):
     """`docker run IMAGE doctor ARGS`: (exit code, stdout, stderr)."""
-    container = client.containers.create(image, ["doctor", *args], environment=env or {},
-                                          shm_size=shm, labels={LABEL: "doctor-test"})
+    container = client.containers.create(
+        image, ["doctor", *args], environment=env or {}, shm_size=shm, labels={LABEL: "doctor-test"}
+    )
     try:
         container.start()
         code = container.wait(timeout=180)["StatusCode"]
-        return (code, container.logs(stdout=True, stderr=False).decode(),
-                container.logs(stdout=False, stderr=True).decode())
+        return (
+            code,
+            container.logs(stdout=True, stderr=False).decode(),
+            container.logs(stdout=False, stderr=True).decode(),
+        )
     finally:
         container.remove(force=True)
 
@@ -167,15 +194,25 @@ def test_doctor_allreduce_across_two_nodes(image, docker_client):
         run = c.run(nodes, timeout=TIMEOUT).check()
         lines = run.nodes[0].lines
         head = next(i for i, line in enumerate(lines) if line.startswith("all-reduce: "))
-        assert lines[head] == ("all-reduce: 4 ranks on 2 node(s), gloo on cpu, float32 sum, "
-                               "5 timed after 2 warm-up")
-        assert lines[head + 1].split() == ["size", "count", "time", "(us)", "algbw", "(GB/s)",
-                                           "busbw", "(GB/s)", "wrong"]
-        rows = [line.split() for line in lines[head + 2:head + 5]]
+        assert lines[head] == (
+            "all-reduce: 4 ranks on 2 node(s), gloo on cpu, float32 sum, 5 timed after 2 warm-up"
+        )
+        assert lines[head + 1].split() == [
+            "size",
+            "count",
+            "time",
+            "(us)",
+            "algbw",
+            "(GB/s)",
+            "busbw",
+            "(GB/s)",
+            "wrong",
+        ]
+        rows = [line.split() for line in lines[head + 2 : head + 5]]
         assert [row[:2] for row in rows] == [["1", "MiB"], ["16", "MiB"], ["64", "MiB"]]
         for row in rows:
             time_us, algbw, busbw, wrong = float(row[3]), float(row[4]), float(row[5]), row[6]
             assert time_us > 0 and algbw > 0 and busbw > 0 and wrong == "0", row
             assert busbw == pytest.approx(algbw * 1.5, rel=0.01)  # 2(n-1)/n at n = 4
-        print("\n".join(lines[head:head + 6]))
+        print("\n".join(lines[head : head + 6]))
         print(f"doctor --allreduce on 2 nodes: {time.monotonic() - began:.1f} s")

@@ -32,25 +32,41 @@ WORKERS = 2  # per node
 BUILD_TIMEOUT = 900  # first build downloads Debian's SLURM packages; later ones hit the cache
 IDLE_TIMEOUT = 90  # daemons up and both nodes idle
 JOB_TIMEOUT = 300  # submit to COMPLETED; ~40-60 s on 2 idle cores
-ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-         "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+ENDED = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 
 
 def _docker_cli() -> str:
     """A client whose `docker build` is BuildKit (as docker/build.sh picks it)."""
     if os.environ.get("DOCKER"):
         return os.environ["DOCKER"]
-    if shutil.which("docker") and subprocess.run(["docker", "buildx", "version"],
-                                                 capture_output=True).returncode == 0:
+    if (
+        shutil.which("docker")
+        and subprocess.run(["docker", "buildx", "version"], capture_output=True).returncode == 0
+    ):
         return "docker"
     return "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
 
 
 def _ca_bundle() -> str | None:
     """The CA bundle apt trusts in the build, as docker/build.sh finds it."""
-    for c in (os.environ.get("CA_BUNDLE"), os.environ.get("PIP_CERT"),
-              os.environ.get("SSL_CERT_FILE"), os.environ.get("REQUESTS_CA_BUNDLE"),
-              "/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"):
+    for c in (
+        os.environ.get("CA_BUNDLE"),
+        os.environ.get("PIP_CERT"),
+        os.environ.get("SSL_CERT_FILE"),
+        os.environ.get("REQUESTS_CA_BUNDLE"),
+        "/etc/ssl/certs/ca-certificates.crt",
+        "/etc/pki/tls/certs/ca-bundle.crt",
+    ):
         if c and c != "none" and Path(c).is_file() and Path(c).stat().st_size:
             return c
     return None
@@ -62,18 +78,36 @@ def slurm_image(image, docker_client):
     at the end (BuildKit's cache keeps its layers, so the next build is seconds)."""
     tag = f"multinode-slurm:test-{secrets.token_hex(3)}"
     ca = _ca_bundle()
-    command = [_docker_cli(), "build", "-q", "-f", str(SLURM / "Dockerfile"),
-               "--build-arg", f"IMAGE={image}", "--label", f"{LABEL}=slurm-test", "-t", tag,
-               *(["--secret", f"id=ca,src={ca}"] if ca else []), str(ROOT)]
+    command = [
+        _docker_cli(),
+        "build",
+        "-q",
+        "-f",
+        str(SLURM / "Dockerfile"),
+        "--build-arg",
+        f"IMAGE={image}",
+        "--label",
+        f"{LABEL}=slurm-test",
+        "-t",
+        tag,
+        *(["--secret", f"id=ca,src={ca}"] if ca else []),
+        str(ROOT),
+    ]
     began = time.monotonic()
     try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT,
-                             env=os.environ | {"DOCKER_BUILDKIT": "1"})
+        out = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT,
+            env=os.environ | {"DOCKER_BUILDKIT": "1"},
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"building {tag} took over {BUILD_TIMEOUT} s", pytrace=False)
     if out.returncode != 0:
-        pytest.fail(f"building {tag} failed:\n{out.stdout[-4000:]}{out.stderr[-4000:]}",
-                    pytrace=False)
+        pytest.fail(
+            f"building {tag} failed:\n{out.stdout[-4000:]}{out.stderr[-4000:]}", pytrace=False
+        )
     print(f"built {tag} from {image} in {time.monotonic() - began:.1f} s")
     yield tag
     from docker.errors import APIError, NotFound
@@ -121,12 +155,35 @@ def put(container, path: str, text: str, mode: int = 0o755) -> None:
 def sbatch_script(tmp_path: Path, image: str) -> str:
     """What a user submits: the real `entrypoint render` command's output."""
     out = tmp_path / "job.sbatch"
-    subprocess.run([sys.executable, "-m", "entrypoint", "render", "slurm", "--runtime", "none",
-                    "--nodes", "2", "--gpus-per-node", "0", "--image", image, "--name", JOB,
-                    "--env", f"ENTRYPOINT_NPROC_PER_NODE={WORKERS}",
-                    "--env", f"ENTRYPOINT_JOB_STEPS={STEPS}",
-                    "--env", "ENTRYPOINT_LOG_ALL_NODES=true", "-o", str(out)],
-                   check=True, timeout=60)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "entrypoint",
+            "render",
+            "slurm",
+            "--runtime",
+            "none",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "0",
+            "--image",
+            image,
+            "--name",
+            JOB,
+            "--env",
+            f"ENTRYPOINT_NPROC_PER_NODE={WORKERS}",
+            "--env",
+            f"ENTRYPOINT_JOB_STEPS={STEPS}",
+            "--env",
+            "ENTRYPOINT_LOG_ALL_NODES=true",
+            "-o",
+            str(out),
+        ],
+        check=True,
+        timeout=60,
+    )
     return out.read_text()
 
 
@@ -144,8 +201,9 @@ def test_sbatch_trains_across_two_nodes(slurm_image, docker_client, tmp_path):
 
         put(controller, "/tmp/job.sbatch", script)
         # the submit directory is where the logs go: the image user's home, on every node
-        code, out = sh(controller, "cd /home/trainer && sbatch --parsable /tmp/job.sbatch",
-                       user="trainer")
+        code, out = sh(
+            controller, "cd /home/trainer && sbatch --parsable /tmp/job.sbatch", user="trainer"
+        )
         assert code == 0, out
         job_id = out.strip().split(";")[0]
         submitted = time.monotonic()
@@ -165,15 +223,18 @@ def test_sbatch_trains_across_two_nodes(slurm_image, docker_client, tmp_path):
         assert (state["JobState"], state.get("ExitCode")) == ("COMPLETED", "0:0"), state
         assert state["NumNodes"] == "2" and state["UserId"].startswith("trainer("), state
 
-        by_node = {name: read_results(container) for name, container in
-                   zip(names, (controller, other), strict=True)}
+        by_node = {
+            name: read_results(container)
+            for name, container in zip(names, (controller, other), strict=True)
+        }
     world = 2 * WORKERS
     everyone = sorted((r for rs in by_node.values() for r in rs), key=lambda r: r["rank"])
     assert [r["rank"] for r in everyone] == list(range(world)), by_node
     for node_rank, name in enumerate(names):  # hostlist order: node 0 holds ranks 0..W-1
         got = sorted(by_node[name], key=lambda r: r["rank"])
-        assert [r["rank"] for r in got] == list(range(node_rank * WORKERS,
-                                                      (node_rank + 1) * WORKERS)), (name, got)
+        assert [r["rank"] for r in got] == list(
+            range(node_rank * WORKERS, (node_rank + 1) * WORKERS)
+        ), (name, got)
         for r in got:
             assert r["job"] == "deepspeed" and r["world_size"] == world, r
             assert (r["node"], r["node_rank"]) == (name, node_rank), r

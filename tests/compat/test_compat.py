@@ -43,6 +43,7 @@ TIMEOUT = 300  # per cluster: a case takes ~30-90 s on 2 shared cores
 class Trainer:
     """A user's trainer: its command after `entrypoint run --`, the line every rank prints when
     it is done (named groups `rank` and `world`), what it needs set, and workers per node."""
+
     command: tuple[str, ...]
     done: re.Pattern
     env: dict[str, str] = field(default_factory=dict)
@@ -81,41 +82,76 @@ def python(script: str, *args: str) -> tuple[str, ...]:
 TRAINER_SHAPES = {
     "ddp": Trainer(
         python("ddp_tutorial.py"),
-        re.compile(r"Finished running basic DDP example on rank (?P<rank>\d+) of (?P<world>\d+) "
-                   r"\(weights checksum (?P<checksum>\S+)\)"),
-        check=same_weights),
+        re.compile(
+            r"Finished running basic DDP example on rank (?P<rank>\d+) of (?P<world>\d+) "
+            r"\(weights checksum (?P<checksum>\S+)\)"
+        ),
+        check=same_weights,
+    ),
     "accelerate": Trainer(
         python("accelerate_quicktour.py"),
-        re.compile(r"accelerate quick tour: process (?P<rank>\d+) of (?P<world>\d+) "
-                   r"\((?P<type>\S+)\) evaluated (?P<examples>\d+) examples"),
-        env={"ENTRYPOINT_LAUNCHER": "accelerate"}, check=deepspeed_evaluated_all),
+        re.compile(
+            r"accelerate quick tour: process (?P<rank>\d+) of (?P<world>\d+) "
+            r"\((?P<type>\S+)\) evaluated (?P<examples>\d+) examples"
+        ),
+        env={"ENTRYPOINT_LAUNCHER": "accelerate"},
+        check=deepspeed_evaluated_all,
+    ),
     # engineer ops's trainer (tests/image/test_deepspeed_ops.py runs it in one container)
     "hf_trainer": Trainer(
-        python("hf_trainer.py", "--deepspeed", f"{WORKSPACE}/ds_config_zero2.json",
-               "--output_dir", "/tmp/hf-trainer", "--max_steps", "4",
-               "--per_device_train_batch_size", "2", "--save_strategy", "no",
-               "--report_to", "none"),
-        re.compile(r"hf_trainer: rank (?P<rank>\d+) of (?P<world>\d+) trained (?P<steps>\d+) "
-                   r"steps with DeepSpeedEngine"),
-        check=same_step, node0_says=("hf_trainer: done, loss",)),
+        python(
+            "hf_trainer.py",
+            "--deepspeed",
+            f"{WORKSPACE}/ds_config_zero2.json",
+            "--output_dir",
+            "/tmp/hf-trainer",
+            "--max_steps",
+            "4",
+            "--per_device_train_batch_size",
+            "2",
+            "--save_strategy",
+            "no",
+            "--report_to",
+            "none",
+        ),
+        re.compile(
+            r"hf_trainer: rank (?P<rank>\d+) of (?P<world>\d+) trained (?P<steps>\d+) "
+            r"steps with DeepSpeedEngine"
+        ),
+        check=same_step,
+        node0_says=("hf_trainer: done, loss",),
+    ),
     "jax": Trainer(
         python("jax_multiprocess.py"),
-        re.compile(r"jax multi-process: process (?P<rank>\d+) of (?P<world>\d+), "
-                   r"psum (?P<psum>\d+), allgather \[(?P<gathered>[\d, ]*)\]"),
-        env={"ENTRYPOINT_LAUNCHER": "jax"}, per_node=1, check=every_device_summed),
+        re.compile(
+            r"jax multi-process: process (?P<rank>\d+) of (?P<world>\d+), "
+            r"psum (?P<psum>\d+), allgather \[(?P<gathered>[\d, ]*)\]"
+        ),
+        env={"ENTRYPOINT_LAUNCHER": "jax"},
+        per_node=1,
+        check=every_device_summed,
+    ),
     "lightning": Trainer(
         python("lightning_multinode.py"),
-        re.compile(r"lightning: global rank (?P<rank>\d+) of (?P<world>\d+) \(node \d+, "
-                   r"local rank \d+\) finished (?P<steps>\d+) steps"),
-        derived=True, check=same_step),
+        re.compile(
+            r"lightning: global rank (?P<rank>\d+) of (?P<world>\d+) \(node \d+, "
+            r"local rank \d+\) finished (?P<steps>\d+) steps"
+        ),
+        derived=True,
+        check=same_step,
+    ),
 }
 
 # Which trainer under which convention: all of them (COMPAT_MATRIX=full), or for CI every
 # trainer under the container platforms' convention and every convention under the two cheapest
 # trainers, DDP and JAX (JAX: also where its own cluster detection competes, under SLURM).
 FULL = os.environ.get("COMPAT_MATRIX") == "full"
-CASES = [(t, c) for t in TRAINER_SHAPES for c in STYLES
-         if FULL or c == "commercial" or t in ("ddp", "jax")]
+CASES = [
+    (t, c)
+    for t in TRAINER_SHAPES
+    for c in STYLES
+    if FULL or c == "commercial" or t in ("ddp", "jax")
+]
 
 
 def nodes_for(cluster: FaultyCluster, convention: str, trainer: Trainer) -> list[Node]:
@@ -124,10 +160,14 @@ def nodes_for(cluster: FaultyCluster, convention: str, trainer: Trainer) -> list
     nodes = STYLES[convention](cluster)
     if trainer.per_node == 1:
         one = {"WORLD_SIZE": "2", "PET_NPROC_PER_NODE": "1"} if convention == "pytorchjob" else {}
-        nodes = [Node(n.name, {k: v for k, v in n.env.items() if k not in TWO_WORKERS} | one)
-                 for n in nodes]
-    return [Node(n.name, dict(n.env) | trainer.env, command=("run", "--", *trainer.command))
-            for n in nodes]
+        nodes = [
+            Node(n.name, {k: v for k, v in n.env.items() if k not in TWO_WORKERS} | one)
+            for n in nodes
+        ]
+    return [
+        Node(n.name, dict(n.env) | trainer.env, command=("run", "--", *trainer.command))
+        for n in nodes
+    ]
 
 
 def assert_every_rank_done(run: ClusterRun, trainer: Trainer) -> None:
@@ -140,8 +180,10 @@ def assert_every_rank_done(run: ClusterRun, trainer: Trainer) -> None:
         found = [m for line in node_run.lines for m in trainer.done.finditer(line)]
         ranks = sorted(int(m["rank"]) for m in found)
         expected = list(range(index * trainer.per_node, (index + 1) * trainer.per_node))
-        assert ranks == expected, (f"node {index} ({node_run.name}): success lines of ranks "
-                                   f"{ranks}, expected {expected}\n{run.log(80)}")
+        assert ranks == expected, (
+            f"node {index} ({node_run.name}): success lines of ranks "
+            f"{ranks}, expected {expected}\n{run.log(80)}"
+        )
         assert {int(m["world"]) for m in found} == {world}, [m[0] for m in found]
         done += found
     if trainer.check is not None:
@@ -156,15 +198,33 @@ def derived_image(image, docker_client):
     removed at the end (BuildKit's cache keeps the layer: the next build takes seconds)."""
     tag = f"multinode-lightning:test-{secrets.token_hex(3)}"
     ca = _ca_bundle()
-    command = [_docker_cli(), "build", "-q", "-f", str(ROOT / "tests/compat/Dockerfile.lightning"),
-               "--build-arg", f"IMAGE={image}", "--label", f"{LABEL}=compat-test", "-t", tag,
-               *(["--secret", f"id=ca,src={ca}"] if ca else []), str(ROOT)]
+    command = [
+        _docker_cli(),
+        "build",
+        "-q",
+        "-f",
+        str(ROOT / "tests/compat/Dockerfile.lightning"),
+        "--build-arg",
+        f"IMAGE={image}",
+        "--label",
+        f"{LABEL}=compat-test",
+        "-t",
+        tag,
+        *(["--secret", f"id=ca,src={ca}"] if ca else []),
+        str(ROOT),
+    ]
     began = time.monotonic()
-    out = subprocess.run(command, capture_output=True, text=True, timeout=900,
-                         env=os.environ | {"DOCKER_BUILDKIT": "1"})
+    out = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=os.environ | {"DOCKER_BUILDKIT": "1"},
+    )
     if out.returncode != 0:
-        pytest.fail(f"building {tag} failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}",
-                    pytrace=False)
+        pytest.fail(
+            f"building {tag} failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}", pytrace=False
+        )
     print(f"built {tag} from {image} in {time.monotonic() - began:.1f} s")
     yield tag
     from docker.errors import APIError, NotFound
@@ -179,8 +239,9 @@ def derived_image(image, docker_client):
 def test_users_trainer_runs_unmodified(request, docker_client, image, shape, convention):
     trainer = TRAINER_SHAPES[shape]
     tag = request.getfixturevalue("derived_image") if trainer.derived else image
-    with FaultyCluster(tag, client=docker_client, echo=print,
-                 mounts={str(TRAINERS): WORKSPACE}) as c:
+    with FaultyCluster(
+        tag, client=docker_client, echo=print, mounts={str(TRAINERS): WORKSPACE}
+    ) as c:
         run = c.run(nodes_for(c, convention, trainer), timeout=TIMEOUT)
         assert_every_rank_done(run, trainer)
         print(f"compat {shape} x {convention}: {run.seconds:.1f} s")

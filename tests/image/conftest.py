@@ -23,7 +23,9 @@ def docker(unavailable) -> str:
 
 @pytest.fixture(scope="session")
 def image(docker, unavailable) -> Image:
-    proc = subprocess.run([docker, "image", "inspect", IMAGE], capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [docker, "image", "inspect", IMAGE], capture_output=True, text=True, check=False
+    )
     if proc.returncode != 0:
         unavailable(f"image {IMAGE} is not built: run make image")
     return Image(IMAGE, json.loads(proc.stdout)[0])

@@ -39,16 +39,25 @@ class Image:
     def labels(self) -> dict[str, str]:
         return self.config["Config"].get("Labels") or {}
 
-    def run(self, *args: str, entrypoint: str | None = None, docker_args: tuple[str, ...] = (),
-            timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        *args: str,
+        entrypoint: str | None = None,
+        docker_args: tuple[str, ...] = (),
+        timeout: float = 300,
+        check: bool = True,
+    ) -> subprocess.CompletedProcess:
         cmd = [DOCKER, "run", "--rm", *docker_args]
         if entrypoint is not None:
             cmd += ["--entrypoint", entrypoint]
         cmd += [self.tag, *args]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
         if check and proc.returncode != 0:
-            pytest.fail(f"{' '.join(cmd)}\nexit {proc.returncode}\nstdout:\n{proc.stdout}\n"
-                        f"stderr:\n{proc.stderr}", pytrace=False)
+            pytest.fail(
+                f"{' '.join(cmd)}\nexit {proc.returncode}\nstdout:\n{proc.stdout}\n"
+                f"stderr:\n{proc.stderr}",
+                pytrace=False,
+            )
         return proc
 
     def python(self, code: str, *, docker_args: tuple[str, ...] = (), **kw) -> str:

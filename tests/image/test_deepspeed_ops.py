@@ -40,8 +40,9 @@ def no_build(tmp_path_factory) -> tuple[str, ...]:
 
 
 def _ds_report(image, accelerator: str) -> dict[str, str]:
-    out = image.run(docker_args=("-e", f"DS_ACCELERATOR={accelerator}"),
-                    entrypoint="ds_report").stdout
+    out = image.run(
+        docker_args=("-e", f"DS_ACCELERATOR={accelerator}"), entrypoint="ds_report"
+    ).stdout
     installed = {}
     for line in out.splitlines():
         m = re.match(r"^(\w+) \.+ \[(\w+)\] \.+ \[(\w+)\]", re.sub(r"\x1b\[[0-9;]*m", "", line))
@@ -58,9 +59,11 @@ def test_ds_report_cuda_lists_the_standard_ops_installed(image):
 
 def test_entrypoint_sees_the_ops_deepspeed_sees(image):
     """The check before launch reads the same record ds_report does, plus the CPU cache."""
-    out = image.python("import json, os; from entrypoint import dsops;"
-                       "print(json.dumps({k: sorted(v) for k, v in "
-                       "dsops.installed_ops(dict(os.environ)).items()}))")
+    out = image.python(
+        "import json, os; from entrypoint import dsops;"
+        "print(json.dumps({k: sorted(v) for k, v in "
+        "dsops.installed_ops(dict(os.environ)).items()}))"
+    )
     ops = json.loads(out.strip().splitlines()[-1])
     assert {"fused_adam", "cpu_adam", "async_io", "pin_memory"} <= set(ops["cuda"]), ops
     assert {"fused_adam", "cpu_adam", "deepspeed_shm_comm"} <= set(ops["cpu"]), ops
@@ -72,7 +75,8 @@ def test_cpu_accelerator_op_loads_with_no_build(image, no_build, builder):
         "import time; from deepspeed.ops.op_builder.cpu import " + builder + " as B;"
         "t = time.time(); m = B().load(verbose=False);"
         "print('loaded', m.__file__, 'in', round(time.time() - t, 1))",
-        docker_args=("-e", "DS_ACCELERATOR=cpu", *no_build, *READ_ONLY))
+        docker_args=("-e", "DS_ACCELERATOR=cpu", *no_build, *READ_ONLY),
+    )
     assert "/opt/venv/share/torch_extensions/" in out, out
     assert float(out.split(" in ")[-1]) < 10, out
 
@@ -100,10 +104,27 @@ print(json.dumps({"optimizer": type(inner).__name__, "losses": losses}))
 
 def test_zero2_adamw_step_on_cpu_with_no_build(image, no_build):
     """The issue's failure: AdamW on the CPU accelerator selects fused_adam (FusedAdam)."""
-    env = ("-e", "DS_ACCELERATOR=cpu", "-e", "MASTER_ADDR=127.0.0.1", "-e", "MASTER_PORT=29511",
-           "-e", "RANK=0", "-e", "LOCAL_RANK=0", "-e", "WORLD_SIZE=1")
-    proc = image.run("-c", ZERO2_STEP, entrypoint="python", timeout=300,
-                     docker_args=(*env, *no_build, *READ_ONLY))
+    env = (
+        "-e",
+        "DS_ACCELERATOR=cpu",
+        "-e",
+        "MASTER_ADDR=127.0.0.1",
+        "-e",
+        "MASTER_PORT=29511",
+        "-e",
+        "RANK=0",
+        "-e",
+        "LOCAL_RANK=0",
+        "-e",
+        "WORLD_SIZE=1",
+    )
+    proc = image.run(
+        "-c",
+        ZERO2_STEP,
+        entrypoint="python",
+        timeout=300,
+        docker_args=(*env, *no_build, *READ_ONLY),
+    )
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["optimizer"] == "FusedAdam", got
     assert got["losses"][-1] < got["losses"][0], got
@@ -130,29 +151,49 @@ def test_async_io_loads_and_round_trips_a_tensor(image, no_build, tmp_path):
     swap = tmp_path / "swap"
     swap.mkdir()
     swap.chmod(0o777)
-    out = image.run("-c", AIO_ROUND_TRIP, entrypoint="python", docker_args=(
-        "-e", "DS_ACCELERATOR=cuda", "-v", f"{swap}:/swap", *no_build, *READ_ONLY)).stdout
+    out = image.run(
+        "-c",
+        AIO_ROUND_TRIP,
+        entrypoint="python",
+        docker_args=("-e", "DS_ACCELERATOR=cuda", "-v", f"{swap}:/swap", *no_build, *READ_ONLY),
+    ).stdout
     assert "round trip True" in out and "site-packages/deepspeed/ops/aio/" in out, out
 
 
 def test_run_refuses_a_config_needing_an_op_the_image_lacks(image, tmp_path):
     """NVMe offload on CPU workers: async_io exists for the CUDA accelerator only here."""
     config = tmp_path / "ds_nvme.json"
-    config.write_text(json.dumps({
-        "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
-        "zero_optimization": {"stage": 3,
-                              "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}}))
+    config.write_text(
+        json.dumps(
+            {
+                "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+                "zero_optimization": {
+                    "stage": 3,
+                    "offload_param": {"device": "nvme", "nvme_path": "/tmp"},
+                },
+            }
+        )
+    )
     tmp_path.chmod(0o755)
     config.chmod(0o644)
-    proc = image.run("run", "--", "python", "-c", "print('trainer started')",
-                     "--deepspeed", "/cfg/ds_nvme.json", check=False,
-                     docker_args=("-v", f"{tmp_path}:/cfg:ro", "-e", "ENTRYPOINT_GPUS_PER_NODE=0"))
+    proc = image.run(
+        "run",
+        "--",
+        "python",
+        "-c",
+        "print('trainer started')",
+        "--deepspeed",
+        "/cfg/ds_nvme.json",
+        check=False,
+        docker_args=("-v", f"{tmp_path}:/cfg:ro", "-e", "ENTRYPOINT_GPUS_PER_NODE=0"),
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("entrypoint: error:")]
     assert len(errors) == 1, proc.stderr
     assert errors[0].startswith(
         "entrypoint: error: /cfg/ds_nvme.json: zero_optimization.offload_param.device='nvme': "
-        "needs DeepSpeed's async_io op for the cpu accelerator"), errors
+        "needs DeepSpeed's async_io op for the cpu accelerator"
+    ), errors
     assert "trainer started" not in proc.stdout and "Traceback" not in proc.stderr
 
 
@@ -167,17 +208,48 @@ def test_hf_trainer_deepspeed_zero2_adamw_on_cpu(image, no_build, tmp_path):
     out_dir.mkdir()
     out_dir.chmod(0o777)
     proc = image.run(
-        "run", "--", "python", "/trainers/hf_trainer.py",
-        "--deepspeed", "/trainers/ds_config_zero2.json", "--output_dir", "/out",
-        "--max_steps", "4", "--per_device_train_batch_size", "2", "--learning_rate", "1e-3",
-        "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none",
-        timeout=600, docker_args=(
-            "--shm-size=1g", "-v", f"{TRAINERS}:/trainers:ro", "-v", f"{out_dir}:/out",
-            "-e", "ENTRYPOINT_GPUS_PER_NODE=0", "-e", "ENTRYPOINT_NPROC_PER_NODE=2",
-            "-e", "HF_HUB_OFFLINE=1", *no_build))
+        "run",
+        "--",
+        "python",
+        "/trainers/hf_trainer.py",
+        "--deepspeed",
+        "/trainers/ds_config_zero2.json",
+        "--output_dir",
+        "/out",
+        "--max_steps",
+        "4",
+        "--per_device_train_batch_size",
+        "2",
+        "--learning_rate",
+        "1e-3",
+        "--logging_steps",
+        "1",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+        timeout=600,
+        docker_args=(
+            "--shm-size=1g",
+            "-v",
+            f"{TRAINERS}:/trainers:ro",
+            "-v",
+            f"{out_dir}:/out",
+            "-e",
+            "ENTRYPOINT_GPUS_PER_NODE=0",
+            "-e",
+            "ENTRYPOINT_NPROC_PER_NODE=2",
+            "-e",
+            "HF_HUB_OFFLINE=1",
+            *no_build,
+        ),
+    )
     log = proc.stdout + proc.stderr
     for rank in (0, 1):
-        assert re.search(rf"hf_trainer: rank {rank} of 2 trained 4 steps with DeepSpeedEngine "
-                         r"and FusedAdam", log), log
+        assert re.search(
+            rf"hf_trainer: rank {rank} of 2 trained 4 steps with DeepSpeedEngine "
+            r"and FusedAdam",
+            log,
+        ), log
     assert re.search(r"hf_trainer: done, loss \d+\.\d+", log), log
     assert "ninja stub" not in log, log

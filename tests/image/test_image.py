@@ -15,7 +15,9 @@ READ_ONLY = ("--read-only", "--tmpfs", "/tmp")
 
 
 def test_entrypoint_version_runs(image):
-    version = re.search(r'__version__ = "([^"]+)"', (REPO / "entrypoint/__init__.py").read_text())[1]
+    version = re.search(r'__version__ = "([^"]+)"', (REPO / "entrypoint/__init__.py").read_text())[
+        1
+    ]
     out = image.run("--version").stdout
     assert out.strip() == f"entrypoint {version}"
 
@@ -37,7 +39,8 @@ def test_frameworks_import_at_locked_versions(image, locked):
         "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda,"
         " 'jax': jax.__version__, 'jaxlib': jaxlib.__version__,"
         " 'deepspeed': deepspeed.__version__, 'accelerate': accelerate.__version__}))",
-        docker_args=("-e", "JAX_PLATFORMS=cpu"))
+        docker_args=("-e", "JAX_PLATFORMS=cpu"),
+    )
     got = json.loads(out.strip().splitlines()[-1])
     assert got["torch"].split("+")[0] == locked["torch"]
     assert got["cuda"].startswith("12.")
@@ -51,7 +54,9 @@ def test_pip_check_is_clean(image):
 
 
 def _ds_report(image, accelerator: str) -> dict[str, tuple[str, str]]:
-    out = image.run(docker_args=("-e", f"DS_ACCELERATOR={accelerator}"), entrypoint="ds_report").stdout
+    out = image.run(
+        docker_args=("-e", f"DS_ACCELERATOR={accelerator}"), entrypoint="ds_report"
+    ).stdout
     ops = {}
     for line in out.splitlines():
         m = re.match(r"^(\w+) \.+ \[(\w+)\] \.+ \[(\w+)\]", re.sub(r"\x1b\[[0-9;]*m", "", line))
@@ -74,7 +79,8 @@ def test_cpu_accelerator_ops_load_prebuilt_without_a_compiler(image, builder):
     out = image.python(
         "import time; from deepspeed.ops.op_builder.cpu import " + builder + " as B;"
         "t = time.time(); B().load(verbose=False); print('loaded in', round(time.time() - t, 1))",
-        docker_args=("-e", "DS_ACCELERATOR=cpu", *READ_ONLY))
+        docker_args=("-e", "DS_ACCELERATOR=cpu", *READ_ONLY),
+    )
     seconds = float(out.split("loaded in")[-1])
     assert seconds < 10, out
 
@@ -89,7 +95,8 @@ def test_read_only_root_with_writable_tmp(image):
     out = image.python(
         "import torch, jax.numpy as jnp;"
         "print(float((torch.ones(3) @ torch.ones(3))), float(jnp.arange(4.0).sum()))",
-        docker_args=("-e", "JAX_PLATFORMS=cpu", *READ_ONLY))
+        docker_args=("-e", "JAX_PLATFORMS=cpu", *READ_ONLY),
+    )
     assert out.split() == ["3.0", "6.0"]
 
 
@@ -111,24 +118,38 @@ def test_nvidia_container_toolkit_variables(image):
 
 
 def test_no_compiler_and_no_package_caches(image):
-    out = image.run("-c", "ls /usr/bin | grep -E '^(gcc|g\\+\\+|cc|c\\+\\+|nvcc)(-[0-9]+)?$';"
-                    "du -sk /root/.cache /var/cache/apt/archives/*.deb /var/lib/apt/lists/*_Packages* "
-                    "2>/dev/null; true", entrypoint="sh",
-                    docker_args=("-u", "0")).stdout
+    out = image.run(
+        "-c",
+        "ls /usr/bin | grep -E '^(gcc|g\\+\\+|cc|c\\+\\+|nvcc)(-[0-9]+)?$';"
+        "du -sk /root/.cache /var/cache/apt/archives/*.deb /var/lib/apt/lists/*_Packages* "
+        "2>/dev/null; true",
+        entrypoint="sh",
+        docker_args=("-u", "0"),
+    ).stdout
     assert out.strip() == "", out
 
 
 def test_base_has_the_official_slim_package_set(image, docker):
     """Pulled or built offline, the base holds debian:trixie-slim's packages, no more, no less."""
-    expected = {line.strip() for line in (REPO / "docker/base/packages.txt").read_text().splitlines()
-                if line.strip() and not line.startswith("#")}
+    expected = {
+        line.strip()
+        for line in (REPO / "docker/base/packages.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     base = image.labels["org.opencontainers.image.base.name"]
     listing = ["dpkg-query", "-W", "-f", "${Package}\\n"]
-    proc = subprocess.run([docker, "run", "--rm", "--entrypoint", listing[0], base, *listing[1:]],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [docker, "run", "--rm", "--entrypoint", listing[0], base, *listing[1:]],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, f"base {base}: {proc.stderr}"
     assert set(proc.stdout.split()) == expected
     in_image = set(image.run(*listing[1:], entrypoint=listing[0]).stdout.split())
     assert expected <= in_image
-    assert not {p for p in in_image if p.startswith(("gcc", "g++", "cpp-", "nvidia-cuda", "libcuda"))
-                and p != "gcc-14-base"}
+    assert not {
+        p
+        for p in in_image
+        if p.startswith(("gcc", "g++", "cpp-", "nvidia-cuda", "libcuda")) and p != "gcc-14-base"
+    }

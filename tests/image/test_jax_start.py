@@ -30,14 +30,26 @@ EXPLICIT = """(
 def run_two_nodes(image, tmp_path, trainer: str, *extra: str) -> str:
     src = writable(tmp_path / "src")
     (src / "train_jax.py").write_text(trainer)
-    env = {"ENTRYPOINT_GPUS_PER_NODE": "0", "NNODES": "2", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": "29500", "ENTRYPOINT_SOCKET_IFNAME": "lo",
-           "ENTRYPOINT_LAUNCHER": "jax"}
+    env = {
+        "ENTRYPOINT_GPUS_PER_NODE": "0",
+        "NNODES": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+        "ENTRYPOINT_SOCKET_IFNAME": "lo",
+        "ENTRYPOINT_LAUNCHER": "jax",
+    }
     command = "entrypoint run -- python /src/train_jax.py"
-    script = (f"NODE_RANK=1 {command} & one=$!; NODE_RANK=0 {command}; zero=$?; "
-              "wait $one; exit $((zero + $?))")
-    proc = image.run("-c", script, entrypoint="sh", timeout=300, docker_args=(
-        "-v", f"{src}:/src:ro", *extra, *docker_env(env)))
+    script = (
+        f"NODE_RANK=1 {command} & one=$!; NODE_RANK=0 {command}; zero=$?; "
+        "wait $one; exit $((zero + $?))"
+    )
+    proc = image.run(
+        "-c",
+        script,
+        entrypoint="sh",
+        timeout=300,
+        docker_args=("-v", f"{src}:/src:ro", *extra, *docker_env(env)),
+    )
     return proc.stdout + proc.stderr
 
 
@@ -56,7 +68,14 @@ def test_a_sitecustomize_of_the_users_own_still_runs(image, tmp_path):
     """The site hook shadows any sitecustomize on the path; it runs that one too."""
     own = writable(tmp_path / "own")
     (own / "sitecustomize.py").write_text("print('users sitecustomize ran', flush=True)\n")
-    log = run_two_nodes(image, tmp_path, DOCUMENTED.format(args="()"),
-                        "-v", f"{own}:/own:ro", "-e", "PYTHONPATH=/own")
+    log = run_two_nodes(
+        image,
+        tmp_path,
+        DOCUMENTED.format(args="()"),
+        "-v",
+        f"{own}:/own:ro",
+        "-e",
+        "PYTHONPATH=/own",
+    )
     assert log.count("users sitecustomize ran") >= 2
     assert "jax process 1 of 2: 2 devices, gathered [0, 1]" in log, log

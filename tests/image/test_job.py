@@ -31,27 +31,52 @@ def docker_env(env: dict[str, str]) -> tuple[str, ...]:
 def one_node(image, output: Path, **settings) -> str:
     """`docker run IMAGE` (the default command, `run`) with the output as a volume."""
     env = CPU | {"ENTRYPOINT_JOB_OUTPUT": "/out"} | settings
-    proc = image.run(docker_args=("--shm-size=1g", "-v", f"{writable(output)}:/out",
-                                  *docker_env(env)), timeout=600)
+    proc = image.run(
+        docker_args=("--shm-size=1g", "-v", f"{writable(output)}:/out", *docker_env(env)),
+        timeout=600,
+    )
     return proc.stdout + proc.stderr
 
 
 def two_nodes(image, outputs: tuple[Path, Path], **settings) -> str:
     """Two hand-started nodes (NNODES/NODE_RANK/MASTER_*) on one container's loopback."""
-    env = CPU | {"NNODES": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
-                 "ENTRYPOINT_SOCKET_IFNAME": "lo"} | settings
-    script = ("NODE_RANK=1 ENTRYPOINT_JOB_OUTPUT=/out1 entrypoint run & one=$!; "
-              "NODE_RANK=0 ENTRYPOINT_JOB_OUTPUT=/out0 entrypoint run; zero=$?; "
-              "wait $one; exit $((zero + $?))")
-    proc = image.run("-c", script, entrypoint="sh", timeout=600, docker_args=(
-        "--shm-size=1g", "-v", f"{writable(outputs[0])}:/out0", "-v", f"{writable(outputs[1])}:/out1",
-        *docker_env(env)))
+    env = (
+        CPU
+        | {
+            "NNODES": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500",
+            "ENTRYPOINT_SOCKET_IFNAME": "lo",
+        }
+        | settings
+    )
+    script = (
+        "NODE_RANK=1 ENTRYPOINT_JOB_OUTPUT=/out1 entrypoint run & one=$!; "
+        "NODE_RANK=0 ENTRYPOINT_JOB_OUTPUT=/out0 entrypoint run; zero=$?; "
+        "wait $one; exit $((zero + $?))"
+    )
+    proc = image.run(
+        "-c",
+        script,
+        entrypoint="sh",
+        timeout=600,
+        docker_args=(
+            "--shm-size=1g",
+            "-v",
+            f"{writable(outputs[0])}:/out0",
+            "-v",
+            f"{writable(outputs[1])}:/out1",
+            *docker_env(env),
+        ),
+    )
     return proc.stdout + proc.stderr
 
 
 def results(output: Path) -> list[dict]:
-    return sorted((json.loads(p.read_text()) for p in (output / "results").glob("rank*.json")),
-                  key=lambda r: r["rank"])
+    return sorted(
+        (json.loads(p.read_text()) for p in (output / "results").glob("rank*.json")),
+        key=lambda r: r["rank"],
+    )
 
 
 def assert_trained(got, *, world_size, backend, steps):
@@ -65,11 +90,17 @@ def assert_trained(got, *, world_size, backend, steps):
 
 # DeepSpeed ZeRO-2, 1 node x 2 CPU workers ------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def deepspeed_run(image, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("deepspeed")
-    log = one_node(image, tmp / "out", ENTRYPOINT_NPROC_PER_NODE="2", ENTRYPOINT_JOB_STEPS="30",
-                   ENTRYPOINT_JOB_SAVE_EVERY="15")
+    log = one_node(
+        image,
+        tmp / "out",
+        ENTRYPOINT_NPROC_PER_NODE="2",
+        ENTRYPOINT_JOB_STEPS="30",
+        ENTRYPOINT_JOB_SAVE_EVERY="15",
+    )
     return tmp, log
 
 
@@ -95,9 +126,12 @@ def test_deepspeed_writes_one_logical_checkpoint(deepspeed_run):
     checkpoints = tmp / "out" / "checkpoints"
     assert (checkpoints / "latest").read_text().strip() == "step30"
     files = sorted(p.name for p in (checkpoints / "step30").iterdir())
-    assert files == ["job.json", "mp_rank_00_model_states.pt",
-                     "zero_pp_rank_0_mp_rank_00_optim_states.pt",
-                     "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    assert files == [
+        "job.json",
+        "mp_rank_00_model_states.pt",
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    ]
     assert (checkpoints / "step15").is_dir()
 
 
@@ -115,6 +149,7 @@ def test_deepspeed_restart_resumes_from_the_last_checkpoint(image, deepspeed_run
 
 
 # JAX, two processes (two hand-started nodes) on loopback ----------------------------------
+
 
 def test_jax_two_processes_train_data_parallel(image, tmp_path):
     out = tmp_path / "out"

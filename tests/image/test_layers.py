@@ -15,7 +15,8 @@ from entrypoint.secrets import is_secret
 # The CUDA user-space libraries torch and JAX load; each must exist exactly once.
 CUDA_LIB = re.compile(
     r"^lib(cudart|cublas|cublasLt|cudnn\w*|nccl|cufft|cufftw|curand|cusolver|cusolverMg|cusparse"
-    r"|cusparseLt|nvJitLink|nvrtc|nvrtc-builtins|cupti|nvshmem\w*|nvToolsExt|cufile)\.so(\.\d+)*$")
+    r"|cusparseLt|nvJitLink|nvrtc|nvrtc-builtins|cupti|nvshmem\w*|nvToolsExt|cufile)\.so(\.\d+)*$"
+)
 
 
 def test_one_copy_of_each_nvidia_library(image):
@@ -25,7 +26,8 @@ def test_one_copy_of_each_nvidia_library(image):
         "for root, _, files in os.walk('/'):\n"
         "    if root.startswith(('/proc', '/sys', '/dev')): continue\n"
         "    for f in files:\n"
-        "        if '.so' in f: print('SO', os.path.join(root, f))\n")
+        "        if '.so' in f: print('SO', os.path.join(root, f))\n"
+    )
     dists = next(line.split()[1:] for line in out.splitlines() if line.startswith("DIST "))
     assert len(dists) == len(set(dists)), "a distribution is installed twice"
     nvidia = [d for d in dists if d.startswith("nvidia-") and d != "nvidia-ml-py"]
@@ -42,8 +44,10 @@ def test_one_copy_of_each_nvidia_library(image):
     assert "libnccl.so.2" in libs and "libcudnn.so.9" in libs, sorted(libs)
     # Triton's proton profiler carries a private CUPTI, loaded only when profiling with
     # triton.profiler; torch and JAX load the nvidia-cuda-cupti-cu12 one.
-    libs = {name: [p for p in paths if "/triton/backends/nvidia/lib/cupti/" not in p]
-            for name, paths in libs.items()}
+    libs = {
+        name: [p for p in paths if "/triton/backends/nvidia/lib/cupti/" not in p]
+        for name, paths in libs.items()
+    }
     twice = {name: paths for name, paths in libs.items() if len(paths) > 1}
     assert not twice, twice
     # the CUDA libraries come from the wheels only, never from Debian packages
@@ -64,8 +68,7 @@ def _host_ca_bundle() -> Path | None:
 
 def _pem_bodies(pem: bytes) -> set[bytes]:
     """The first base64 line of every certificate: enough to recognise it anywhere."""
-    return {m.split(b"\n")[1] for m in re.findall(
-        rb"-----BEGIN CERTIFICATE-----\r?\n[^\n]+", pem)}
+    return {m.split(b"\n")[1] for m in re.findall(rb"-----BEGIN CERTIFICATE-----\r?\n[^\n]+", pem)}
 
 
 def _layer_members(docker: str, tag: str):
@@ -91,8 +94,10 @@ def _layer_members(docker: str, tag: str):
 
 # Files that hold credentials: netrc (wandb, pip), git's store, the Hugging Face token, PyPI's
 # and Docker's configs. None belongs in an image: they come from the platform's secrets at run.
-CREDENTIAL_FILE = re.compile(r"(^|/)(\.netrc|_netrc|\.git-credentials|\.pypirc|huggingface/token|"
-                             r"\.docker/config\.json)$")
+CREDENTIAL_FILE = re.compile(
+    r"(^|/)(\.netrc|_netrc|\.git-credentials|\.pypirc|huggingface/token|"
+    r"\.docker/config\.json)$"
+)
 
 
 def _secret_values_here() -> list[bytes]:
@@ -106,8 +111,12 @@ def test_no_secret_named_variable_in_the_config_or_a_build_argument(image, docke
     `docker history`): none may be named like a secret (HF_TOKEN, *_KEY, *PASSWORD*...)."""
     env = [e.split("=", 1)[0] for e in image.config["Config"].get("Env") or []]
     assert not [name for name in env if is_secret(name)], env
-    history = subprocess.run([docker, "history", "--no-trunc", "--format", "{{.CreatedBy}}",
-                              image.tag], capture_output=True, text=True, check=True).stdout
+    history = subprocess.run(
+        [docker, "history", "--no-trunc", "--format", "{{.CreatedBy}}", image.tag],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     named = set(re.findall(r"\b([A-Za-z_][A-Za-z0-9_]*)=", history))
     assert not [name for name in named if is_secret(name)], sorted(named)
 
@@ -118,11 +127,13 @@ def test_no_ca_bundle_and_no_secret_in_any_layer(image, docker):
     # the image's own public roots: Debian's bundle and pip's vendored certifi
     image_pem = b""
     if host_ca is not None:
-        image_pem = image.run("/etc/ssl/certs/ca-certificates.crt",
-                              entrypoint="cat").stdout.encode()
+        image_pem = image.run(
+            "/etc/ssl/certs/ca-certificates.crt", entrypoint="cat"
+        ).stdout.encode()
         image_pem += image.python(
             "import os, pip._vendor.certifi as c;"
-            "print(open(os.path.join(os.path.dirname(c.__file__), 'cacert.pem')).read())").encode()
+            "print(open(os.path.join(os.path.dirname(c.__file__), 'cacert.pem')).read())"
+        ).encode()
     # The certificates only the host trusts (a corporate or proxy CA): none may be in a layer.
     own = _pem_bodies(host_pem) - _pem_bodies(image_pem)
     host_sha = hashlib.sha256(host_pem).hexdigest()
@@ -149,6 +160,7 @@ def test_no_ca_bundle_and_no_secret_in_any_layer(image, docker):
                 break
     assert len(layers) >= 3, layers
     assert not found, found
-    history = subprocess.run([docker, "history", "--no-trunc", image.tag],
-                             capture_output=True, text=True, check=True).stdout
+    history = subprocess.run(
+        [docker, "history", "--no-trunc", image.tag], capture_output=True, text=True, check=True
+    ).stdout
     assert not [b for b in own if b.decode() in history]

@@ -40,40 +40,83 @@ def extended(image, tmp_path_factory):
     pkg = ctx / "mytrainer"
     (pkg / "mytrainer").mkdir(parents=True)
     (pkg / "pyproject.toml").write_text(PYPROJECT)
-    (pkg / "mytrainer" / "__init__.py").write_text("def hello():\n    return 'hello from mytrainer'\n")
+    (pkg / "mytrainer" / "__init__.py").write_text(
+        "def hello():\n    return 'hello from mytrainer'\n"
+    )
     tag = f"{image.tag.rsplit(':', 1)[0]}-extended-test:latest"
     proc = subprocess.run(
-        [DOCKER, "build", "--progress=plain", "--build-arg", f"IMAGE={image.tag}", "-t", tag, str(ctx)],
-        capture_output=True, text=True, env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"},
-        timeout=600, check=False)
+        [
+            DOCKER,
+            "build",
+            "--progress=plain",
+            "--build-arg",
+            f"IMAGE={image.tag}",
+            "-t",
+            tag,
+            str(ctx),
+        ],
+        capture_output=True,
+        text=True,
+        env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"},
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     yield tag
     subprocess.run([DOCKER, "rmi", "-f", tag], capture_output=True, check=False)
 
 
 def test_from_image_adds_a_package_without_moving_the_pins(image, extended):
-    probe = ("import mytrainer, torch, importlib.metadata as md;"
-             "print(mytrainer.hello(), torch.__version__, md.version('nvidia-nccl-cu12'))")
+    probe = (
+        "import mytrainer, torch, importlib.metadata as md;"
+        "print(mytrainer.hello(), torch.__version__, md.version('nvidia-nccl-cu12'))"
+    )
     base_probe = "import torch, importlib.metadata as md; print(torch.__version__, md.version('nvidia-nccl-cu12'))"
-    base = subprocess.run([DOCKER, "run", "--rm", "--entrypoint", "python", image.tag, "-c", base_probe],
-                          capture_output=True, text=True, check=True).stdout.split()
-    out = subprocess.run([DOCKER, "run", "--rm", "--entrypoint", "python", extended, "-c", probe],
-                         capture_output=True, text=True, check=True).stdout.split()
+    base = subprocess.run(
+        [DOCKER, "run", "--rm", "--entrypoint", "python", image.tag, "-c", base_probe],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    out = subprocess.run(
+        [DOCKER, "run", "--rm", "--entrypoint", "python", extended, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert out[:3] == ["hello", "from", "mytrainer"]
     assert out[3:] == base
-    check = subprocess.run([DOCKER, "run", "--rm", "--entrypoint", "pip", extended, "check"],
-                           capture_output=True, text=True, check=False)
+    check = subprocess.run(
+        [DOCKER, "run", "--rm", "--entrypoint", "pip", extended, "check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert check.returncode == 0, check.stdout
 
 
 def test_code_mounted_at_run_time(image, tmp_path):
-    (tmp_path / "train.py").write_text(textwrap.dedent("""\
+    (tmp_path / "train.py").write_text(
+        textwrap.dedent("""\
         import os, torch
         print("trained", float(torch.ones(4).sum()), os.getuid())
-        """))
+        """)
+    )
     tmp_path.chmod(0o755)
     (tmp_path / "train.py").chmod(0o644)
-    out = image.run("run", "--", "python", "/workspace/train.py",
-                    docker_args=("--read-only", "--tmpfs", "/tmp", "-v", f"{tmp_path}:/workspace:ro",
-                                 "-e", "JAX_PLATFORMS=cpu")).stdout
+    out = image.run(
+        "run",
+        "--",
+        "python",
+        "/workspace/train.py",
+        docker_args=(
+            "--read-only",
+            "--tmpfs",
+            "/tmp",
+            "-v",
+            f"{tmp_path}:/workspace:ro",
+            "-e",
+            "JAX_PLATFORMS=cpu",
+        ),
+    ).stdout
     assert "trained 4.0 1000" in out

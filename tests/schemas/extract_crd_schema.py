@@ -16,9 +16,13 @@ import yaml
 def strip_descriptions(schema, *, property_names: bool = False):
     """Drop the `description` keyword, but not a property that happens to be named description."""
     if isinstance(schema, dict):
-        return {key: strip_descriptions(
-                    value, property_names=(key == "properties" and not property_names))
-                for key, value in schema.items() if property_names or key != "description"}
+        return {
+            key: strip_descriptions(
+                value, property_names=(key == "properties" and not property_names)
+            )
+            for key, value in schema.items()
+            if property_names or key != "description"
+        }
     if isinstance(schema, list):
         return [strip_descriptions(item) for item in schema]
     return schema
@@ -32,14 +36,19 @@ def main() -> int:
     args = parser.parse_args()
     crd = yaml.load(sys.stdin.read(), Loader=yaml.CSafeLoader)
     versions = crd["spec"]["versions"]
-    chosen = next(v for v in versions if v["name"] == args.version or (
-        args.version is None and v.get("storage")))
+    chosen = next(
+        v
+        for v in versions
+        if v["name"] == args.version or (args.version is None and v.get("storage"))
+    )
     kind = crd["spec"]["names"]["kind"]
     schema = strip_descriptions(chosen["schema"]["openAPIV3Schema"])
     group = crd["spec"]["group"]
-    print(f"# openAPIV3Schema of {group}/{chosen['name']} {kind}, descriptions removed.\n"
-          f"# From {args.repo}, {args.path} at {args.tag} (commit {args.commit}).\n"
-          f"# Regenerate: see tests/schemas/extract_crd_schema.py.")
+    print(
+        f"# openAPIV3Schema of {group}/{chosen['name']} {kind}, descriptions removed.\n"
+        f"# From {args.repo}, {args.path} at {args.tag} (commit {args.commit}).\n"
+        f"# Regenerate: see tests/schemas/extract_crd_schema.py."
+    )
     print(yaml.dump(schema, Dumper=yaml.CSafeDumper, sort_keys=True, width=1000), end="")
     return 0
 

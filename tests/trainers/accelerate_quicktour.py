@@ -34,7 +34,8 @@ def main():
     loss_function = nn.CrossEntropyLoss()
 
     model, optimizer, training_dataloader, validation_dataloader, scheduler = accelerator.prepare(
-        model, optimizer, training_dataloader, validation_dataloader, scheduler)
+        model, optimizer, training_dataloader, validation_dataloader, scheduler
+    )
 
     model.train()
     for _ in range(EPOCHS):
@@ -55,9 +56,12 @@ def main():
         correct += int((all_predictions == all_targets).sum())
         total += int(all_targets.numel())
 
-    print(f"accelerate quick tour: process {accelerator.process_index} of "
-          f"{accelerator.num_processes} ({accelerator.distributed_type}) evaluated {total} "
-          f"examples, accuracy {correct / total:.2f}", flush=True)
+    print(
+        f"accelerate quick tour: process {accelerator.process_index} of "
+        f"{accelerator.num_processes} ({accelerator.distributed_type}) evaluated {total} "
+        f"examples, accuracy {correct / total:.2f}",
+        flush=True,
+    )
     accelerator.end_training()
 
 

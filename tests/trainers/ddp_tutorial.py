@@ -57,8 +57,11 @@ def demo_basic():
     checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
     world = dist.get_world_size()
     dist.destroy_process_group()
-    print(f"Finished running basic DDP example on rank {rank} of {world} "
-          f"(weights checksum {checksum:.10f}).", flush=True)
+    print(
+        f"Finished running basic DDP example on rank {rank} of {world} "
+        f"(weights checksum {checksum:.10f}).",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

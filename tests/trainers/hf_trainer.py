@@ -54,11 +54,17 @@ def main() -> None:
     parser = HfArgumentParser((ModelArguments, TrainingArguments))
     model_args, training_args = parser.parse_args_into_dataclasses()
     set_seed(training_args.seed)
-    config = GPT2Config(n_layer=model_args.n_layer, n_embd=model_args.n_embd, n_head=2,
-                        vocab_size=model_args.vocab_size, n_positions=model_args.seq_len)
+    config = GPT2Config(
+        n_layer=model_args.n_layer,
+        n_embd=model_args.n_embd,
+        n_head=2,
+        vocab_size=model_args.vocab_size,
+        n_positions=model_args.seq_len,
+    )
     model = GPT2LMHeadModel(config)
-    data = RandomTokens(model_args.examples, model_args.seq_len, model_args.vocab_size,
-                        training_args.seed)
+    data = RandomTokens(
+        model_args.examples, model_args.seq_len, model_args.vocab_size, training_args.seed
+    )
     trainer = Trainer(model=model, args=training_args, train_dataset=data)
     result = trainer.train()
     loss = result.training_loss
@@ -69,9 +75,12 @@ def main() -> None:
     while hasattr(inner, "optimizer") and inner.optimizer is not inner:
         inner = inner.optimizer
     optimizer = type(inner).__name__
-    print(f"hf_trainer: rank {rank} of {world} trained {result.global_step} steps with {engine} "
-          f"and {optimizer} (local rank {os.environ.get('LOCAL_RANK')}, device "
-          f"{training_args.device})", flush=True)
+    print(
+        f"hf_trainer: rank {rank} of {world} trained {result.global_step} steps with {engine} "
+        f"and {optimizer} (local rank {os.environ.get('LOCAL_RANK')}, device "
+        f"{training_args.device})",
+        flush=True,
+    )
     if rank == 0:
         assert math.isfinite(loss), loss
         print(f"hf_trainer: done, loss {loss:.4f}", flush=True)

@@ -12,8 +12,11 @@ from jax.experimental import multihost_utils
 
 jax.distributed.initialize()
 
-print(f"process {jax.process_index()} of {jax.process_count()}: "
-      f"{jax.local_device_count()} local of {jax.device_count()} devices", flush=True)
+print(
+    f"process {jax.process_index()} of {jax.process_count()}: "
+    f"{jax.local_device_count()} local of {jax.device_count()} devices",
+    flush=True,
+)
 
 # The psum is performed over all mapped devices across the processes.
 xs = jax.numpy.ones(jax.local_device_count())
@@ -21,6 +24,9 @@ psum = jax.pmap(lambda x: jax.lax.psum(x, "i"), axis_name="i")(xs)
 
 indices = multihost_utils.process_allgather(jax.numpy.array([jax.process_index()]))
 
-print(f"jax multi-process: process {jax.process_index()} of {jax.process_count()}, "
-      f"psum {int(psum[0])}, allgather {[int(i) for i in indices.ravel()]}", flush=True)
+print(
+    f"jax multi-process: process {jax.process_index()} of {jax.process_count()}, "
+    f"psum {int(psum[0])}, allgather {[int(i) for i in indices.ravel()]}",
+    flush=True,
+)
 jax.distributed.shutdown()

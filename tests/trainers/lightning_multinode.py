@@ -42,12 +42,21 @@ def main():
     images = torch.rand(256, 1, 28, 28, generator=torch.Generator().manual_seed(0))
     train_loader = DataLoader(TensorDataset(images, torch.zeros(256)), batch_size=16)
 
-    trainer = L.Trainer(num_nodes=2, devices=2, accelerator="cpu", strategy="ddp",
-                        max_epochs=1, default_root_dir="/tmp/lightning")
+    trainer = L.Trainer(
+        num_nodes=2,
+        devices=2,
+        accelerator="cpu",
+        strategy="ddp",
+        max_epochs=1,
+        default_root_dir="/tmp/lightning",
+    )
     trainer.fit(model=autoencoder, train_dataloaders=train_loader)
-    print(f"lightning: global rank {trainer.global_rank} of {trainer.world_size} "
-          f"(node {trainer.node_rank}, local rank {trainer.local_rank}) finished "
-          f"{trainer.global_step} steps", flush=True)
+    print(
+        f"lightning: global rank {trainer.global_rank} of {trainer.world_size} "
+        f"(node {trainer.node_rank}, local rank {trainer.local_rank}) finished "
+        f"{trainer.global_step} steps",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -23,25 +23,29 @@ def build(directory: Path) -> Path:
     """The reader's binary in directory; skip without Go (fail under CI=true)."""
     go = shutil.which("go")
     if go is None or not (Path(GOPATH) / "src" / "gopkg.in" / "yaml.v2").is_dir():
-        why = ("go-yaml v2 is not installed: apt-get install golang-go "
-               "golang-gopkg-yaml.v2-dev")
+        why = "go-yaml v2 is not installed: apt-get install golang-go golang-gopkg-yaml.v2-dev"
         if IN_CI:
             pytest.fail(f"{why} (CI=true: the go-yaml tests must run, not skip)", pytrace=False)
         pytest.skip(why)
     binary = directory / "yamlread"
-    env = os.environ | {"GO111MODULE": "off", "GOPATH": GOPATH, "GOFLAGS": "",
-                        "CGO_ENABLED": "0"}
+    env = os.environ | {"GO111MODULE": "off", "GOPATH": GOPATH, "GOFLAGS": "", "CGO_ENABLED": "0"}
     if "HOME" not in env and "GOCACHE" not in env:
         env["GOCACHE"] = str(directory / "go-build")
-    subprocess.run([go, "build", "-o", str(binary), str(SOURCE)], env=env, check=True,
-                   timeout=300, capture_output=True)
+    subprocess.run(
+        [go, "build", "-o", str(binary), str(SOURCE)],
+        env=env,
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
     return binary
 
 
 def read(binary: Path, *paths: Path) -> list[list]:
     """Each file's documents as go-yaml v2 reads them, scalars typed (see yamlread.go)."""
-    out = subprocess.run([str(binary), *map(str, paths)], capture_output=True, text=True,
-                         timeout=60, check=False)
+    out = subprocess.run(
+        [str(binary), *map(str, paths)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert out.returncode == 0, out.stderr
     return [json.loads(line) for line in out.stdout.split("\n") if line]  # not at U+0085
 
@@ -57,6 +61,8 @@ def typed(value):
     if isinstance(value, list):
         return [typed(item) for item in value]
     if isinstance(value, dict):
-        return {key if isinstance(key, str) else f"!!{type(key).__name__}:{key}": typed(item)
-                for key, item in value.items()}
+        return {
+            key if isinstance(key, str) else f"!!{type(key).__name__}:{key}": typed(item)
+            for key, item in value.items()
+        }
     return {f"!!{type(value).__name__}": str(value)}

@@ -15,32 +15,70 @@ TRAIN = ["--", "python", "train.py", "--epochs", "3"]
 
 # case file name: (platform, options as build() takes them)
 GOLDEN: dict[str, tuple[str, dict]] = {
-    "slurm-pyxis.sbatch": ("slurm", {
-        "nodes": "2", "gpus_per_node": "8", "image": IMAGE, "runtime": "pyxis",
-        "partition": "gpu", "time": "04:00:00", "env": ["NCCL_DEBUG=INFO", "HF_TOKEN"],
-        "trainer": TRAIN}),
-    "slurm-apptainer.sbatch": ("slurm", {
-        "nodes": "2", "gpus_per_node": "8", "image": IMAGE, "runtime": "apptainer",
-        "account": "ml", "master_port": "29400", "trainer": TRAIN}),
+    "slurm-pyxis.sbatch": (
+        "slurm",
+        {
+            "nodes": "2",
+            "gpus_per_node": "8",
+            "image": IMAGE,
+            "runtime": "pyxis",
+            "partition": "gpu",
+            "time": "04:00:00",
+            "env": ["NCCL_DEBUG=INFO", "HF_TOKEN"],
+            "trainer": TRAIN,
+        },
+    ),
+    "slurm-apptainer.sbatch": (
+        "slurm",
+        {
+            "nodes": "2",
+            "gpus_per_node": "8",
+            "image": IMAGE,
+            "runtime": "apptainer",
+            "account": "ml",
+            "master_port": "29400",
+            "trainer": TRAIN,
+        },
+    ),
     # The flavour the SLURM-in-containers test submits: CPU nodes, the built-in job.
-    "slurm-none.sbatch": ("slurm", {
-        "nodes": "2", "gpus_per_node": "0", "image": IMAGE, "runtime": "none",
-        "time": "00:10:00"}),
-    "kubernetes.yaml": ("kubernetes", {
-        "nodes": "2", "gpus_per_node": "8", "image": IMAGE, "namespace": "ml",
-        "env": ["NCCL_DEBUG=INFO", "HF_TOKEN"], "trainer": TRAIN}),
-    "pytorchjob.yaml": ("pytorchjob", {
-        "nodes": "2", "gpus_per_node": "8", "image": IMAGE, "env": ["HF_TOKEN"],
-        "trainer": TRAIN}),
-    "trainjob.yaml": ("trainjob", {
-        "nodes": "2", "gpus_per_node": "8", "image": IMAGE, "env": ["HF_TOKEN"],
-        "trainer": TRAIN}),
-    "volcano.yaml": ("volcano", {
-        "nodes": "2", "gpus_per_node": "8", "image": IMAGE, "env": ["HF_TOKEN"],
-        "trainer": TRAIN}),
-    "docker.sh": ("docker", {
-        "nodes": "2", "gpus_per_node": "8", "image": IMAGE, "master_addr": "10.0.0.1",
-        "env": ["NCCL_DEBUG=INFO", "HF_TOKEN"], "trainer": TRAIN}),
+    "slurm-none.sbatch": (
+        "slurm",
+        {"nodes": "2", "gpus_per_node": "0", "image": IMAGE, "runtime": "none", "time": "00:10:00"},
+    ),
+    "kubernetes.yaml": (
+        "kubernetes",
+        {
+            "nodes": "2",
+            "gpus_per_node": "8",
+            "image": IMAGE,
+            "namespace": "ml",
+            "env": ["NCCL_DEBUG=INFO", "HF_TOKEN"],
+            "trainer": TRAIN,
+        },
+    ),
+    "pytorchjob.yaml": (
+        "pytorchjob",
+        {"nodes": "2", "gpus_per_node": "8", "image": IMAGE, "env": ["HF_TOKEN"], "trainer": TRAIN},
+    ),
+    "trainjob.yaml": (
+        "trainjob",
+        {"nodes": "2", "gpus_per_node": "8", "image": IMAGE, "env": ["HF_TOKEN"], "trainer": TRAIN},
+    ),
+    "volcano.yaml": (
+        "volcano",
+        {"nodes": "2", "gpus_per_node": "8", "image": IMAGE, "env": ["HF_TOKEN"], "trainer": TRAIN},
+    ),
+    "docker.sh": (
+        "docker",
+        {
+            "nodes": "2",
+            "gpus_per_node": "8",
+            "image": IMAGE,
+            "master_addr": "10.0.0.1",
+            "env": ["NCCL_DEBUG=INFO", "HF_TOKEN"],
+            "trainer": TRAIN,
+        },
+    ),
 }
 
 

@@ -9,13 +9,21 @@ import pytest
 
 from entrypoint import __version__
 
-BASE = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"),
-        "ENTRYPOINT_GPUS_PER_NODE": "0"}
+BASE = {
+    "PATH": os.environ["PATH"],
+    "HOME": os.environ.get("HOME", "/tmp"),
+    "ENTRYPOINT_GPUS_PER_NODE": "0",
+}
 
 
 def entrypoint(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "entrypoint", *args], capture_output=True,
-                          text=True, env=BASE | (env or {}), timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "entrypoint", *args],
+        capture_output=True,
+        text=True,
+        env=BASE | (env or {}),
+        timeout=60,
+    )
 
 
 def test_version():
@@ -30,33 +38,57 @@ def test_help(command):
 
 
 def test_plan_json_for_seed_002_worker():
-    env = {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "jo-dbxfe2k2l635222i-worker-0",
-           "MASTER_PORT": "29500", "ENTRYPOINT_GPUS_PER_NODE": "8"}
+    env = {
+        "WORLD_SIZE": "2",
+        "RANK": "1",
+        "MASTER_ADDR": "jo-dbxfe2k2l635222i-worker-0",
+        "MASTER_PORT": "29500",
+        "ENTRYPOINT_GPUS_PER_NODE": "8",
+    }
     out = entrypoint("plan", "--json", "--", "python", "train.py", env=env)
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
     assert (plan["platform"], plan["nnodes"], plan["node_rank"], plan["world_size"]) == (
-        "commercial", 2, 1, 16)
+        "commercial",
+        2,
+        1,
+        16,
+    )
     assert plan["sources"]["gpus_per_node"] == "env ENTRYPOINT_GPUS_PER_NODE"
 
 
 def test_plan_table_shows_rank_ranges():
-    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "worker-[0-1]", "SLURM_NNODES": "2",
-           "SLURM_NODEID": "0", "SLURM_STEP_ID": "0", "SLURM_GPUS_ON_NODE": "8",
-           "ENTRYPOINT_GPUS_PER_NODE": "8"}
+    env = {
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_NODELIST": "worker-[0-1]",
+        "SLURM_NNODES": "2",
+        "SLURM_NODEID": "0",
+        "SLURM_STEP_ID": "0",
+        "SLURM_GPUS_ON_NODE": "8",
+        "ENTRYPOINT_GPUS_PER_NODE": "8",
+    }
     out = entrypoint("plan", env=env)
     assert out.returncode == 0, out.stderr
     assert "ranks 0-7 on worker-0, ranks 8-15 on worker-1" in out.stdout
 
 
-@pytest.mark.parametrize(("env", "start"), [
-    ({"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "m"}, "RANK='2': must be below WORLD_SIZE=2"),
-    ({"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "m", "MASTER_PORT": "99999"}, "MASTER_PORT='99999'"),
-    ({"NNODES": "2", "NODE_RANK": "1"}, "MASTER_ADDR=(unset): 2 nodes but no master address"),
-    ({"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n[1-"}, "SLURM_JOB_NODELIST='n[1-'"),
-    ({"NNODES": "0"}, "NNODES='0': not a positive whole number"),
-    ({"ENTRYPOINT_NPROC_PER_NODE": "x"}, "ENTRYPOINT_NPROC_PER_NODE='x'"),
-])
+@pytest.mark.parametrize(
+    ("env", "start"),
+    [
+        (
+            {"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "m"},
+            "RANK='2': must be below WORLD_SIZE=2",
+        ),
+        (
+            {"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "m", "MASTER_PORT": "99999"},
+            "MASTER_PORT='99999'",
+        ),
+        ({"NNODES": "2", "NODE_RANK": "1"}, "MASTER_ADDR=(unset): 2 nodes but no master address"),
+        ({"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n[1-"}, "SLURM_JOB_NODELIST='n[1-'"),
+        ({"NNODES": "0"}, "NNODES='0': not a positive whole number"),
+        ({"ENTRYPOINT_NPROC_PER_NODE": "x"}, "ENTRYPOINT_NPROC_PER_NODE='x'"),
+    ],
+)
 def test_bad_input_one_line_exit_2_no_traceback(env, start):
     out = entrypoint("plan", env=env)
     assert out.returncode == 2
@@ -67,8 +99,9 @@ def test_bad_input_one_line_exit_2_no_traceback(env, start):
 
 def test_secrets_never_printed():
     env = {"HF_TOKEN": "hf_supersecretvalue", "MY_API_KEY": "abcd1234"}
-    out = entrypoint("plan", "--json", "--", "python", "t.py", "--token", "hf_supersecretvalue",
-                     env=env)
+    out = entrypoint(
+        "plan", "--json", "--", "python", "t.py", "--token", "hf_supersecretvalue", env=env
+    )
     assert out.returncode == 0
     assert "hf_supersecretvalue" not in out.stdout and "***" in out.stdout
 
@@ -85,7 +118,12 @@ def test_the_run_directory_never_shadows_the_package(tmp_path):
 
     run_dir = Settings.model_fields["run_dir"].default
     (tmp_path / run_dir.name / "node0").mkdir(parents=True)
-    out = subprocess.run([sys.executable, "-m", "entrypoint", "--version"], cwd=tmp_path,
-                         capture_output=True, text=True, env=BASE | {"PYTHONPATH": ""},
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "entrypoint", "--version"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=BASE | {"PYTHONPATH": ""},
+        timeout=60,
+    )
     assert out.returncode == 0 and out.stdout.strip() == f"entrypoint {__version__}", out.stderr

@@ -6,12 +6,23 @@ from entrypoint.conductor import ALL, Conductor, Limits, Log, Send
 from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
 from entrypoint.messages import Beat, Done, Exit, Go, Hello, Restart, Signal, Stop
 
-FP = {"image_lock": "abc", "image_revision": "r1", "python": "3.13.5", "torch": "2.10.0",
-      "jax": "0.12.0.1", "deepspeed": "0.19.8", "nccl": "2.27.5", "cuda_driver": "12",
-      "gpu_model": "NVIDIA H100 80GB HBM3", "gpus_per_node": 8,
-      "packages": {"torch": "2.10.0", "tqdm": "4.70.1"}, "data": None}
-LIMITS = Limits(join_timeout=60, heartbeat_timeout=30, max_restarts=0, max_clock_skew=30,
-                monitor_interval=0)
+FP = {
+    "image_lock": "abc",
+    "image_revision": "r1",
+    "python": "3.13.5",
+    "torch": "2.10.0",
+    "jax": "0.12.0.1",
+    "deepspeed": "0.19.8",
+    "nccl": "2.27.5",
+    "cuda_driver": "12",
+    "gpu_model": "NVIDIA H100 80GB HBM3",
+    "gpus_per_node": 8,
+    "packages": {"torch": "2.10.0", "tqdm": "4.70.1"},
+    "data": None,
+}
+LIMITS = Limits(
+    join_timeout=60, heartbeat_timeout=30, max_restarts=0, max_clock_skew=30, monitor_interval=0
+)
 
 
 def hello(member, fp=FP, host=None, time=1000.0):
@@ -45,7 +56,9 @@ def test_mismatch_stops_every_node_naming_the_odd_one_and_the_field():
     c.hello(1, hello(1, odd), now=1, wall_now=1000)
     (stop,) = stops(c.hello(2, hello(2), now=1, wall_now=1000))
     assert stop.code == EXIT_CONFIG
-    assert "node 1 (worker-1) differs: deepspeed 0.19.7 vs 0.19.8 on node 0 (worker-0)" in stop.reason
+    assert (
+        "node 1 (worker-1) differs: deepspeed 0.19.7 vs 0.19.8 on node 0 (worker-0)" in stop.reason
+    )
     assert "tqdm 4.66.0 vs 4.70.1" in stop.reason
     assert "node 0 (worker-0) differs" not in stop.reason and "node 2" not in stop.reason
 
@@ -78,8 +91,11 @@ def test_data_directory_must_look_the_same_everywhere():
     assert "data directory /data has 9 files" in stop.reason
     c = Conductor(2, LIMITS, now=0.0)
     c.hello(0, hello(0, FP | {"data": data}), now=1, wall_now=1000)
-    (stop,) = stops(c.hello(1, hello(1, FP | {"data": {"path": "/data", "exists": False}}), now=1,
-                            wall_now=1000))
+    (stop,) = stops(
+        c.hello(
+            1, hello(1, FP | {"data": {"path": "/data", "exists": False}}), now=1, wall_now=1000
+        )
+    )
     assert "node 1 (worker-1): data directory /data does not exist" in stop.reason
 
 
@@ -135,13 +151,22 @@ def test_a_node_leaving_before_go_may_come_back():
 
 def test_a_failed_trainer_stops_every_node_with_its_code_and_one_summary():
     c = joined()
-    failure = {"rank": 3, "local_rank": 1, "exitcode": 1,
-               "tail": ["Traceback (most recent call last):", "ValueError: boom"]}
-    actions = c.exited(1, Exit(1, failure=failure,
-                               reason="node 1 (worker-1): rank 3 failed with exit code 1"), now=9)
+    failure = {
+        "rank": 3,
+        "local_rank": 1,
+        "exitcode": 1,
+        "tail": ["Traceback (most recent call last):", "ValueError: boom"],
+    }
+    actions = c.exited(
+        1,
+        Exit(1, failure=failure, reason="node 1 (worker-1): rank 3 failed with exit code 1"),
+        now=9,
+    )
     summaries = [a.text for a in actions if isinstance(a, Log) and "worker failed" in a.text]
-    assert summaries == ["worker failed: rank 3 on node 1 (worker-1) (local rank 1), exit code 1"
-                         "\n    Traceback (most recent call last):\n    ValueError: boom"]
+    assert summaries == [
+        "worker failed: rank 3 on node 1 (worker-1) (local rank 1), exit code 1"
+        "\n    Traceback (most recent call last):\n    ValueError: boom"
+    ]
     (stop,) = stops(actions)
     assert stop.code == 1
 
@@ -178,8 +203,9 @@ def test_a_node_restarted_by_its_platform_while_running_stops_the_job():
 
 def test_monitor_table_every_interval():
     c = joined(limits=Limits(monitor_interval=60))
-    c.beat(0, Beat({"gpus": [{"util": 90, "mem_used_mib": 40960, "mem_total_mib": 81920}] * 8}),
-           now=50)
+    c.beat(
+        0, Beat({"gpus": [{"util": 90, "mem_used_mib": 40960, "mem_total_mib": 81920}] * 8}), now=50
+    )
     c.beat(1, Beat({"load": 1.5}), now=55)
     (table,) = [a.text for a in c.tick(61.0) if isinstance(a, Log)]
     assert "8 GPU, util 90%, mem 320.0/640 GiB" in table and "CPU, load 1.5" in table
@@ -197,10 +223,20 @@ def test_join_is_linear_in_node_count(n):
 # in real containers) --------------------------------------------------------------------------
 
 WINDOW = Limits(join_timeout=60, heartbeat_timeout=30, monitor_interval=0, failure_window=3)
-CRASH = {"rank": 3, "local_rank": 1, "exitcode": 1, "time": 1002.0,
-         "tail": ["RuntimeError: injected failure at step 25 on rank 3"]}
-BROKEN_PEER = {"rank": 0, "local_rank": 0, "exitcode": 1, "time": 1004.0,
-               "tail": ["RuntimeError: [gloo/transport/tcp/pair.cc:547] Connection closed by peer"]}
+CRASH = {
+    "rank": 3,
+    "local_rank": 1,
+    "exitcode": 1,
+    "time": 1002.0,
+    "tail": ["RuntimeError: injected failure at step 25 on rank 3"],
+}
+BROKEN_PEER = {
+    "rank": 0,
+    "local_rank": 0,
+    "exitcode": 1,
+    "time": 1004.0,
+    "tail": ["RuntimeError: [gloo/transport/tcp/pair.cc:547] Connection closed by peer"],
+}
 
 
 def summaries(actions):

@@ -12,10 +12,22 @@ from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
 from entrypoint.messages import KINDS, Hello
 
 FP = {"image_lock": "abc", "torch": "2.10.0", "packages": {"torch": "2.10.0"}}
-LIMITS = Limits(join_timeout=60, heartbeat_timeout=30, max_restarts=0, max_clock_skew=30,
-                monitor_interval=0, failure_window=3.0)
-RESTARTS = Limits(join_timeout=60, heartbeat_timeout=30, max_restarts=1, max_clock_skew=30,
-                  monitor_interval=0, failure_window=3.0)
+LIMITS = Limits(
+    join_timeout=60,
+    heartbeat_timeout=30,
+    max_restarts=0,
+    max_clock_skew=30,
+    monitor_interval=0,
+    failure_window=3.0,
+)
+RESTARTS = Limits(
+    join_timeout=60,
+    heartbeat_timeout=30,
+    max_restarts=1,
+    max_clock_skew=30,
+    monitor_interval=0,
+    failure_window=3.0,
+)
 
 
 def hello(member, host=None, time=1000.0):
@@ -29,8 +41,7 @@ def typed(raw):
 
 def sent(actions, kind):
     """What the actions send, in its wire form."""
-    return [a.message.to_wire() for a in actions
-            if isinstance(a, Send) and a.message.kind == kind]
+    return [a.message.to_wire() for a in actions if isinstance(a, Send) and a.message.kind == kind]
 
 
 def running(limits=LIMITS, n=2):
@@ -42,16 +53,24 @@ def running(limits=LIMITS, n=2):
 
 
 def failed(code, rank=3):
-    return typed({"t": "exit", "code": code, "failure": {"rank": rank, "local_rank": 1,
-                                                         "exitcode": code, "tail": ["boom"]}})
+    return typed(
+        {
+            "t": "exit",
+            "code": code,
+            "failure": {"rank": rank, "local_rank": 1, "exitcode": code, "tail": ["boom"]},
+        }
+    )
 
 
 @pytest.mark.parametrize("code", [134, 139, 137, 255, 130, 143])
 def test_a_trainer_code_above_128_is_a_failure_when_no_node_received_a_signal(code):
     c = running()
     c.exited(1, failed(code), now=5.0)
-    (stop,) = sent(c.exited(0, typed({"t": "exit", "code": 1, "failure": {"tail": []}}), now=5.5)
-                   or c.tick(9.0), "stop")
+    (stop,) = sent(
+        c.exited(0, typed({"t": "exit", "code": 1, "failure": {"tail": []}}), now=5.5)
+        or c.tick(9.0),
+        "stop",
+    )
     assert stop["code"] == code and "signal" not in stop  # the peers get SIGTERM
     assert f"exited with code {code}" in stop["reason"]
 
@@ -162,8 +181,9 @@ def test_an_old_connections_late_beats_and_close_are_not_the_new_nodes():
 
     c = Conductor(2, RESTARTS, now=time.monotonic())
     logged = []
-    server = control.Server(c, 0, heartbeat_interval=0.2, bind="127.0.0.1",
-                            log=lambda level, text: logged.append(text))
+    server = control.Server(
+        c, 0, heartbeat_interval=0.2, bind="127.0.0.1", log=lambda level, text: logged.append(text)
+    )
     server.start()
 
     def connect():

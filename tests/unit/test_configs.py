@@ -10,16 +10,22 @@ import pytest
 from entrypoint import configs
 from entrypoint.errors import ConfigError
 
-GOOD_DS = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2,
-           "gradient_accumulation_steps": "auto"}
+GOOD_DS = {
+    "train_batch_size": 32,
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": "auto",
+}
 
 # (config.json text or None, deepspeed.json text or None, words the line must hold)
 BAD = [
     (None, None, "cannot read deepspeed.json"),
     (None, '{"train_batch_size": 32,', "deepspeed.json is not valid JSON"),
     (None, "[1, 2]", "deepspeed.json holds a JSON list, not an object"),
-    (None, '{"train_micro_batch_size_per_gpu": 0}',
-     "train_micro_batch_size_per_gpu=0 is not a positive whole number"),
+    (
+        None,
+        '{"train_micro_batch_size_per_gpu": 0}',
+        "train_micro_batch_size_per_gpu=0 is not a positive whole number",
+    ),
     (None, '{"train_batch_size": -8}', "train_batch_size=-8 is not a positive whole number"),
     (None, '{"train_batch_size": "16"}', "train_batch_size='16' is not a positive"),
     (None, '{"gradient_accumulation_steps": true}', "gradient_accumulation_steps=True is not"),
@@ -60,9 +66,13 @@ def test_every_shipped_config_is_valid():
 @pytest.mark.parametrize("command", ["plan", "doctor"])
 def test_the_cli_refuses_a_truncated_config_with_exit_2(tmp_path, command):
     _write(tmp_path, None, '{"train_batch_size": ')
-    env = {"PATH": "/usr/bin:/bin", "ENTRYPOINT_CONFIG": str(tmp_path),
-           "ENTRYPOINT_DEVICE": "cpu"}
-    out = subprocess.run([sys.executable, "-m", "entrypoint", command], env=env,
-                         capture_output=True, text=True, timeout=60)
+    env = {"PATH": "/usr/bin:/bin", "ENTRYPOINT_CONFIG": str(tmp_path), "ENTRYPOINT_DEVICE": "cpu"}
+    out = subprocess.run(
+        [sys.executable, "-m", "entrypoint", command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr and "deepspeed.json is not valid JSON" in out.stderr

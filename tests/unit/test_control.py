@@ -19,31 +19,67 @@ from entrypoint import messages as m
 from entrypoint.conductor import Conductor, Limits
 from entrypoint.identity import Identity
 
-FP = {"image_lock": "abc", "image_revision": "r1", "python": "3.13.5", "torch": "2.10.0",
-      "jax": "0.12.0.1", "deepspeed": "0.19.8", "nccl": "2.27.5", "cuda_driver": None,
-      "gpu_model": "none", "gpus_per_node": 0, "packages": {"torch": "2.10.0"}, "data": None,
-      "layout": {"nnodes": 2, "node_rank": 0, "nproc_per_node": 2, "world_size": 4,
-                 "master_addr": "node-0", "master_port": 29500, "launcher": "torchrun"}}
+FP = {
+    "image_lock": "abc",
+    "image_revision": "r1",
+    "python": "3.13.5",
+    "torch": "2.10.0",
+    "jax": "0.12.0.1",
+    "deepspeed": "0.19.8",
+    "nccl": "2.27.5",
+    "cuda_driver": None,
+    "gpu_model": "none",
+    "gpus_per_node": 0,
+    "packages": {"torch": "2.10.0"},
+    "data": None,
+    "layout": {
+        "nnodes": 2,
+        "node_rank": 0,
+        "nproc_per_node": 2,
+        "world_size": 4,
+        "master_addr": "node-0",
+        "master_port": 29500,
+        "launcher": "torchrun",
+    },
+}
 TOKEN = b"0123456789abcdef0123456789abcdef"
 
 
 def hello(member: int, **fields) -> dict:
     fp = json.loads(json.dumps(FP))
     fp["layout"]["node_rank"] = member
-    return {"t": "hello", "member": member, "node_rank": member, "host": f"node-{member}",
-            "generation": 0, "time": time.time(), "fingerprint": fp} | fields
+    return {
+        "t": "hello",
+        "member": member,
+        "node_rank": member,
+        "host": f"node-{member}",
+        "generation": 0,
+        "time": time.time(),
+        "fingerprint": fp,
+    } | fields
 
 
 class Node0:
     """A Server and its Conductor for `expected` nodes; what it logged."""
 
-    def __init__(self, expected: int = 2, identity: Identity = control.NO_IDENTITY, **kwargs) -> None:
+    def __init__(
+        self, expected: int = 2, identity: Identity = control.NO_IDENTITY, **kwargs
+    ) -> None:
         self.lines: list[tuple[str, str]] = []
-        self.conductor = Conductor(expected, Limits(join_timeout=60, heartbeat_timeout=30,
-                                                    monitor_interval=0), time.monotonic())
-        self.server = control.Server(self.conductor, 0, heartbeat_interval=0.5, bind="127.0.0.1",
-                                     log=lambda level, text: self.lines.append((level, text)),
-                                     identity=identity, **kwargs)
+        self.conductor = Conductor(
+            expected,
+            Limits(join_timeout=60, heartbeat_timeout=30, monitor_interval=0),
+            time.monotonic(),
+        )
+        self.server = control.Server(
+            self.conductor,
+            0,
+            heartbeat_interval=0.5,
+            bind="127.0.0.1",
+            log=lambda level, text: self.lines.append((level, text)),
+            identity=identity,
+            **kwargs,
+        )
         self.server.start()
         self.port = self.server.port
 
@@ -57,8 +93,7 @@ class Node0:
         raise AssertionError(f"{text!r} not logged; logged: {self.lines}")
 
     def node(self, member: int, identity: Identity = control.NO_IDENTITY) -> control.Channel:
-        channel = control.connect("127.0.0.1", self.port, timeout=10, log=print,
-                                  identity=identity)
+        channel = control.connect("127.0.0.1", self.port, timeout=10, log=print, identity=identity)
         channel.send(hello(member))
         return channel
 
@@ -88,7 +123,11 @@ def test_the_server_shadows_nothing_of_threading_thread(node0):
     thread = threading.Thread()
     theirs = set(dir(threading.Thread)) | set(vars(thread))
     ours = (set(vars(control.Server)) | set(vars(n.server)) - set(vars(thread))) - {
-        "__init__", "__module__", "__doc__", "run"}
+        "__init__",
+        "__module__",
+        "__doc__",
+        "run",
+    }
     assert not ours & theirs, ours & theirs
 
 
@@ -135,28 +174,39 @@ def test_one_stray_line_is_dropped_with_its_address_and_the_job_goes_on(node0):
 WIRE = {"protocol": m.PROTOCOL, "job": "", "auth": "none", "nonce": "1" * 32, "proof": ""}
 
 
-@pytest.mark.parametrize("line, why", [
-    (b'{"t":"hello","member":"x"}', "protocol missing"),
-    (json.dumps(hello(1) | WIRE | {"member": "1"}).encode(), ("member must be an integer 0-1048576, "
-                                                       "got '1'")),
-    (json.dumps(hello(1) | WIRE | {"member": True}).encode(), "member must be an integer"),
-    (json.dumps(hello(1) | WIRE | {"time": "now"}).encode(), "time must be a finite number"),
-    (json.dumps(hello(1) | WIRE).replace('"time": ', '"time": NaN, "x": ').encode(),
-     "NaN is not a number JSON allows"),
-    (json.dumps(hello(1) | WIRE | {"fingerprint": {}}).encode(), "image_lock missing"),
-    (json.dumps(hello(1) | WIRE | {"fingerprint": FP | {"layout": {}}}).encode(),
-     "nnodes missing"),
-    (json.dumps(hello(1) | WIRE | {"fingerprint": FP | {"packages": None}}).encode(),
-     "fingerprint.packages must map"),
-    (json.dumps(hello(1) | WIRE | {"auth": "plain"}).encode(), "auth must be none or"),
-    (b'{"t":"exit","code":0,"signal":128}', "signal must be an integer 1-127, got 128"),
-    (b'{"t":"exit","code":0,"signal":15}', "sent exit before its hello"),
-    (b'{"t":"beat"}', "sent beat before its hello"),
-    (b'{"t":"go"}', "unknown message type 'go'"),
-    (b'\xff\xfe garbage', "not JSON"),
-    (b'[' * 100_000, "not JSON (RecursionError)"),
-    (b'"hello"', "a message is a JSON object, got str"),
-])
+@pytest.mark.parametrize(
+    "line, why",
+    [
+        (b'{"t":"hello","member":"x"}', "protocol missing"),
+        (
+            json.dumps(hello(1) | WIRE | {"member": "1"}).encode(),
+            ("member must be an integer 0-1048576, got '1'"),
+        ),
+        (json.dumps(hello(1) | WIRE | {"member": True}).encode(), "member must be an integer"),
+        (json.dumps(hello(1) | WIRE | {"time": "now"}).encode(), "time must be a finite number"),
+        (
+            json.dumps(hello(1) | WIRE).replace('"time": ', '"time": NaN, "x": ').encode(),
+            "NaN is not a number JSON allows",
+        ),
+        (json.dumps(hello(1) | WIRE | {"fingerprint": {}}).encode(), "image_lock missing"),
+        (
+            json.dumps(hello(1) | WIRE | {"fingerprint": FP | {"layout": {}}}).encode(),
+            "nnodes missing",
+        ),
+        (
+            json.dumps(hello(1) | WIRE | {"fingerprint": FP | {"packages": None}}).encode(),
+            "fingerprint.packages must map",
+        ),
+        (json.dumps(hello(1) | WIRE | {"auth": "plain"}).encode(), "auth must be none or"),
+        (b'{"t":"exit","code":0,"signal":128}', "signal must be an integer 1-127, got 128"),
+        (b'{"t":"exit","code":0,"signal":15}', "sent exit before its hello"),
+        (b'{"t":"beat"}', "sent beat before its hello"),
+        (b'{"t":"go"}', "unknown message type 'go'"),
+        (b"\xff\xfe garbage", "not JSON"),
+        (b"[" * 100_000, "not JSON (RecursionError)"),
+        (b'"hello"', "a message is a JSON object, got str"),
+    ],
+)
 def test_a_stranger_gets_nothing_from_a_bad_first_line(node0, line, why):
     n = node0()
     sock = raw(n.port)
@@ -219,8 +269,13 @@ def test_partial_writes_keep_the_stream_whole_and_a_stuck_peer_is_dropped(monkey
     peer's own buffer (no corrupted stream after a partial write); a peer that takes nothing
     is dropped once MAX_OUT bytes wait for it."""
     logged: list[str] = []
-    server = control.Server(Conductor(2, Limits(), time.monotonic()), 0, heartbeat_interval=1,
-                            bind="127.0.0.1", log=lambda level, text: logged.append(text))
+    server = control.Server(
+        Conductor(2, Limits(), time.monotonic()),
+        0,
+        heartbeat_interval=1,
+        bind="127.0.0.1",
+        log=lambda level, text: logged.append(text),
+    )
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
     theirs.setblocking(False)
@@ -256,11 +311,17 @@ def test_job_identity_and_token_checked_both_ways(node0):
     on both sides naming the node and the reason; node 0 goes on, the right nodes join."""
     me = Identity("SLURM_JOB_ID=7", TOKEN)
     n = node0(identity=me)
-    cases = [(Identity("SLURM_JOB_ID=6", TOKEN), ("it belongs to another job: SLURM_JOB_ID=6 "
-              "there, SLURM_JOB_ID=7 on node 0")),
-             (Identity("SLURM_JOB_ID=7"), ("node 0 has a job token (ENTRYPOINT_JOB_TOKEN), it "
-              "has none")),
-             (Identity("SLURM_JOB_ID=7", b"x" * 32), "wrong job token")]
+    cases = [
+        (
+            Identity("SLURM_JOB_ID=6", TOKEN),
+            ("it belongs to another job: SLURM_JOB_ID=6 there, SLURM_JOB_ID=7 on node 0"),
+        ),
+        (
+            Identity("SLURM_JOB_ID=7"),
+            ("node 0 has a job token (ENTRYPOINT_JOB_TOKEN), it has none"),
+        ),
+        (Identity("SLURM_JOB_ID=7", b"x" * 32), "wrong job token"),
+    ]
     for identity, why in cases:
         channel = n.node(1, identity)
         with pytest.raises(control.Refused) as refused:
@@ -268,8 +329,10 @@ def test_job_identity_and_token_checked_both_ways(node0):
                 channel.receive(1.0)
         assert str(refused.value).startswith("node 0 refused node 1 (node-1, 127.0.0.1:")
         assert why in str(refused.value)
-        assert f"refused node 1 (node-1, 127.0.0.1:{channel.sock.getsockname()[1]}): {why}" \
+        assert (
+            f"refused node 1 (node-1, 127.0.0.1:{channel.sock.getsockname()[1]}): {why}"
             in n.logged(why)
+        )
         assert TOKEN.decode() not in json.dumps(n.lines)
     good = [n.node(0, me), n.node(1, me)]
     goes(*good)
@@ -279,8 +342,9 @@ def test_job_identity_and_token_checked_both_ways(node0):
 def test_a_node_0_without_the_token_cannot_pass_as_node_0(node0):
     """The node checks node 0 too: node 0's welcome carries its own proof."""
     n = node0(identity=Identity("", None))
-    channel = control.connect("127.0.0.1", n.port, timeout=5, log=print,
-                              identity=Identity("", TOKEN))
+    channel = control.connect(
+        "127.0.0.1", n.port, timeout=5, log=print, identity=Identity("", TOKEN)
+    )
     channel.send(hello(1))
     with pytest.raises(control.Refused, match="it has a job token .*, node 0 has none"):
         while True:
@@ -301,8 +365,7 @@ def test_a_forged_welcome_is_refused_by_the_node():
         conn.close()
 
     threading.Thread(target=fake, daemon=True).start()
-    channel = control.connect("127.0.0.1", port, timeout=5, log=print,
-                              identity=Identity("", TOKEN))
+    channel = control.connect("127.0.0.1", port, timeout=5, log=print, identity=Identity("", TOKEN))
     channel.send(hello(1))
     with pytest.raises(control.Refused, match="could not prove that it holds") as refused:
         while True:
@@ -321,8 +384,9 @@ def test_something_else_on_the_port_is_named():
 
     threading.Thread(target=http, daemon=True).start()
     with pytest.raises(control.PeersError, match="is not node 0's entrypoint"):
-        control.connect("127.0.0.1", listener.getsockname()[1], timeout=5, log=print,
-                        challenge_wait=1)
+        control.connect(
+            "127.0.0.1", listener.getsockname()[1], timeout=5, log=print, challenge_wait=1
+        )
     listener.close()
 
 
@@ -334,7 +398,7 @@ def test_lines_split_once_however_the_bytes_arrive():
     out: list[bytes] = []
     began = time.process_time()
     for i in range(0, len(payload), 1460):
-        out += lines.feed(payload[i:i + 1460])
+        out += lines.feed(payload[i : i + 1460])
     spent = time.process_time() - began
     assert len(out) == 200_000 and out[-1] == b'{"t":"beat","n":199999}'
     print(f"MEASURED {len(payload) >> 20} MiB in 1460-byte pieces: {spent:.2f} s of CPU")
@@ -362,5 +426,7 @@ def test_the_layout_is_compared_and_the_odd_node_named(node0):
             stops = [msg for msg in channel.receive(0.2) if msg["t"] == "stop"]
             assert time.monotonic() < end
         assert stops[0]["code"] == 2
-        assert ("node 1 (node-1) plans another job shape: nnodes 4 vs 2 on node 0 (node-0); "
-                "world_size 8 vs 4") in stops[0]["reason"]
+        assert (
+            "node 1 (node-1) plans another job shape: nnodes 4 vs 2 on node 0 (node-0); "
+            "world_size 8 vs 4"
+        ) in stops[0]["reason"]

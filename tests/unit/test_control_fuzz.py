@@ -22,12 +22,19 @@ from tests.unit.test_control import TOKEN, goes, hello
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner,
-                                                                max_size=5),
-    max_leaves=20)
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5)
+    ),
+    max_leaves=20,
+)
 KINDS = st.sampled_from(sorted(m.KINDS) + ["", "HELLO", None, 1])
-WIRE_HELLO = hello(1) | {"protocol": m.PROTOCOL, "job": "", "auth": m.AUTH_HMAC,
-                         "nonce": "1" * 32, "proof": "2" * 64}
+WIRE_HELLO = hello(1) | {
+    "protocol": m.PROTOCOL,
+    "job": "",
+    "auth": m.AUTH_HMAC,
+    "nonce": "1" * 32,
+    "proof": "2" * 64,
+}
 
 
 @st.composite
@@ -54,23 +61,32 @@ def some_json(draw) -> bytes:
 @st.composite
 def truncated(draw) -> bytes:
     line = json.dumps(WIRE_HELLO).encode()
-    return line[:draw(st.integers(0, len(line) - 1))]
+    return line[: draw(st.integers(0, len(line) - 1))]
 
 
 HUGE = st.integers(1, 3).map(lambda k: b"{" + b'"a":' * (k * (m.MAX_LINE // 8)))
-PAYLOAD = st.lists(st.binary(max_size=300) | some_json() | broken_hello() | truncated() | HUGE,
-                   min_size=1, max_size=4).map(b"".join)
+PAYLOAD = st.lists(
+    st.binary(max_size=300) | some_json() | broken_hello() | truncated() | HUGE,
+    min_size=1,
+    max_size=4,
+).map(b"".join)
 
 
 class Fuzzed:
     def __init__(self) -> None:
         self.lines: list[str] = []
-        self.conductor = Conductor(2, Limits(join_timeout=600, heartbeat_timeout=600,
-                                             monitor_interval=0), time.monotonic())
-        self.server = control.Server(self.conductor, 0, heartbeat_interval=0.5,
-                                     bind="127.0.0.1", identity=Identity("", TOKEN),
-                                     log=lambda level, text: self.lines.append(text),
-                                     max_pending=32)
+        self.conductor = Conductor(
+            2, Limits(join_timeout=600, heartbeat_timeout=600, monitor_interval=0), time.monotonic()
+        )
+        self.server = control.Server(
+            self.conductor,
+            0,
+            heartbeat_interval=0.5,
+            bind="127.0.0.1",
+            identity=Identity("", TOKEN),
+            log=lambda level, text: self.lines.append(text),
+            max_pending=32,
+        )
         self.server.start()
 
     def answers(self) -> bool:
@@ -82,15 +98,14 @@ def test_nothing_a_peer_sends_stops_node_0():
     node0 = Fuzzed()
 
     @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(payload=PAYLOAD, pieces=st.integers(1, 7), close=st.booleans(),
-           flood=st.integers(0, 40))
+    @given(payload=PAYLOAD, pieces=st.integers(1, 7), close=st.booleans(), flood=st.integers(0, 40))
     def example(payload: bytes, pieces: int, close: bool, flood: int) -> None:
         held = [socket.create_connection(("127.0.0.1", node0.server.port)) for _ in range(flood)]
         sock = socket.create_connection(("127.0.0.1", node0.server.port))
         try:
             step = max(1, len(payload) // pieces)
             for i in range(0, len(payload), step):
-                sock.sendall(payload[i:i + step])
+                sock.sendall(payload[i : i + step])
         except OSError:
             pass  # node 0 dropped it: what it should do
         if close:
@@ -106,8 +121,9 @@ def test_nothing_a_peer_sends_stops_node_0():
     identity = Identity("", TOKEN)
     nodes = []
     for member in (0, 1):
-        channel = control.connect("127.0.0.1", node0.server.port, timeout=10, log=print,
-                                  identity=identity)
+        channel = control.connect(
+            "127.0.0.1", node0.server.port, timeout=10, log=print, identity=identity
+        )
         channel.send(hello(member))
         nodes.append(channel)
     goes(*nodes)

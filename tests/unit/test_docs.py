@@ -19,7 +19,11 @@ def test_every_setting_documented():
 
 
 def test_every_platform_in_the_table_in_detection_order():
-    rows = [line.split("|")[2].strip().strip("`") for line in README.splitlines()
-            if line.startswith("| ") and line.split("|")[1].strip().isdigit()
-            and line.split("|")[2].strip().startswith("`")]
+    rows = [
+        line.split("|")[2].strip().strip("`")
+        for line in README.splitlines()
+        if line.startswith("| ")
+        and line.split("|")[1].strip().isdigit()
+        and line.split("|")[2].strip().startswith("`")
+    ]
     assert tuple(rows) == platforms.ORDER

@@ -20,20 +20,40 @@ from entrypoint.settings import Settings
 WORKER = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "node-0", "MASTER_PORT": "29500"}
 MASTER = WORKER | {"NODE_RANK": "0"}
 # What doctor finds on a healthy H100 node of the image (torch 2.10 + CUDA 12.8, driver 570).
-GPU_OK = Findings(os="Debian GNU/Linux 13 (trixie)", python="3.13.5", torch="2.10.0+cu128",
-                  cuda_runtime="12.8", torch_gpus=8, nccl="2.27.5", jax="0.8.0",
-                  jax_devices="gpu x8", deepspeed="0.19.8", driver="570.124.06",
-                  driver_cuda="12.8", shm_bytes=64 << 30, memlock_bytes=None)
-CPU_OK = Findings(torch="2.10.0+cu128", cuda_runtime="12.8", jax="0.8.0", jax_devices="cpu x1",
-                  shm_bytes=2 << 30)
+GPU_OK = Findings(
+    os="Debian GNU/Linux 13 (trixie)",
+    python="3.13.5",
+    torch="2.10.0+cu128",
+    cuda_runtime="12.8",
+    torch_gpus=8,
+    nccl="2.27.5",
+    jax="0.8.0",
+    jax_devices="gpu x8",
+    deepspeed="0.19.8",
+    driver="570.124.06",
+    driver_cuda="12.8",
+    shm_bytes=64 << 30,
+    memlock_bytes=None,
+)
+CPU_OK = Findings(
+    torch="2.10.0+cu128", cuda_runtime="12.8", jax="0.8.0", jax_devices="cpu x1", shm_bytes=2 << 30
+)
 LINE = re.compile(r"^[^:]+: .+\. [A-Z].*[^.]$")  # `<what>: <problem>. <Fix>`
 
 
 def found_for(env, facts, findings, **ports):
     plan = make_plan(env, facts)
-    port_list = tuple(Port(name, var, port, ports.get(name, "refused")) for name, var, port in (
-        ("rendezvous", "MASTER_PORT", plan.master_port),
-        ("control", "ENTRYPOINT_CONTROL_PORT", plan.control_port))) if plan.nnodes > 1 else ()
+    port_list = (
+        tuple(
+            Port(name, var, port, ports.get(name, "refused"))
+            for name, var, port in (
+                ("rendezvous", "MASTER_PORT", plan.master_port),
+                ("control", "ENTRYPOINT_CONTROL_PORT", plan.control_port),
+            )
+        )
+        if plan.nnodes > 1
+        else ()
+    )
     findings = replace(findings, ports=port_list)
     return plan, problems(plan, facts, findings, Settings.from_env(env)), findings
 
@@ -48,23 +68,44 @@ def test_healthy_single_cpu_node_has_no_problem():
     assert found == []
 
 
-@pytest.mark.parametrize("findings, facts, expect", [
-    (replace(GPU_OK, driver="470.82", driver_cuda="11.4", torch_gpus=0), node(8),
-     "NVIDIA driver 470.82: supports CUDA up to 11.4, older than torch's CUDA runtime 12.8"),
-    (replace(GPU_OK, torch_gpus=0), node(8),
-     "torch 2.10.0+cu128: sees no GPU although the driver lists 8"),
-    (replace(GPU_OK, jax_devices="cpu x1"), node(8), "JAX 0.8.0: sees only cpu x1"),
-    (replace(GPU_OK, jax_devices=None, jax_error="RuntimeError: CUDA_ERROR_OUT_OF_MEMORY"),
-     node(8), "JAX 0.8.0: jax.devices() failed (RuntimeError: CUDA_ERROR_OUT_OF_MEMORY)"),
-    (replace(GPU_OK, torch=None, torch_error="ImportError: libcudnn.so.9"), node(8),
-     "torch: does not import (ImportError: libcudnn.so.9)"),
-    (replace(GPU_OK, shm_bytes=64 << 20), node(8), "/dev/shm: 64 MiB"),
-    (replace(GPU_OK, memlock_bytes=64 << 10), node(8, ib=("mlx5_0",)),
-     "ulimit -l (locked memory): 0 MiB with InfiniBand mlx5_0"),
-    (GPU_OK, replace(node(8), master_ip=None), "MASTER_ADDR=node-0: does not resolve"),
-    (GPU_OK, replace(node(8), route_to_master="lo", default_route="docker0"),
-     "network interface: none found"),
-])
+@pytest.mark.parametrize(
+    "findings, facts, expect",
+    [
+        (
+            replace(GPU_OK, driver="470.82", driver_cuda="11.4", torch_gpus=0),
+            node(8),
+            "NVIDIA driver 470.82: supports CUDA up to 11.4, older than torch's CUDA runtime 12.8",
+        ),
+        (
+            replace(GPU_OK, torch_gpus=0),
+            node(8),
+            "torch 2.10.0+cu128: sees no GPU although the driver lists 8",
+        ),
+        (replace(GPU_OK, jax_devices="cpu x1"), node(8), "JAX 0.8.0: sees only cpu x1"),
+        (
+            replace(GPU_OK, jax_devices=None, jax_error="RuntimeError: CUDA_ERROR_OUT_OF_MEMORY"),
+            node(8),
+            "JAX 0.8.0: jax.devices() failed (RuntimeError: CUDA_ERROR_OUT_OF_MEMORY)",
+        ),
+        (
+            replace(GPU_OK, torch=None, torch_error="ImportError: libcudnn.so.9"),
+            node(8),
+            "torch: does not import (ImportError: libcudnn.so.9)",
+        ),
+        (replace(GPU_OK, shm_bytes=64 << 20), node(8), "/dev/shm: 64 MiB"),
+        (
+            replace(GPU_OK, memlock_bytes=64 << 10),
+            node(8, ib=("mlx5_0",)),
+            "ulimit -l (locked memory): 0 MiB with InfiniBand mlx5_0",
+        ),
+        (GPU_OK, replace(node(8), master_ip=None), "MASTER_ADDR=node-0: does not resolve"),
+        (
+            GPU_OK,
+            replace(node(8), route_to_master="lo", default_route="docker0"),
+            "network interface: none found",
+        ),
+    ],
+)
 def test_each_problem_is_found_with_its_fix(findings, facts, expect):
     _, found, _ = found_for(WORKER, facts, findings, rendezvous="open", control="open")
     assert len(found) == 1 and found[0].startswith(expect), found
@@ -90,16 +131,20 @@ def test_nothing_listening_is_fine_before_node_0_starts():
 
 def test_settings_that_name_missing_things():
     env = WORKER | {"ENTRYPOINT_SOCKET_IFNAME": "ib9", "ENTRYPOINT_DATA_DIR": "/data/set"}
-    _, found, _ = found_for(env, node(8), replace(GPU_OK, data_dir_exists=False),
-                            rendezvous="open", control="open")
-    assert [line.split(":")[0] for line in found] == ["ENTRYPOINT_DATA_DIR=/data/set",
-                                                      "ENTRYPOINT_SOCKET_IFNAME=ib9"]
+    _, found, _ = found_for(
+        env, node(8), replace(GPU_OK, data_dir_exists=False), rendezvous="open", control="open"
+    )
+    assert [line.split(":")[0] for line in found] == [
+        "ENTRYPOINT_DATA_DIR=/data/set",
+        "ENTRYPOINT_SOCKET_IFNAME=ib9",
+    ]
     assert "it has lo, eth0" in found[1]
 
 
 def test_report_and_table():
-    plan, found, findings = found_for(MASTER, node(8), GPU_OK, rendezvous="refused",
-                                      control="refused")
+    plan, found, findings = found_for(
+        MASTER, node(8), GPU_OK, rendezvous="refused", control="refused"
+    )
     rep = report(plan, node(8), findings, Settings.from_env(MASTER), found)
     assert json.loads(json.dumps(rep))["ok"] is True
     assert rep["software"]["nccl"] == "2.27.5" and len(rep["gpus"]["devices"]) == 8
@@ -107,11 +152,15 @@ def test_report_and_table():
     assert rep["network"]["chosen"] == "eth0"
     text = table(rep, plan_table(plan))
     flat = " ".join(text.split())
-    for expected in ("torch 2.10.0+cu128 (CUDA runtime 12.8), GPUs seen: 8", "NCCL 2.27.5",
-                     "driver 570.124.06 (CUDA 12.8)", "GPU 7 NVIDIA H100 80GB HBM3, 81559 MiB",
-                     "NCCL/gloo use eth0 [probe: routes to the master (10.0.0.1)]",
-                     "rendezvous port 29500: not listening yet: this is node 0",
-                     "problems: none"):
+    for expected in (
+        "torch 2.10.0+cu128 (CUDA runtime 12.8), GPUs seen: 8",
+        "NCCL 2.27.5",
+        "driver 570.124.06 (CUDA 12.8)",
+        "GPU 7 NVIDIA H100 80GB HBM3, 81559 MiB",
+        "NCCL/gloo use eth0 [probe: routes to the master (10.0.0.1)]",
+        "rendezvous port 29500: not listening yet: this is node 0",
+        "problems: none",
+    ):
         assert expected in flat, text
 
 
@@ -124,13 +173,21 @@ def test_no_interface_facts_still_render():
 
 # -- the command, as a platform starts it ---------------------------------------------------
 
-BASE = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"),
-        "ENTRYPOINT_GPUS_PER_NODE": "0"}
+BASE = {
+    "PATH": os.environ["PATH"],
+    "HOME": os.environ.get("HOME", "/tmp"),
+    "ENTRYPOINT_GPUS_PER_NODE": "0",
+}
 
 
 def doctor(*args, env):
-    return subprocess.run([sys.executable, "-m", "entrypoint", "doctor", *args],
-                          capture_output=True, text=True, env=BASE | env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "entrypoint", "doctor", *args],
+        capture_output=True,
+        text=True,
+        env=BASE | env,
+        timeout=120,
+    )
 
 
 def test_json_exit_code_follows_the_problems_and_no_secret_shows():
@@ -148,8 +205,15 @@ def test_table_on_a_single_node():
     out = doctor(env={})
     assert out.returncode in (0, 1), out.stderr
     assert out.stdout.startswith("entrypoint doctor: node 0 of 1")
-    for section in ("\nsystem\n", "\nsoftware\n", "\nGPUs\n", "\nnetwork\n", "\nmaster\n",
-                    "\nplan\n", "\nproblems"):
+    for section in (
+        "\nsystem\n",
+        "\nsoftware\n",
+        "\nGPUs\n",
+        "\nnetwork\n",
+        "\nmaster\n",
+        "\nplan\n",
+        "\nproblems",
+    ):
         assert section in out.stdout
     assert (out.returncode == 0) == ("problems: none" in out.stdout)
 
@@ -160,25 +224,34 @@ def test_configuration_error_exits_2_with_the_same_line_as_run():
     assert out.stderr.startswith("entrypoint: error: RANK='2': must be below WORLD_SIZE=2")
 
 
-@pytest.mark.parametrize("args, line", [
-    (["--sizes", "1,x"], "--sizes='1,x': not a list of positive MiB figures"),
-    (["--iters", "0"], "--iters='0': must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["--sizes", "1,x"], "--sizes='1,x': not a list of positive MiB figures"),
+        (["--iters", "0"], "--iters='0': must be at least 1"),
+    ],
+)
 def test_allreduce_options_checked_before_anything_starts(args, line):
     out = doctor("--allreduce", *args, env={})
     assert out.returncode == 2 and out.stderr.startswith(f"entrypoint: error: {line}")
 
 
-@pytest.mark.parametrize("findings, shown", [
-    (replace(GPU_OK, jax_devices=None, jax_error="RuntimeError: busy"),
-     "JAX 0.8.0, devices: none (RuntimeError: busy)"),
-    (replace(GPU_OK, jax=None, jax_devices=None, jax_error="ImportError: x"),
-     "JAX does not import (ImportError: x)"),
-    (replace(GPU_OK, jax=None, jax_devices=None), "JAX not installed"),
-    (replace(GPU_OK, torch=None, torch_error="ImportError: y"), "torch does not import"),
-])
+@pytest.mark.parametrize(
+    "findings, shown",
+    [
+        (
+            replace(GPU_OK, jax_devices=None, jax_error="RuntimeError: busy"),
+            "JAX 0.8.0, devices: none (RuntimeError: busy)",
+        ),
+        (
+            replace(GPU_OK, jax=None, jax_devices=None, jax_error="ImportError: x"),
+            "JAX does not import (ImportError: x)",
+        ),
+        (replace(GPU_OK, jax=None, jax_devices=None), "JAX not installed"),
+        (replace(GPU_OK, torch=None, torch_error="ImportError: y"), "torch does not import"),
+    ],
+)
 def test_table_rows_when_a_library_fails(findings, shown):
-    plan, found, findings = found_for(WORKER, node(8), findings, rendezvous="open",
-                                      control="open")
+    plan, found, findings = found_for(WORKER, node(8), findings, rendezvous="open", control="open")
     text = table(report(plan, node(8), findings, Settings.from_env(WORKER), found), "")
     assert shown in " ".join(text.split())

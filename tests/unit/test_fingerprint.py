@@ -18,7 +18,8 @@ def test_same_as_importlib_metadata_first_found_wins():
 def test_dist_info_and_egg_info_headers_only(tmp_path):
     (tmp_path / "Tiny_Pkg-1.2.dist-info").mkdir()
     (tmp_path / "Tiny_Pkg-1.2.dist-info" / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: Tiny_Pkg\nVersion: 1.2\n\nName: not-a-header\n")
+        "Metadata-Version: 2.1\nName: Tiny_Pkg\nVersion: 1.2\n\nName: not-a-header\n"
+    )
     (tmp_path / "old.egg-info").write_text("Metadata-Version: 1.0\nName: old\nVersion: 0.1\n")
     (tmp_path / "broken.dist-info").mkdir()  # no METADATA: skipped
     later = tmp_path / "later"
@@ -26,4 +27,6 @@ def test_dist_info_and_egg_info_headers_only(tmp_path):
     (later / "tiny_pkg-9.9.dist-info").mkdir()
     (later / "tiny_pkg-9.9.dist-info" / "METADATA").write_text("Name: tiny-pkg\nVersion: 9.9\n")
     assert packages([str(tmp_path), str(later), str(tmp_path / "missing")]) == {
-        "old": "0.1", "tiny-pkg": "1.2"}
+        "old": "0.1",
+        "tiny-pkg": "1.2",
+    }

@@ -28,85 +28,204 @@ from entrypoint.plan import make_plan
 from entrypoint.values import NODES, device_list, host, number
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BASE = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"),
-        "PYTHONPATH": REPO, "ENTRYPOINT_RUN_DIR": "/tmp/entrypoint-hostile-test"}
+BASE = {
+    "PATH": os.environ["PATH"],
+    "HOME": os.environ.get("HOME", "/tmp"),
+    "PYTHONPATH": REPO,
+    "ENTRYPOINT_RUN_DIR": "/tmp/entrypoint-hostile-test",
+}
 M = {"MASTER_ADDR": "10.0.0.1"}
-SLURM = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[0-1]", "SLURM_NNODES": "2",
-         "SLURM_NODEID": "1", "SLURM_STEP_ID": "0"}
+SLURM = {
+    "SLURM_JOB_ID": "7",
+    "SLURM_JOB_NODELIST": "n[0-1]",
+    "SLURM_NNODES": "2",
+    "SLURM_NODEID": "1",
+    "SLURM_STEP_ID": "0",
+}
 NESTED = "[" * 30_000 + "]" * 30_000  # 60 kB: a variable holds at most 128 kB
 
 # (case, environment, the variable the one line names, words it holds). Issue 15's list.
 REFUSED = [
     ("RANK superscript two", {"WORLD_SIZE": "2", "RANK": "²"} | M, "RANK", "ASCII digits"),
-    ("MASTER_PORT superscript two", {"WORLD_SIZE": "2", "RANK": "1", "MASTER_PORT": "²"} | M,
-     "MASTER_PORT", "not a TCP port"),
-    ("PET_NPROC_PER_NODE superscript two",
-     {"NNODES": "2", "NODE_RANK": "1", "PET_NPROC_PER_NODE": "²"} | M, "PET_NPROC_PER_NODE",
-     "neither a number nor"),
+    (
+        "MASTER_PORT superscript two",
+        {"WORLD_SIZE": "2", "RANK": "1", "MASTER_PORT": "²"} | M,
+        "MASTER_PORT",
+        "not a TCP port",
+    ),
+    (
+        "PET_NPROC_PER_NODE superscript two",
+        {"NNODES": "2", "NODE_RANK": "1", "PET_NPROC_PER_NODE": "²"} | M,
+        "PET_NPROC_PER_NODE",
+        "neither a number nor",
+    ),
     ("RANK=++1", {"WORLD_SIZE": "2", "RANK": "++1"} | M, "RANK", "no sign"),
-    ("NNODES in Arabic-Indic digits", {"ENTRYPOINT_NNODES": "١٢"}, "ENTRYPOINT_NNODES",
-     "ASCII digits"),
-    ("SLURM_TASKS_PER_NODE=2(x0)", SLURM | {"SLURM_TASKS_PER_NODE": "2(x0)"},
-     "SLURM_TASKS_PER_NODE", "on 0 nodes"),
-    ("ENTRYPOINT_PLATFORM=slurm, no SLURM variables", {"ENTRYPOINT_PLATFORM": "slurm"},
-     "SLURM_JOB_NODELIST", "names no node"),
-    ("SM_HOSTS nested 30000 deep", {"SM_HOSTS": NESTED, "SM_CURRENT_HOST": "algo-1"},
-     "SM_HOSTS", "not a JSON list"),
-    ("SLURM_JOB_NODELIST=node[0-999999999]",
-     {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node[0-999999999]"}, "SLURM_JOB_NODELIST",
-     "names 1000000000 hosts, above the limit of 65536"),
-    ("GPUS_PER_NODE=1000000000", {"NNODES": "1", "GPUS_PER_NODE": "1000000000"},
-     "GPUS_PER_NODE", "above the limit of 256 GPUs per node"),
-    ("ENTRYPOINT_GPUS_PER_NODE=10**30", {"ENTRYPOINT_GPUS_PER_NODE": "1" + "0" * 30},
-     "ENTRYPOINT_GPUS_PER_NODE", "above the limit of 256"),
-    ("SLURM_PROCID=16 of 16", SLURM | {"SLURM_NTASKS": "16", "SLURM_PROCID": "16",
-                                       "SLURM_LOCALID": "0"},
-     "SLURM_PROCID", "below the step's 16 tasks"),
-    ("SLURM_LOCALID=8 of 8 per node", SLURM | {"SLURM_TASKS_PER_NODE": "8(x2)",
-                                               "SLURM_PROCID": "9", "SLURM_LOCALID": "8"},
-     "SLURM_LOCALID", "below the 8 tasks per node"),
-    ("ENTRYPOINT_NNODES=2 without a master", {"ENTRYPOINT_NNODES": "2"}, "MASTER_ADDR",
-     "no master address"),
-    ("MASTER_ADDR=host:port", {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "10.0.0.1:29500"},
-     "MASTER_ADDR", "holds a port"),
-    ("MASTER_ADDR=[fe80::1]", {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "[fe80::1]"},
-     "MASTER_ADDR", "IPv6 address; node 0's control channel"),
-    ("MASTER_ADDR=::1", {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "::1"}, "MASTER_ADDR",
-     "listens on IPv4 only"),
-    ("MASTER_ADDR='worker 0'", {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "worker 0"},
-     "MASTER_ADDR", "not one host name"),
-    ("ENTRYPOINT_MASTER_ADDR=::1:29500", {"ENTRYPOINT_MASTER_ADDR": "::1:29500"},
-     "ENTRYPOINT_MASTER_ADDR", "not a valid IPv6 address"),
-    ("control port = master port", {"WORLD_SIZE": "2", "RANK": "1", "MASTER_PORT": "29500",
-                                    "ENTRYPOINT_CONTROL_PORT": "29500"} | M,
-     "ENTRYPOINT_CONTROL_PORT", "rendezvous port too"),
-    ("heartbeat timeout below its interval", {"ENTRYPOINT_HEARTBEAT_TIMEOUT": "4"},
-     "ENTRYPOINT_HEARTBEAT_TIMEOUT", "below 3 x ENTRYPOINT_HEARTBEAT_INTERVAL"),
-    ("heartbeat interval above a third of the timeout", {"ENTRYPOINT_HEARTBEAT_INTERVAL": "20"},
-     "ENTRYPOINT_HEARTBEAT_INTERVAL", "3 intervals (60 s) exceed"),
-    ("ENTRYPOINT_JOIN_TIMEOUT=inf", {"ENTRYPOINT_JOIN_TIMEOUT": "inf"},
-     "ENTRYPOINT_JOIN_TIMEOUT", "not a number"),
-    ("CUDA_VISIBLE_DEVICES=0,0", {"CUDA_VISIBLE_DEVICES": "0,0"}, "CUDA_VISIBLE_DEVICES",
-     "names GPU 0 twice"),
-    ("CUDA_VISIBLE_DEVICES='' with GPUs stated",
-     {"CUDA_VISIBLE_DEVICES": "", "ENTRYPOINT_GPUS_PER_NODE": "8"}, "ENTRYPOINT_GPUS_PER_NODE",
-     "hides every GPU"),
+    (
+        "NNODES in Arabic-Indic digits",
+        {"ENTRYPOINT_NNODES": "١٢"},
+        "ENTRYPOINT_NNODES",
+        "ASCII digits",
+    ),
+    (
+        "SLURM_TASKS_PER_NODE=2(x0)",
+        SLURM | {"SLURM_TASKS_PER_NODE": "2(x0)"},
+        "SLURM_TASKS_PER_NODE",
+        "on 0 nodes",
+    ),
+    (
+        "ENTRYPOINT_PLATFORM=slurm, no SLURM variables",
+        {"ENTRYPOINT_PLATFORM": "slurm"},
+        "SLURM_JOB_NODELIST",
+        "names no node",
+    ),
+    (
+        "SM_HOSTS nested 30000 deep",
+        {"SM_HOSTS": NESTED, "SM_CURRENT_HOST": "algo-1"},
+        "SM_HOSTS",
+        "not a JSON list",
+    ),
+    (
+        "SLURM_JOB_NODELIST=node[0-999999999]",
+        {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node[0-999999999]"},
+        "SLURM_JOB_NODELIST",
+        "names 1000000000 hosts, above the limit of 65536",
+    ),
+    (
+        "GPUS_PER_NODE=1000000000",
+        {"NNODES": "1", "GPUS_PER_NODE": "1000000000"},
+        "GPUS_PER_NODE",
+        "above the limit of 256 GPUs per node",
+    ),
+    (
+        "ENTRYPOINT_GPUS_PER_NODE=10**30",
+        {"ENTRYPOINT_GPUS_PER_NODE": "1" + "0" * 30},
+        "ENTRYPOINT_GPUS_PER_NODE",
+        "above the limit of 256",
+    ),
+    (
+        "SLURM_PROCID=16 of 16",
+        SLURM | {"SLURM_NTASKS": "16", "SLURM_PROCID": "16", "SLURM_LOCALID": "0"},
+        "SLURM_PROCID",
+        "below the step's 16 tasks",
+    ),
+    (
+        "SLURM_LOCALID=8 of 8 per node",
+        SLURM | {"SLURM_TASKS_PER_NODE": "8(x2)", "SLURM_PROCID": "9", "SLURM_LOCALID": "8"},
+        "SLURM_LOCALID",
+        "below the 8 tasks per node",
+    ),
+    (
+        "ENTRYPOINT_NNODES=2 without a master",
+        {"ENTRYPOINT_NNODES": "2"},
+        "MASTER_ADDR",
+        "no master address",
+    ),
+    (
+        "MASTER_ADDR=host:port",
+        {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "10.0.0.1:29500"},
+        "MASTER_ADDR",
+        "holds a port",
+    ),
+    (
+        "MASTER_ADDR=[fe80::1]",
+        {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "[fe80::1]"},
+        "MASTER_ADDR",
+        "IPv6 address; node 0's control channel",
+    ),
+    (
+        "MASTER_ADDR=::1",
+        {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "::1"},
+        "MASTER_ADDR",
+        "listens on IPv4 only",
+    ),
+    (
+        "MASTER_ADDR='worker 0'",
+        {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "worker 0"},
+        "MASTER_ADDR",
+        "not one host name",
+    ),
+    (
+        "ENTRYPOINT_MASTER_ADDR=::1:29500",
+        {"ENTRYPOINT_MASTER_ADDR": "::1:29500"},
+        "ENTRYPOINT_MASTER_ADDR",
+        "not a valid IPv6 address",
+    ),
+    (
+        "control port = master port",
+        {"WORLD_SIZE": "2", "RANK": "1", "MASTER_PORT": "29500", "ENTRYPOINT_CONTROL_PORT": "29500"}
+        | M,
+        "ENTRYPOINT_CONTROL_PORT",
+        "rendezvous port too",
+    ),
+    (
+        "heartbeat timeout below its interval",
+        {"ENTRYPOINT_HEARTBEAT_TIMEOUT": "4"},
+        "ENTRYPOINT_HEARTBEAT_TIMEOUT",
+        "below 3 x ENTRYPOINT_HEARTBEAT_INTERVAL",
+    ),
+    (
+        "heartbeat interval above a third of the timeout",
+        {"ENTRYPOINT_HEARTBEAT_INTERVAL": "20"},
+        "ENTRYPOINT_HEARTBEAT_INTERVAL",
+        "3 intervals (60 s) exceed",
+    ),
+    (
+        "ENTRYPOINT_JOIN_TIMEOUT=inf",
+        {"ENTRYPOINT_JOIN_TIMEOUT": "inf"},
+        "ENTRYPOINT_JOIN_TIMEOUT",
+        "not a number",
+    ),
+    (
+        "CUDA_VISIBLE_DEVICES=0,0",
+        {"CUDA_VISIBLE_DEVICES": "0,0"},
+        "CUDA_VISIBLE_DEVICES",
+        "names GPU 0 twice",
+    ),
+    (
+        "CUDA_VISIBLE_DEVICES='' with GPUs stated",
+        {"CUDA_VISIBLE_DEVICES": "", "ENTRYPOINT_GPUS_PER_NODE": "8"},
+        "ENTRYPOINT_GPUS_PER_NODE",
+        "hides every GPU",
+    ),
     ("WORLD_SIZE=''", {"WORLD_SIZE": "", "RANK": "0"}, "WORLD_SIZE", "set but empty"),
     ("SLURM_NODEID=''", SLURM | {"SLURM_NODEID": ""}, "SLURM_NODEID", "set but empty"),
-    ("LOCAL_RANK against RANK", {"WORLD_SIZE": "8", "RANK": "5", "LOCAL_RANK": "0",
-                                 "LOCAL_WORLD_SIZE": "4"} | M, "LOCAL_RANK", "expected 1"),
-    ("WORLD_SIZE=10**30", {"WORLD_SIZE": "1" + "0" * 30, "RANK": "0"} | M, "WORLD_SIZE",
-     "above the limit of 1048576 processes"),
-    ("a setting holding a newline", {"ENTRYPOINT_SOCKET_IFNAME": "eth0\nlo"},
-     "ENTRYPOINT_SOCKET_IFNAME", "control character"),
-    ("a host twice in the node list", {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1,n1"},
-     "SLURM_JOB_NODELIST", "names n1 twice"),
+    (
+        "LOCAL_RANK against RANK",
+        {"WORLD_SIZE": "8", "RANK": "5", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4"} | M,
+        "LOCAL_RANK",
+        "expected 1",
+    ),
+    (
+        "WORLD_SIZE=10**30",
+        {"WORLD_SIZE": "1" + "0" * 30, "RANK": "0"} | M,
+        "WORLD_SIZE",
+        "above the limit of 1048576 processes",
+    ),
+    (
+        "a setting holding a newline",
+        {"ENTRYPOINT_SOCKET_IFNAME": "eth0\nlo"},
+        "ENTRYPOINT_SOCKET_IFNAME",
+        "control character",
+    ),
+    (
+        "a host twice in the node list",
+        {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1,n1"},
+        "SLURM_JOB_NODELIST",
+        "names n1 twice",
+    ),
 ]
 
 
 def entrypoint(*args, env):
-    return subprocess.run([sys.executable, "-m", "entrypoint", *args], capture_output=True,
-                          text=True, env=BASE | env, timeout=120, cwd=REPO, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "entrypoint", *args],
+        capture_output=True,
+        text=True,
+        env=BASE | env,
+        timeout=120,
+        cwd=REPO,
+        check=False,
+    )
 
 
 def assert_one_line(out, variable, words):
@@ -117,8 +236,9 @@ def assert_one_line(out, variable, words):
     assert words in lines[0], lines[0][:500]
 
 
-@pytest.mark.parametrize(("env", "variable", "words"), [c[1:] for c in REFUSED],
-                         ids=[c[0] for c in REFUSED])
+@pytest.mark.parametrize(
+    ("env", "variable", "words"), [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED]
+)
 def test_plan_refuses_with_one_line(env, variable, words):
     assert_one_line(entrypoint("plan", env=env), variable, words)
 
@@ -136,8 +256,9 @@ def test_doctor_and_run_refuse_the_same_way(command):
 
 
 def test_master_port_65535_plans_the_control_port_below_it():
-    out = entrypoint("plan", "--json", env={"WORLD_SIZE": "2", "RANK": "1",
-                                            "MASTER_PORT": "65535"} | M)
+    out = entrypoint(
+        "plan", "--json", env={"WORLD_SIZE": "2", "RANK": "1", "MASTER_PORT": "65535"} | M
+    )
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
     assert (plan["master_port"], plan["control_port"]) == (65535, 65534)
@@ -152,6 +273,7 @@ def test_world_size_alone_is_one_machine_with_a_warning():
 
 
 # -- the same decisions in process, where facts about the node matter --------------------------
+
 
 def test_empty_cuda_visible_devices_means_no_gpu():
     plan = make_plan({"CUDA_VISIBLE_DEVICES": ""}, node(8), ["python", "t.py"])
@@ -169,13 +291,16 @@ def test_devices_named_on_a_node_without_gpus_refused():
 
 
 def test_nnodes_by_hand_takes_the_master_given():
-    plan = make_plan({"ENTRYPOINT_NNODES": "2", "ENTRYPOINT_NODE_RANK": "1"} | M, node(8),
-                     ["python", "t.py"])
+    plan = make_plan(
+        {"ENTRYPOINT_NNODES": "2", "ENTRYPOINT_NODE_RANK": "1"} | M, node(8), ["python", "t.py"]
+    )
     assert (plan.nnodes, plan.node_rank, plan.master_addr) == (2, 1, "10.0.0.1")
 
 
-@pytest.mark.parametrize("setting", [{"ENTRYPOINT_NPROC_PER_NODE": "1"},
-                                     {"ENTRYPOINT_NNODES": "1", "ENTRYPOINT_NODE_RANK": "0"}])
+@pytest.mark.parametrize(
+    "setting",
+    [{"ENTRYPOINT_NPROC_PER_NODE": "1"}, {"ENTRYPOINT_NNODES": "1", "ENTRYPOINT_NODE_RANK": "0"}],
+)
 def test_settings_cannot_shrink_a_job_the_platform_started_around_its_rank(setting):
     env = TEMPLATES["mpi"] | setting  # rank 9 of 16, 8 per node, started by mpirun
     with pytest.raises(ConfigError, match="OMPI_COMM_WORLD_RANK='9': is outside the job"):
@@ -184,64 +309,110 @@ def test_settings_cannot_shrink_a_job_the_platform_started_around_its_rank(setti
 
 # -- the readers' tables -----------------------------------------------------------------------
 
-@pytest.mark.parametrize(("raw", "value"), [("0", 0), ("7", 7), (" 8 ", 8), ("007", 7),
-                                            ("65536", 65536), ("0" * 4999 + "1", 1)])
+
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [("0", 0), ("7", 7), (" 8 ", 8), ("007", 7), ("65536", 65536), ("0" * 4999 + "1", 1)],
+)
 def test_number_reads_ascii_digits(raw, value):
     assert number("X", raw, low=0, high=65536) == value
 
 
-@pytest.mark.parametrize(("raw", "words"), [
-    ("²", "ASCII digits"), ("١٢", "ASCII digits"), ("+1", "no sign"), ("-1", "no sign"),
-    ("1_000", "ASCII digits"), ("1e3", "ASCII digits"), ("", "set but empty"),
-    ("65537", "above the limit of 65536"), ("9" * 5000, "above the limit"), ("0", "positive"),
-])
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        ("²", "ASCII digits"),
+        ("١٢", "ASCII digits"),
+        ("+1", "no sign"),
+        ("-1", "no sign"),
+        ("1_000", "ASCII digits"),
+        ("1e3", "ASCII digits"),
+        ("", "set but empty"),
+        ("65537", "above the limit of 65536"),
+        ("9" * 5000, "above the limit"),
+        ("0", "positive"),
+    ],
+)
 def test_number_refusals_name_the_range(raw, words):
     with pytest.raises(ConfigError) as err:
         number("X", raw, low=1, high=65536)
     assert words in err.value.line() and "\n" not in err.value.line()
 
 
-@pytest.mark.parametrize(("raw", "value"), [
-    ("worker-0", "worker-0"), ("10.0.0.1", "10.0.0.1"), ("node_1.svc.cluster.local.",
-                                                         "node_1.svc.cluster.local."),
-    ("jo-dbxfe2k2l635222i-worker-0", "jo-dbxfe2k2l635222i-worker-0"), (" m ", "m"),
-])
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [
+        ("worker-0", "worker-0"),
+        ("10.0.0.1", "10.0.0.1"),
+        ("node_1.svc.cluster.local.", "node_1.svc.cluster.local."),
+        ("jo-dbxfe2k2l635222i-worker-0", "jo-dbxfe2k2l635222i-worker-0"),
+        (" m ", "m"),
+    ],
+)
 def test_host_accepts_names_and_ipv4(raw, value):
     assert host("MASTER_ADDR", raw) == value
 
 
-@pytest.mark.parametrize(("raw", "ipv6"), [("::1", "::1"), ("[::1]", "::1"),
-                                           ("fe80::1%eth0", "fe80::1%eth0")])
+@pytest.mark.parametrize(
+    ("raw", "ipv6"), [("::1", "::1"), ("[::1]", "::1"), ("fe80::1%eth0", "fe80::1%eth0")]
+)
 def test_host_reads_ipv6_with_or_without_brackets_where_allowed(raw, ipv6):
     assert host("SKYPILOT_NODE_IPS", raw, ipv6=True) == ipv6
 
 
-@pytest.mark.parametrize(("raw", "words"), [
-    ("10.0.0.1:29500", "Set MASTER_ADDR=10.0.0.1 and the port in MASTER_PORT=29500"),
-    ("[fe80::1]:29500", "holds a port"), ("::1", "IPv4 only"), ("worker 0", "space"),
-    ("tcp://h:1", "a URL"), ("1.2.3.256", "not a valid IPv4"), ("010.0.0.1", "leading zeros"),
-    ("ünï", "ASCII"), ("a" * 64, "at most 63"), ("-x", "not starting or ending with '-'"),
-    ("a,b", "comma"), ("host\nevil", "ASCII"), ("[node]", "brackets"),
-])
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        ("10.0.0.1:29500", "Set MASTER_ADDR=10.0.0.1 and the port in MASTER_PORT=29500"),
+        ("[fe80::1]:29500", "holds a port"),
+        ("::1", "IPv4 only"),
+        ("worker 0", "space"),
+        ("tcp://h:1", "a URL"),
+        ("1.2.3.256", "not a valid IPv4"),
+        ("010.0.0.1", "leading zeros"),
+        ("ünï", "ASCII"),
+        ("a" * 64, "at most 63"),
+        ("-x", "not starting or ending with '-'"),
+        ("a,b", "comma"),
+        ("host\nevil", "ASCII"),
+        ("[node]", "brackets"),
+    ],
+)
 def test_host_refusals_say_what_to_do(raw, words):
     with pytest.raises(ConfigError) as err:
         host("MASTER_ADDR", raw)
     assert words in err.value.line() and "\n" not in err.value.line()
 
 
-@pytest.mark.parametrize(("raw", "ids"), [
-    ("", ()), ("-1", ()), ("0,1", ("0", "1")), ("3, 1", ("3", "1")), ("02", ("2",)),
-    ("GPU-8e1c-aa,MIG-4f/1/0", ("GPU-8e1c-aa", "MIG-4f/1/0")),
-])
+@pytest.mark.parametrize(
+    ("raw", "ids"),
+    [
+        ("", ()),
+        ("-1", ()),
+        ("0,1", ("0", "1")),
+        ("3, 1", ("3", "1")),
+        ("02", ("2",)),
+        ("GPU-8e1c-aa,MIG-4f/1/0", ("GPU-8e1c-aa", "MIG-4f/1/0")),
+    ],
+)
 def test_device_list_reads_as_cuda_does(raw, ids):
     assert device_list("CUDA_VISIBLE_DEVICES", raw) == ids
 
 
-@pytest.mark.parametrize(("raw", "words"), [
-    ("0,0", "twice"), ("00,0", "twice"), ("GPU-1,GPU-1", "twice"), ("0,,1", "empty entry"),
-    ("all", "no GPU at all"), ("0,-1", "neither a GPU index nor a UUID"),
-    ("256", "above the limit of 255"), ("gpu0", "neither"), ("²", "neither"),
-])
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        ("0,0", "twice"),
+        ("00,0", "twice"),
+        ("GPU-1,GPU-1", "twice"),
+        ("0,,1", "empty entry"),
+        ("all", "no GPU at all"),
+        ("0,-1", "neither a GPU index nor a UUID"),
+        ("256", "above the limit of 255"),
+        ("gpu0", "neither"),
+        ("²", "neither"),
+    ],
+)
 def test_device_list_refusals(raw, words):
     with pytest.raises(ConfigError) as err:
         device_list("CUDA_VISIBLE_DEVICES", raw)
@@ -264,6 +435,7 @@ def test_every_platform_variable_set_empty_is_refused():
 
 
 # -- hypothesis: any environment plans, keeping the invariants, or is refused in one line ------
+
 
 def _check(env, node, command):
     started = time.process_time()

@@ -19,8 +19,10 @@ CASES = [
     ("gpu[1,3,5]", ["gpu1", "gpu3", "gpu5"]),
     ("node[1-2],gpu[3-4]", ["node1", "node2", "gpu3", "gpu4"]),
     ("rack[1-2]-node[01-02]", ["rack1-node01", "rack1-node02", "rack2-node01", "rack2-node02"]),
-    ("jo-dbxfe2k2l635222i-worker-[0-1]",
-     ["jo-dbxfe2k2l635222i-worker-0", "jo-dbxfe2k2l635222i-worker-1"]),
+    (
+        "jo-dbxfe2k2l635222i-worker-[0-1]",
+        ["jo-dbxfe2k2l635222i-worker-0", "jo-dbxfe2k2l635222i-worker-1"],
+    ),
     ("n[1-2].cluster.local", ["n1.cluster.local", "n2.cluster.local"]),
     ("x[9]", ["x9"]),
 ]
@@ -31,8 +33,21 @@ def test_expand(hostlist, hosts):
     assert expand(hostlist) == hosts
 
 
-BAD = ["", "node[1-", "node]1", "node[a-b]", "node[3-1]", "node[[1]]", "a,,b", ",a", "node[]",
-       "node[1-2", "no de", "node[1--2]", "node[-1]"]
+BAD = [
+    "",
+    "node[1-",
+    "node]1",
+    "node[a-b]",
+    "node[3-1]",
+    "node[[1]]",
+    "a,,b",
+    ",a",
+    "node[]",
+    "node[1-2",
+    "no de",
+    "node[1--2]",
+    "node[-1]",
+]
 
 
 @pytest.mark.parametrize("hostlist", BAD)
@@ -49,15 +64,17 @@ def test_error_names_the_variable():
 
 # Property: compress a random set of hosts the way SLURM writes them, expand it back.
 prefixes = st.text(alphabet="abcdefghijklmnopqrstuvwxyz-", min_size=1, max_size=6).filter(
-    lambda p: not p[-1].isdigit())
+    lambda p: not p[-1].isdigit()
+)
 
 
 @st.composite
 def groups(draw):
     prefix = draw(prefixes)
     width = draw(st.integers(min_value=1, max_value=4))
-    numbers = sorted(draw(st.sets(st.integers(min_value=0, max_value=10**width - 1),
-                                  min_size=1, max_size=12)))
+    numbers = sorted(
+        draw(st.sets(st.integers(min_value=0, max_value=10**width - 1), min_size=1, max_size=12))
+    )
     return prefix, width, numbers
 
 
@@ -65,7 +82,9 @@ def compress(prefix, width, numbers):
     parts, start = [], numbers[0]
     for prev, cur in zip(numbers, numbers[1:] + [None]):
         if cur != (prev + 1 if prev is not None else None):
-            parts.append(f"{start:0{width}d}" if start == prev else f"{start:0{width}d}-{prev:0{width}d}")
+            parts.append(
+                f"{start:0{width}d}" if start == prev else f"{start:0{width}d}-{prev:0{width}d}"
+            )
             start = cur
     return f"{prefix}[{','.join(parts)}]"
 

@@ -65,10 +65,12 @@ def test_bad_settings_are_refused(argv):
 
 def test_package_import_stays_light():
     """The entrypoint looks these modules up on its launch path: no torch, jax or deepspeed."""
-    code = ("import sys, importlib.util, entrypoint.job;"
-            "importlib.util.find_spec('entrypoint.job.jax_train');"
-            "importlib.util.find_spec('entrypoint.job.__main__');"
-            "heavy = {'torch', 'jax', 'deepspeed', 'numpy'} & set(sys.modules);"
-            "print(sorted(heavy)); sys.exit(1 if heavy else 0)")
+    code = (
+        "import sys, importlib.util, entrypoint.job;"
+        "importlib.util.find_spec('entrypoint.job.jax_train');"
+        "importlib.util.find_spec('entrypoint.job.__main__');"
+        "heavy = {'torch', 'jax', 'deepspeed', 'numpy'} & set(sys.modules);"
+        "print(sorted(heavy)); sys.exit(1 if heavy else 0)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -13,54 +13,102 @@ from entrypoint.local import Layout, layout, nodes
 NONE = "probe: no NVIDIA driver found"
 
 
-@pytest.mark.parametrize(("ask", "host", "want"), [
-    # (nnodes, gpus_per_node, workers, job), GPUs on this machine -> (G, workers, per-node ids)
-    ((2, None, None, "deepspeed"), 0, (0, 2, ((), ()))),
-    ((2, 0, 3, "deepspeed"), 8, (0, 3, ((), ()))),
-    ((2, None, None, "deepspeed"), 8, (4, None, (("0", "1", "2", "3"), ("4", "5", "6", "7")))),
-    ((2, 2, None, "deepspeed"), 8, (2, None, (("0", "1"), ("2", "3")))),
-    ((3, 1, None, "deepspeed"), 3, (1, None, (("0",), ("1",), ("2",)))),
-    ((2, None, None, "deepspeed"), 1, (0, 2, ((), ()))),  # 1 GPU for 2 nodes: CPU
-    ((2, None, None, "jax"), 0, (0, None, ((), ()))),  # JAX: one process per node
-    ((1, None, None, "deepspeed"), 2, (2, None, (("0", "1"),))),
-])
+@pytest.mark.parametrize(
+    ("ask", "host", "want"),
+    [
+        # (nnodes, gpus_per_node, workers, job), GPUs on this machine -> (G, workers, per-node ids)
+        ((2, None, None, "deepspeed"), 0, (0, 2, ((), ()))),
+        ((2, 0, 3, "deepspeed"), 8, (0, 3, ((), ()))),
+        ((2, None, None, "deepspeed"), 8, (4, None, (("0", "1", "2", "3"), ("4", "5", "6", "7")))),
+        ((2, 2, None, "deepspeed"), 8, (2, None, (("0", "1"), ("2", "3")))),
+        ((3, 1, None, "deepspeed"), 3, (1, None, (("0",), ("1",), ("2",)))),
+        ((2, None, None, "deepspeed"), 1, (0, 2, ((), ()))),  # 1 GPU for 2 nodes: CPU
+        ((2, None, None, "jax"), 0, (0, None, ((), ()))),  # JAX: one process per node
+        ((1, None, None, "deepspeed"), 2, (2, None, (("0", "1"),))),
+    ],
+)
 def test_layout_splits_this_machines_gpus(ask, host, want):
     nnodes, gpus_per_node, workers, job = ask
-    got = layout(nnodes=nnodes, gpus_per_node=gpus_per_node, workers=workers, job=job,
-                 host_gpus=host, gpu_probe="probe nvml")
+    got = layout(
+        nnodes=nnodes,
+        gpus_per_node=gpus_per_node,
+        workers=workers,
+        job=job,
+        host_gpus=host,
+        gpu_probe="probe nvml",
+    )
     assert (got.gpus_per_node, got.workers, got.gpu_ids) == want
 
 
-@pytest.mark.parametrize(("ask", "host", "start"), [
-    ((0, None, None, "deepspeed"), 0, "--nodes='0': must be 1 or more"),
-    ((-1, None, None, "deepspeed"), 0, "--nodes='-1': must be 1 or more"),
-    ((2, 1, None, "deepspeed"), 0,
-     "--gpus-per-node='1': 2 nodes x 1 GPUs need 2 but this machine has 0"),
-    ((2, 4, None, "deepspeed"), 7,
-     "--gpus-per-node='4': 2 nodes x 4 GPUs need 8 but this machine has 7"),
-    ((2, -1, None, "deepspeed"), 0, "--gpus-per-node='-1': must be 0 or more"),
-    ((2, 0, 0, "deepspeed"), 0, "--workers='0': must be 1 or more"),
-    ((2, 0, 2, "jax"), 0, "--workers='2': the JAX job runs one process per node"),
-])
+@pytest.mark.parametrize(
+    ("ask", "host", "start"),
+    [
+        ((0, None, None, "deepspeed"), 0, "--nodes='0': must be 1 or more"),
+        ((-1, None, None, "deepspeed"), 0, "--nodes='-1': must be 1 or more"),
+        (
+            (2, 1, None, "deepspeed"),
+            0,
+            "--gpus-per-node='1': 2 nodes x 1 GPUs need 2 but this machine has 0",
+        ),
+        (
+            (2, 4, None, "deepspeed"),
+            7,
+            "--gpus-per-node='4': 2 nodes x 4 GPUs need 8 but this machine has 7",
+        ),
+        ((2, -1, None, "deepspeed"), 0, "--gpus-per-node='-1': must be 0 or more"),
+        ((2, 0, 0, "deepspeed"), 0, "--workers='0': must be 1 or more"),
+        ((2, 0, 2, "jax"), 0, "--workers='2': the JAX job runs one process per node"),
+    ],
+)
 def test_layout_refuses(ask, host, start):
     nnodes, gpus_per_node, workers, job = ask
     with pytest.raises(ConfigError) as err:
-        layout(nnodes=nnodes, gpus_per_node=gpus_per_node, workers=workers, job=job,
-               host_gpus=host, gpu_probe="probe nvml")
+        layout(
+            nnodes=nnodes,
+            gpus_per_node=gpus_per_node,
+            workers=workers,
+            job=job,
+            host_gpus=host,
+            gpu_probe="probe nvml",
+        )
     assert err.value.line().startswith(start)
 
 
 def test_nodes_are_hand_started_nodes_with_their_own_gpus():
-    plan = layout(nnodes=2, gpus_per_node=2, workers=None, job="deepspeed", host_gpus=4,
-                  gpu_probe="probe nvml")
-    a, b = nodes(plan, lambda r: f"x-node-{r}", env={"ENTRYPOINT_JOB_STEPS": "40"},
-                 command=["python", "train.py"])
+    plan = layout(
+        nnodes=2,
+        gpus_per_node=2,
+        workers=None,
+        job="deepspeed",
+        host_gpus=4,
+        gpu_probe="probe nvml",
+    )
+    a, b = nodes(
+        plan,
+        lambda r: f"x-node-{r}",
+        env={"ENTRYPOINT_JOB_STEPS": "40"},
+        command=["python", "train.py"],
+    )
     assert (a.name, b.name) == ("x-node-0", "x-node-1")
     for rank, node in enumerate((a, b)):
-        assert {k: node.env[k] for k in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
-                                         "GPUS_PER_NODE", "ENTRYPOINT_JOB_STEPS")} == {
-            "NNODES": "2", "NODE_RANK": str(rank), "MASTER_ADDR": "x-node-0",
-            "MASTER_PORT": "29500", "GPUS_PER_NODE": "2", "ENTRYPOINT_JOB_STEPS": "40"}
+        assert {
+            k: node.env[k]
+            for k in (
+                "NNODES",
+                "NODE_RANK",
+                "MASTER_ADDR",
+                "MASTER_PORT",
+                "GPUS_PER_NODE",
+                "ENTRYPOINT_JOB_STEPS",
+            )
+        } == {
+            "NNODES": "2",
+            "NODE_RANK": str(rank),
+            "MASTER_ADDR": "x-node-0",
+            "MASTER_PORT": "29500",
+            "GPUS_PER_NODE": "2",
+            "ENTRYPOINT_JOB_STEPS": "40",
+        }
         assert "ENTRYPOINT_NPROC_PER_NODE" not in node.env  # one worker per GPU, the default
         assert node.env["NVIDIA_VISIBLE_DEVICES"] == ("0,1", "2,3")[rank]
         assert node.command == ("run", "--", "python", "train.py")
@@ -85,33 +133,53 @@ def test_cpu_nodes_get_workers_and_the_users_env_wins():
     assert nodes(plan, lambda r: f"n{r}")[1].env["ENTRYPOINT_NPROC_PER_NODE"] == "2"
 
 
-BAD_DOCKER = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"),
-              "DOCKER_HOST": "unix:///nonexistent/docker.sock"}  # proves no engine was asked
+BAD_DOCKER = {
+    "PATH": os.environ["PATH"],
+    "HOME": os.environ.get("HOME", "/tmp"),
+    "DOCKER_HOST": "unix:///nonexistent/docker.sock",
+}  # proves no engine was asked
 
 
-@pytest.mark.parametrize(("args", "start"), [
-    (["--nodes", "0"], "entrypoint: error: --nodes='0': must be 1 or more."),
-    (["--nodes", "2", "--gpus-per-node", "100000"],
-     "entrypoint: error: --gpus-per-node='100000': 2 nodes x 100000 GPUs need 200000 but this "
-     "machine has"),
-    (["--nodes", "2", "-e", "NOEQUALS"], "entrypoint: error: --env='NOEQUALS': is not VAR=VALUE."),
-])
+@pytest.mark.parametrize(
+    ("args", "start"),
+    [
+        (["--nodes", "0"], "entrypoint: error: --nodes='0': must be 1 or more."),
+        (
+            ["--nodes", "2", "--gpus-per-node", "100000"],
+            "entrypoint: error: --gpus-per-node='100000': 2 nodes x 100000 GPUs need 200000 but this "
+            "machine has",
+        ),
+        (
+            ["--nodes", "2", "-e", "NOEQUALS"],
+            "entrypoint: error: --env='NOEQUALS': is not VAR=VALUE.",
+        ),
+    ],
+)
 def test_cli_bad_input_one_line_exit_2_before_docker(args, start):
-    out = subprocess.run([sys.executable, "-m", "entrypoint", "local", *args], capture_output=True,
-                         text=True, env=BAD_DOCKER, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "entrypoint", "local", *args],
+        capture_output=True,
+        text=True,
+        env=BAD_DOCKER,
+        timeout=60,
+    )
     assert out.returncode == 2, out
     assert out.stderr.startswith(start) and out.stderr.count("\n") == 1, out.stderr
     assert "Traceback" not in out.stderr
 
 
 def test_cli_no_engine_is_one_line():
-    out = subprocess.run([sys.executable, "-m", "entrypoint", "local", "--nodes", "2",
-                          "--gpus-per-node", "0"], capture_output=True, text=True, env=BAD_DOCKER,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "entrypoint", "local", "--nodes", "2", "--gpus-per-node", "0"],
+        capture_output=True,
+        text=True,
+        env=BAD_DOCKER,
+        timeout=60,
+    )
     assert out.returncode == 2, out
-    assert out.stderr.startswith("entrypoint: error: DOCKER_HOST="
-                                 "'unix:///nonexistent/docker.sock': no Docker engine answers"), \
-        out.stderr
+    assert out.stderr.startswith(
+        "entrypoint: error: DOCKER_HOST='unix:///nonexistent/docker.sock': no Docker engine answers"
+    ), out.stderr
     assert out.stderr.count("\n") == 1
 
 
@@ -120,12 +188,17 @@ def test_missing_sdk_is_one_line(tmp_path):
     (tmp_path / "docker").mkdir()
     (tmp_path / "docker" / "__init__.py").write_text("raise ImportError('no docker here')\n")
     env = BAD_DOCKER | {"PYTHONPATH": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-m", "entrypoint", "local", "--nodes", "2",
-                          "--gpus-per-node", "0"], capture_output=True, text=True, env=env,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "entrypoint", "local", "--nodes", "2", "--gpus-per-node", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert out.returncode == 2, out
-    assert out.stderr.startswith("entrypoint: error: docker=(unset): the Docker SDK for Python is "
-                                 "not installed. pip install"), out.stderr
+    assert out.stderr.startswith(
+        "entrypoint: error: docker=(unset): the Docker SDK for Python is not installed. pip install"
+    ), out.stderr
 
 
 def test_gpu_nodes_become_device_requests_with_explicit_ids():
@@ -138,12 +211,29 @@ def test_gpu_nodes_become_device_requests_with_explicit_ids():
 
     client = type("Client", (), {"containers": Containers()})()
     cluster = Cluster("img", prefix="x", client=client)
-    plan = layout(nnodes=2, gpus_per_node=2, workers=None, job="deepspeed", host_gpus=4,
-                  gpu_probe="probe nvml")
+    plan = layout(
+        nnodes=2,
+        gpus_per_node=2,
+        workers=None,
+        job="deepspeed",
+        host_gpus=4,
+        gpu_probe="probe nvml",
+    )
     second = nodes(plan, lambda r: f"x-node-{r}")[1]
     cluster._create(second)
     (request,) = client.containers.kwargs["device_requests"]
     assert (request.device_ids, request.capabilities, request.count) == (["2", "3"], [["gpu"]], 0)
-    cluster._create(nodes(layout(nnodes=2, gpus_per_node=0, workers=None, job="deepspeed",
-                                 host_gpus=4, gpu_probe="probe nvml"), lambda r: f"x{r}")[0])
+    cluster._create(
+        nodes(
+            layout(
+                nnodes=2,
+                gpus_per_node=0,
+                workers=None,
+                job="deepspeed",
+                host_gpus=4,
+                gpu_probe="probe nvml",
+            ),
+            lambda r: f"x{r}",
+        )[0]
+    )
     assert client.containers.kwargs["device_requests"] is None

@@ -13,25 +13,69 @@ from entrypoint import messages as m
 from entrypoint.errors import ConfigError
 from entrypoint.identity import job_identity, read_token
 
-FP = {"image_lock": "abc", "image_revision": "r1", "python": "3.13.5", "torch": "2.10.0",
-      "jax": "0.12.0.1", "deepspeed": "0.19.8", "nccl": "2.27.5", "cuda_driver": "12",
-      "gpu_model": "NVIDIA H100", "gpus_per_node": 8, "packages": {"torch": "2.10.0"},
-      "data": {"path": "/data", "exists": True, "files": 3, "bytes": 10, "partial": False},
-      "layout": {"nnodes": 2, "node_rank": 1, "nproc_per_node": 8, "world_size": 16,
-                 "master_addr": "node-0", "master_port": 29500, "launcher": "torchrun"}}
+FP = {
+    "image_lock": "abc",
+    "image_revision": "r1",
+    "python": "3.13.5",
+    "torch": "2.10.0",
+    "jax": "0.12.0.1",
+    "deepspeed": "0.19.8",
+    "nccl": "2.27.5",
+    "cuda_driver": "12",
+    "gpu_model": "NVIDIA H100",
+    "gpus_per_node": 8,
+    "packages": {"torch": "2.10.0"},
+    "data": {"path": "/data", "exists": True, "files": 3, "bytes": 10, "partial": False},
+    "layout": {
+        "nnodes": 2,
+        "node_rank": 1,
+        "nproc_per_node": 8,
+        "world_size": 16,
+        "master_addr": "node-0",
+        "master_port": 29500,
+        "launcher": "torchrun",
+    },
+}
 
 EVERY_KIND = [
-    m.Hello(1, "node-1", FP, 1000.5, node_rank=1, generation=2, job="SLURM_JOB_ID=7",
-            auth=m.AUTH_HMAC, nonce="a" * 32, proof="b" * 64),
+    m.Hello(
+        1,
+        "node-1",
+        FP,
+        1000.5,
+        node_rank=1,
+        generation=2,
+        job="SLURM_JOB_ID=7",
+        auth=m.AUTH_HMAC,
+        nonce="a" * 32,
+        proof="b" * 64,
+    ),
     m.Beat({"gpus": [{"util": 90.0, "mem_used_mib": 1, "mem_total_mib": 2}]}),
-    m.Beat({"load": 1.5}), m.Beat(),
+    m.Beat({"load": 1.5}),
+    m.Beat(),
     m.Exit(143, signal=15),
-    m.Exit(1, failure={"rank": 3, "local_rank": 1, "exitcode": -9, "tail": ["boom"],
-                       "time": 1.5, "killed": ""}, reason="rank 3 failed"),
-    m.Signal(10), m.Signal(15, "node 1 received SIGTERM"),
-    m.Challenge("c" * 32, "", m.AUTH_NONE), m.Welcome(""), m.Welcome("d" * 64),
-    m.Refuse("wrong job token"), m.Go(1, ("clock +3 s",)), m.Stop(75, "lost node 1"),
-    m.Restart(1, "rank 3 failed"), m.Done(),
+    m.Exit(
+        1,
+        failure={
+            "rank": 3,
+            "local_rank": 1,
+            "exitcode": -9,
+            "tail": ["boom"],
+            "time": 1.5,
+            "killed": "",
+        },
+        reason="rank 3 failed",
+    ),
+    m.Signal(10),
+    m.Signal(15, "node 1 received SIGTERM"),
+    m.Challenge("c" * 32, "", m.AUTH_NONE),
+    m.Welcome(""),
+    m.Welcome("d" * 64),
+    m.Refuse("wrong job token"),
+    m.Go(1, ("clock +3 s",)),
+    m.Stop(75, "lost node 1"),
+    m.Restart(1, "rank 3 failed"),
+    m.Done(),
 ]
 
 
@@ -41,28 +85,31 @@ def test_every_kind_round_trips(message):
     assert m.decode(m.encode(message).rstrip(b"\n"), allowed) == message
 
 
-@pytest.mark.parametrize("wire, why", [
-    ({"t": "exit", "code": 256}, "code must be an integer 0-255, got 256"),
-    ({"t": "exit", "code": -1}, "code must be an integer 0-255"),
-    ({"t": "exit", "code": 1.0}, "code must be an integer"),
-    ({"t": "exit", "code": True}, "code must be an integer"),
-    ({"t": "exit", "code": 0, "signal": 0}, "signal must be an integer 1-127"),
-    ({"t": "exit", "code": 0, "signal": 128}, "signal must be an integer 1-127"),
-    ({"t": "exit", "code": 1, "failure": "x"}, "failure must be an object"),
-    ({"t": "exit", "code": 1, "failure": {"tail": [1]}}, "tail must be a list"),
-    ({"t": "signal"}, "signal missing"),
-    ({"t": "signal", "signal": "15"}, "signal must be an integer"),
-    ({"t": "beat", "stats": {"gpus": [{"util": "x"}]}}, "util must be a finite number"),
-    ({"t": "beat", "stats": {"gpus": "x"}}, "stats.gpus must be a list"),
-    ({"t": "beat", "stats": {"load": -1e400}}, "-Infinity is not a number JSON allows"),
-    ({"t": "beat", "stats": {"load": "high"}}, "load must be a finite number"),
-    ({"t": "beat", "stats": [1]}, "stats must be an object"),
-    ({"t": "hello", "protocol": 2, "member": -1, "host": "h"}, "member must be an integer"),
-    ({"t": "hello", "protocol": 2, "member": 1, "host": "h" * 300}, "host must be a string"),
-    ({"t": "stop", "code": 2, "reason": "x"}, "unknown message type 'stop'"),
-    ({"t": 1}, "unknown message type 1"),
-    ({}, "unknown message type None"),
-])
+@pytest.mark.parametrize(
+    "wire, why",
+    [
+        ({"t": "exit", "code": 256}, "code must be an integer 0-255, got 256"),
+        ({"t": "exit", "code": -1}, "code must be an integer 0-255"),
+        ({"t": "exit", "code": 1.0}, "code must be an integer"),
+        ({"t": "exit", "code": True}, "code must be an integer"),
+        ({"t": "exit", "code": 0, "signal": 0}, "signal must be an integer 1-127"),
+        ({"t": "exit", "code": 0, "signal": 128}, "signal must be an integer 1-127"),
+        ({"t": "exit", "code": 1, "failure": "x"}, "failure must be an object"),
+        ({"t": "exit", "code": 1, "failure": {"tail": [1]}}, "tail must be a list"),
+        ({"t": "signal"}, "signal missing"),
+        ({"t": "signal", "signal": "15"}, "signal must be an integer"),
+        ({"t": "beat", "stats": {"gpus": [{"util": "x"}]}}, "util must be a finite number"),
+        ({"t": "beat", "stats": {"gpus": "x"}}, "stats.gpus must be a list"),
+        ({"t": "beat", "stats": {"load": -1e400}}, "-Infinity is not a number JSON allows"),
+        ({"t": "beat", "stats": {"load": "high"}}, "load must be a finite number"),
+        ({"t": "beat", "stats": [1]}, "stats must be an object"),
+        ({"t": "hello", "protocol": 2, "member": -1, "host": "h"}, "member must be an integer"),
+        ({"t": "hello", "protocol": 2, "member": 1, "host": "h" * 300}, "host must be a string"),
+        ({"t": "stop", "code": 2, "reason": "x"}, "unknown message type 'stop'"),
+        ({"t": 1}, "unknown message type 1"),
+        ({}, "unknown message type None"),
+    ],
+)
 def test_what_the_schema_refuses(wire, why):
     with pytest.raises(m.BadMessage, match=why.replace("(", r"\(").replace(")", r"\)")):
         m.decode(json.dumps(wire).encode())
@@ -83,12 +130,14 @@ def test_proofs_bind_both_nonces_the_job_and_the_member():
     token = b"t" * 32
     base = m.hello_proof(token, "a" * 32, "b" * 32, "job", 1)
     assert len(base) == 64 and m.same(base, m.hello_proof(token, "a" * 32, "b" * 32, "job", 1))
-    others = [m.hello_proof(b"u" * 32, "a" * 32, "b" * 32, "job", 1),
-              m.hello_proof(token, "c" * 32, "b" * 32, "job", 1),
-              m.hello_proof(token, "a" * 32, "c" * 32, "job", 1),
-              m.hello_proof(token, "a" * 32, "b" * 32, "other", 1),
-              m.hello_proof(token, "a" * 32, "b" * 32, "job", 2),
-              m.welcome_proof(token, "a" * 32, "b" * 32, "job", 1)]
+    others = [
+        m.hello_proof(b"u" * 32, "a" * 32, "b" * 32, "job", 1),
+        m.hello_proof(token, "c" * 32, "b" * 32, "job", 1),
+        m.hello_proof(token, "a" * 32, "c" * 32, "job", 1),
+        m.hello_proof(token, "a" * 32, "b" * 32, "other", 1),
+        m.hello_proof(token, "a" * 32, "b" * 32, "job", 2),
+        m.welcome_proof(token, "a" * 32, "b" * 32, "job", 1),
+    ]
     assert base not in others and len(set(others)) == len(others)
 
 
@@ -99,22 +148,33 @@ def test_proofs_bind_both_nonces_the_job_and_the_member():
 # SageMaker: TRAINING_JOB_NAME (sagemaker-training-toolkit's environment)
 # SkyPilot: https://docs.skypilot.co/en/latest/running-jobs/environment-variables.html
 # JobSet: JOBSET_NAME, mapped in by the pod template (see entrypoint/platforms/jobset.py)
-@pytest.mark.parametrize("platform, env, job_id, expected", [
-    ("slurm", {"SLURM_JOB_ID": "4242"}, None, "SLURM_JOB_ID=4242"),
-    ("slurm", {"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "1"}, None,
-     "SLURM_JOB_ID=4242 (restart 1)"),
-    ("mpi", {"PMIX_NAMESPACE": "prterun-a-1@1", "SLURM_JOB_ID": "9"}, None,
-     "PMIX_NAMESPACE=prterun-a-1@1"),
-    ("mpi", {"OMPI_MCA_ess_base_jobid": "123456"}, None, "OMPI_MCA_ess_base_jobid=123456"),
-    ("awsbatch", {"AWS_BATCH_JOB_ID": "a1b2#3"}, None, "AWS_BATCH_JOB_ID=a1b2"),
-    ("sagemaker", {"TRAINING_JOB_NAME": "train-1"}, None, "TRAINING_JOB_NAME=train-1"),
-    ("skypilot", {"SKYPILOT_TASK_ID": "sky-1_c_2"}, None, "SKYPILOT_TASK_ID=sky-1_c_2"),
-    ("jobset", {"JOBSET_NAME": "js"}, None, "JOBSET_NAME=js"),
-    ("torchrun", {"SLURM_JOB_ID": "4242"}, None, ""),  # started by hand: not SLURM's job
-    ("indexedjob", {}, None, ""),
-    ("indexedjob", {}, "train-7f3a", "ENTRYPOINT_JOB_ID=train-7f3a"),
-    ("slurm", {"SLURM_JOB_ID": "4242"}, "mine", "ENTRYPOINT_JOB_ID=mine"),
-])
+@pytest.mark.parametrize(
+    "platform, env, job_id, expected",
+    [
+        ("slurm", {"SLURM_JOB_ID": "4242"}, None, "SLURM_JOB_ID=4242"),
+        (
+            "slurm",
+            {"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "1"},
+            None,
+            "SLURM_JOB_ID=4242 (restart 1)",
+        ),
+        (
+            "mpi",
+            {"PMIX_NAMESPACE": "prterun-a-1@1", "SLURM_JOB_ID": "9"},
+            None,
+            "PMIX_NAMESPACE=prterun-a-1@1",
+        ),
+        ("mpi", {"OMPI_MCA_ess_base_jobid": "123456"}, None, "OMPI_MCA_ess_base_jobid=123456"),
+        ("awsbatch", {"AWS_BATCH_JOB_ID": "a1b2#3"}, None, "AWS_BATCH_JOB_ID=a1b2"),
+        ("sagemaker", {"TRAINING_JOB_NAME": "train-1"}, None, "TRAINING_JOB_NAME=train-1"),
+        ("skypilot", {"SKYPILOT_TASK_ID": "sky-1_c_2"}, None, "SKYPILOT_TASK_ID=sky-1_c_2"),
+        ("jobset", {"JOBSET_NAME": "js"}, None, "JOBSET_NAME=js"),
+        ("torchrun", {"SLURM_JOB_ID": "4242"}, None, ""),  # started by hand: not SLURM's job
+        ("indexedjob", {}, None, ""),
+        ("indexedjob", {}, "train-7f3a", "ENTRYPOINT_JOB_ID=train-7f3a"),
+        ("slurm", {"SLURM_JOB_ID": "4242"}, "mine", "ENTRYPOINT_JOB_ID=mine"),
+    ],
+)
 def test_job_identity_per_platform(platform, env, job_id, expected):
     assert job_identity(env, platform, job_id) == expected
 
@@ -126,8 +186,10 @@ def test_the_token_from_the_variable_or_a_file(tmp_path):
     assert read_token(None, tmp_path / "token") == b"fedcba9876543210fedcba"
     with pytest.raises(ConfigError) as short:
         read_token("secret", None)
-    assert short.value.line() == ("ENTRYPOINT_JOB_TOKEN='***': the token is shorter than 16 "
-                                  "characters. Use a random one, e.g. `openssl rand -hex 32`")
+    assert short.value.line() == (
+        "ENTRYPOINT_JOB_TOKEN='***': the token is shorter than 16 "
+        "characters. Use a random one, e.g. `openssl rand -hex 32`"
+    )
     with pytest.raises(ConfigError, match="ENTRYPOINT_JOB_TOKEN_FILE=.*cannot be read"):
         read_token(None, tmp_path / "missing")
     with pytest.raises(ConfigError, match="ENTRYPOINT_JOB_TOKEN is set too"):

@@ -10,11 +10,31 @@ from entrypoint.errors import ConfigError
 from entrypoint.launch import check_hardware
 from entrypoint.plan import BUILTIN_JOB, make_plan
 
-SEED_004_WORKER_1 = {"MASTER_ADDR": "jo-dbxfe2k2l635222i-worker-0", "MASTER_PORT": "29500",
-                     "RANK": "1", "WORLD_SIZE": "2"}
-CONTRACT = {"platform", "nnodes", "node_rank", "nproc_per_node", "world_size", "master_addr",
-            "master_port", "spawn", "rank", "local_rank", "device", "cuda_visible_devices",
-            "config", "launcher", "command", "env", "sources"}
+SEED_004_WORKER_1 = {
+    "MASTER_ADDR": "jo-dbxfe2k2l635222i-worker-0",
+    "MASTER_PORT": "29500",
+    "RANK": "1",
+    "WORLD_SIZE": "2",
+}
+CONTRACT = {
+    "platform",
+    "nnodes",
+    "node_rank",
+    "nproc_per_node",
+    "world_size",
+    "master_addr",
+    "master_port",
+    "spawn",
+    "rank",
+    "local_rank",
+    "device",
+    "cuda_visible_devices",
+    "config",
+    "launcher",
+    "command",
+    "env",
+    "sources",
+}
 
 
 def test_seed_004_two_nodes_of_eight_never_become_one_of_sixteen():
@@ -23,7 +43,12 @@ def test_seed_004_two_nodes_of_eight_never_become_one_of_sixteen():
     assert plan.cuda_visible_devices == "0,1,2,3,4,5,6,7"
     assert plan.ranks == (8, 15)
     assert plan.config.endswith("/16gpu")
-    assert json.loads(plan.files["/tmp/entrypoint-run/node1/deepspeed.json"])["gradient_accumulation_steps"] == 2
+    assert (
+        json.loads(plan.files["/tmp/entrypoint-run/node1/deepspeed.json"])[
+            "gradient_accumulation_steps"
+        ]
+        == 2
+    )
     assert plan.command[:3] == ("/venv/bin/python", "-m", "torch.distributed.run")
     assert "--nnodes=2" in plan.command and "--node-rank=1" in plan.command
     assert "--nproc-per-node=8" in plan.command
@@ -40,7 +65,12 @@ def test_json_contract_has_every_key():
 def test_eight_gpu_config_on_one_node():
     plan = make_plan({}, node(8))
     assert plan.config.endswith("/8gpu") and plan.world_size == 8
-    assert json.loads(plan.files["/tmp/entrypoint-run/node0/deepspeed.json"])["gradient_accumulation_steps"] == 4
+    assert (
+        json.loads(plan.files["/tmp/entrypoint-run/node0/deepspeed.json"])[
+            "gradient_accumulation_steps"
+        ]
+        == 4
+    )
 
 
 def _ds(plan):
@@ -54,25 +84,32 @@ ANY_COUNT = [
     (1, 2, "1gpu", (32, 8, 2)),
     (1, 4, "8gpu", (256, 8, 8)),
     (2, 2, "8gpu", (256, 8, 8)),
-    (3, 1, "8gpu", (264, 8, 11)),       # 256 over 3: micro 8 kept, 264 = 8 x 11 x 3
-    (3, 4, "16gpu", (288, 8, 3)),       # 12 GPUs: 288 = 8 x 3 x 12
-    (3, 8, "16gpu", (192, 8, 1)),       # 24 GPUs: 192 = 8 x 1 x 24
+    (3, 1, "8gpu", (264, 8, 11)),  # 256 over 3: micro 8 kept, 264 = 8 x 11 x 3
+    (3, 4, "16gpu", (288, 8, 3)),  # 12 GPUs: 288 = 8 x 3 x 12
+    (3, 8, "16gpu", (192, 8, 1)),  # 24 GPUs: 192 = 8 x 1 x 24
     (4, 8, "16gpu", (256, 8, 1)),
-    (8, 8, "16gpu", (256, 4, 1)),       # 64 GPUs: micro 8 would make 512; 4 keeps 256
-    (100, 1, "16gpu", (300, 3, 1)),     # 100 GPUs: 8 x 100 overshoots; micro 3 is nearest
-    (128, 8, "16gpu", (1024, 1, 1)),    # 1024 GPUs: one sample each is the least there is
+    (8, 8, "16gpu", (256, 4, 1)),  # 64 GPUs: micro 8 would make 512; 4 keeps 256
+    (100, 1, "16gpu", (300, 3, 1)),  # 100 GPUs: 8 x 100 overshoots; micro 3 is nearest
+    (128, 8, "16gpu", (1024, 1, 1)),  # 1024 GPUs: one sample each is the least there is
 ]
 
 
 @pytest.mark.parametrize("nnodes,per_node,config,split", ANY_COUNT)
 def test_any_gpu_count_plans_for_the_builtin_job(nnodes, per_node, config, split):
-    env = {"NNODES": str(nnodes), "NODE_RANK": "0", "MASTER_ADDR": "m",
-           "ENTRYPOINT_GPUS_PER_NODE": str(per_node)}
+    env = {
+        "NNODES": str(nnodes),
+        "NODE_RANK": "0",
+        "MASTER_ADDR": "m",
+        "ENTRYPOINT_GPUS_PER_NODE": str(per_node),
+    }
     plan = make_plan(env, node())
     ds = _ds(plan)
     assert plan.config.endswith("/" + config) and plan.world_size == nnodes * per_node
-    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"],
-            ds["gradient_accumulation_steps"]) == split
+    assert (
+        ds["train_batch_size"],
+        ds["train_micro_batch_size_per_gpu"],
+        ds["gradient_accumulation_steps"],
+    ) == split
     assert split[0] == split[1] * split[2] * plan.world_size
     assert config in plan.sources["config"] and "train_batch_size" in plan.sources
     with open(plan.config + "/deepspeed.json") as f:
@@ -83,11 +120,16 @@ def test_any_gpu_count_plans_for_the_builtin_job(nnodes, per_node, config, split
 def test_every_gpu_count_from_1_to_1024_plans():
     for total in range(1, 1025):
         per_node = 8 if total % 8 == 0 else 1
-        env = {"NNODES": str(total // per_node), "NODE_RANK": "0", "MASTER_ADDR": "m",
-               "ENTRYPOINT_GPUS_PER_NODE": str(per_node)}
+        env = {
+            "NNODES": str(total // per_node),
+            "NODE_RANK": "0",
+            "MASTER_ADDR": "m",
+            "ENTRYPOINT_GPUS_PER_NODE": str(per_node),
+        }
         ds = _ds(make_plan(env, node()))
-        assert ds["train_batch_size"] == (ds["train_micro_batch_size_per_gpu"]
-                                          * ds["gradient_accumulation_steps"] * total)
+        assert ds["train_batch_size"] == (
+            ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * total
+        )
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3, 4, 5, 16, 17, 64])
@@ -97,8 +139,9 @@ def test_any_cpu_worker_count_plans(workers):
         plan = make_plan(env, node(0), trainer)
         ds = _ds(plan)
         assert plan.config.endswith("/cpu")
-        assert ds["train_batch_size"] == (ds["train_micro_batch_size_per_gpu"]
-                                          * ds["gradient_accumulation_steps"] * workers)
+        assert ds["train_batch_size"] == (
+            ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * workers
+        )
 
 
 def test_a_gpu_node_planned_on_a_cpu_machine():
@@ -108,15 +151,24 @@ def test_a_gpu_node_planned_on_a_cpu_machine():
 
 
 def _fixed_config(tmp_path, accumulation=4):
-    (tmp_path / "deepspeed.json").write_text(json.dumps(
-        {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
-         "gradient_accumulation_steps": accumulation}))
+    (tmp_path / "deepspeed.json").write_text(
+        json.dumps(
+            {
+                "train_batch_size": 64,
+                "train_micro_batch_size_per_gpu": 2,
+                "gradient_accumulation_steps": accumulation,
+            }
+        )
+    )
     return str(tmp_path)
 
 
 def test_a_fixed_split_that_cannot_hold_is_refused_for_the_builtin_job(tmp_path):
-    env = {"NNODES": "1", "ENTRYPOINT_GPUS_PER_NODE": "4",
-           "ENTRYPOINT_CONFIG": _fixed_config(tmp_path)}
+    env = {
+        "NNODES": "1",
+        "ENTRYPOINT_GPUS_PER_NODE": "4",
+        "ENTRYPOINT_CONFIG": _fixed_config(tmp_path),
+    }
     with pytest.raises(ConfigError) as err:
         make_plan(env, node())
     line = err.value.line()
@@ -127,8 +179,16 @@ def test_a_fixed_split_that_cannot_hold_is_refused_for_the_builtin_job(tmp_path)
 
 
 def test_named_config_wins():
-    plan = make_plan({"ENTRYPOINT_CONFIG": "8gpu", "GPUS_PER_NODE": "4", "NNODES": "2",
-                      "NODE_RANK": "0", "MASTER_ADDR": "m"}, node())
+    plan = make_plan(
+        {
+            "ENTRYPOINT_CONFIG": "8gpu",
+            "GPUS_PER_NODE": "4",
+            "NNODES": "2",
+            "NODE_RANK": "0",
+            "MASTER_ADDR": "m",
+        },
+        node(),
+    )
     assert plan.config.endswith("/8gpu") and plan.sources["config"] == "env ENTRYPOINT_CONFIG=8gpu"
 
 
@@ -141,11 +201,19 @@ def test_cpu_when_no_gpu():
 
 
 def test_explicit_settings_beat_platform_values():
-    env = SEED_004_WORKER_1 | {"ENTRYPOINT_NNODES": "4", "ENTRYPOINT_MASTER_ADDR": "10.9.9.9",
-                               "ENTRYPOINT_NPROC_PER_NODE": "2", "ENTRYPOINT_MASTER_PORT": "1234"}
+    env = SEED_004_WORKER_1 | {
+        "ENTRYPOINT_NNODES": "4",
+        "ENTRYPOINT_MASTER_ADDR": "10.9.9.9",
+        "ENTRYPOINT_NPROC_PER_NODE": "2",
+        "ENTRYPOINT_MASTER_PORT": "1234",
+    }
     plan = make_plan(env, node(8), ["x"])
     assert (plan.nnodes, plan.master_addr, plan.master_port, plan.nproc_per_node) == (
-        4, "10.9.9.9", 1234, 2)
+        4,
+        "10.9.9.9",
+        1234,
+        2,
+    )
     assert plan.sources["nnodes"] == "env ENTRYPOINT_NNODES"
     assert plan.cuda_visible_devices == "0,1"
 
@@ -164,8 +232,9 @@ def test_nvidia_visible_devices_uuids_restrict_the_probe():
 def test_more_workers_than_gpus_refused():
     with pytest.raises(ConfigError) as err:
         make_plan({"ENTRYPOINT_NPROC_PER_NODE": "16"}, node(8), ["x"])
-    assert err.value.line().startswith("ENTRYPOINT_NPROC_PER_NODE='16': asks for 16 GPU workers "
-                                       "but this node has 8 GPUs")
+    assert err.value.line().startswith(
+        "ENTRYPOINT_NPROC_PER_NODE='16': asks for 16 GPU workers but this node has 8 GPUs"
+    )
 
 
 def test_stated_gpus_checked_against_probe_at_run():
@@ -196,7 +265,9 @@ def test_several_nodes_need_a_master():
 
 
 def test_network_interface_and_user_nccl_settings_win():
-    plan = make_plan(SEED_004_WORKER_1 | {"GLOO_SOCKET_IFNAME": "ib0"}, node(8, ib=("mlx5_0", "mlx5_1")), ["x"])
+    plan = make_plan(
+        SEED_004_WORKER_1 | {"GLOO_SOCKET_IFNAME": "ib0"}, node(8, ib=("mlx5_0", "mlx5_1")), ["x"]
+    )
     assert plan.env["NCCL_SOCKET_IFNAME"] == "eth0" and "GLOO_SOCKET_IFNAME" not in plan.env
     assert plan.sources["GLOO_SOCKET_IFNAME"] == "env GLOO_SOCKET_IFNAME (set by you, kept)"
     assert plan.env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
@@ -216,8 +287,14 @@ def test_single_node_sets_no_interface():
 
 
 def test_one_process_per_gpu_platform_execs_directly():
-    env = {"WORLD_SIZE": "16", "RANK": "11", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8",
-           "MASTER_ADDR": "m", "MASTER_PORT": "29500"}
+    env = {
+        "WORLD_SIZE": "16",
+        "RANK": "11",
+        "LOCAL_RANK": "3",
+        "LOCAL_WORLD_SIZE": "8",
+        "MASTER_ADDR": "m",
+        "MASTER_PORT": "29500",
+    }
     plan = make_plan(env, node(8), ["python", "train.py"])
     assert (plan.spawn, plan.launcher, plan.rank, plan.local_rank) == (False, "direct", 11, 3)
     assert plan.command == ("/venv/bin/python", "train.py")
@@ -247,21 +324,30 @@ def test_accelerate_config_written_for_this_node():
     ds = "/tmp/entrypoint-run/node1/accelerate-deepspeed.json"
     assert acc["deepspeed_config"]["deepspeed_config_file"] == ds
     # the trainer brings its optimizer and scheduler; accelerate refuses one in the file too
-    assert "optimizer" not in json.loads(plan.files[ds]) and json.loads(plan.files[ds])[
-        "train_batch_size"] == json.loads(plan.files[ds.replace("accelerate-", "")])[
-        "train_batch_size"]
-    assert plan.command[1:5] == ("-m", "accelerate.commands.launch", "--config_file",
-                                 "/tmp/entrypoint-run/node1/accelerate.yaml")
+    assert (
+        "optimizer" not in json.loads(plan.files[ds])
+        and json.loads(plan.files[ds])["train_batch_size"]
+        == json.loads(plan.files[ds.replace("accelerate-", "")])["train_batch_size"]
+    )
+    assert plan.command[1:5] == (
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        "/tmp/entrypoint-run/node1/accelerate.yaml",
+    )
 
 
-@pytest.mark.parametrize(("trainer", "tail"), [
-    (["python", "train.py", "--lr", "1"], ["train.py", "--lr", "1"]),
-    (["python", "-m", "pkg.train"], ["--module", "pkg.train"]),
-    (["train.py"], ["train.py"]),
-    (["bash", "go.sh"], ["--no-python", "bash", "go.sh"]),
-])
+@pytest.mark.parametrize(
+    ("trainer", "tail"),
+    [
+        (["python", "train.py", "--lr", "1"], ["train.py", "--lr", "1"]),
+        (["python", "-m", "pkg.train"], ["--module", "pkg.train"]),
+        (["train.py"], ["train.py"]),
+        (["bash", "go.sh"], ["--no-python", "bash", "go.sh"]),
+    ],
+)
 def test_torchrun_trainer_forms(trainer, tail):
-    assert list(make_plan({}, node(1), trainer).command[-len(tail):]) == tail
+    assert list(make_plan({}, node(1), trainer).command[-len(tail) :]) == tail
 
 
 def test_plan_is_frozen():
@@ -278,12 +364,17 @@ def test_seed_004_sixteen_gpu_list_on_an_eight_gpu_node_refused():
         make_plan(env, node(8), ["x"])
     assert err.value.line().startswith(
         "CUDA_VISIBLE_DEVICES='0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15': names GPU 8,9,10,11,12,13,14,15 "
-        "but this node has 8 (probe nvml)")
+        "but this node has 8 (probe nvml)"
+    )
 
 
 def test_stated_count_wider_than_visible_refused():
-    with pytest.raises(ConfigError, match="GPUS_PER_NODE='8': but env CUDA_VISIBLE_DEVICES leaves 4"):
-        make_plan({"NNODES": "1", "GPUS_PER_NODE": "8", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}, node(), ["x"])
+    with pytest.raises(
+        ConfigError, match="GPUS_PER_NODE='8': but env CUDA_VISIBLE_DEVICES leaves 4"
+    ):
+        make_plan(
+            {"NNODES": "1", "GPUS_PER_NODE": "8", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}, node(), ["x"]
+        )
 
 
 def test_control_port_is_the_master_port_plus_one_unless_set():
@@ -302,24 +393,41 @@ def test_collective_timeout_reaches_deepspeed_in_minutes_and_yours_is_kept():
     assert any("InitProcessGroupKwargs" in w for w in plan.warnings)
 
 
-@pytest.mark.parametrize("trainer, args", [
-    (["python", "train.py", "--lr", "1"], ["train.py", "--lr", "1"]),
-    (["python", "-m", "pkg.train"], ["--module", "pkg.train"]),
-    (["python", "-c", "print(1)"], ["--no-python", "/venv/bin/python", "-c", "print(1)"]),
-    (["python", "-u", "train.py"], ["--no-python", "/venv/bin/python", "-u", "train.py"]),
-    (["bash", "-c", "echo hi"], ["--no-python", "bash", "-c", "echo hi"]),
-])
+@pytest.mark.parametrize(
+    "trainer, args",
+    [
+        (["python", "train.py", "--lr", "1"], ["train.py", "--lr", "1"]),
+        (["python", "-m", "pkg.train"], ["--module", "pkg.train"]),
+        (["python", "-c", "print(1)"], ["--no-python", "/venv/bin/python", "-c", "print(1)"]),
+        (["python", "-u", "train.py"], ["--no-python", "/venv/bin/python", "-u", "train.py"]),
+        (["bash", "-c", "echo hi"], ["--no-python", "bash", "-c", "echo hi"]),
+    ],
+)
 def test_trainer_commands_reach_torchrun_as_it_takes_them(trainer, args):
     plan = make_plan({}, node(2), trainer)
-    assert list(plan.command[-len(args):]) == args
+    assert list(plan.command[-len(args) :]) == args
 
 
-@pytest.mark.parametrize("launcher,env", [
-    ("jax", {"ENTRYPOINT_LAUNCHER": "jax"}),
-    ("direct", {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NNODES": "2",
-                "SLURM_NODEID": "1", "SLURM_NTASKS": "16", "SLURM_TASKS_PER_NODE": "8(x2)",
-                "SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_GPUS_ON_NODE": "8"}),
-])
+@pytest.mark.parametrize(
+    "launcher,env",
+    [
+        ("jax", {"ENTRYPOINT_LAUNCHER": "jax"}),
+        (
+            "direct",
+            {
+                "SLURM_JOB_ID": "7",
+                "SLURM_JOB_NODELIST": "n[1-2]",
+                "SLURM_NNODES": "2",
+                "SLURM_NODEID": "1",
+                "SLURM_NTASKS": "16",
+                "SLURM_TASKS_PER_NODE": "8(x2)",
+                "SLURM_PROCID": "9",
+                "SLURM_LOCALID": "1",
+                "SLURM_GPUS_ON_NODE": "8",
+            },
+        ),
+    ],
+)
 def test_jax_distributed_initialize_needs_no_arguments(launcher, env):
     """The plan gives JAX the process count and id, and the site hook that hands them over."""
     base = SEED_004_WORKER_1 if launcher == "jax" else {}

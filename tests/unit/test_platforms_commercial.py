@@ -8,10 +8,20 @@ import pytest
 from entrypoint.errors import ConfigError
 from entrypoint.platforms import commercial
 
-SEED_002 = {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "jo-dbxfe2k2l635222i-worker-0",
-            "MASTER_PORT": "29500"}
-PER_PROCESS = {"WORLD_SIZE": "16", "RANK": "11", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8",
-               "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+SEED_002 = {
+    "WORLD_SIZE": "2",
+    "RANK": "1",
+    "MASTER_ADDR": "jo-dbxfe2k2l635222i-worker-0",
+    "MASTER_PORT": "29500",
+}
+PER_PROCESS = {
+    "WORLD_SIZE": "16",
+    "RANK": "11",
+    "LOCAL_RANK": "3",
+    "LOCAL_WORLD_SIZE": "8",
+    "MASTER_ADDR": "10.0.0.1",
+    "MASTER_PORT": "29500",
+}
 
 
 def test_nodes_reading():
@@ -34,13 +44,16 @@ def test_forced_reading():
     assert "forced by ENTRYPOINT_WORLD_SIZE_MEANS=processes" in r.notes[0]
 
 
-@pytest.mark.parametrize(("env", "variable"), [
-    (SEED_002 | {"RANK": "2"}, "RANK"),
-    (SEED_002 | {"WORLD_SIZE": "-1"}, "WORLD_SIZE"),
-    (SEED_002 | {"MASTER_PORT": "http"}, "MASTER_PORT"),
-    (PER_PROCESS | {"WORLD_SIZE": "12", "RANK": "1"}, "WORLD_SIZE"),
-    (SEED_002 | {"ENTRYPOINT_WORLD_SIZE_MEANS": "gpus"}, "ENTRYPOINT_WORLD_SIZE_MEANS"),
-])
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        (SEED_002 | {"RANK": "2"}, "RANK"),
+        (SEED_002 | {"WORLD_SIZE": "-1"}, "WORLD_SIZE"),
+        (SEED_002 | {"MASTER_PORT": "http"}, "MASTER_PORT"),
+        (PER_PROCESS | {"WORLD_SIZE": "12", "RANK": "1"}, "WORLD_SIZE"),
+        (SEED_002 | {"ENTRYPOINT_WORLD_SIZE_MEANS": "gpus"}, "ENTRYPOINT_WORLD_SIZE_MEANS"),
+    ],
+)
 def test_bad_values(env, variable):
     with pytest.raises(ConfigError) as err:
         commercial.read(env)

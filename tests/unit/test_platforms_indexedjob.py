@@ -10,8 +10,12 @@ from entrypoint.errors import ConfigError
 from entrypoint.platforms import indexedjob
 
 # Job "train", completions=parallelism=4, subdomain "train" with a headless Service: pod index 3.
-POD_3 = {"JOB_COMPLETION_INDEX": "3", "ENTRYPOINT_NNODES": "4", "MASTER_ADDR": "train-0.train",
-         "HOSTNAME": "train-3"}
+POD_3 = {
+    "JOB_COMPLETION_INDEX": "3",
+    "ENTRYPOINT_NNODES": "4",
+    "MASTER_ADDR": "train-0.train",
+    "HOSTNAME": "train-3",
+}
 
 
 def test_reading():
@@ -33,13 +37,23 @@ def test_detect():
     assert platforms.detect(POD_3)[0] is indexedjob
 
 
-@pytest.mark.parametrize(("env", "variable", "words"), [
-    ({"JOB_COMPLETION_INDEX": "3", "MASTER_ADDR": "train-0.train"}, "ENTRYPOINT_NNODES",
-     "Set ENTRYPOINT_NNODES in the pod template"),
-    ({"JOB_COMPLETION_INDEX": "3", "ENTRYPOINT_NNODES": "4"}, "MASTER_ADDR", "<job>-0.<subdomain>"),
-    (POD_3 | {"JOB_COMPLETION_INDEX": "4"}, "JOB_COMPLETION_INDEX", "must be below"),
-    (POD_3 | {"ENTRYPOINT_NNODES": "four"}, "ENTRYPOINT_NNODES", "positive"),
-])
+@pytest.mark.parametrize(
+    ("env", "variable", "words"),
+    [
+        (
+            {"JOB_COMPLETION_INDEX": "3", "MASTER_ADDR": "train-0.train"},
+            "ENTRYPOINT_NNODES",
+            "Set ENTRYPOINT_NNODES in the pod template",
+        ),
+        (
+            {"JOB_COMPLETION_INDEX": "3", "ENTRYPOINT_NNODES": "4"},
+            "MASTER_ADDR",
+            "<job>-0.<subdomain>",
+        ),
+        (POD_3 | {"JOB_COMPLETION_INDEX": "4"}, "JOB_COMPLETION_INDEX", "must be below"),
+        (POD_3 | {"ENTRYPOINT_NNODES": "four"}, "ENTRYPOINT_NNODES", "positive"),
+    ],
+)
 def test_bad_values(env, variable, words):
     with pytest.raises(ConfigError) as err:
         indexedjob.read(env)

@@ -13,12 +13,22 @@ from entrypoint.platforms import jobset
 
 # JobSet "pytorch", replicatedJob "workers" with replicas 2, parallelism 2 (4 nodes):
 # pod pytorch-workers-1-0, the downward-API names mapped in the pod template.
-WORKERS_1_0 = {"JOBSET_NAME": "pytorch", "REPLICATED_JOB_NAME": "workers", "JOB_INDEX": "1",
-               "REPLICATED_JOB_REPLICAS": "2", "JOB_COMPLETION_INDEX": "0", "ENTRYPOINT_NNODES": "4",
-               "HOSTNAME": "pytorch-workers-1-0"}
+WORKERS_1_0 = {
+    "JOBSET_NAME": "pytorch",
+    "REPLICATED_JOB_NAME": "workers",
+    "JOB_INDEX": "1",
+    "REPLICATED_JOB_REPLICAS": "2",
+    "JOB_COMPLETION_INDEX": "0",
+    "ENTRYPOINT_NNODES": "4",
+    "HOSTNAME": "pytorch-workers-1-0",
+}
 # One Job (replicas 1), parallelism 4, only JOBSET_NAME and REPLICATED_JOB_NAME mapped: pod 3.
-ONE_JOB = {"JOBSET_NAME": "pytorch", "REPLICATED_JOB_NAME": "workers", "JOB_COMPLETION_INDEX": "3",
-           "ENTRYPOINT_NNODES": "4"}
+ONE_JOB = {
+    "JOBSET_NAME": "pytorch",
+    "REPLICATED_JOB_NAME": "workers",
+    "JOB_COMPLETION_INDEX": "3",
+    "ENTRYPOINT_NNODES": "4",
+}
 
 
 @pytest.mark.parametrize(("env", "node_rank"), [(WORKERS_1_0, 2), (ONE_JOB, 3)])
@@ -31,7 +41,10 @@ def test_reading(env, node_rank):
 
 def test_master_addr_wins():
     r = jobset.read(ONE_JOB | {"MASTER_ADDR": "pytorch-leader-0-0.net"})
-    assert r.master_addr.value == "pytorch-leader-0-0.net" and r.master_addr.source == "env MASTER_ADDR"
+    assert (
+        r.master_addr.value == "pytorch-leader-0-0.net"
+        and r.master_addr.source == "env MASTER_ADDR"
+    )
 
 
 def test_detect():
@@ -40,14 +53,20 @@ def test_detect():
     assert platforms.detect(WORKERS_1_0)[0] is jobset
 
 
-@pytest.mark.parametrize(("env", "variable"), [
-    ({k: v for k, v in ONE_JOB.items() if k != "ENTRYPOINT_NNODES"}, "ENTRYPOINT_NNODES"),
-    ({k: v for k, v in ONE_JOB.items() if k != "REPLICATED_JOB_NAME"}, "REPLICATED_JOB_NAME"),
-    ({k: v for k, v in WORKERS_1_0.items() if k != "REPLICATED_JOB_REPLICAS"}, "REPLICATED_JOB_REPLICAS"),
-    (WORKERS_1_0 | {"JOB_INDEX": "2"}, "JOB_INDEX"),
-    (WORKERS_1_0 | {"ENTRYPOINT_NNODES": "5"}, "ENTRYPOINT_NNODES"),
-    (WORKERS_1_0 | {"JOB_COMPLETION_INDEX": "2"}, "JOB_COMPLETION_INDEX"),
-])
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        ({k: v for k, v in ONE_JOB.items() if k != "ENTRYPOINT_NNODES"}, "ENTRYPOINT_NNODES"),
+        ({k: v for k, v in ONE_JOB.items() if k != "REPLICATED_JOB_NAME"}, "REPLICATED_JOB_NAME"),
+        (
+            {k: v for k, v in WORKERS_1_0.items() if k != "REPLICATED_JOB_REPLICAS"},
+            "REPLICATED_JOB_REPLICAS",
+        ),
+        (WORKERS_1_0 | {"JOB_INDEX": "2"}, "JOB_INDEX"),
+        (WORKERS_1_0 | {"ENTRYPOINT_NNODES": "5"}, "ENTRYPOINT_NNODES"),
+        (WORKERS_1_0 | {"JOB_COMPLETION_INDEX": "2"}, "JOB_COMPLETION_INDEX"),
+    ],
+)
 def test_bad_values(env, variable):
     with pytest.raises(ConfigError) as err:
         jobset.read(env)

@@ -9,32 +9,79 @@ from entrypoint import platforms
 from entrypoint.errors import ConfigError
 from entrypoint.platforms import pytorchjob
 
-MASTER = {"MASTER_ADDR": "train-master-0", "MASTER_PORT": "23456",
-          "PET_MASTER_ADDR": "train-master-0", "PET_MASTER_PORT": "23456"}
+MASTER = {
+    "MASTER_ADDR": "train-master-0",
+    "MASTER_PORT": "23456",
+    "PET_MASTER_ADDR": "train-master-0",
+    "PET_MASTER_PORT": "23456",
+}
 
 # v1.9.0 envvar.go: Master x1 + Worker x1, nprocPerNode "8": pod train-worker-0.
-V19_NPROC_8 = MASTER | {"PYTHONUNBUFFERED": "1", "WORLD_SIZE": "16", "RANK": "1",
-                        "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "8", "PET_NNODES": "2"}
+V19_NPROC_8 = MASTER | {
+    "PYTHONUNBUFFERED": "1",
+    "WORLD_SIZE": "16",
+    "RANK": "1",
+    "PET_NODE_RANK": "1",
+    "PET_NPROC_PER_NODE": "8",
+    "PET_NNODES": "2",
+}
 # v1.9.0 with nprocPerNode left out: the defaulter sets "auto", getNprocPerNodeInt gives 1.
 V19_AUTO = V19_NPROC_8 | {"WORLD_SIZE": "2", "PET_NPROC_PER_NODE": "auto"}
 # v1.7.0 envvar.go: same names (PET_NPROC_PER_NODE always set), Master x1 + Worker x3, nproc 4.
-V17_MASTER_POD = MASTER | {"PYTHONUNBUFFERED": "1", "WORLD_SIZE": "16", "RANK": "0",
-                           "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": "4", "PET_NNODES": "4"}
+V17_MASTER_POD = MASTER | {
+    "PYTHONUNBUFFERED": "1",
+    "WORLD_SIZE": "16",
+    "RANK": "0",
+    "PET_NODE_RANK": "0",
+    "PET_NPROC_PER_NODE": "4",
+    "PET_NNODES": "4",
+}
 # v1.6.0 envvar.go: WORLD_SIZE = pods, no PET_*; PYTHONUNBUFFERED was "0" then.
-V16 = {"PYTHONUNBUFFERED": "0", "MASTER_ADDR": "train-master-0", "MASTER_PORT": "23456",
-       "WORLD_SIZE": "2", "RANK": "1"}
+V16 = {
+    "PYTHONUNBUFFERED": "0",
+    "MASTER_ADDR": "train-master-0",
+    "MASTER_PORT": "23456",
+    "WORLD_SIZE": "2",
+    "RANK": "1",
+}
 # v1.9.0 elastic.go, elasticPolicy without a Master replica: rendezvous only, no rank.
-ELASTIC = {"PYTHONUNBUFFERED": "1", "PET_RDZV_BACKEND": "c10d",
-           "PET_RDZV_ENDPOINT": "train-worker-0:23456", "PET_NNODES": "1:4",
-           "PET_NPROC_PER_NODE": "8", "PET_MAX_RESTARTS": "3"}
+ELASTIC = {
+    "PYTHONUNBUFFERED": "1",
+    "PET_RDZV_BACKEND": "c10d",
+    "PET_RDZV_ENDPOINT": "train-worker-0:23456",
+    "PET_NNODES": "1:4",
+    "PET_NPROC_PER_NODE": "8",
+    "PET_MAX_RESTARTS": "3",
+}
 
 
-@pytest.mark.parametrize(("env", "nnodes", "node_rank", "nproc", "note"), [
-    (V19_NPROC_8, 2, 1, 8, "WORLD_SIZE=16 read as processes because PET_NPROC_PER_NODE=8 and PET_NNODES=2"),
-    (V19_AUTO, 2, 1, None, "WORLD_SIZE=2 read as pods because PET_NPROC_PER_NODE=auto is not a number"),
-    (V17_MASTER_POD, 4, 0, 4, "WORLD_SIZE=16 read as processes because PET_NPROC_PER_NODE=4 and PET_NNODES=4"),
-    (V16, 2, 1, None, "WORLD_SIZE=2 read as pods: no PET_NNODES"),
-])
+@pytest.mark.parametrize(
+    ("env", "nnodes", "node_rank", "nproc", "note"),
+    [
+        (
+            V19_NPROC_8,
+            2,
+            1,
+            8,
+            "WORLD_SIZE=16 read as processes because PET_NPROC_PER_NODE=8 and PET_NNODES=2",
+        ),
+        (
+            V19_AUTO,
+            2,
+            1,
+            None,
+            "WORLD_SIZE=2 read as pods because PET_NPROC_PER_NODE=auto is not a number",
+        ),
+        (
+            V17_MASTER_POD,
+            4,
+            0,
+            4,
+            "WORLD_SIZE=16 read as processes because PET_NPROC_PER_NODE=4 and PET_NNODES=4",
+        ),
+        (V16, 2, 1, None, "WORLD_SIZE=2 read as pods: no PET_NNODES"),
+    ],
+)
 def test_reading(env, nnodes, node_rank, nproc, note):
     r = pytorchjob.read(env)
     assert r.platform == "pytorchjob"
@@ -48,7 +95,8 @@ def test_reading(env, nnodes, node_rank, nproc, note):
 
 def test_detect():
     assert pytorchjob.detect(V19_NPROC_8) == (
-        "PET_NNODES, PET_NODE_RANK, WORLD_SIZE and RANK set (training-operator v1.7+)")
+        "PET_NNODES, PET_NODE_RANK, WORLD_SIZE and RANK set (training-operator v1.7+)"
+    )
     assert pytorchjob.detect(ELASTIC).endswith("(elastic PyTorchJob)")
     # Before v1.7 nothing tells it from a commercial platform, whose reading is the same.
     assert pytorchjob.detect(V16) is None
@@ -69,16 +117,19 @@ def test_commercial_reads_old_operator_the_same_way():
     assert (old.nnodes.value, old.node_rank.value) == (new.nnodes.value, new.node_rank.value)
 
 
-@pytest.mark.parametrize(("env", "variable", "words"), [
-    (V19_NPROC_8 | {"WORLD_SIZE": "12"}, "WORLD_SIZE", "matches neither PET_NNODES=2 or"),
-    (V19_NPROC_8 | {"PET_NODE_RANK": "0"}, "PET_NODE_RANK", "differs from RANK=1"),
-    (V19_NPROC_8 | {"PET_NODE_RANK": "2", "RANK": "2"}, "PET_NODE_RANK", "must be below"),
-    (V19_NPROC_8 | {"PET_NNODES": "two"}, "PET_NNODES", "positive whole number"),
-    (V19_NPROC_8 | {"PET_NNODES": "1:4"}, "PET_NNODES", "elastic range"),
-    (V19_NPROC_8 | {"MASTER_PORT": "0"}, "MASTER_PORT", "TCP port"),
-    (V16 | {"RANK": "2"}, "RANK", "must be below"),
-    (ELASTIC, "PET_NODE_RANK", "elastic PyTorchJob gives no node rank"),
-])
+@pytest.mark.parametrize(
+    ("env", "variable", "words"),
+    [
+        (V19_NPROC_8 | {"WORLD_SIZE": "12"}, "WORLD_SIZE", "matches neither PET_NNODES=2 or"),
+        (V19_NPROC_8 | {"PET_NODE_RANK": "0"}, "PET_NODE_RANK", "differs from RANK=1"),
+        (V19_NPROC_8 | {"PET_NODE_RANK": "2", "RANK": "2"}, "PET_NODE_RANK", "must be below"),
+        (V19_NPROC_8 | {"PET_NNODES": "two"}, "PET_NNODES", "positive whole number"),
+        (V19_NPROC_8 | {"PET_NNODES": "1:4"}, "PET_NNODES", "elastic range"),
+        (V19_NPROC_8 | {"MASTER_PORT": "0"}, "MASTER_PORT", "TCP port"),
+        (V16 | {"RANK": "2"}, "RANK", "must be below"),
+        (ELASTIC, "PET_NODE_RANK", "elastic PyTorchJob gives no node rank"),
+    ],
+)
 def test_bad_values(env, variable, words):
     with pytest.raises(ConfigError) as err:
         pytorchjob.read(env)

@@ -9,8 +9,14 @@ from entrypoint import platforms
 from entrypoint.errors import ConfigError
 from entrypoint.platforms import sagemaker
 
-ALGO_2 = {"SM_HOSTS": '["algo-1","algo-2"]', "SM_CURRENT_HOST": "algo-2", "SM_NUM_GPUS": "8",
-          "SM_NUM_CPUS": "96", "SM_NETWORK_INTERFACE_NAME": "eth0", "SM_MODEL_DIR": "/opt/ml/model"}
+ALGO_2 = {
+    "SM_HOSTS": '["algo-1","algo-2"]',
+    "SM_CURRENT_HOST": "algo-2",
+    "SM_NUM_GPUS": "8",
+    "SM_NUM_CPUS": "96",
+    "SM_NETWORK_INTERFACE_NAME": "eth0",
+    "SM_MODEL_DIR": "/opt/ml/model",
+}
 CPU_ALGO_1 = ALGO_2 | {"SM_CURRENT_HOST": "algo-1", "SM_NUM_GPUS": "0"}
 
 
@@ -29,13 +35,16 @@ def test_detect():
     assert platforms.detect(ALGO_2)[0] is sagemaker
 
 
-@pytest.mark.parametrize(("env", "variable"), [
-    (ALGO_2 | {"SM_HOSTS": "algo-1,algo-2"}, "SM_HOSTS"),
-    (ALGO_2 | {"SM_HOSTS": "[]"}, "SM_HOSTS"),
-    (ALGO_2 | {"SM_HOSTS": '["algo-1","algo-1"]', "SM_CURRENT_HOST": "algo-1"}, "SM_HOSTS"),
-    (ALGO_2 | {"SM_CURRENT_HOST": "algo-3"}, "SM_CURRENT_HOST"),
-    (ALGO_2 | {"SM_NUM_GPUS": "eight"}, "SM_NUM_GPUS"),
-])
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        (ALGO_2 | {"SM_HOSTS": "algo-1,algo-2"}, "SM_HOSTS"),
+        (ALGO_2 | {"SM_HOSTS": "[]"}, "SM_HOSTS"),
+        (ALGO_2 | {"SM_HOSTS": '["algo-1","algo-1"]', "SM_CURRENT_HOST": "algo-1"}, "SM_HOSTS"),
+        (ALGO_2 | {"SM_CURRENT_HOST": "algo-3"}, "SM_CURRENT_HOST"),
+        (ALGO_2 | {"SM_NUM_GPUS": "eight"}, "SM_NUM_GPUS"),
+    ],
+)
 def test_bad_values(env, variable):
     with pytest.raises(ConfigError) as err:
         sagemaker.read(env)

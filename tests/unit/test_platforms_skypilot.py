@@ -10,10 +10,14 @@ from entrypoint.errors import ConfigError
 from entrypoint.platforms import skypilot
 
 # num_nodes: 2, accelerators: A100:8; the second node.
-WORKER = {"SKYPILOT_NODE_RANK": "1", "SKYPILOT_NODE_IPS": "10.0.0.5\n10.0.0.6",
-          "SKYPILOT_NUM_NODES": "2", "SKYPILOT_NUM_GPUS_PER_NODE": "8",
-          "SKYPILOT_TASK_ID": "sky-2024-01-01-00-00-00-000000_mycluster_1",
-          "SKYPILOT_CLUSTER_INFO": '{"cluster_name": "mycluster", "cloud": "GCP"}'}
+WORKER = {
+    "SKYPILOT_NODE_RANK": "1",
+    "SKYPILOT_NODE_IPS": "10.0.0.5\n10.0.0.6",
+    "SKYPILOT_NUM_NODES": "2",
+    "SKYPILOT_NUM_GPUS_PER_NODE": "8",
+    "SKYPILOT_TASK_ID": "sky-2024-01-01-00-00-00-000000_mycluster_1",
+    "SKYPILOT_CLUSTER_INFO": '{"cluster_name": "mycluster", "cloud": "GCP"}',
+}
 CPU_HEAD = WORKER | {"SKYPILOT_NODE_RANK": "0", "SKYPILOT_NUM_GPUS_PER_NODE": "0"}
 
 
@@ -38,13 +42,16 @@ def test_detect():
     assert platforms.detect(WORKER)[0] is skypilot
 
 
-@pytest.mark.parametrize(("env", "variable"), [
-    (WORKER | {"SKYPILOT_NODE_RANK": "2"}, "SKYPILOT_NODE_RANK"),
-    (WORKER | {"SKYPILOT_NODE_RANK": "-1"}, "SKYPILOT_NODE_RANK"),
-    (WORKER | {"SKYPILOT_NUM_NODES": "3"}, "SKYPILOT_NODE_IPS"),
-    (WORKER | {"SKYPILOT_NODE_IPS": "\n"}, "SKYPILOT_NODE_IPS"),
-    (WORKER | {"SKYPILOT_NUM_GPUS_PER_NODE": "0.5"}, "SKYPILOT_NUM_GPUS_PER_NODE"),
-])
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        (WORKER | {"SKYPILOT_NODE_RANK": "2"}, "SKYPILOT_NODE_RANK"),
+        (WORKER | {"SKYPILOT_NODE_RANK": "-1"}, "SKYPILOT_NODE_RANK"),
+        (WORKER | {"SKYPILOT_NUM_NODES": "3"}, "SKYPILOT_NODE_IPS"),
+        (WORKER | {"SKYPILOT_NODE_IPS": "\n"}, "SKYPILOT_NODE_IPS"),
+        (WORKER | {"SKYPILOT_NUM_GPUS_PER_NODE": "0.5"}, "SKYPILOT_NUM_GPUS_PER_NODE"),
+    ],
+)
 def test_bad_values(env, variable):
     with pytest.raises(ConfigError) as err:
         skypilot.read(env)

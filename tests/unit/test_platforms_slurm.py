@@ -9,22 +9,41 @@ from entrypoint.platforms import slurm
 
 # sbatch -N2 --ntasks-per-node=1 --gres=gpu:8, then `srun entrypoint run`: task on the 2nd node.
 ONE_TASK_PER_NODE = {
-    "SLURM_JOB_ID": "4242", "SLURM_JOBID": "4242", "SLURM_JOB_NAME": "train",
-    "SLURM_JOB_NODELIST": "gpu-[01-02]", "SLURM_NODELIST": "gpu-[01-02]",
-    "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2",
-    "SLURM_STEP_ID": "0", "SLURM_STEPID": "0", "SLURM_STEP_NODELIST": "gpu-[01-02]",
-    "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
-    "SLURM_NTASKS": "2", "SLURM_NPROCS": "2", "SLURM_TASKS_PER_NODE": "1(x2)",
-    "SLURM_NODEID": "1", "SLURM_PROCID": "1", "SLURM_LOCALID": "0",
-    "SLURM_GPUS_ON_NODE": "8", "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7",
-    "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "SLURMD_NODENAME": "gpu-02",
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOBID": "4242",
+    "SLURM_JOB_NAME": "train",
+    "SLURM_JOB_NODELIST": "gpu-[01-02]",
+    "SLURM_NODELIST": "gpu-[01-02]",
+    "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_NNODES": "2",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEPID": "0",
+    "SLURM_STEP_NODELIST": "gpu-[01-02]",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+    "SLURM_NTASKS": "2",
+    "SLURM_NPROCS": "2",
+    "SLURM_TASKS_PER_NODE": "1(x2)",
+    "SLURM_NODEID": "1",
+    "SLURM_PROCID": "1",
+    "SLURM_LOCALID": "0",
+    "SLURM_GPUS_ON_NODE": "8",
+    "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7",
+    "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+    "SLURMD_NODENAME": "gpu-02",
 }
 
 # sbatch -N2 --ntasks-per-node=8 --gres=gpu:8 (seed 004's option 3): task 11 = node 1, GPU 3.
 ONE_TASK_PER_GPU = ONE_TASK_PER_NODE | {
-    "SLURM_STEP_NUM_TASKS": "16", "SLURM_STEP_TASKS_PER_NODE": "8(x2)", "SLURM_NTASKS": "16",
-    "SLURM_NPROCS": "16", "SLURM_TASKS_PER_NODE": "8(x2)", "SLURM_NTASKS_PER_NODE": "8",
-    "SLURM_PROCID": "11", "SLURM_LOCALID": "3",
+    "SLURM_STEP_NUM_TASKS": "16",
+    "SLURM_STEP_TASKS_PER_NODE": "8(x2)",
+    "SLURM_NTASKS": "16",
+    "SLURM_NPROCS": "16",
+    "SLURM_TASKS_PER_NODE": "8(x2)",
+    "SLURM_NTASKS_PER_NODE": "8",
+    "SLURM_PROCID": "11",
+    "SLURM_LOCALID": "3",
 }
 
 
@@ -69,14 +88,17 @@ def test_tasks_per_node_forms():
     assert slurm.tasks_per_node("X", "2,2") == [(2, 1), (2, 1)]
 
 
-@pytest.mark.parametrize(("change", "variable"), [
-    ({"SLURM_STEP_NODELIST": "gpu-[01-"}, "SLURM_STEP_NODELIST"),
-    ({"SLURM_NODEID": "2"}, "SLURM_NODEID"),
-    ({"SLURM_NODEID": "x"}, "SLURM_NODEID"),
-    ({"SLURM_STEP_NUM_NODES": "3"}, "SLURM_STEP_NODELIST"),
-    ({"SLURM_STEP_TASKS_PER_NODE": "8,4"}, "SLURM_STEP_TASKS_PER_NODE"),
-    ({"MASTER_PORT": "70000"}, "MASTER_PORT"),
-])
+@pytest.mark.parametrize(
+    ("change", "variable"),
+    [
+        ({"SLURM_STEP_NODELIST": "gpu-[01-"}, "SLURM_STEP_NODELIST"),
+        ({"SLURM_NODEID": "2"}, "SLURM_NODEID"),
+        ({"SLURM_NODEID": "x"}, "SLURM_NODEID"),
+        ({"SLURM_STEP_NUM_NODES": "3"}, "SLURM_STEP_NODELIST"),
+        ({"SLURM_STEP_TASKS_PER_NODE": "8,4"}, "SLURM_STEP_TASKS_PER_NODE"),
+        ({"MASTER_PORT": "70000"}, "MASTER_PORT"),
+    ],
+)
 def test_bad_values(change, variable):
     with pytest.raises(ConfigError) as err:
         slurm.read(ONE_TASK_PER_NODE | change)

@@ -7,10 +7,20 @@ import pytest
 from entrypoint.errors import ConfigError
 from entrypoint.platforms import torchrun
 
-WORKER_1 = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "worker-0", "MASTER_PORT": "29500",
-            "GPUS_PER_NODE": "8"}
-PET = {"PET_NNODES": "4", "PET_NODE_RANK": "3", "PET_MASTER_ADDR": "10.0.0.1",
-       "PET_MASTER_PORT": "23456", "PET_NPROC_PER_NODE": "2"}
+WORKER_1 = {
+    "NNODES": "2",
+    "NODE_RANK": "1",
+    "MASTER_ADDR": "worker-0",
+    "MASTER_PORT": "29500",
+    "GPUS_PER_NODE": "8",
+}
+PET = {
+    "PET_NNODES": "4",
+    "PET_NODE_RANK": "3",
+    "PET_MASTER_ADDR": "10.0.0.1",
+    "PET_MASTER_PORT": "23456",
+    "PET_NPROC_PER_NODE": "2",
+}
 
 
 def test_detect():
@@ -22,14 +32,22 @@ def test_detect():
 def test_hand_started_worker():
     r = torchrun.read(WORKER_1)
     assert (r.nnodes.value, r.node_rank.value, r.master_addr.value, r.master_port.value) == (
-        2, 1, "worker-0", 29500)
+        2,
+        1,
+        "worker-0",
+        29500,
+    )
     assert r.gpus_per_node.value == 8 and r.nproc_per_node is None and r.spawn.value
 
 
 def test_pet_variables():
     r = torchrun.read(PET)
     assert (r.nnodes.value, r.node_rank.value, r.master_addr.value, r.master_port.value) == (
-        4, 3, "10.0.0.1", 23456)
+        4,
+        3,
+        "10.0.0.1",
+        23456,
+    )
     assert r.nproc_per_node.value == 2 and r.nproc_per_node.source == "env PET_NPROC_PER_NODE"
 
 
@@ -37,13 +55,16 @@ def test_plain_names_beat_pet():
     assert torchrun.read(PET | {"NODE_RANK": "0"}).node_rank.source == "env NODE_RANK"
 
 
-@pytest.mark.parametrize(("env", "variable"), [
-    (WORKER_1 | {"NODE_RANK": "2"}, "NODE_RANK"),
-    (WORKER_1 | {"NNODES": "0"}, "NNODES"),
-    (WORKER_1 | {"NNODES": "two"}, "NNODES"),
-    (WORKER_1 | {"MASTER_PORT": "0"}, "MASTER_PORT"),
-    ({"NODE_RANK": "0"}, "NNODES"),
-])
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        (WORKER_1 | {"NODE_RANK": "2"}, "NODE_RANK"),
+        (WORKER_1 | {"NNODES": "0"}, "NNODES"),
+        (WORKER_1 | {"NNODES": "two"}, "NNODES"),
+        (WORKER_1 | {"MASTER_PORT": "0"}, "MASTER_PORT"),
+        ({"NODE_RANK": "0"}, "NNODES"),
+    ],
+)
 def test_bad_values(env, variable):
     with pytest.raises(ConfigError) as err:
         torchrun.read(env)

@@ -10,9 +10,14 @@ from entrypoint.errors import ConfigError
 from entrypoint.platforms import trainjob
 
 # TrainJob "llm" with numNodes 2, numProcPerNode 8: pod llm-node-0-1.
-NODE_1 = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "8", "PET_NODE_RANK": "1",
-          "PET_MASTER_ADDR": "llm-node-0-0.llm", "PET_MASTER_PORT": "29500",
-          "JOB_COMPLETION_INDEX": "1"}
+NODE_1 = {
+    "PET_NNODES": "2",
+    "PET_NPROC_PER_NODE": "8",
+    "PET_NODE_RANK": "1",
+    "PET_MASTER_ADDR": "llm-node-0-0.llm",
+    "PET_MASTER_PORT": "29500",
+    "JOB_COMPLETION_INDEX": "1",
+}
 # numProcPerNode left out with GPUs in resourcesPerNode: "auto".
 AUTO = NODE_1 | {"PET_NPROC_PER_NODE": "auto", "PET_NODE_RANK": "0", "JOB_COMPLETION_INDEX": "0"}
 
@@ -29,19 +34,25 @@ def test_reading(env, node_rank, nproc):
 
 
 def test_detect_tells_trainjob_from_hand_started_torchrun():
-    assert trainjob.detect(NODE_1) == "PET_NNODES, PET_NODE_RANK and JOB_COMPLETION_INDEX set (TrainJob pod)"
+    assert (
+        trainjob.detect(NODE_1)
+        == "PET_NNODES, PET_NODE_RANK and JOB_COMPLETION_INDEX set (TrainJob pod)"
+    )
     hand = {k: v for k, v in NODE_1.items() if k != "JOB_COMPLETION_INDEX"}
     assert trainjob.detect(hand) is None
     assert platforms.detect(NODE_1)[0] is trainjob
     assert platforms.detect(hand)[0].NAME == "torchrun"
 
 
-@pytest.mark.parametrize(("env", "variable"), [
-    (NODE_1 | {"PET_NODE_RANK": "0"}, "PET_NODE_RANK"),
-    (NODE_1 | {"PET_NODE_RANK": "2", "JOB_COMPLETION_INDEX": "2"}, "PET_NODE_RANK"),
-    (NODE_1 | {"PET_NNODES": "0"}, "PET_NNODES"),
-    (NODE_1 | {"PET_MASTER_PORT": "99999"}, "PET_MASTER_PORT"),
-])
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        (NODE_1 | {"PET_NODE_RANK": "0"}, "PET_NODE_RANK"),
+        (NODE_1 | {"PET_NODE_RANK": "2", "JOB_COMPLETION_INDEX": "2"}, "PET_NODE_RANK"),
+        (NODE_1 | {"PET_NNODES": "0"}, "PET_NNODES"),
+        (NODE_1 | {"PET_MASTER_PORT": "99999"}, "PET_MASTER_PORT"),
+    ],
+)
 def test_bad_values(env, variable):
     with pytest.raises(ConfigError) as err:
         trainjob.read(env)

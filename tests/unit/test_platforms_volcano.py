@@ -13,13 +13,23 @@ from entrypoint.platforms import volcano
 
 # plugins: {pytorch: ["--master=master", "--worker=worker", "--port=23456"]}, master x1, worker x1;
 # the worker pod ddp-worker-0 (env plugin off).
-PYTORCH_WORKER = {"MASTER_ADDR": "ddp-master-0.ddp", "MASTER_PORT": "23456", "WORLD_SIZE": "2",
-                  "RANK": "1", "VC_MASTER_HOSTS": "ddp-master-0.ddp", "VC_MASTER_NUM": "1",
-                  "VC_WORKER_HOSTS": "ddp-worker-0.ddp", "VC_WORKER_NUM": "1"}
+PYTORCH_WORKER = {
+    "MASTER_ADDR": "ddp-master-0.ddp",
+    "MASTER_PORT": "23456",
+    "WORLD_SIZE": "2",
+    "RANK": "1",
+    "VC_MASTER_HOSTS": "ddp-master-0.ddp",
+    "VC_MASTER_NUM": "1",
+    "VC_WORKER_HOSTS": "ddp-worker-0.ddp",
+    "VC_WORKER_NUM": "1",
+}
 # plugins: {env: [], svc: []}, one task "gpu-nodes" with 3 replicas: pod train-gpu-nodes-2.
-ENV_SVC = {"VK_TASK_INDEX": "2", "VC_TASK_INDEX": "2",
-           "VC_GPU_NODES_HOSTS": "train-gpu-nodes-0.train,train-gpu-nodes-1.train,train-gpu-nodes-2.train",
-           "VC_GPU_NODES_NUM": "3"}
+ENV_SVC = {
+    "VK_TASK_INDEX": "2",
+    "VC_TASK_INDEX": "2",
+    "VC_GPU_NODES_HOSTS": "train-gpu-nodes-0.train,train-gpu-nodes-1.train,train-gpu-nodes-2.train",
+    "VC_GPU_NODES_NUM": "3",
+}
 TWO_TASKS = ENV_SVC | {"VC_PS_HOSTS": "train-ps-0.train", "VC_PS_NUM": "1"}
 
 
@@ -40,12 +50,15 @@ def test_env_and_svc_plugins():
     assert len(r.hosts) == 3
 
 
-@pytest.mark.parametrize(("env", "reason"), [
-    (PYTORCH_WORKER, "VC_MASTER_HOSTS and RANK set (Volcano pytorch plugin)"),
-    (ENV_SVC, "VC_TASK_INDEX and VC_GPU_NODES_HOSTS set (Volcano env and svc plugins)"),
-    ({"VC_TASK_INDEX": "0"}, "VC_TASK_INDEX set (Volcano job)"),
-    ({"WORLD_SIZE": "2", "RANK": "1"}, None),
-])
+@pytest.mark.parametrize(
+    ("env", "reason"),
+    [
+        (PYTORCH_WORKER, "VC_MASTER_HOSTS and RANK set (Volcano pytorch plugin)"),
+        (ENV_SVC, "VC_TASK_INDEX and VC_GPU_NODES_HOSTS set (Volcano env and svc plugins)"),
+        ({"VC_TASK_INDEX": "0"}, "VC_TASK_INDEX set (Volcano job)"),
+        ({"WORLD_SIZE": "2", "RANK": "1"}, None),
+    ],
+)
 def test_detect(env, reason):
     assert volcano.detect(env) == reason
 
@@ -55,14 +68,17 @@ def test_registry_order():
     assert platforms.detect(ENV_SVC)[0] is volcano
 
 
-@pytest.mark.parametrize(("env", "variable"), [
-    (TWO_TASKS, "VC_TASK_INDEX"),
-    ({"VC_TASK_INDEX": "0"}, "VC_TASK_INDEX"),
-    (ENV_SVC | {"VC_TASK_INDEX": "3", "VK_TASK_INDEX": "3"}, "VC_TASK_INDEX"),
-    (ENV_SVC | {"VC_GPU_NODES_NUM": "4"}, "VC_GPU_NODES_HOSTS"),
-    (PYTORCH_WORKER | {"RANK": "2"}, "RANK"),
-    (PYTORCH_WORKER | {"MASTER_PORT": "-1"}, "MASTER_PORT"),
-])
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        (TWO_TASKS, "VC_TASK_INDEX"),
+        ({"VC_TASK_INDEX": "0"}, "VC_TASK_INDEX"),
+        (ENV_SVC | {"VC_TASK_INDEX": "3", "VK_TASK_INDEX": "3"}, "VC_TASK_INDEX"),
+        (ENV_SVC | {"VC_GPU_NODES_NUM": "4"}, "VC_GPU_NODES_HOSTS"),
+        (PYTORCH_WORKER | {"RANK": "2"}, "RANK"),
+        (PYTORCH_WORKER | {"MASTER_PORT": "-1"}, "MASTER_PORT"),
+    ],
+)
 def test_bad_values(env, variable):
     with pytest.raises(ConfigError) as err:
         volcano.read(env)

@@ -15,8 +15,14 @@ BASE = ["--nodes", "2", "--gpus-per-node", "8", "--image", "ghcr.io/example/mult
 
 
 def entrypoint(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "entrypoint", *args], capture_output=True,
-                          text=True, timeout=60, cwd=cwd, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "entrypoint", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        check=False,
+    )
 
 
 def _argv(platform: str, options: dict) -> list[str]:
@@ -49,8 +55,21 @@ def test_output_file(tmp_path):
 
 
 def test_trainer_arguments_that_look_like_options_stay_the_trainers():
-    out = entrypoint("render", "docker", *BASE, "--master-addr", "m", "--",
-                     "python", "-m", "pkg", "--nodes", "3", "--image", "x")
+    out = entrypoint(
+        "render",
+        "docker",
+        *BASE,
+        "--master-addr",
+        "m",
+        "--",
+        "python",
+        "-m",
+        "pkg",
+        "--nodes",
+        "3",
+        "--image",
+        "x",
+    )
     assert out.returncode == 0, out.stderr
     assert "multinode:1.0 run -- python -m pkg --nodes 3 --image x" in out.stdout
 
@@ -63,9 +82,24 @@ def test_help(command):
 
 def test_render_help_lists_every_platform_and_option():
     out = entrypoint("render", "--help").stdout
-    for word in (*PLATFORMS, "--nodes", "--gpus-per-node", "--image", "--name", "--env",
-                 "--output", "--master-port", "--runtime", "--time", "--partition", "--account",
-                 "--namespace", "--secret-name", "--master-addr", "-- CMD ARGS"):
+    for word in (
+        *PLATFORMS,
+        "--nodes",
+        "--gpus-per-node",
+        "--image",
+        "--name",
+        "--env",
+        "--output",
+        "--master-port",
+        "--runtime",
+        "--time",
+        "--partition",
+        "--account",
+        "--namespace",
+        "--secret-name",
+        "--master-addr",
+        "-- CMD ARGS",
+    ):
         assert word in out
 
 
@@ -73,26 +107,45 @@ def test_listed_in_entrypoint_help():
     assert "render" in entrypoint("--help").stdout
 
 
-@pytest.mark.parametrize(("args", "start"), [
-    (["slurm", "--nodes", "0", "--gpus-per-node", "8", "--image", "i"],
-     "--nodes='0': not a whole number from 1 to 10000"),
-    (["kubernetes", "--nodes", "2", "--gpus-per-node", "eight", "--image", "i"],
-     "--gpus-per-node='eight': not a whole number"),
-    (["volcano", "--nodes", "2", "--gpus-per-node", "8"], "--image=(unset): is required"),
-    (["slurm", *BASE, "--runtime", "docker"], "--runtime='docker': is not a runtime"),
-    (["slurm", *BASE, "--time", "2 hours"], "--time='2 hours': is not a SLURM time limit"),
-    (["docker", *BASE], "--master-addr=(unset): machines started by hand need node 0's address"),
-    (["kubernetes", *BASE, "--name", "My_Job"], "--name='My_Job': is not a lower-case name"),
-    (["kubernetes", *BASE, "--master-port", "70000"], "--master-port='70000': not a whole number from 1 to 65534"),
-    (["pytorchjob", *BASE, "--env", "NCCL_DEBUG"], "--env='NCCL_DEBUG': has no value"),
-    (["pytorchjob", *BASE, "--env", "MASTER_ADDR=x"], ("--env='MASTER_ADDR=x': the rendered spec "
-                                                       "or the platform sets MASTER_ADDR")),
-    (["trainjob", *BASE, "--env", "HF_TOKEN=hf_abc", "--env", "HF_TOKEN=hf_abc"],
-     "--env='HF_TOKEN=***': HF_TOKEN is given twice"),
-    (["kubernetes", *BASE, "python", "train.py"], "CMD='python train.py': comes without --"),
-    (["kubernetes", *BASE, "-o", "/nonexistent/dir/job.yaml"],
-     "--output='/nonexistent/dir/job.yaml': cannot be written"),
-])
+@pytest.mark.parametrize(
+    ("args", "start"),
+    [
+        (
+            ["slurm", "--nodes", "0", "--gpus-per-node", "8", "--image", "i"],
+            "--nodes='0': not a whole number from 1 to 10000",
+        ),
+        (
+            ["kubernetes", "--nodes", "2", "--gpus-per-node", "eight", "--image", "i"],
+            "--gpus-per-node='eight': not a whole number",
+        ),
+        (["volcano", "--nodes", "2", "--gpus-per-node", "8"], "--image=(unset): is required"),
+        (["slurm", *BASE, "--runtime", "docker"], "--runtime='docker': is not a runtime"),
+        (["slurm", *BASE, "--time", "2 hours"], "--time='2 hours': is not a SLURM time limit"),
+        (
+            ["docker", *BASE],
+            "--master-addr=(unset): machines started by hand need node 0's address",
+        ),
+        (["kubernetes", *BASE, "--name", "My_Job"], "--name='My_Job': is not a lower-case name"),
+        (
+            ["kubernetes", *BASE, "--master-port", "70000"],
+            "--master-port='70000': not a whole number from 1 to 65534",
+        ),
+        (["pytorchjob", *BASE, "--env", "NCCL_DEBUG"], "--env='NCCL_DEBUG': has no value"),
+        (
+            ["pytorchjob", *BASE, "--env", "MASTER_ADDR=x"],
+            ("--env='MASTER_ADDR=x': the rendered spec or the platform sets MASTER_ADDR"),
+        ),
+        (
+            ["trainjob", *BASE, "--env", "HF_TOKEN=hf_abc", "--env", "HF_TOKEN=hf_abc"],
+            "--env='HF_TOKEN=***': HF_TOKEN is given twice",
+        ),
+        (["kubernetes", *BASE, "python", "train.py"], "CMD='python train.py': comes without --"),
+        (
+            ["kubernetes", *BASE, "-o", "/nonexistent/dir/job.yaml"],
+            "--output='/nonexistent/dir/job.yaml': cannot be written",
+        ),
+    ],
+)
 def test_bad_input_one_line_exit_2_no_traceback(args, start):
     out = entrypoint("render", *args)
     assert out.returncode == 2
@@ -116,7 +169,7 @@ def _readme_examples() -> list[tuple[list[str], list[str]]]:
     for command, shown in zip(blocks[::2], blocks[1::2], strict=True):
         words = shlex.split(command.replace("\\\n", " "))
         for stop in (">", "|", "&&"):
-            words = words[:words.index(stop)] if stop in words else words
+            words = words[: words.index(stop)] if stop in words else words
         assert words[:2] == ["entrypoint", "render"], command
         examples.append((words[2:], [line for line in shown.splitlines() if line.strip()]))
     return examples

@@ -29,4 +29,3 @@ def test_no_stale_golden_files():
             if path.name not in GOLDEN:
                 path.unlink()
     assert sorted(p.name for p in GOLDEN_DIR.iterdir()) == sorted(GOLDEN)
-

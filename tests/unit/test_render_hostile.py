@@ -38,30 +38,108 @@ SCRIPTS = ("slurm-pyxis", "slurm-apptainer", "slurm-none", "docker")
 
 # Plain, YAML 1.1 (go-yaml v2) reads these as numbers, booleans, nulls, dates or structure.
 YAML_LOOKALIKES = [
-    "1e-4", "y", "Y", "n", "N", "yes", "no", "No", "on", "off", "OFF", "true", "False", "0x1F",
-    "012", "0o17", "0b101", ".inf", "-.Inf", ".NaN", "~", "null", "NULL", "", "1_000", "1:20",
-    "190:20:30.15", "2001-12-14", "2001-12-14t21:59:43.10-05:00", "3", "-1", "+1", "1.5", "=",
-    "<<", "- x", "? x", "a: b", "a #b", "#c", "[1]", "{a: 1}", "&a", "*a", "!!str", "%TAG", "@x",
-    "`x", "|", ">", "'", '"', "\\", " lead", "trail ", "--flag", "---", "...",
+    "1e-4",
+    "y",
+    "Y",
+    "n",
+    "N",
+    "yes",
+    "no",
+    "No",
+    "on",
+    "off",
+    "OFF",
+    "true",
+    "False",
+    "0x1F",
+    "012",
+    "0o17",
+    "0b101",
+    ".inf",
+    "-.Inf",
+    ".NaN",
+    "~",
+    "null",
+    "NULL",
+    "",
+    "1_000",
+    "1:20",
+    "190:20:30.15",
+    "2001-12-14",
+    "2001-12-14t21:59:43.10-05:00",
+    "3",
+    "-1",
+    "+1",
+    "1.5",
+    "=",
+    "<<",
+    "- x",
+    "? x",
+    "a: b",
+    "a #b",
+    "#c",
+    "[1]",
+    "{a: 1}",
+    "&a",
+    "*a",
+    "!!str",
+    "%TAG",
+    "@x",
+    "`x",
+    "|",
+    ">",
+    "'",
+    '"',
+    "\\",
+    " lead",
+    "trail ",
+    "--flag",
+    "---",
+    "...",
 ]
 # Values that end a line, a comment or a document, or run something, when written as they are.
 BREAKERS = [
-    "x\ntouch PWNED #", "import sys\nprint(sys.argv)", "a\r\nb", "tab\there", "nel\x85x",
-    "ls\u2028x", "ps\u2029x", "bom\ufeffx", "\x1b[31mred", "del\x7f", "nbsp\u00a0x",
-    "x\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: pwned\n", "$(touch PWNED)",
-    "`touch PWNED`", "'; touch PWNED; '", '"; touch PWNED; "', "${HOME}", "$HOME", "ë", "日本語",
-    "\U0001f511", "\U000e0041", "\ue000", "\\n", "$'\\n'",
+    "x\ntouch PWNED #",
+    "import sys\nprint(sys.argv)",
+    "a\r\nb",
+    "tab\there",
+    "nel\x85x",
+    "ls\u2028x",
+    "ps\u2029x",
+    "bom\ufeffx",
+    "\x1b[31mred",
+    "del\x7f",
+    "nbsp\u00a0x",
+    "x\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: pwned\n",
+    "$(touch PWNED)",
+    "`touch PWNED`",
+    "'; touch PWNED; '",
+    '"; touch PWNED; "',
+    "${HOME}",
+    "$HOME",
+    "ë",
+    "日本語",
+    "\U0001f511",
+    "\U000e0041",
+    "\ue000",
+    "\\n",
+    "$'\\n'",
 ]
 NAMED = YAML_LOOKALIKES + BREAKERS
 
 
 def _request(target: str, command, env, nodes: int = 2, gpus: int = 8):
     platform, _, runtime = target.partition("-")
-    return build(platform, nodes=str(nodes), gpus_per_node=str(gpus), image=IMAGE,
-                 trainer=["--", *command] if command else [],
-                 master_addr="10.0.0.1" if platform == "docker" else None,
-                 runtime=runtime or None,
-                 env=[*(f"{key}={value}" for key, value in env.items()), "HF_TOKEN"])
+    return build(
+        platform,
+        nodes=str(nodes),
+        gpus_per_node=str(gpus),
+        image=IMAGE,
+        trainer=["--", *command] if command else [],
+        master_addr="10.0.0.1" if platform == "docker" else None,
+        runtime=runtime or None,
+        env=[*(f"{key}={value}" for key, value in env.items()), "HF_TOKEN"],
+    )
 
 
 def _plain_twin(target: str, command, env, **shape) -> str:
@@ -71,6 +149,7 @@ def _plain_twin(target: str, command, env, **shape) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Manifests, read with go-yaml v2
+
 
 @pytest.fixture(scope="module")
 def yamlread(tmp_path_factory):
@@ -90,12 +169,17 @@ def _containers(document: dict) -> list[dict]:
         elif isinstance(value, list):
             for item in value:
                 walk(item)
+
     walk(document)
     return found
 
 
-KINDS = {"kubernetes": ["Service", "Job"], "pytorchjob": ["PyTorchJob"],
-         "trainjob": ["TrainJob"], "volcano": ["Job"]}
+KINDS = {
+    "kubernetes": ["Service", "Job"],
+    "pytorchjob": ["PyTorchJob"],
+    "trainjob": ["TrainJob"],
+    "volcano": ["Job"],
+}
 
 
 def check_manifests(binary: Path, directory: Path, command: list[str], env: dict[str, str]):
@@ -108,8 +192,9 @@ def check_manifests(binary: Path, directory: Path, command: list[str], env: dict
         path.write_text(text)
         paths.append(path)
         texts.append(text)
-    for platform, text, documents in zip(MANIFESTS, texts, goyaml.read(binary, *paths),
-                                         strict=True):
+    for platform, text, documents in zip(
+        MANIFESTS, texts, goyaml.read(binary, *paths), strict=True
+    ):
         assert [doc.get("kind") for doc in documents] == KINDS[platform]
         assert documents == goyaml.typed(list(yaml.safe_load_all(text)))  # both readers agree
         containers = _containers(documents[-1])
@@ -124,10 +209,32 @@ def check_manifests(binary: Path, directory: Path, command: list[str], env: dict
 
 def test_the_issues_command_line_reads_back_as_strings(yamlread, tmp_path):
     """`render kubernetes ... -- python train.py --lr 1e-4 --flag y`, as typed (issue 13)."""
-    out = subprocess.run([sys.executable, "-m", "entrypoint", "render", "kubernetes",
-                          "--nodes", "2", "--gpus-per-node", "8", "--image", IMAGE,
-                          "--", "python", "train.py", "--lr", "1e-4", "--flag", "y"],
-                         capture_output=True, text=True, timeout=60, check=False)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "entrypoint",
+            "render",
+            "kubernetes",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "8",
+            "--image",
+            IMAGE,
+            "--",
+            "python",
+            "train.py",
+            "--lr",
+            "1e-4",
+            "--flag",
+            "y",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     (tmp_path / "job.yaml").write_text(out.stdout)
     ((_service, job),) = goyaml.read(yamlread, tmp_path / "job.yaml")
@@ -156,20 +263,19 @@ def test_a_newline_cannot_add_an_object(yamlread, tmp_path):
 STANDINS = {
     # Record the argv (NUL-separated) and the environment each call was given.
     "srun": '#!/bin/bash\nprintf "%s\\0" "$@" > "$STANDIN_DIR/srun.argv"\n'
-            'env -0 > "$STANDIN_DIR/srun.env"\n',
+    'env -0 > "$STANDIN_DIR/srun.env"\n',
     "docker": '#!/bin/bash\ni=$(ls "$STANDIN_DIR" | grep -c "^docker\\.")\n'
-              'printf "%s\\0" "$@" > "$STANDIN_DIR/docker.$i"\n',
+    'printf "%s\\0" "$@" > "$STANDIN_DIR/docker.$i"\n',
 }
 RUNNERS = {
     # Run what they were given: srun's options dropped, docker's options turned into variables.
-    "srun": '#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\n'
-            '[[ $1 == apptainer ]] && shift 4\nexec "$@"\n',
+    "srun": "#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\n"
+    '[[ $1 == apptainer ]] && shift 4\nexec "$@"\n',
     "docker": '#!/bin/bash\nshift\nwhile [ $# -gt 0 ]; do case "$1" in\n'
-              '  --rm) shift ;;\n  --name|--gpus|--network|--ipc|--ulimit) shift 2 ;;\n'
-              '  -e) export "$2"; shift 2 ;;\n  *) break ;;\nesac; done\nshift\n'
-              'exec entrypoint "$@"\n',
-    "entrypoint": '#!/bin/bash\n[[ $1 == run ]] && shift\n[[ $1 == -- ]] && shift\n'
-                  'exec "$@"\n',
+    "  --rm) shift ;;\n  --name|--gpus|--network|--ipc|--ulimit) shift 2 ;;\n"
+    '  -e) export "$2"; shift 2 ;;\n  *) break ;;\nesac; done\nshift\n'
+    'exec entrypoint "$@"\n',
+    "entrypoint": '#!/bin/bash\n[[ $1 == run ]] && shift\n[[ $1 == -- ]] && shift\nexec "$@"\n',
 }
 
 
@@ -185,21 +291,33 @@ def _install(directory: Path, scripts: dict[str, str]) -> Path:
 @pytest.fixture(scope="module")
 def standins(tmp_path_factory):
     root = tmp_path_factory.mktemp("standins")
-    return {"record": _install(root / "record", STANDINS),
-            "run": _install(root / "run", RUNNERS)}
+    return {"record": _install(root / "record", STANDINS), "run": _install(root / "run", RUNNERS)}
 
 
 def run_script(text: str, bin_dir: Path, workdir: Path) -> subprocess.CompletedProcess:
     """bash -n, then bash in the C locale (the quoting does not depend on it), in workdir."""
     script = workdir / "job.sh"
     script.write_text(text)
-    syntax = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True,
-                            timeout=30, check=False)
+    syntax = subprocess.run(
+        ["bash", "-n", str(script)], capture_output=True, text=True, timeout=30, check=False
+    )
     assert syntax.returncode == 0, syntax.stderr
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "STANDIN_DIR": str(workdir), "LC_ALL": "C",
-           "SLURM_CPUS_ON_NODE": "2", "HF_TOKEN": "from-the-shell"}
-    return subprocess.run(["bash", str(script)], capture_output=True, cwd=workdir, env=env,
-                          stdin=subprocess.DEVNULL, timeout=30, check=False)
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "STANDIN_DIR": str(workdir),
+        "LC_ALL": "C",
+        "SLURM_CPUS_ON_NODE": "2",
+        "HF_TOKEN": "from-the-shell",
+    }
+    return subprocess.run(
+        ["bash", str(script)],
+        capture_output=True,
+        cwd=workdir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        timeout=30,
+        check=False,
+    )
 
 
 def _nul_split(path: Path) -> list[str]:
@@ -217,8 +335,14 @@ def _directives(text: str) -> list[str]:
     return lines
 
 
-def check_script(target: str, command: list[str], env: dict[str, str], bin_dir: Path,
-                 workdir: Path, nodes: int = 2):
+def check_script(
+    target: str,
+    command: list[str],
+    env: dict[str, str],
+    bin_dir: Path,
+    workdir: Path,
+    nodes: int = 2,
+):
     """The script passes bash -n; run, it hands srun or docker exactly the command and env."""
     request = _request(target, command, env, nodes=nodes)
     text = render(request)
@@ -232,17 +356,26 @@ def check_script(target: str, command: list[str], env: dict[str, str], bin_dir: 
         calls = [_nul_split(workdir / f"docker.{i}") for i in range(nodes)]
         for rank, argv in enumerate(calls):
             at = argv.index(IMAGE)
-            assert argv[at + 1:] == expected
-            given = dict(item.split("=", 1) if "=" in item else (item, None)
-                         for flag, item in itertools.pairwise(argv[:at]) if flag == "-e")
-            assert given == {"NNODES": str(nodes), "NODE_RANK": str(rank),
-                             "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
-                             "GPUS_PER_NODE": "8", **env, "HF_TOKEN": None}
+            assert argv[at + 1 :] == expected
+            given = dict(
+                item.split("=", 1) if "=" in item else (item, None)
+                for flag, item in itertools.pairwise(argv[:at])
+                if flag == "-e"
+            )
+            assert given == {
+                "NNODES": str(nodes),
+                "NODE_RANK": str(rank),
+                "MASTER_ADDR": "10.0.0.1",
+                "MASTER_PORT": "29500",
+                "GPUS_PER_NODE": "8",
+                **env,
+                "HF_TOKEN": None,
+            }
     else:
         assert _directives(text) == _directives(twin)
         argv = _nul_split(workdir / "srun.argv")
         at = argv.index("entrypoint")
-        assert argv[at + 1:] == expected
+        assert argv[at + 1 :] == expected
         environment = dict(item.split("=", 1) for item in _nul_split(workdir / "srun.env"))
         assert {key: environment.get(key) for key in env} == env
         assert environment["HF_TOKEN"] == "from-the-shell"
@@ -259,8 +392,13 @@ def test_named_values_reach_the_command_exactly(standins, tmp_path, target, valu
 def test_the_issues_injection_runs_nothing(standins, tmp_path, target):
     """Issue 15: `-- python -c $'x\\ntouch PWNED #'` and `--env $'FOO=a\\ntouch PWNED #'`
     ended the `# Rendered by:` comment and ran `touch PWNED`."""
-    check_script(target, ["python", "-c", "x\ntouch PWNED #"], {"FOO": "a\ntouch PWNED #"},
-                 standins["record"], tmp_path)
+    check_script(
+        target,
+        ["python", "-c", "x\ntouch PWNED #"],
+        {"FOO": "a\ntouch PWNED #"},
+        standins["record"],
+        tmp_path,
+    )
     text = render(_request(target, ["python", "-c", "x\ntouch PWNED #"], {}))
     assert not any(line.startswith("touch") for line in text.splitlines())
 
@@ -269,8 +407,14 @@ def test_the_issues_injection_runs_nothing(standins, tmp_path, target):
 def test_a_two_line_program_runs(standins, tmp_path, target):
     """An ordinary `python -c` program of two lines, with arguments and an --env value."""
     program = "import os, sys\nprint('two lines', sys.argv[1:], os.environ['GREETING'])"
-    text = render(_request(target, [sys.executable, "-c", program, "a b", "it's"],
-                           {"GREETING": "héllo\nworld"}, nodes=1))
+    text = render(
+        _request(
+            target,
+            [sys.executable, "-c", program, "a b", "it's"],
+            {"GREETING": "héllo\nworld"},
+            nodes=1,
+        )
+    )
     out = run_script(text, standins["run"], tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.decode() == "two lines ['a b', \"it's\"] héllo\nworld\n"
@@ -291,66 +435,90 @@ def _argv(platform: str, **options: str) -> list[str]:
     return argv
 
 
-@pytest.mark.parametrize(("argv", "start"), [
-    (_argv("kubernetes", name="train\n"), "--name='train\\n': is not a lower-case name"),
-    (_argv("kubernetes", name=""), "--name='': is not a lower-case name"),
-    (_argv("kubernetes", name="Train"), "--name='Train': is not a lower-case name"),
-    (_argv("kubernetes", name="a" * 41), f"--name='{'a' * 41}': is not a lower-case name"),
-    (_argv("kubernetes", namespace="ml\n"), "--namespace='ml\\n': is not a Kubernetes namespace"),
-    (_argv("pytorchjob", namespace="ML"), "--namespace='ML': is not a Kubernetes namespace"),
-    (_argv("volcano", namespace="a" * 64), "--namespace='aaaa"),
-    (_argv("trainjob", secret_name="s\n"), "--secret-name='s\\n': is not a Kubernetes object"),
-    (_argv("slurm", partition="gpu\n"), "--partition='gpu\\n': is not a partition name"),
-    (_argv("slurm", partition="gpu batch"), "--partition='gpu batch': is not a partition name"),
-    (_argv("slurm", partition=""), "--partition='': is not a partition name"),
-    (_argv("slurm", account="ml\n#SBATCH --uid=0"), "--account='ml\\n#SBATCH --uid=0': is not"),
-    (_argv("slurm", runtime=""), "--runtime='': is not a runtime render knows"),
-    (_argv("slurm", time=""), "--time='': is not a SLURM time limit"),
-    (_argv("slurm", time="1:00\n"), "--time='1:00\\n': is not a SLURM time limit"),
-    (_argv("kubernetes", image="ghcr.io/Org/multinode:1.0"),
-     ("--image='ghcr.io/Org/multinode:1.0': is not an image reference: the repository must be "
-      "lower case")),
-    (_argv("docker", image="Multinode", master_addr="m"),
-     "--image='Multinode': is not an image reference: the repository must be lower case"),
-    (_argv("slurm", image="multinode:dev\n"), "--image='multinode:dev\\n': is not an image ref"),
-    (_argv("volcano", image=""), "--image='': is not an image reference"),
-    (_argv("volcano", image="ghcr.io/org/img:"), "--image='ghcr.io/org/img:': is not an image"),
-    (_argv("volcano", image="img:a b"), "--image='img:a b': is not an image reference"),
-    (_argv("volcano", image="img:" + "t" * 129), "--image='img:tttt"),
-    (_argv("volcano", image="img@sha256:abc"), "--image='img@sha256:abc': is not an image"),
-    (_argv("volcano", image="docker://img"), "--image='docker://img': is not an image"),
-    (_argv("kubernetes", image="/shared/img.sqsh"), "--image='/shared/img.sqsh': is not an"),
-    (_argv("slurm", image="/shared/my img.sqsh"), "--image='/shared/my img.sqsh': is not an"),
-    (_argv("slurm", nodes="²"), "--nodes='²': not a whole number from 1 to 10000"),
-    (_argv("slurm", nodes="10**30"), "--nodes='10**30': not a whole number from 1 to 10000"),
-    (_argv("docker", nodes=HUGE, master_addr="m"), f"--nodes='{HUGE}': not a whole number"),
-    (_argv("slurm", nodes="10001"), "--nodes='10001': not a whole number from 1 to 10000"),
-    (_argv("slurm", nodes="-1"), "--nodes='-1': not a whole number"),
-    (_argv("slurm", nodes="+2"), "--nodes='+2': not a whole number"),
-    (_argv("slurm", nodes=" 2"), "--nodes=' 2': not a whole number"),
-    (_argv("slurm", nodes="2\n"), "--nodes='2\\n': not a whole number"),
-    (_argv("slurm", nodes="٢"), "--nodes='٢': not a whole number"),
-    (_argv("kubernetes", gpus_per_node="²"),
-     "--gpus-per-node='²': not a whole number from 0 to 256"),
-    (_argv("kubernetes", gpus_per_node="8.0"), "--gpus-per-node='8.0': not a whole number"),
-    (_argv("kubernetes", gpus_per_node=""), "--gpus-per-node='': not a whole number"),
-    (_argv("kubernetes", gpus_per_node="257"), "--gpus-per-node='257': not a whole number"),
-    (_argv("kubernetes", master_port="65535"),
-     "--master-port='65535': not a whole number from 1 to 65534"),
-    (_argv("kubernetes", master_port="²"), "--master-port='²': not a whole number"),
-    (_argv("kubernetes", master_port="0"), "--master-port='0': not a whole number"),
-    (_argv("docker", master_addr="10.0.0.1:29500"),
-     ("--master-addr='10.0.0.1:29500': is host:port, not a host. Give --master-addr 10.0.0.1 "
-      "--master-port 29500")),
-    (_argv("docker", master_addr="worker 0"), "--master-addr='worker 0': is not a host name"),
-    (_argv("docker", master_addr="m\n"), "--master-addr='m\\n': is not a host name"),
-    (_argv("docker", master_addr=""), "--master-addr='': is not a host name"),
-    ([*_argv("slurm"), "--env", "FOO\n=a"], "--env='FOO\\n=a': is not KEY=VALUE"),
-    ([*_argv("slurm"), "--env", "FOO=a\0b"], "--env='FOO=a\\x00b': holds a NUL character"),
-    ([*_argv("slurm"), "--env", "FOO=\udcff"], "--env='FOO=\\udcff': is not valid UTF-8 text"),
-    ([*_argv("slurm"), "--", "python", "-c", "a\0b"], "CMD='a\\x00b': holds a NUL character"),
-    ([*_argv("slurm"), "--", "python", "\udcff"], "CMD='\\udcff': is not valid UTF-8 text"),
-], ids=lambda value: value.split(":", 1)[0] if isinstance(value, str) else "")
+@pytest.mark.parametrize(
+    ("argv", "start"),
+    [
+        (_argv("kubernetes", name="train\n"), "--name='train\\n': is not a lower-case name"),
+        (_argv("kubernetes", name=""), "--name='': is not a lower-case name"),
+        (_argv("kubernetes", name="Train"), "--name='Train': is not a lower-case name"),
+        (_argv("kubernetes", name="a" * 41), f"--name='{'a' * 41}': is not a lower-case name"),
+        (
+            _argv("kubernetes", namespace="ml\n"),
+            "--namespace='ml\\n': is not a Kubernetes namespace",
+        ),
+        (_argv("pytorchjob", namespace="ML"), "--namespace='ML': is not a Kubernetes namespace"),
+        (_argv("volcano", namespace="a" * 64), "--namespace='aaaa"),
+        (_argv("trainjob", secret_name="s\n"), "--secret-name='s\\n': is not a Kubernetes object"),
+        (_argv("slurm", partition="gpu\n"), "--partition='gpu\\n': is not a partition name"),
+        (_argv("slurm", partition="gpu batch"), "--partition='gpu batch': is not a partition name"),
+        (_argv("slurm", partition=""), "--partition='': is not a partition name"),
+        (_argv("slurm", account="ml\n#SBATCH --uid=0"), "--account='ml\\n#SBATCH --uid=0': is not"),
+        (_argv("slurm", runtime=""), "--runtime='': is not a runtime render knows"),
+        (_argv("slurm", time=""), "--time='': is not a SLURM time limit"),
+        (_argv("slurm", time="1:00\n"), "--time='1:00\\n': is not a SLURM time limit"),
+        (
+            _argv("kubernetes", image="ghcr.io/Org/multinode:1.0"),
+            (
+                "--image='ghcr.io/Org/multinode:1.0': is not an image reference: the repository must be "
+                "lower case"
+            ),
+        ),
+        (
+            _argv("docker", image="Multinode", master_addr="m"),
+            "--image='Multinode': is not an image reference: the repository must be lower case",
+        ),
+        (
+            _argv("slurm", image="multinode:dev\n"),
+            "--image='multinode:dev\\n': is not an image ref",
+        ),
+        (_argv("volcano", image=""), "--image='': is not an image reference"),
+        (_argv("volcano", image="ghcr.io/org/img:"), "--image='ghcr.io/org/img:': is not an image"),
+        (_argv("volcano", image="img:a b"), "--image='img:a b': is not an image reference"),
+        (_argv("volcano", image="img:" + "t" * 129), "--image='img:tttt"),
+        (_argv("volcano", image="img@sha256:abc"), "--image='img@sha256:abc': is not an image"),
+        (_argv("volcano", image="docker://img"), "--image='docker://img': is not an image"),
+        (_argv("kubernetes", image="/shared/img.sqsh"), "--image='/shared/img.sqsh': is not an"),
+        (_argv("slurm", image="/shared/my img.sqsh"), "--image='/shared/my img.sqsh': is not an"),
+        (_argv("slurm", nodes="²"), "--nodes='²': not a whole number from 1 to 10000"),
+        (_argv("slurm", nodes="10**30"), "--nodes='10**30': not a whole number from 1 to 10000"),
+        (_argv("docker", nodes=HUGE, master_addr="m"), f"--nodes='{HUGE}': not a whole number"),
+        (_argv("slurm", nodes="10001"), "--nodes='10001': not a whole number from 1 to 10000"),
+        (_argv("slurm", nodes="-1"), "--nodes='-1': not a whole number"),
+        (_argv("slurm", nodes="+2"), "--nodes='+2': not a whole number"),
+        (_argv("slurm", nodes=" 2"), "--nodes=' 2': not a whole number"),
+        (_argv("slurm", nodes="2\n"), "--nodes='2\\n': not a whole number"),
+        (_argv("slurm", nodes="٢"), "--nodes='٢': not a whole number"),
+        (
+            _argv("kubernetes", gpus_per_node="²"),
+            "--gpus-per-node='²': not a whole number from 0 to 256",
+        ),
+        (_argv("kubernetes", gpus_per_node="8.0"), "--gpus-per-node='8.0': not a whole number"),
+        (_argv("kubernetes", gpus_per_node=""), "--gpus-per-node='': not a whole number"),
+        (_argv("kubernetes", gpus_per_node="257"), "--gpus-per-node='257': not a whole number"),
+        (
+            _argv("kubernetes", master_port="65535"),
+            "--master-port='65535': not a whole number from 1 to 65534",
+        ),
+        (_argv("kubernetes", master_port="²"), "--master-port='²': not a whole number"),
+        (_argv("kubernetes", master_port="0"), "--master-port='0': not a whole number"),
+        (
+            _argv("docker", master_addr="10.0.0.1:29500"),
+            (
+                "--master-addr='10.0.0.1:29500': is host:port, not a host. Give --master-addr 10.0.0.1 "
+                "--master-port 29500"
+            ),
+        ),
+        (_argv("docker", master_addr="worker 0"), "--master-addr='worker 0': is not a host name"),
+        (_argv("docker", master_addr="m\n"), "--master-addr='m\\n': is not a host name"),
+        (_argv("docker", master_addr=""), "--master-addr='': is not a host name"),
+        ([*_argv("slurm"), "--env", "FOO\n=a"], "--env='FOO\\n=a': is not KEY=VALUE"),
+        ([*_argv("slurm"), "--env", "FOO=a\0b"], "--env='FOO=a\\x00b': holds a NUL character"),
+        ([*_argv("slurm"), "--env", "FOO=\udcff"], "--env='FOO=\\udcff': is not valid UTF-8 text"),
+        ([*_argv("slurm"), "--", "python", "-c", "a\0b"], "CMD='a\\x00b': holds a NUL character"),
+        ([*_argv("slurm"), "--", "python", "\udcff"], "CMD='\\udcff': is not valid UTF-8 text"),
+    ],
+    ids=lambda value: value.split(":", 1)[0] if isinstance(value, str) else "",
+)
 def test_bad_option_one_line_exit_2(capsys, argv, start):
     assert main(["render", *argv]) == 2
     out = capsys.readouterr()
@@ -358,39 +526,58 @@ def test_bad_option_one_line_exit_2(capsys, argv, start):
     assert out.err.count("\n") == 1 and out.err.startswith(f"entrypoint: error: {start}"), out.err
 
 
-@pytest.mark.parametrize(("platform", "image"), [
-    ("kubernetes", "ghcr.io/org/multinode:1.0"), ("kubernetes", "localhost:5000/multinode"),
-    ("kubernetes", "multinode:dev"), ("kubernetes", "ubuntu"), ("kubernetes", "a__b/c--d.e"),
-    ("kubernetes", "nvcr.io/nvidia/pytorch:24.08-py3"), ("kubernetes", "Registry.EXAMPLE:443/a"),
-    ("kubernetes", "[::1]:5000/x:Tag_1.0-rc"), ("kubernetes", "x@sha256:" + "a" * 64),
-    ("kubernetes", "x:1@sha256:" + "0" * 64), ("slurm", "/shared/images/multinode.sqsh"),
-    ("slurm", "/shared/images/multinode.sif"),
-])
+@pytest.mark.parametrize(
+    ("platform", "image"),
+    [
+        ("kubernetes", "ghcr.io/org/multinode:1.0"),
+        ("kubernetes", "localhost:5000/multinode"),
+        ("kubernetes", "multinode:dev"),
+        ("kubernetes", "ubuntu"),
+        ("kubernetes", "a__b/c--d.e"),
+        ("kubernetes", "nvcr.io/nvidia/pytorch:24.08-py3"),
+        ("kubernetes", "Registry.EXAMPLE:443/a"),
+        ("kubernetes", "[::1]:5000/x:Tag_1.0-rc"),
+        ("kubernetes", "x@sha256:" + "a" * 64),
+        ("kubernetes", "x:1@sha256:" + "0" * 64),
+        ("slurm", "/shared/images/multinode.sqsh"),
+        ("slurm", "/shared/images/multinode.sif"),
+    ],
+)
 def test_image_references_accepted(platform, image):
     assert build(platform, nodes="2", gpus_per_node="8", image=image).image == image
 
 
-@pytest.mark.parametrize("address", ["10.0.0.1", "worker-0.example.com", "::1", "[fe80::1]",
-                                     "fe80::1%eth0", "m"])
+@pytest.mark.parametrize(
+    "address", ["10.0.0.1", "worker-0.example.com", "::1", "[fe80::1]", "fe80::1%eth0", "m"]
+)
 def test_master_addresses_accepted(address):
-    assert build("docker", nodes="2", gpus_per_node="8", image=IMAGE,
-                 master_addr=address).master_addr == address
+    assert (
+        build("docker", nodes="2", gpus_per_node="8", image=IMAGE, master_addr=address).master_addr
+        == address
+    )
 
 
-@pytest.mark.parametrize("argv", [
-    ["slurm", "--nodes", HUGE, "--gpus-per-node", "8", "--image", IMAGE],
-    ["docker", "--nodes", "2", "--gpus-per-node", "²", "--image", IMAGE, "--master-addr", "m"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["slurm", "--nodes", HUGE, "--gpus-per-node", "8", "--image", IMAGE],
+        ["docker", "--nodes", "2", "--gpus-per-node", "²", "--image", IMAGE, "--master-addr", "m"],
+    ],
+)
 def test_no_hang_no_traceback_in_a_real_process(argv):
-    out = subprocess.run([sys.executable, "-m", "entrypoint", "render", *argv],
-                         capture_output=True, text=True, timeout=30, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "entrypoint", "render", *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
 
 
 def test_the_largest_job_renders():
-    text = render(build("docker", nodes="10000", gpus_per_node="256", image=IMAGE,
-                        master_addr="m"))
+    text = render(build("docker", nodes="10000", gpus_per_node="256", image=IMAGE, master_addr="m"))
     assert text.count("docker run") == 10000
 
 
@@ -398,13 +585,22 @@ def test_the_largest_job_renders():
 # Generated: any arguments, any values
 
 # Any text an argv can carry: no NUL, valid UTF-8 (no lone surrogates; refused, see above).
-WORDS = st.one_of(st.sampled_from(NAMED), st.text(
-    st.characters(codec="utf-8", exclude_characters="\0"), max_size=12))
+WORDS = st.one_of(
+    st.sampled_from(NAMED),
+    st.text(st.characters(codec="utf-8", exclude_characters="\0"), max_size=12),
+)
 COMMANDS = st.lists(WORDS, max_size=5)
-ENVS = st.dictionaries(st.from_regex(r"V_[A-Z0-9_]{0,6}", fullmatch=True).filter(
-    lambda key: not is_secret(key)), WORDS, max_size=3)
-BOUNDED = settings(max_examples=int(os.environ.get("RENDER_EXAMPLES", "100")), deadline=None,
-                   database=None, suppress_health_check=[HealthCheck.too_slow])
+ENVS = st.dictionaries(
+    st.from_regex(r"V_[A-Z0-9_]{0,6}", fullmatch=True).filter(lambda key: not is_secret(key)),
+    WORDS,
+    max_size=3,
+)
+BOUNDED = settings(
+    max_examples=int(os.environ.get("RENDER_EXAMPLES", "100")),
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 @BOUNDED
@@ -415,36 +611,55 @@ def test_any_arguments_read_back_from_every_manifest(yamlread, command, env):
 
 
 @BOUNDED
-@given(command=COMMANDS, env=ENVS, target=st.sampled_from(SCRIPTS),
-       nodes=st.integers(1, 3))
-def test_any_arguments_reach_the_command_from_every_script(standins, command, env, target,
-                                                           nodes):
+@given(command=COMMANDS, env=ENVS, target=st.sampled_from(SCRIPTS), nodes=st.integers(1, 3))
+def test_any_arguments_reach_the_command_from_every_script(standins, command, env, target, nodes):
     with tempfile.TemporaryDirectory() as directory:
         check_script(target, command, env, standins["record"], Path(directory), nodes=nodes)
 
 
-OPTION_PLATFORMS = {"name": "kubernetes", "namespace": "pytorchjob", "secret_name": "volcano",
-                    "partition": "slurm", "account": "slurm", "time": "slurm",
-                    "runtime": "slurm", "image": "trainjob", "master_addr": "docker",
-                    "master_port": "kubernetes", "nodes": "slurm", "gpus_per_node": "volcano"}
+OPTION_PLATFORMS = {
+    "name": "kubernetes",
+    "namespace": "pytorchjob",
+    "secret_name": "volcano",
+    "partition": "slurm",
+    "account": "slurm",
+    "time": "slurm",
+    "runtime": "slurm",
+    "image": "trainjob",
+    "master_addr": "docker",
+    "master_port": "kubernetes",
+    "nodes": "slurm",
+    "gpus_per_node": "volcano",
+}
 
 
 @BOUNDED
-@given(option=st.sampled_from(sorted(OPTION_PLATFORMS)), value=st.one_of(
-    WORDS, st.from_regex(r"[a-z0-9.:/@-]{1,20}\n?", fullmatch=True)))
+@given(
+    option=st.sampled_from(sorted(OPTION_PLATFORMS)),
+    value=st.one_of(WORDS, st.from_regex(r"[a-z0-9.:/@-]{1,20}\n?", fullmatch=True)),
+)
 def test_any_option_value_is_refused_in_one_line_or_changes_no_line(option, value):
     """Whatever an option holds, build refuses it with one line, or the spec has the lines it
     has with a plain value of the same length (no new command, directive, comment end or
     object)."""
     platform = OPTION_PLATFORMS[option]
-    base = {"nodes": "2", "gpus_per_node": "8", "image": IMAGE,
-            "master_addr": "10.0.0.1" if platform == "docker" else None}
+    base = {
+        "nodes": "2",
+        "gpus_per_node": "8",
+        "image": IMAGE,
+        "master_addr": "10.0.0.1" if platform == "docker" else None,
+    }
     try:
         request = build(platform, **base | {option: value})
     except ConfigError as err:
         assert "\n" not in err.line() and err.variable == "--" + option.replace("_", "-")
         return
-    plain = {"nodes": "1", "master_port": "1", "runtime": value, "time": "1" * len(value),
-             "gpus_per_node": "0" if value == "0" else "1"}.get(option, "a" * len(value))
+    plain = {
+        "nodes": "1",
+        "master_port": "1",
+        "runtime": value,
+        "time": "1" * len(value),
+        "gpus_per_node": "0" if value == "0" else "1",
+    }.get(option, "a" * len(value))
     twin = build(platform, **base | {option: plain})
     assert render(request).count("\n") == render(twin).count("\n")

@@ -53,9 +53,11 @@ def kubernetes_nodes(text: str):
     assert service["spec"]["selector"] == {"job-name": job["metadata"]["name"]}
     (container,) = pod["containers"]
     master = f"{job['metadata']['name']}-0.{pod['subdomain']}"
-    envs = [_literal_env(container) | {"JOB_COMPLETION_INDEX": str(i),
-                                        "HOSTNAME": f"{job['metadata']['name']}-{i}"}
-            for i in range(spec["completions"])]
+    envs = [
+        _literal_env(container)
+        | {"JOB_COMPLETION_INDEX": str(i), "HOSTNAME": f"{job['metadata']['name']}-{i}"}
+        for i in range(spec["completions"])
+    ]
     port = int(_literal_env(container).get("MASTER_PORT", 29500))  # torchrun's default
     return envs, _gpus(container.get("resources")), _command(container["args"]), master, port
 
@@ -74,8 +76,14 @@ def pytorchjob_nodes(text: str):
     nproc_int = int(nproc) if nproc and nproc.isdigit() else 1
     (master_container,) = replicas["Master"]["template"]["spec"]["containers"]
     assert master_container["name"] == "pytorch"
-    port = next((p["containerPort"] for p in master_container.get("ports", [])
-                 if p["name"] == "pytorchjob-port"), 23456)
+    port = next(
+        (
+            p["containerPort"]
+            for p in master_container.get("ports", [])
+            if p["name"] == "pytorchjob-port"
+        ),
+        23456,
+    )
     envs = []
     for rtype, offset in (("Master", 0), ("Worker", 1)):
         if rtype not in replicas:
@@ -85,15 +93,25 @@ def pytorchjob_nodes(text: str):
             rank = str(index + offset)
             env = _literal_env(container) | {
                 "PYTHONUNBUFFERED": "1",
-                "MASTER_ADDR": f"{name}-master-0", "MASTER_PORT": str(port),
-                "PET_MASTER_ADDR": f"{name}-master-0", "PET_MASTER_PORT": str(port),
-                "WORLD_SIZE": str(pods * nproc_int), "RANK": rank, "PET_NODE_RANK": rank,
-                "PET_NNODES": str(pods)}
+                "MASTER_ADDR": f"{name}-master-0",
+                "MASTER_PORT": str(port),
+                "PET_MASTER_ADDR": f"{name}-master-0",
+                "PET_MASTER_PORT": str(port),
+                "WORLD_SIZE": str(pods * nproc_int),
+                "RANK": rank,
+                "PET_NODE_RANK": rank,
+                "PET_NNODES": str(pods),
+            }
             if nproc is not None:
                 env["PET_NPROC_PER_NODE"] = nproc
             envs.append(env)
-    return (envs, _gpus(master_container.get("resources")), _command(master_container["args"]),
-            f"{name}-master-0", port)
+    return (
+        envs,
+        _gpus(master_container.get("resources")),
+        _command(master_container["args"]),
+        f"{name}-master-0",
+        port,
+    )
 
 
 def trainjob_nodes(text: str):
@@ -106,11 +124,18 @@ def trainjob_nodes(text: str):
     name, trainer = job["metadata"]["name"], job["spec"]["trainer"]
     assert job["spec"]["runtimeRef"]["name"] == "torch-distributed"
     master = f"{name}-node-0-0.{name}"
-    envs = [_literal_env(trainer) | {
-        "PET_NNODES": str(trainer["numNodes"]),
-        "PET_NPROC_PER_NODE": str(trainer.get("numProcPerNode", "auto")),
-        "PET_NODE_RANK": str(i), "JOB_COMPLETION_INDEX": str(i),
-        "PET_MASTER_ADDR": master, "PET_MASTER_PORT": "29500"} for i in range(trainer["numNodes"])]
+    envs = [
+        _literal_env(trainer)
+        | {
+            "PET_NNODES": str(trainer["numNodes"]),
+            "PET_NPROC_PER_NODE": str(trainer.get("numProcPerNode", "auto")),
+            "PET_NODE_RANK": str(i),
+            "JOB_COMPLETION_INDEX": str(i),
+            "PET_MASTER_ADDR": master,
+            "PET_MASTER_PORT": "29500",
+        }
+        for i in range(trainer["numNodes"])
+    ]
     return envs, _gpus(trainer.get("resourcesPerNode")), _command(trainer["args"]), master, 29500
 
 
@@ -130,8 +155,9 @@ def volcano_nodes(text: str):
     svc = {}
     for task in spec["tasks"]:
         key = task["name"].upper().replace("-", "_")
-        svc[f"VC_{key}_HOSTS"] = ",".join(f"{name}-{task['name']}-{i}.{name}"
-                                          for i in range(task["replicas"]))
+        svc[f"VC_{key}_HOSTS"] = ",".join(
+            f"{name}-{task['name']}-{i}.{name}" for i in range(task["replicas"])
+        )
         svc[f"VC_{key}_NUM"] = str(task["replicas"])
     envs = []
     for task_name, offset in ((master_task, 0), (worker_task, 1)):
@@ -139,13 +165,26 @@ def volcano_nodes(text: str):
             continue
         (container,) = tasks[task_name]["template"]["spec"]["containers"]
         for index in range(tasks[task_name]["replicas"]):
-            envs.append(_literal_env(container) | svc | {
-                "MASTER_ADDR": f"{name}-{master_task}-0.{name}", "MASTER_PORT": str(port),
-                "WORLD_SIZE": str(world), "RANK": str(index + offset),
-                "VK_TASK_INDEX": str(index), "VC_TASK_INDEX": str(index)})
+            envs.append(
+                _literal_env(container)
+                | svc
+                | {
+                    "MASTER_ADDR": f"{name}-{master_task}-0.{name}",
+                    "MASTER_PORT": str(port),
+                    "WORLD_SIZE": str(world),
+                    "RANK": str(index + offset),
+                    "VK_TASK_INDEX": str(index),
+                    "VC_TASK_INDEX": str(index),
+                }
+            )
     (container,) = tasks[master_task]["template"]["spec"]["containers"]
-    return (envs, _gpus(container.get("resources")), _command(container["args"]),
-            f"{name}-{master_task}-0.{name}", port)
+    return (
+        envs,
+        _gpus(container.get("resources")),
+        _command(container["args"]),
+        f"{name}-{master_task}-0.{name}",
+        port,
+    )
 
 
 def _shell_commands(text: str, first_word: str) -> list[list[str]]:
@@ -158,13 +197,19 @@ def slurm_nodes(text: str):
     """sbatch -N<n> --ntasks-per-node=1 --gres=gpu:<g>, then srun: what srun sets in the task on
     node i (https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES; the same
     shape as tests/unit/test_platforms_slurm.py), plus the script's exports."""
-    directives = dict(line.removeprefix("#SBATCH --").split("=", 1) for line in text.splitlines()
-                      if line.startswith("#SBATCH --") and "=" in line)
+    directives = dict(
+        line.removeprefix("#SBATCH --").split("=", 1)
+        for line in text.splitlines()
+        if line.startswith("#SBATCH --") and "=" in line
+    )
     assert directives["ntasks-per-node"] == "1" and "#SBATCH --exclusive" in text
     nodes = int(directives["nodes"])
     gpus = int(directives["gres"].removeprefix("gpu:")) if "gres" in directives else 0
-    exports = dict(shlex.split(line.removeprefix("export "))[0].split("=", 1)
-                   for line in text.splitlines() if line.startswith("export "))
+    exports = dict(
+        shlex.split(line.removeprefix("export "))[0].split("=", 1)
+        for line in text.splitlines()
+        if line.startswith("export ")
+    )
     (srun,) = _shell_commands(text, "srun ")
     assert "--ntasks-per-node=1" in srun
     at = srun.index("entrypoint")
@@ -172,18 +217,29 @@ def slurm_nodes(text: str):
     envs = []
     for i in range(nodes):
         env = exports | {
-            "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": directives["job-name"],
-            "SLURM_JOB_NODELIST": hosts, "SLURM_NNODES": str(nodes), "SLURM_STEP_ID": "0",
-            "SLURM_STEP_NODELIST": hosts, "SLURM_STEP_NUM_NODES": str(nodes),
-            "SLURM_STEP_NUM_TASKS": str(nodes), "SLURM_STEP_TASKS_PER_NODE": f"1(x{nodes})",
-            "SLURM_NTASKS": str(nodes), "SLURM_TASKS_PER_NODE": f"1(x{nodes})",
-            "SLURM_NODEID": str(i), "SLURM_PROCID": str(i), "SLURM_LOCALID": "0"}
+            "SLURM_JOB_ID": "4242",
+            "SLURM_JOB_NAME": directives["job-name"],
+            "SLURM_JOB_NODELIST": hosts,
+            "SLURM_NNODES": str(nodes),
+            "SLURM_STEP_ID": "0",
+            "SLURM_STEP_NODELIST": hosts,
+            "SLURM_STEP_NUM_NODES": str(nodes),
+            "SLURM_STEP_NUM_TASKS": str(nodes),
+            "SLURM_STEP_TASKS_PER_NODE": f"1(x{nodes})",
+            "SLURM_NTASKS": str(nodes),
+            "SLURM_TASKS_PER_NODE": f"1(x{nodes})",
+            "SLURM_NODEID": str(i),
+            "SLURM_PROCID": str(i),
+            "SLURM_LOCALID": "0",
+        }
         if gpus:
-            env |= {"SLURM_GPUS_ON_NODE": str(gpus),
-                    "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus)))}
+            env |= {
+                "SLURM_GPUS_ON_NODE": str(gpus),
+                "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus))),
+            }
         envs.append(env)
     port = int(exports.get("MASTER_PORT", 15000 + 4242 % 20000))  # slurm.py derives it
-    return envs, gpus, _command(srun[at + 1:]), "node0", port
+    return envs, gpus, _command(srun[at + 1 :]), "node0", port
 
 
 def docker_nodes(text: str):
@@ -203,18 +259,34 @@ def docker_nodes(text: str):
     image_at = next(i for i, word in enumerate(argv) if word.startswith("ghcr.io/"))
     gpus = int(envs[0].get("GPUS_PER_NODE", 0))
     assert ("--gpus" in argv) == bool(gpus)
-    return envs, gpus, _command(argv[image_at + 1:]), envs[0]["MASTER_ADDR"], int(
-        envs[0]["MASTER_PORT"])
+    return (
+        envs,
+        gpus,
+        _command(argv[image_at + 1 :]),
+        envs[0]["MASTER_ADDR"],
+        int(envs[0]["MASTER_PORT"]),
+    )
 
 
 PLATFORMS = {
-    "kubernetes": kubernetes_nodes, "pytorchjob": pytorchjob_nodes, "trainjob": trainjob_nodes,
-    "volcano": volcano_nodes, "slurm-pyxis": slurm_nodes, "slurm-apptainer": slurm_nodes,
-    "slurm-none": slurm_nodes, "docker": docker_nodes,
+    "kubernetes": kubernetes_nodes,
+    "pytorchjob": pytorchjob_nodes,
+    "trainjob": trainjob_nodes,
+    "volcano": volcano_nodes,
+    "slurm-pyxis": slurm_nodes,
+    "slurm-apptainer": slurm_nodes,
+    "slurm-none": slurm_nodes,
+    "docker": docker_nodes,
 }
 # The port each platform uses when none is asked for.
-DEFAULT_PORT = {"kubernetes": 29500, "pytorchjob": 23456, "trainjob": 29500, "volcano": 23456,
-                "slurm": 15000 + 4242 % 20000, "docker": 29500}
+DEFAULT_PORT = {
+    "kubernetes": 29500,
+    "pytorchjob": 23456,
+    "trainjob": 29500,
+    "volcano": 23456,
+    "slurm": 15000 + 4242 % 20000,
+    "docker": 29500,
+}
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}-{s[2]}-{len(s[3])}")
@@ -224,10 +296,18 @@ def test_the_plan_reads_what_was_rendered(target, shape):
     platform, _, runtime = target.partition("-")
     if platform == "trainjob" and port:
         port = None  # the Trainer fixes it at 29500; render takes no --master-port there
-    request = build(platform, nodes=str(nodes), gpus_per_node=str(gpus), image=IMAGE,
-                    name="llm", trainer=["--", *command] if command else [], master_port=port,
-                    master_addr="10.0.0.1" if platform == "docker" else None,
-                    runtime=runtime or None, env=["NCCL_DEBUG=INFO", "HF_TOKEN"])
+    request = build(
+        platform,
+        nodes=str(nodes),
+        gpus_per_node=str(gpus),
+        image=IMAGE,
+        name="llm",
+        trainer=["--", *command] if command else [],
+        master_port=port,
+        master_addr="10.0.0.1" if platform == "docker" else None,
+        runtime=runtime or None,
+        env=["NCCL_DEBUG=INFO", "HF_TOKEN"],
+    )
     envs, stated_gpus, trainer, master, platform_port = PLATFORMS[target](render(request))
 
     assert len(envs) == nodes and stated_gpus == gpus and trainer == command
@@ -235,10 +315,17 @@ def test_the_plan_reads_what_was_rendered(target, shape):
     nproc = max(gpus, 1)
     for rank, env in enumerate(envs):
         plan = make_plan(env, node(gpus), trainer or None)
-        assert plan.platform == {"slurm": "slurm", "docker": "torchrun",
-                                 "kubernetes": "indexedjob"}.get(platform, platform)
+        assert plan.platform == {
+            "slurm": "slurm",
+            "docker": "torchrun",
+            "kubernetes": "indexedjob",
+        }.get(platform, platform)
         assert (plan.nnodes, plan.node_rank, plan.nproc_per_node, plan.world_size) == (
-            nodes, rank, nproc, nodes * nproc)
+            nodes,
+            rank,
+            nproc,
+            nodes * nproc,
+        )
         assert plan.master_addr == master
         assert env["NCCL_DEBUG"] == "INFO" and plan.device == ("cuda" if gpus else "cpu")
         # One node with no MASTER_PORT in its environment: torchrun --standalone picks a port.

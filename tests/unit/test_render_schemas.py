@@ -26,8 +26,11 @@ def strict(schema):
     """No field the schema does not name, unless it keeps unknown fields or is a map."""
     if isinstance(schema, dict):
         schema = {key: strict(value) for key, value in schema.items()}
-        if ("properties" in schema and "additionalProperties" not in schema
-                and not schema.get("x-kubernetes-preserve-unknown-fields")):
+        if (
+            "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
             schema["additionalProperties"] = False
         return schema
     if isinstance(schema, list):
@@ -59,11 +62,14 @@ def test_kubernetes_objects_validate(document):
     assert kubernetes_errors(document) == []
 
 
-@pytest.mark.parametrize(("path", "value"), [
-    (("spec", "completions"), "two"),
-    (("spec", "template", "spec", "containers", 0, "imagePullPolicyy"), "Always"),
-    (("spec", "template", "spec", "volumes", 0, "emptyDir", "medium"), ["Memory"]),
-])
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("spec", "completions"), "two"),
+        (("spec", "template", "spec", "containers", 0, "imagePullPolicyy"), "Always"),
+        (("spec", "template", "spec", "volumes", 0, "emptyDir", "medium"), ["Memory"]),
+    ],
+)
 def test_kubernetes_schema_refuses_a_broken_job(path, value):
     job = copy.deepcopy(documents("kubernetes.yaml")[1])
     target = job
@@ -77,26 +83,48 @@ def test_kubernetes_schema_refuses_a_broken_job(path, value):
 def test_crd_objects_validate(kind):
     (document,) = documents(CASES[kind])
     assert document["kind"] == kind
-    errors = [f"{'.'.join(map(str, e.path))}: {e.message}"
-              for e in crd_validator(kind).iter_errors(document)]
+    errors = [
+        f"{'.'.join(map(str, e.path))}: {e.message}"
+        for e in crd_validator(kind).iter_errors(document)
+    ]
     assert errors == []
 
 
 # One break per CRD in the part the renderer writes: a wrong type, and a misspelt field.
 BROKEN = {
-    "PyTorchJob": [(("spec", "pytorchReplicaSpecs", "Master", "replicas"), "one"),
-                   (("spec", "nprocPerNod"), "8")],
-    "TrainJob": [(("spec", "trainer", "numNodes"), "2"),
-                 (("spec", "runtimePatches", 0, "trainingRuntimeSpec", "template", "spec",
-                   "replicatedJobs", 0, "template", "spec", "template", "spec", "hostNetwork"),
-                  True)],
+    "PyTorchJob": [
+        (("spec", "pytorchReplicaSpecs", "Master", "replicas"), "one"),
+        (("spec", "nprocPerNod"), "8"),
+    ],
+    "TrainJob": [
+        (("spec", "trainer", "numNodes"), "2"),
+        (
+            (
+                "spec",
+                "runtimePatches",
+                0,
+                "trainingRuntimeSpec",
+                "template",
+                "spec",
+                "replicatedJobs",
+                0,
+                "template",
+                "spec",
+                "template",
+                "spec",
+                "hostNetwork",
+            ),
+            True,
+        ),
+    ],
     "Job": [(("spec", "tasks", 0, "replicas"), "1"), (("spec", "plugin"), {"svc": []})],
 }
 
 
-@pytest.mark.parametrize(("kind", "path", "value"),
-                         [(kind, path, value) for kind, cases in BROKEN.items()
-                          for path, value in cases])
+@pytest.mark.parametrize(
+    ("kind", "path", "value"),
+    [(kind, path, value) for kind, cases in BROKEN.items() for path, value in cases],
+)
 def test_crd_schema_refuses_a_broken_manifest(kind, path, value):
     (document,) = documents(CASES[kind])
     target = document

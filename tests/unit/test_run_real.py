@@ -8,8 +8,12 @@ import sys
 from pathlib import Path
 
 CHECK = str(Path(__file__).parents[1] / "allreduce_check.py")
-BASE = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"),
-        "ENTRYPOINT_GPUS_PER_NODE": "0", "PYTHONUNBUFFERED": "1"}
+BASE = {
+    "PATH": os.environ["PATH"],
+    "HOME": os.environ.get("HOME", "/tmp"),
+    "ENTRYPOINT_GPUS_PER_NODE": "0",
+    "PYTHONUNBUFFERED": "1",
+}
 
 
 def free_port():
@@ -19,25 +23,42 @@ def free_port():
 
 
 def reports(out_dir):
-    return sorted((json.loads(p.read_text()) for p in Path(out_dir).glob("rank*.json")),
-                  key=lambda r: r["rank"])
+    return sorted(
+        (json.loads(p.read_text()) for p in Path(out_dir).glob("rank*.json")),
+        key=lambda r: r["rank"],
+    )
 
 
 def run_nodes(envs: list[dict]) -> list[str]:
     """Start one `entrypoint run` per environment at once, wait, check every one exited 0."""
-    procs = [subprocess.Popen([sys.executable, "-m", "entrypoint", "run", "--", "python", CHECK],
-                              env=BASE | env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for env in envs]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "entrypoint", "run", "--", "python", CHECK],
+            env=BASE | env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for env in envs
+    ]
     outputs = [p.communicate(timeout=240)[0] for p in procs]
     assert [p.returncode for p in procs] == [0] * len(procs), "\n".join(o[-2000:] for o in outputs)
     return outputs
 
 
 def test_one_node_two_cpu_workers(tmp_path):
-    env = BASE | {"ENTRYPOINT_NPROC_PER_NODE": "2", "ALLREDUCE_OUT": str(tmp_path),
-                  "ENTRYPOINT_RUN_DIR": str(tmp_path / "run")}
-    out = subprocess.run([sys.executable, "-m", "entrypoint", "run", "--", "python", CHECK],
-                         env=env, capture_output=True, text=True, timeout=180)
+    env = BASE | {
+        "ENTRYPOINT_NPROC_PER_NODE": "2",
+        "ALLREDUCE_OUT": str(tmp_path),
+        "ENTRYPOINT_RUN_DIR": str(tmp_path / "run"),
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "entrypoint", "run", "--", "python", CHECK],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     got = reports(tmp_path)
     assert [r["rank"] for r in got] == [0, 1]
@@ -48,11 +69,21 @@ def test_one_node_two_cpu_workers(tmp_path):
 def test_two_nodes_hand_started_on_loopback(tmp_path):
     """Two entrypoints as two hand-started nodes (seed 004), two workers each: world size 4."""
     port = free_port()
-    run_nodes([{"NNODES": "2", "NODE_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port), "ENTRYPOINT_NPROC_PER_NODE": "2",
-                "ENTRYPOINT_SOCKET_IFNAME": "lo", "ALLREDUCE_OUT": str(tmp_path),
-                "ENTRYPOINT_RUN_DIR": str(tmp_path / "run")}
-               for rank in (1, 0)])  # the worker starts first: order must not matter
+    run_nodes(
+        [
+            {
+                "NNODES": "2",
+                "NODE_RANK": str(rank),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "ENTRYPOINT_NPROC_PER_NODE": "2",
+                "ENTRYPOINT_SOCKET_IFNAME": "lo",
+                "ALLREDUCE_OUT": str(tmp_path),
+                "ENTRYPOINT_RUN_DIR": str(tmp_path / "run"),
+            }
+            for rank in (1, 0)
+        ]
+    )  # the worker starts first: order must not matter
     got = reports(tmp_path)
     assert [r["rank"] for r in got] == [0, 1, 2, 3]
     assert all(r["world_size"] == 4 and r["sum"] == 10.0 for r in got)
@@ -66,11 +97,22 @@ def test_platform_started_processes_run_directly_and_join_as_processes(tmp_path)
     launcher is spawned, each process starts the trainer directly and joins node 0's channel as
     a process of its own."""
     port = free_port()
-    outputs = run_nodes([{"WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": "0",
-                          "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                          "MASTER_PORT": str(port), "ENTRYPOINT_SOCKET_IFNAME": "lo",
-                          "ALLREDUCE_OUT": str(tmp_path),
-                          "ENTRYPOINT_RUN_DIR": str(tmp_path / "run")} for rank in (1, 0)])
+    outputs = run_nodes(
+        [
+            {
+                "WORLD_SIZE": "2",
+                "RANK": str(rank),
+                "LOCAL_RANK": "0",
+                "LOCAL_WORLD_SIZE": "1",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "ENTRYPOINT_SOCKET_IFNAME": "lo",
+                "ALLREDUCE_OUT": str(tmp_path),
+                "ENTRYPOINT_RUN_DIR": str(tmp_path / "run"),
+            }
+            for rank in (1, 0)
+        ]
+    )
     got = reports(tmp_path)
     assert [(r["rank"], r["world_size"], r["sum"]) for r in got] == [(0, 2, 3.0), (1, 2, 3.0)]
     plan0 = json.loads((tmp_path / "run" / "node0" / "plan.json").read_text())
@@ -81,11 +123,19 @@ def test_platform_started_processes_run_directly_and_join_as_processes(tmp_path)
 def test_json_mode_writes_only_json_lines_of_its_own(tmp_path):
     """ENTRYPOINT_LOG_FORMAT=json: the plan is one event (not the table), every line the
     entrypoint writes is JSON; a secret is masked inside it."""
-    env = BASE | {"ENTRYPOINT_LOG_FORMAT": "json", "ENTRYPOINT_RUN_DIR": str(tmp_path / "run"),
-                  "HF_TOKEN": "hf_sekrit_value"}
+    env = BASE | {
+        "ENTRYPOINT_LOG_FORMAT": "json",
+        "ENTRYPOINT_RUN_DIR": str(tmp_path / "run"),
+        "HF_TOKEN": "hf_sekrit_value",
+    }
     code = "import sys; print('trainer says hi', file=sys.stderr)"
-    out = subprocess.run([sys.executable, "-m", "entrypoint", "run", "--", "python", "-c", code],
-                         env=env, capture_output=True, text=True, timeout=180)
+    out = subprocess.run(
+        [sys.executable, "-m", "entrypoint", "run", "--", "python", "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     ours = [line for line in out.stderr.splitlines() if line != "[default0]:trainer says hi"]
     events = [json.loads(line) for line in ours]  # fails on any line that is not JSON

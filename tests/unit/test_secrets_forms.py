@@ -12,17 +12,31 @@ import pytest
 
 from entrypoint.secrets import MASK, mask, secret_values
 
-SECRETS = ["sëcret-value", "tab\tand\nnewline", 'quote"back\\slash', "emoji-\U0001f511-key",
-           "nul\x00byte", "plain-ascii-secret",
-           "it's-a-secret"]
+SECRETS = [
+    "sëcret-value",
+    "tab\tand\nnewline",
+    'quote"back\\slash',
+    "emoji-\U0001f511-key",
+    "nul\x00byte",
+    "plain-ascii-secret",
+    "it's-a-secret",
+]
 
 
 @pytest.mark.parametrize("secret", SECRETS)
-@pytest.mark.parametrize("write", [
-    lambda s: s, lambda s: json.dumps({"v": s}), lambda s: json.dumps({"v": s}, indent=2),
-    lambda s: json.dumps(s, ensure_ascii=False), repr, lambda s: f"X={s!r}: is wrong.",
-    lambda s: shlex.join(["python", "t.py", "--token", s])],
-    ids=["raw", "json", "json-indent", "json-unicode", "repr", "error-line", "shell"])
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda s: s,
+        lambda s: json.dumps({"v": s}),
+        lambda s: json.dumps({"v": s}, indent=2),
+        lambda s: json.dumps(s, ensure_ascii=False),
+        repr,
+        lambda s: f"X={s!r}: is wrong.",
+        lambda s: shlex.join(["python", "t.py", "--token", s]),
+    ],
+    ids=["raw", "json", "json-indent", "json-unicode", "repr", "error-line", "shell"],
+)
 def test_every_written_form_is_masked(secret, write):
     values = secret_values({"HF_TOKEN": secret, "NCCL_DEBUG": "INFO"})
     out = mask(write(secret), values)
@@ -33,13 +47,25 @@ def test_every_written_form_is_masked(secret, write):
 
 @pytest.mark.parametrize("args", [["plan", "--json"], ["plan"]])
 def test_plan_never_prints_a_non_ascii_secret(args):
-    secrets = {"HF_TOKEN": "sëcret-välue", "DB_PASSWORD": "pw_\u2028sep",
-               "MY_API_KEY": "key_\U0001f511_x"}
-    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"),
-           "ENTRYPOINT_GPUS_PER_NODE": "0", **secrets}
-    out = subprocess.run([sys.executable, "-m", "entrypoint", *args, "--", "python", "t.py",
-                          *secrets.values()], capture_output=True, text=True, env=env,
-                         timeout=60, check=False)
+    secrets = {
+        "HF_TOKEN": "sëcret-välue",
+        "DB_PASSWORD": "pw_\u2028sep",
+        "MY_API_KEY": "key_\U0001f511_x",
+    }
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "ENTRYPOINT_GPUS_PER_NODE": "0",
+        **secrets,
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "entrypoint", *args, "--", "python", "t.py", *secrets.values()],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     for secret in secrets.values():
         for form in (secret, json.dumps(secret)[1:-1], repr(secret)[1:-1]):

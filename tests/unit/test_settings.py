@@ -14,12 +14,15 @@ def test_empty_means_unset():
     assert Settings.from_env({"ENTRYPOINT_NNODES": " "}).nnodes is None
 
 
-@pytest.mark.parametrize(("env", "start"), [
-    ({"ENTRYPOINT_NNODES": "abc"}, "ENTRYPOINT_NNODES='abc': "),
-    ({"ENTRYPOINT_MASTER_PORT": "70000"}, "ENTRYPOINT_MASTER_PORT='70000': "),
-    ({"ENTRYPOINT_DEVICE": "tpu"}, "ENTRYPOINT_DEVICE='tpu': "),
-    ({"ENTRYPOINT_NPROC_PER_NODE": "0"}, "ENTRYPOINT_NPROC_PER_NODE='0': "),
-])
+@pytest.mark.parametrize(
+    ("env", "start"),
+    [
+        ({"ENTRYPOINT_NNODES": "abc"}, "ENTRYPOINT_NNODES='abc': "),
+        ({"ENTRYPOINT_MASTER_PORT": "70000"}, "ENTRYPOINT_MASTER_PORT='70000': "),
+        ({"ENTRYPOINT_DEVICE": "tpu"}, "ENTRYPOINT_DEVICE='tpu': "),
+        ({"ENTRYPOINT_NPROC_PER_NODE": "0"}, "ENTRYPOINT_NPROC_PER_NODE='0': "),
+    ],
+)
 def test_bad_values_one_line(env, start):
     with pytest.raises(ConfigError) as err:
         Settings.from_env(env)

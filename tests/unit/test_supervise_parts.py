@@ -65,8 +65,10 @@ def test_the_summary_reads_only_the_tail_of_a_long_rank_log(tmp_path):
         for i in range(200000):  # ~3 MB
             f.write(f"noise line {i}\n")
         f.write("Traceback (most recent call last):\nValueError: the real error\n")
-    assert failures.tail(path, 2) == ["Traceback (most recent call last):",
-                                        "ValueError: the real error"]
+    assert failures.tail(path, 2) == [
+        "Traceback (most recent call last):",
+        "ValueError: the real error",
+    ]
     assert len(failures.tail(path, 10**6)) < 5000  # at most 64 kB were read
 
 
@@ -78,7 +80,8 @@ def test_restarts_keep_only_the_last_log_directories(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run4", "run5"]  # + the next start's
 
 
-@pytest.mark.parametrize("returncode,status", [(0, 0), (3, 3), (255, 255), (-6, 134),
-                                               (-9, 137), (-15, 143), (134, 134)])
+@pytest.mark.parametrize(
+    "returncode,status", [(0, 0), (3, 3), (255, 255), (-6, 134), (-9, 137), (-15, 143), (134, 134)]
+)
 def test_exit_statuses_are_the_shells_and_within_0_255(returncode, status):
     assert exit_status(returncode) == status

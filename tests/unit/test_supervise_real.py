@@ -18,10 +18,16 @@ from pathlib import Path
 import pytest
 
 TRAINER = str(Path(__file__).parents[1] / "fault_trainer.py")
-BASE = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"),
-        "ENTRYPOINT_GPUS_PER_NODE": "0", "ENTRYPOINT_NPROC_PER_NODE": "2",
-        "ENTRYPOINT_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1",
-        "ENTRYPOINT_HEARTBEAT_INTERVAL": "1", "ENTRYPOINT_HEARTBEAT_TIMEOUT": "5"}
+BASE = {
+    "PATH": os.environ["PATH"],
+    "HOME": os.environ.get("HOME", "/tmp"),
+    "ENTRYPOINT_GPUS_PER_NODE": "0",
+    "ENTRYPOINT_NPROC_PER_NODE": "2",
+    "ENTRYPOINT_SOCKET_IFNAME": "lo",
+    "PYTHONUNBUFFERED": "1",
+    "ENTRYPOINT_HEARTBEAT_INTERVAL": "1",
+    "ENTRYPOINT_HEARTBEAT_TIMEOUT": "5",
+}
 
 
 def two_free_ports() -> int:
@@ -41,8 +47,17 @@ class Nodes:
     def __init__(self, tmp: Path, n: int = 2, **env):
         self.tmp, self.n = tmp, n
         self.port = two_free_ports()
-        self.env = BASE | {"NNODES": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.port),
-                           "ENTRYPOINT_RUN_DIR": str(tmp / "run"), "FAULT_OUT": str(tmp / "out")} | env
+        self.env = (
+            BASE
+            | {
+                "NNODES": str(n),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(self.port),
+                "ENTRYPOINT_RUN_DIR": str(tmp / "run"),
+                "FAULT_OUT": str(tmp / "out"),
+            }
+            | env
+        )
         self.procs: dict[int, subprocess.Popen] = {}
         self.started = time.monotonic()
 
@@ -50,8 +65,11 @@ class Nodes:
         log = open(self.tmp / f"node{rank}.log", "w")
         self.procs[rank] = subprocess.Popen(
             [sys.executable, "-m", "entrypoint", "run", "--", "python", TRAINER],
-            env=self.env | {"NODE_RANK": str(rank)} | env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            env=self.env | {"NODE_RANK": str(rank)} | env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         return self.procs[rank]
 
     def log(self, rank: int) -> str:
@@ -71,8 +89,10 @@ class Nodes:
         time.sleep(1)  # a few steps in
 
     def reports(self) -> list[dict]:
-        return sorted((json.loads(p.read_text()) for p in (self.tmp / "out").glob("rank*.json")),
-                      key=lambda r: r["rank"])
+        return sorted(
+            (json.loads(p.read_text()) for p in (self.tmp / "out").glob("rank*.json")),
+            key=lambda r: r["rank"],
+        )
 
     def kill_everything(self) -> None:
         for proc in self.procs.values():
@@ -86,8 +106,11 @@ class Nodes:
 
 def _summary(log: str) -> str:
     """Node 0's failure summary (a JSON line: the event, and the traceback's last lines)."""
-    (line,) = [json.loads(line) for line in log.splitlines()
-               if line.startswith("{") and "worker failed" in line]
+    (line,) = [
+        json.loads(line)
+        for line in log.splitlines()
+        if line.startswith("{") and "worker failed" in line
+    ]
     return "\n".join([line["event"], *line.get("traceback", [])])
 
 
@@ -116,8 +139,11 @@ def test_a_crashing_worker_stops_every_node_and_node_0_shows_its_error_once(node
     assert c.wait() == {0: 1, 1: 1}  # the trainer's own code, on every node
     log0, log1 = c.log(0), c.log(1)
     # The summary is one structured line (JSON here), in the node's log file too.
-    (summary,) = [json.loads(line) for line in (tmp_path / "logs" / "node0.log").open()
-                  if "worker failed" in line]
+    (summary,) = [
+        json.loads(line)
+        for line in (tmp_path / "logs" / "node0.log").open()
+        if "worker failed" in line
+    ]
     assert summary["event"].startswith("worker failed: rank 3 on node 1 (")
     assert summary["event"].endswith("(local rank 1), exit code 1") and summary["level"] == "error"
     assert summary["traceback"][-1] == "ValueError: injected failure on rank 3 at step 15"
@@ -134,7 +160,8 @@ def test_max_restarts_restarts_every_node_and_resumes_from_the_checkpoint(nodes)
     assert c.wait() == {0: 0, 1: 0}, c.log(0)[-3000:]
     got = c.reports()
     assert [(r["rank"], r["restart"], r["start"], r["last_step"]) for r in got] == [
-        (r, 1, 20, 50) for r in range(4)]
+        (r, 1, 20, 50) for r in range(4)
+    ]
     assert "restarting every node's trainer (restart 1 of 1)" in c.log(0)
 
 
@@ -221,8 +248,11 @@ def _forwarded_at(log: str) -> list[float]:
     """Wall times of the entrypoint's 'forwarded to N worker process(es)' lines (JSON logs)."""
     from datetime import datetime
 
-    return [datetime.fromisoformat(json.loads(line)["timestamp"]).timestamp()
-            for line in log.splitlines() if line.startswith("{") and "forwarded to" in line]
+    return [
+        datetime.fromisoformat(json.loads(line)["timestamp"]).timestamp()
+        for line in log.splitlines()
+        if line.startswith("{") and "forwarded to" in line
+    ]
 
 
 def test_sigterm_on_one_node_reaches_every_nodes_workers_within_a_second(nodes):
@@ -258,8 +288,11 @@ def test_a_killed_launcher_leaves_no_worker_behind(nodes):
     c.start(0), c.start(1)
     c.wait_training(4)
     workers = [int((c.tmp / "out" / f"started{r}.0").read_text()) for r in range(4)]
-    (launcher,) = [pid for pid in _tree(c.procs[1].pid)[1:]
-                   if b"torch.distributed.run" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    (launcher,) = [
+        pid
+        for pid in _tree(c.procs[1].pid)[1:]
+        if b"torch.distributed.run" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
     os.kill(launcher, signal.SIGKILL)
     killed = time.monotonic()
     assert c.wait(60) == {0: 137, 1: 137}, c.log(1)[-3000:]
@@ -301,6 +334,7 @@ def test_a_lost_node_started_again_by_its_platform_joins_the_restart(nodes):
 
 # -- issue 16: the supervisor under faults ------------------------------------------------------
 
+
 def _signals_seen(c: Nodes, rank: int) -> list[int]:
     path = c.tmp / "out" / f"signals{rank}"
     return [int(x) for x in path.read_text().split()] if path.exists() else []
@@ -322,10 +356,22 @@ def _wait_for(path: Path, timeout: float = 60, poll: float = 0.01) -> None:
         time.sleep(poll)
 
 
-@pytest.mark.parametrize("how,code,rank,launch", [
-    ("abort", 134, 3, {"FAULT_WAIT": "0:15,1:15"}),
-    ("255", 255, 1, {"ENTRYPOINT_LAUNCHER": "direct", "ENTRYPOINT_NPROC_PER_NODE": "1",
-                     "FAULT_WAIT": "0:15"})])
+@pytest.mark.parametrize(
+    "how,code,rank,launch",
+    [
+        ("abort", 134, 3, {"FAULT_WAIT": "0:15,1:15"}),
+        (
+            "255",
+            255,
+            1,
+            {
+                "ENTRYPOINT_LAUNCHER": "direct",
+                "ENTRYPOINT_NPROC_PER_NODE": "1",
+                "FAULT_WAIT": "0:15",
+            },
+        ),
+    ],
+)
 def test_a_trainer_exit_code_above_128_is_a_failure_not_a_signal(nodes, how, code, rank, launch):
     """A rank calls os.abort() (what XLA and NCCL do on a fatal error; under torchrun), or the
     trainer itself exits 255 (no launcher): the healthy ranks get SIGTERM (before: SIGABRT, and
@@ -339,11 +385,13 @@ def test_a_trainer_exit_code_above_128_is_a_failure_not_a_signal(nodes, how, cod
     assert "exit code -6" not in log0
     for healthy in (0, 1) if rank == 3 else (0,):  # node 0's ranks, waiting outside collectives
         assert _signals_seen(c, healthy) == [signal.SIGTERM], _signals_seen(c, healthy)
-    assert "Traceback" not in "".join(line for line in (log0 + log1).splitlines()
-                                      if "entrypoint/" in line)
+    assert "Traceback" not in "".join(
+        line for line in (log0 + log1).splitlines() if "entrypoint/" in line
+    )
     assert "preempt" not in log0 and "stopped on SIG" not in log0
-    measured(f"trainer exit {how}: every node exited {code}",
-             _since(c.tmp / "out" / f"exiting{rank}"))
+    measured(
+        f"trainer exit {how}: every node exited {code}", _since(c.tmp / "out" / f"exiting{rank}")
+    )
 
 
 def test_a_trainer_that_exits_130_itself_is_restarted_like_any_failure(nodes):
@@ -428,12 +476,17 @@ def test_sigterm_in_the_failure_window_stops_instead_of_restarting(nodes):
     collective are), and restarts are left; node 0 receives SIGTERM (preemption) while it waits
     for the other reports: every node exits 143 and no trainer starts again (before: the
     failure was judged at the end of the window and every node restarted)."""
-    c = nodes(FAULT_EXIT="3:15:3", FAULT_HANG="0:15,1:15", ENTRYPOINT_MAX_RESTARTS="1",
-              ENTRYPOINT_GRACE_PERIOD="5")
+    c = nodes(
+        FAULT_EXIT="3:15:3",
+        FAULT_HANG="0:15,1:15",
+        ENTRYPOINT_MAX_RESTARTS="1",
+        ENTRYPOINT_GRACE_PERIOD="5",
+    )
     c.start(0), c.start(1)
     _wait_for(c.tmp / "out" / "started3.0")
-    (launcher,) = [pid for pid in _tree(c.procs[1].pid)[1:]
-                   if b"torch.distributed.run" in _cmdline(pid)]
+    (launcher,) = [
+        pid for pid in _tree(c.procs[1].pid)[1:] if b"torch.distributed.run" in _cmdline(pid)
+    ]
     _wait_for(c.tmp / "out" / "exiting3")
     while _alive(launcher):  # node 1's trainer has ended
         time.sleep(0.01)
@@ -454,16 +507,21 @@ def test_a_stalled_stderr_on_node_0_never_blocks_its_control_plane(nodes, tmp_pa
     with open(tmp_path / "node0.log", "w") as out0:
         c.procs[0] = subprocess.Popen(
             [sys.executable, "-m", "entrypoint", "run", "--", "python", TRAINER],
-            env=c.env | {"NODE_RANK": "0"}, stdout=out0, stderr=subprocess.PIPE,
-            start_new_session=True)
+            env=c.env | {"NODE_RANK": "0"},
+            stdout=out0,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
     c.start(1)
     try:
         assert c.wait(90) == {0: 3, 1: 3}, c.log(1)[-3000:]
     finally:
         c.procs[0].stderr.close()
     assert "stopped by node 0: node 1" in c.log(1)
-    measured("node 0's stderr stalled, a worker exits 3: both exited 3",
-             _since(c.tmp / "out" / "exiting3"))
+    measured(
+        "node 0's stderr stalled, a worker exits 3: both exited 3",
+        _since(c.tmp / "out" / "exiting3"),
+    )
 
 
 def test_a_full_disk_under_the_log_dir_does_not_stop_the_job(nodes, tmp_path):
@@ -484,8 +542,9 @@ def test_the_trainer_dies_with_a_sigkilled_entrypoint_on_a_bare_machine(nodes):
     c.start(0)
     c.wait_training(2)
     workers = [int((c.tmp / "out" / f"started{r}.0").read_text()) for r in range(2)]
-    launchers = [pid for pid in _tree(c.procs[0].pid)[1:]
-                 if b"torch.distributed.run" in _cmdline(pid)]
+    launchers = [
+        pid for pid in _tree(c.procs[0].pid)[1:] if b"torch.distributed.run" in _cmdline(pid)
+    ]
     os.kill(c.procs[0].pid, signal.SIGKILL)
     killed = time.monotonic()
     c.procs[0].wait()
