@@ -105,7 +105,10 @@ def venv_size(image: str) -> tuple[int, int]:
         "sh",
         image,
         "-c",
-        "du -sb /opt/venv | cut -f1; du -sbc /opt/venv/lib/python3*/site-packages/nvidia | tail -1 | cut -f1",
+        (
+            "du -sb /opt/venv | cut -f1; du -sbc /opt/venv/lib/python3*/site-packages/nvidia | "
+            "tail -1 | cut -f1"
+        ),
     )
     venv, nvidia = out.split()
     return int(venv), int(nvidia)

@@ -39,7 +39,8 @@ def heavy_imports() -> list[str]:
         "import sys, runpy; sys.argv=['entrypoint','plan','--json']\n"
         "try:\n    runpy.run_module('entrypoint', run_name='__main__')\n"
         "except SystemExit:\n    pass\n"
-        "print(','.join(m for m in ('torch','jax','deepspeed','numpy') if m in sys.modules), file=sys.stderr)"
+        "print(','.join(m for m in ('torch','jax','deepspeed','numpy') if m in sys.modules),"
+        " file=sys.stderr)"
     )
     out = subprocess.run([sys.executable, "-c", probe], env=ENV, capture_output=True, text=True)
     lines = out.stderr.strip().splitlines()
@@ -56,9 +57,8 @@ def main() -> None:
     print(f"entrypoint plan --json    {plan * 1000:7.1f} ms (median of {runs})")
     print(f"added by the entrypoint   {(plan - bare) * 1000:7.1f} ms   (goal: under 300 ms)")
     heavy = heavy_imports()
-    print(
-        f"heavy modules imported    {', '.join(heavy) if heavy else 'none (torch, jax, deepspeed, numpy)'}"
-    )
+    none = "none (torch, jax, deepspeed, numpy)"
+    print(f"heavy modules imported    {', '.join(heavy) if heavy else none}")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,9 @@ SageMaker, Volcano, Kubernetes Indexed Jobs/JobSet), probes of this node, defaul
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="entrypoint",
-        description="Start this node's part of a multi-node PyTorch, DeepSpeed or JAX job, on any platform.",
+        description=(
+            "Start this node's part of a multi-node PyTorch, DeepSpeed or JAX job, on any platform."
+        ),
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -210,8 +210,8 @@ def worker(layout: Layout, trainer: Sequence[str]) -> Launch:
 
     jax.distributed.initialize() with no arguments: JAX reads JAX_COORDINATOR_ADDRESS and
     JAX_LOCAL_DEVICE_IDS itself, and the count and id through jax_cluster's ClusterEnv, which
-    the site hook registers (plan.py puts it on PYTHONPATH) (the ids also keep JAX's SLURM/Open MPI readers from
-    narrowing each process to GPU SLURM_LOCALID)."""
+    the site hook registers (plan.py puts it on PYTHONPATH) (the ids also keep JAX's SLURM/Open
+    MPI readers from narrowing each process to GPU SLURM_LOCALID)."""
     rank = layout.node_rank if layout.spawn else layout.rank
     local_rank = 0 if layout.spawn else layout.local_rank
     host = f"[{layout.master_addr}]" if ":" in layout.master_addr else layout.master_addr

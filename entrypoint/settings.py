@@ -33,7 +33,9 @@ class Settings(BaseSettings):
     )
     world_size_means: Literal["auto", "nodes", "processes"] = Field(
         "auto",
-        description="How to read a bare WORLD_SIZE/RANK pair: as nodes (container platforms) or processes.",
+        description=(
+            "How to read a bare WORLD_SIZE/RANK pair: as nodes (container platforms) or processes."
+        ),
     )
     nnodes: int | None = Field(
         None, ge=1, le=NODES.high, description="Number of nodes; beats the platform's value."
@@ -67,15 +69,24 @@ class Settings(BaseSettings):
     )
     launcher: Literal["auto", "torchrun", "accelerate", "jax", "direct"] = Field(
         "auto",
-        description="How workers start: torchrun (default), accelerate launch, JAX processes, or direct exec.",
+        description=(
+            "How workers start: torchrun (default), accelerate launch, JAX processes, or direct "
+            "exec."
+        ),
     )
     job: Literal["deepspeed", "jax"] = Field(
         "deepspeed",
-        description="The built-in job run when no command is given: DeepSpeed ZeRO-2 (torchrun) or JAX data parallel.",
+        description=(
+            "The built-in job run when no command is given: DeepSpeed ZeRO-2 (torchrun) or JAX "
+            "data parallel."
+        ),
     )
     config: str | None = Field(
         None,
-        description="Training config: a shipped name (`8gpu`, `16gpu`, `cpu`...) or a directory; default: chosen by world size.",
+        description=(
+            "Training config: a shipped name (`8gpu`, `16gpu`, `cpu`...) or a directory; default: "
+            "chosen by world size."
+        ),
     )
     socket_ifname: str | None = Field(
         None,
@@ -83,7 +94,11 @@ class Settings(BaseSettings):
     )
     run_dir: Path = Field(
         Path("/tmp/entrypoint-run"),
-        description="Where the entrypoint writes the configs it generates for this node (not /tmp/entrypoint: a directory named like the package would shadow it for `python -m entrypoint` started in /tmp).",
+        description=(
+            "Where the entrypoint writes the configs it generates for this node (not "
+            "/tmp/entrypoint: a directory named like the package would shadow it for `python -m "
+            "entrypoint` started in /tmp)."
+        ),
     )
     log_dir: Path | None = Field(
         None, description="Also write this node's log to `<log_dir>/node<rank>.log`."
@@ -99,7 +114,10 @@ class Settings(BaseSettings):
     )
     xla_preallocate: bool | None = Field(
         None,
-        description="JAX: sets XLA_PYTHON_CLIENT_PREALLOCATE (false stops JAX taking 75% of GPU memory at start).",
+        description=(
+            "JAX: sets XLA_PYTHON_CLIENT_PREALLOCATE (false stops JAX taking 75% of GPU memory at "
+            "start)."
+        ),
     )
     xla_mem_fraction: float | None = Field(
         None, gt=0, le=1, description="JAX: sets XLA_PYTHON_CLIENT_MEM_FRACTION."
@@ -108,13 +126,19 @@ class Settings(BaseSettings):
         None,
         ge=1,
         le=65535,
-        description="Port of the entrypoints' own channel on node 0 (join, checks, heartbeats); default MASTER_PORT + 1 (MASTER_PORT - 1 for 65535); never MASTER_PORT itself.",
+        description=(
+            "Port of the entrypoints' own channel on node 0 (join, checks, heartbeats); default "
+            "MASTER_PORT + 1 (MASTER_PORT - 1 for 65535); never MASTER_PORT itself."
+        ),
     )
     join_timeout: float = Field(
         300,
         gt=0,
         le=WEEK,
-        description="Seconds `run` waits for node 0 to answer and for every node to join before it stops with exit 75.",
+        description=(
+            "Seconds `run` waits for node 0 to answer and for every node to join before it stops "
+            "with exit 75."
+        ),
     )
     heartbeat_interval: float = Field(
         1, gt=0, le=HOUR, description="Seconds between heartbeats between the nodes' entrypoints."
@@ -123,57 +147,91 @@ class Settings(BaseSettings):
         5,
         gt=0,
         le=DAY,
-        description="A node silent this long (paused, hung, cut off) is lost: every node stops with exit 75. At least 3 heartbeat intervals.",
+        description=(
+            "A node silent this long (paused, hung, cut off) is lost: every node stops with exit "
+            "75. At least 3 heartbeat intervals."
+        ),
     )
     job_id: str | None = Field(
         None,
-        description="Names the job; a node whose job differs is refused at the join. Default: the platform's job id (SLURM_JOB_ID...), where it has one.",
+        description=(
+            "Names the job; a node whose job differs is refused at the join. Default: the "
+            "platform's job id (SLURM_JOB_ID...), where it has one."
+        ),
     )
     job_token: SecretStr | None = Field(
         None,
-        description="A secret shared by the job's nodes (16+ characters): a node must prove it (HMAC over a challenge; never sent) to join.",
+        description=(
+            "A secret shared by the job's nodes (16+ characters): a node must prove it (HMAC over "
+            "a challenge; never sent) to join."
+        ),
     )
     job_token_file: Path | None = Field(
         None,
-        description="A file holding the job token (a mounted Kubernetes Secret, a file in the job's directory), instead of ENTRYPOINT_JOB_TOKEN.",
+        description=(
+            "A file holding the job token (a mounted Kubernetes Secret, a file in the job's "
+            "directory), instead of ENTRYPOINT_JOB_TOKEN."
+        ),
     )
     collective_timeout: int = Field(
         600,
         ge=10,
         le=WEEK,
-        description="Process-group timeout in seconds for a rank that is alive but stuck in a collective (DEEPSPEED_TIMEOUT, the built-in jobs); node loss is caught by heartbeats long before.",
+        description=(
+            "Process-group timeout in seconds for a rank that is alive but stuck in a collective "
+            "(DEEPSPEED_TIMEOUT, the built-in jobs); node loss is caught by heartbeats long "
+            "before."
+        ),
     )
     grace_period: float = Field(
         25,
         ge=0,
         le=DAY,
-        description="Seconds workers get after SIGTERM to checkpoint and exit before they are killed; keep it below the platform's (Kubernetes: terminationGracePeriodSeconds, 30 s).",
+        description=(
+            "Seconds workers get after SIGTERM to checkpoint and exit before they are killed; keep "
+            "it below the platform's (Kubernetes: terminationGracePeriodSeconds, 30 s)."
+        ),
     )
     max_restarts: int = Field(
         0,
         ge=0,
         le=1000,
-        description="Restart every node's trainer together this many times after a worker fails; the built-in job resumes from its checkpoint.",
+        description=(
+            "Restart every node's trainer together this many times after a worker fails; the "
+            "built-in job resumes from its checkpoint."
+        ),
     )
     max_clock_skew: float = Field(
         30,
         gt=0,
         le=DAY,
-        description="Nodes whose clocks differ from node 0's by more than this many seconds are refused (above 2 s: a warning).",
+        description=(
+            "Nodes whose clocks differ from node 0's by more than this many seconds are refused "
+            "(above 2 s: a warning)."
+        ),
     )
     data_dir: Path | None = Field(
         None,
-        description="A dataset directory that must exist and look the same (file count, size) on every node.",
+        description=(
+            "A dataset directory that must exist and look the same (file count, size) on every "
+            "node."
+        ),
     )
     monitor_interval: float = Field(
         300,
         ge=0,
         le=WEEK,
-        description="Node 0 logs a per-node table (GPU utilization and memory) this often, in seconds; 0: never.",
+        description=(
+            "Node 0 logs a per-node table (GPU utilization and memory) this often, in seconds; 0: "
+            "never."
+        ),
     )
     preflight_allreduce: bool = Field(
         False,
-        description="Before the trainer, measure all-reduce bandwidth across all nodes (as `entrypoint doctor --allreduce`).",
+        description=(
+            "Before the trainer, measure all-reduce bandwidth across all nodes (as `entrypoint "
+            "doctor --allreduce`)."
+        ),
     )
 
     @classmethod

@@ -14,8 +14,8 @@ import socket
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 ENV = "ENTRYPOINT_JOB_"
 DEFAULT_OUTPUT = "/tmp/entrypoint-job"
@@ -145,7 +145,8 @@ class StopRequest:
 
 @dataclass(frozen=True)
 class Place:
-    """Where this worker stands, as its launcher told it (torchrun's or the entrypoint's variables)."""
+    """Where this worker stands, as its launcher told it (torchrun's or the entrypoint's
+    variables)."""
 
     rank: int
     world_size: int

@@ -74,7 +74,8 @@ def build_model(vocab: int, seq_len: int, d_model: int = 64, layers: int = 2, he
 
 
 def choose_device(plan: dict) -> tuple[str, str]:
-    """(device, backend): cuda + nccl when the plan says cuda and torch sees a GPU, else cpu + gloo."""
+    """(device, backend): cuda + nccl when the plan says cuda and torch sees a GPU, else cpu +
+    gloo."""
     import torch
 
     wanted = plan.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")

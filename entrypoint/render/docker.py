@@ -60,8 +60,8 @@ def render(request: Request) -> str:
             *(
                 [
                     (
-                        f"Machine 0 is {request.master_addr}: the others reach it on TCP ports {port} "
-                        f"(rendezvous) and {port + 1}"
+                        f"Machine 0 is {request.master_addr}: the others reach it on TCP ports "
+                        f"{port} (rendezvous) and {port + 1}"
                     ),
                     "(the entrypoints' own channel), so let them through its firewall.",
                 ]
@@ -75,8 +75,8 @@ def render(request: Request) -> str:
             *(
                 [
                     (
-                        f"{', '.join(request.secrets)}: secret, never written here: docker takes it from "
-                        "the shell (export it there first)."
+                        f"{', '.join(request.secrets)}: secret, never written here: docker takes "
+                        "it from the shell (export it there first)."
                     )
                 ]
                 if request.secrets

@@ -68,7 +68,10 @@ def render(request: Request) -> str:
         (f"{request.name}: {text.shape(request)}, a Volcano Job of {request.image}"),
         [
             *text.kube_notes(request),
-            f"Node 0 is the master task's pod, {master_addr(request)}:{port}; worker i is node i + 1.",
+            (
+                f"Node 0 is the master task's pod, {master_addr(request)}:{port}; worker i is node "
+                f"i + 1."
+            ),
         ],
     )
     notes = [

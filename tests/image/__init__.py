@@ -1,1 +1,2 @@
-"""Tests against the built image (a package, so its conftest does not shadow tests/unit/conftest)."""
+"""Tests against the built image (a package, so its conftest does not shadow
+tests/unit/conftest)."""

@@ -22,7 +22,8 @@ CUDA_LIB = re.compile(
 def test_one_copy_of_each_nvidia_library(image):
     out = image.python(
         "import importlib.metadata as md, os, re, sys\n"
-        "print('DIST', *sorted(d.metadata['Name'].lower().replace('_', '-') for d in md.distributions()))\n"
+        "print('DIST', *sorted(d.metadata['Name'].lower().replace('_', '-')\n"
+        "                      for d in md.distributions()))\n"
         "for root, _, files in os.walk('/'):\n"
         "    if root.startswith(('/proc', '/sys', '/dev')): continue\n"
         "    for f in files:\n"

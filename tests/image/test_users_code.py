@@ -71,7 +71,10 @@ def test_from_image_adds_a_package_without_moving_the_pins(image, extended):
         "import mytrainer, torch, importlib.metadata as md;"
         "print(mytrainer.hello(), torch.__version__, md.version('nvidia-nccl-cu12'))"
     )
-    base_probe = "import torch, importlib.metadata as md; print(torch.__version__, md.version('nvidia-nccl-cu12'))"
+    base_probe = (
+        "import torch, importlib.metadata as md;"
+        " print(torch.__version__, md.version('nvidia-nccl-cu12'))"
+    )
     base = subprocess.run(
         [DOCKER, "run", "--rm", "--entrypoint", "python", image.tag, "-c", base_probe],
         capture_output=True,

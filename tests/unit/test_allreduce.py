@@ -1,8 +1,8 @@
 """The all-reduce measurement's figures (nccl-tests' definitions) and the plan's preflight."""
 
 import pytest
-from conftest import node
 
+from conftest import node
 from entrypoint.errors import ConfigError
 from entrypoint.job.allreduce import bandwidth, summary, table, then_command
 from entrypoint.plan import ALLREDUCE, make_plan
@@ -99,7 +99,8 @@ def test_doctor_allreduce_is_not_measured_twice():
     [
         ({"ENTRYPOINT_JOB": "jax"}, "jax"),
         ({"ENTRYPOINT_LAUNCHER": "direct"}, "direct"),
-        # Kubeflow PyTorchJob pods without nprocPerNode: one process per pod, started by the platform
+        # Kubeflow PyTorchJob pods without nprocPerNode: one process per pod, started by the
+        # platform
         (
             {
                 "WORLD_SIZE": "16",

@@ -176,7 +176,6 @@ def test_an_old_connections_late_beats_and_close_are_not_the_new_nodes():
     import time
 
     from entrypoint import control
-
     from tests.unit.test_control import hello as wire_hello
 
     c = Conductor(2, RESTARTS, now=time.monotonic())

@@ -9,8 +9,8 @@ import sys
 from dataclasses import replace
 
 import pytest
-from conftest import node
 
+from conftest import node
 from entrypoint.doctor import Findings, Port, port_meaning, problems, report, table
 from entrypoint.facts import Facts, Interface
 from entrypoint.plan import make_plan

@@ -16,11 +16,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import node
 from hostile_env import TEMPLATES, draw, facts, plan_once, violations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import node
 from entrypoint import platforms
 from entrypoint.errors import ConfigError
 from entrypoint.hostlist import HostlistError, expand

@@ -146,8 +146,8 @@ BAD_DOCKER = {
         (["--nodes", "0"], "entrypoint: error: --nodes='0': must be 1 or more."),
         (
             ["--nodes", "2", "--gpus-per-node", "100000"],
-            "entrypoint: error: --gpus-per-node='100000': 2 nodes x 100000 GPUs need 200000 but this "
-            "machine has",
+            "entrypoint: error: --gpus-per-node='100000': 2 nodes x 100000 GPUs need 200000 "
+            "but this machine has",
         ),
         (
             ["--nodes", "2", "-e", "NOEQUALS"],

@@ -4,8 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import node
 
+from conftest import node
 from entrypoint.errors import ConfigError
 from entrypoint.launch import check_hardware
 from entrypoint.plan import BUILTIN_JOB, make_plan
@@ -363,8 +363,8 @@ def test_seed_004_sixteen_gpu_list_on_an_eight_gpu_node_refused():
     with pytest.raises(ConfigError) as err:
         make_plan(env, node(8), ["x"])
     assert err.value.line().startswith(
-        "CUDA_VISIBLE_DEVICES='0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15': names GPU 8,9,10,11,12,13,14,15 "
-        "but this node has 8 (probe nvml)"
+        "CUDA_VISIBLE_DEVICES='0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15': "
+        "names GPU 8,9,10,11,12,13,14,15 but this node has 8 (probe nvml)"
     )
 
 

@@ -20,12 +20,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-import goyaml
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import goyaml
 from entrypoint.cli import main
 from entrypoint.errors import ConfigError
 from entrypoint.render import render
@@ -459,8 +459,8 @@ def _argv(platform: str, **options: str) -> list[str]:
         (
             _argv("kubernetes", image="ghcr.io/Org/multinode:1.0"),
             (
-                "--image='ghcr.io/Org/multinode:1.0': is not an image reference: the repository must be "
-                "lower case"
+                "--image='ghcr.io/Org/multinode:1.0': is not an image reference: "
+                "the repository must be lower case"
             ),
         ),
         (
@@ -504,8 +504,8 @@ def _argv(platform: str, **options: str) -> list[str]:
         (
             _argv("docker", master_addr="10.0.0.1:29500"),
             (
-                "--master-addr='10.0.0.1:29500': is host:port, not a host. Give --master-addr 10.0.0.1 "
-                "--master-port 29500"
+                "--master-addr='10.0.0.1:29500': is host:port, not a host. "
+                "Give --master-addr 10.0.0.1 --master-port 29500"
             ),
         ),
         (_argv("docker", master_addr="worker 0"), "--master-addr='worker 0': is not a host name"),

@@ -8,8 +8,8 @@ import shlex
 
 import pytest
 import yaml
-from conftest import node
 
+from conftest import node
 from entrypoint.plan import make_plan
 from entrypoint.render import render
 from entrypoint.render.request import build
