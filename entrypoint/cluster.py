@@ -32,10 +32,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 if TYPE_CHECKING:
-    import docker
+    from types import FrameType
+
+    from docker import DockerClient
+    from docker.models.containers import Container
 
 # Where the built-in job writes when ENTRYPOINT_JOB_OUTPUT is unset (entrypoint/job/common.py).
 DEFAULT_OUTPUT = "/tmp/entrypoint-job"
@@ -135,7 +138,7 @@ class Cluster:
         prefix: str | None = None,
         shm_size: str = "1g",
         echo: Callable[[str], None] | None = None,
-        client: docker.DockerClient | None = None,
+        client: DockerClient | None = None,
         output: str = DEFAULT_OUTPUT,
     ):
         self.image = image
@@ -147,10 +150,10 @@ class Cluster:
         self.echo = echo
         self.client = client or sdk().from_env(timeout=120)
         self.network = None
-        self.containers: dict[str, object] = {}
+        self.containers: dict[str, Container] = {}
         self._lines: list[str] = []
         self._lock = threading.Lock()
-        self._old_sigterm = None
+        self._old_sigterm: Callable[[int, FrameType | None], Any] | int | None = None
         self._t0 = time.monotonic()  # the current run's start, for NodeRun.times
 
     def hostname(self, role: str, index: int) -> str:
@@ -398,7 +401,9 @@ def read_results(container, output: str = DEFAULT_OUTPUT) -> list[dict]:
         for member in tar.getmembers():
             base = member.name.rsplit("/", 1)[-1]
             if member.isfile() and base.startswith("rank") and base.endswith(".json"):
-                found.append(json.loads(tar.extractfile(member).read()))
+                file = tar.extractfile(member)  # a regular file: never None
+                if file is not None:
+                    found.append(json.loads(file.read()))
     return found
 
 

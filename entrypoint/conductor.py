@@ -107,7 +107,7 @@ class Conductor:
         self.join_started = now
         self.outcome: tuple[int, str] | None = None  # (exit code, reason) once the job ended
         self._last_monitor = now
-        self.failures: dict[int, tuple[dict, int, int]] = {}  # member: (message, code, order)
+        self.failures: dict[int, tuple[Exit, int, int]] = {}  # member: (message, code, order)
         self.decide_at: float | None = None  # when the failures reported so far are judged
         self.received: dict[int, int] = {}  # signal number: the member that received it first
 

@@ -203,7 +203,8 @@ class Server(threading.Thread):
                 if key.fileobj is self.listener:
                     self._accept()
                     continue
-                peer = self.peers.get(key.fileobj)
+                sock = key.fileobj
+                peer = self.peers.get(sock) if isinstance(sock, socket.socket) else None
                 if peer is not None and events & selectors.EVENT_WRITE:
                     self._flush(peer)
                 if peer is not None and events & selectors.EVENT_READ and key.fileobj in self.peers:
@@ -654,13 +655,15 @@ def _challenge(sock: socket.socket, address: str, wait: float) -> m.Challenge:
                 challenge = m.decode(got[0], frozenset({"challenge"}))
             except m.BadMessage:
                 break
+            if not isinstance(challenge, m.Challenge):  # decode let only a challenge through
+                break
             if challenge.protocol != PROTOCOL:
                 raise Refused(
                     f"node 0 at {address} speaks control protocol "
                     f"{challenge.protocol}, this node {PROTOCOL}: run the same image "
                     "on every node"
                 )
-            return challenge  # type: ignore[return-value]
+            return challenge
     raise PeersError(
         f"what answers at {address} is not node 0's entrypoint, or not one of "
         f"this version (no challenge "
@@ -687,8 +690,10 @@ def connect(
     while True:
         try:
             infos = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)
+            address = infos[0][4]  # AF_INET: (ip, port)
             sock = socket.create_connection(
-                infos[0][4], timeout=min(5.0, max(0.5, deadline - time.monotonic()))
+                (str(address[0]), int(address[1])),
+                timeout=min(5.0, max(0.5, deadline - time.monotonic())),
             )
             try:
                 challenge = _challenge(sock, f"{host}:{port}", challenge_wait)

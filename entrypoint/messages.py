@@ -24,7 +24,7 @@ import json
 import math
 import signal as _signal
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, overload
 
 PROTOCOL = 2
 MAX_LINE = 1 << 20  # a hello with every package listed is 10-20 kB; nothing needs more
@@ -95,6 +95,10 @@ def _strings(raw: dict, key: str, count: int, limit: int) -> tuple[str, ...]:
     return tuple(value)
 
 
+@overload
+def _signal_number(raw: dict, key: str) -> int: ...
+@overload
+def _signal_number(raw: dict, key: str, default: None) -> int | None: ...
 def _signal_number(raw: dict, key: str, default: Any = ...) -> int | None:
     value = _int(raw, key, 1, 127, default)
     if value is not None and value not in KNOWN_SIGNALS:
@@ -229,7 +233,7 @@ class Message:
 
     def to_wire(self) -> dict:
         """The message as its JSON object; an optional field that is None is left out."""
-        out = {"t": self.kind}
+        out: dict[str, Any] = {"t": self.kind}
         for key, value in asdict(self).items():
             if value is not None:
                 out[key] = list(value) if isinstance(value, tuple) else value

@@ -157,6 +157,8 @@ class Supervisor:
             self.server, host, port = join.serve(
                 self.plan, self.settings, self.expected, self.unit, self._server_log, self.identity
             )
+        if port is None:  # the plan leaves it open only for a single node, which serves it
+            raise RuntimeError("no control port to connect to: node 0 did not serve one")
         waiting = "while waiting for node 0" if self.member != 0 else "before the nodes joined"
         # Collected before connecting: node 0 drops a connection silent for 30 s, and counting
         # a large data directory on a network filesystem can take longer.
