@@ -31,7 +31,7 @@ def _command(request: Request, rank: int) -> list[str]:
                           + ["--network host", "--ipc host"]))
     lines.append(" ".join(ULIMITS))
     env = [f"NNODES={request.nodes}", f"NODE_RANK={rank}", f"MASTER_ADDR={master}",
-           f"MASTER_PORT={port}"]
+           f"MASTER_PORT={port}", f"{text.JOB_ID}={request.name}", text.JOB_TOKEN]
     if request.gpus_per_node:
         env.append(f"GPUS_PER_NODE={request.gpus_per_node}")
     lines.append(" ".join(f"-e {quote.shell_word(item)}" for item in env))
@@ -56,6 +56,9 @@ def render(request: Request) -> str:
         "(without --ipc host, give --shm-size=16g). With InfiniBand, add to each command:",
         "  --device /dev/infiniband",
         "the entrypoint then finds the HCAs in /sys/class/infiniband and sets NCCL_IB_HCA.",
+        ("Control token (only this job's machines can join node 0): export the same value on "
+         "every machine first,"),
+        f"  export {text.JOB_TOKEN}=<the output of `{text.TOKEN_COMMAND}`, run once>",
         *([(f"{', '.join(request.secrets)}: secret, never written here: docker takes it from "
             "the shell (export it there first).")] if request.secrets else []),
     ])
