@@ -80,7 +80,7 @@ REFUSED = [
     ("control port = master port", {"WORLD_SIZE": "2", "RANK": "1", "MASTER_PORT": "29500",
                                     "ENTRYPOINT_CONTROL_PORT": "29500"} | M,
      "ENTRYPOINT_CONTROL_PORT", "rendezvous port too"),
-    ("heartbeat timeout below its interval", {"ENTRYPOINT_HEARTBEAT_TIMEOUT": "4"},
+    ("heartbeat timeout below its interval", {"ENTRYPOINT_HEARTBEAT_TIMEOUT": "2"},
      "ENTRYPOINT_HEARTBEAT_TIMEOUT", "below 3 x ENTRYPOINT_HEARTBEAT_INTERVAL"),
     ("heartbeat interval above a third of the timeout", {"ENTRYPOINT_HEARTBEAT_INTERVAL": "20"},
      "ENTRYPOINT_HEARTBEAT_INTERVAL", "3 intervals (60 s) exceed"),
