@@ -36,6 +36,8 @@ def _command(request: Request, rank: int) -> list[str]:
         f"NODE_RANK={rank}",
         f"MASTER_ADDR={master}",
         f"MASTER_PORT={port}",
+        f"{text.JOB_ID}={request.name}",
+        text.JOB_TOKEN,
     ]
     if request.gpus_per_node:
         env.append(f"GPUS_PER_NODE={request.gpus_per_node}")
@@ -72,6 +74,11 @@ def render(request: Request) -> str:
             "(without --ipc host, give --shm-size=16g). With InfiniBand, add to each command:",
             "  --device /dev/infiniband",
             "the entrypoint then finds the HCAs in /sys/class/infiniband and sets NCCL_IB_HCA.",
+            (
+                "Control token (only this job's machines can join node 0): export the same value "
+                "on every machine first,"
+            ),
+            f"  export {text.JOB_TOKEN}=<the output of `{text.TOKEN_COMMAND}`, run once>",
             *(
                 [
                     (

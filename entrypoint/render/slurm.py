@@ -81,8 +81,18 @@ def _environment(request: Request) -> list[str]:
             ),
             ("# from: sbatch passes that environment on (--export=ALL, the default)."),
         ]
-    if lines:
-        lines.insert(0, "# srun passes this environment to every task.")
+    lines += [
+        (
+            "# The control channel's token: a fresh secret for this job, so that only its "
+            "tasks join node 0"
+        ),
+        ("# (the job id, SLURM_JOB_ID, is checked too). Never written to a file."),
+        (
+            "ENTRYPOINT_JOB_TOKEN=\"$(od -An -tx1 -N32 /dev/urandom | tr -d ' \\n')\"; "
+            "export ENTRYPOINT_JOB_TOKEN"
+        ),
+    ]
+    lines.insert(0, "# srun passes this environment to every task.")
     return lines
 
 

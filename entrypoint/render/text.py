@@ -119,9 +119,34 @@ def yaml_documents(
     return comment(opening) + "---\n".join(parts)
 
 
+# The control channel's job identity and token (entrypoint/identity.py): the job's name, and a
+# token from a Secret the user creates once per job (optional: without it the identity alone
+# is checked).
+JOB_ID, JOB_TOKEN, TOKEN_KEY = "ENTRYPOINT_JOB_ID", "ENTRYPOINT_JOB_TOKEN", "token"
+TOKEN_COMMAND = "openssl rand -hex 32"
+
+
+def control_secret(request) -> str:
+    return f"{request.name}-control"
+
+
 def kube_env(request, fixed: Sequence[tuple[str, str]] = ()) -> list[dict]:
-    """Container env: what the platform cannot say, then --env; secrets from the Secret."""
+    """Container env: what the platform cannot say, the job's identity and control token, then
+    --env; secrets from the Secret."""
     entries: list[dict] = [{"name": key, "value": value} for key, value in fixed]
+    entries += [
+        {"name": JOB_ID, "value": request.name},
+        {
+            "name": JOB_TOKEN,
+            "valueFrom": {
+                "secretKeyRef": {
+                    "name": control_secret(request),
+                    "key": TOKEN_KEY,
+                    "optional": True,
+                }
+            },
+        },
+    ]
     for key, value in request.env:
         if value is None:
             entries.append(
@@ -168,7 +193,14 @@ def kube_metadata(request) -> dict:
 def kube_notes(request) -> list[str]:
     """Opening lines every Kubernetes spec shares: how to apply it, where secrets come from."""
     ns = f" -n {request.namespace}" if request.namespace else ""
-    lines = [f"Apply: kubectl apply{ns} -f FILE"]
+    lines = [
+        f"Apply: kubectl apply{ns} -f FILE",
+        (
+            f"Control token (only this job's pods can join node 0): before applying, once: "
+            f"kubectl create{ns} secret generic {control_secret(request)} "
+            f'--from-literal={TOKEN_KEY}="$({TOKEN_COMMAND})"'
+        ),
+    ]
     if request.secrets:
         literals = " ".join(f"--from-literal={key}=..." for key in request.secrets)
         lines += [

@@ -159,7 +159,7 @@ REFUSED = [
     ),
     (
         "heartbeat timeout below its interval",
-        {"ENTRYPOINT_HEARTBEAT_TIMEOUT": "4"},
+        {"ENTRYPOINT_HEARTBEAT_TIMEOUT": "2"},
         "ENTRYPOINT_HEARTBEAT_TIMEOUT",
         "below 3 x ENTRYPOINT_HEARTBEAT_INTERVAL",
     ),

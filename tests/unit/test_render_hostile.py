@@ -367,6 +367,8 @@ def check_script(
                 "NODE_RANK": str(rank),
                 "MASTER_ADDR": "10.0.0.1",
                 "MASTER_PORT": "29500",
+                "ENTRYPOINT_JOB_ID": "train",
+                "ENTRYPOINT_JOB_TOKEN": None,
                 "GPUS_PER_NODE": "8",
                 **env,
                 "HF_TOKEN": None,
@@ -663,3 +665,27 @@ def test_any_option_value_is_refused_in_one_line_or_changes_no_line(option, valu
     }.get(option, "a" * len(value))
     twin = build(platform, **base | {option: plain})
     assert render(request).count("\n") == render(twin).count("\n")
+
+
+@pytest.mark.parametrize("target", ["kubernetes", "pytorchjob", "trainjob", "volcano"])
+def test_kubernetes_specs_wire_the_control_token_from_a_secret(target):
+    """issue 17: the job's identity as a literal, the token from the job's own Secret (optional:
+    without it node 0 checks the identity alone), never a value in the manifest."""
+    text = render(_request(target, ["python", "train.py"], {}))
+    assert "name: ENTRYPOINT_JOB_ID" in text and "name: ENTRYPOINT_JOB_TOKEN" in text
+    assert "secretKeyRef: {name: train-control, key: token, optional: true}" in text or (
+        "name: train-control" in text and "key: token" in text
+    )
+    assert "kubectl create secret generic train-control --from-literal=token=" in text
+
+
+def test_slurm_script_makes_a_fresh_token_per_job(tmp_path):
+    text = render(_request("slurm", ["python", "train.py"], {}))
+    line = next(ln for ln in text.splitlines() if ln.startswith("ENTRYPOINT_JOB_TOKEN="))
+    out = subprocess.run(
+        ["bash", "-c", f'set -e; {line}; printf %s "$ENTRYPOINT_JOB_TOKEN"'],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert out.returncode == 0 and len(out.stdout) == 64 and int(out.stdout, 16) >= 0

@@ -7,13 +7,15 @@
 # (without --ipc host, give --shm-size=16g). With InfiniBand, add to each command:
 #   --device /dev/infiniband
 # the entrypoint then finds the HCAs in /sys/class/infiniband and sets NCCL_IB_HCA.
+# Control token (only this job's machines can join node 0): export the same value on every machine first,
+#   export ENTRYPOINT_JOB_TOKEN=<the output of `openssl rand -hex 32`, run once>
 # HF_TOKEN: secret, never written here: docker takes it from the shell (export it there first).
 
 # Machine 0 (node 0, the master)
 docker run --rm --name train-node0 \
     --gpus all --network host --ipc host \
     --ulimit memlock=-1 --ulimit stack=67108864 \
-    -e NNODES=2 -e NODE_RANK=0 -e MASTER_ADDR=10.0.0.1 -e MASTER_PORT=29500 -e GPUS_PER_NODE=8 \
+    -e NNODES=2 -e NODE_RANK=0 -e MASTER_ADDR=10.0.0.1 -e MASTER_PORT=29500 -e ENTRYPOINT_JOB_ID=train -e ENTRYPOINT_JOB_TOKEN -e GPUS_PER_NODE=8 \
     -e NCCL_DEBUG=INFO -e HF_TOKEN \
     ghcr.io/example/multinode:1.0 run -- python train.py --epochs 3
 
@@ -21,6 +23,6 @@ docker run --rm --name train-node0 \
 docker run --rm --name train-node1 \
     --gpus all --network host --ipc host \
     --ulimit memlock=-1 --ulimit stack=67108864 \
-    -e NNODES=2 -e NODE_RANK=1 -e MASTER_ADDR=10.0.0.1 -e MASTER_PORT=29500 -e GPUS_PER_NODE=8 \
+    -e NNODES=2 -e NODE_RANK=1 -e MASTER_ADDR=10.0.0.1 -e MASTER_PORT=29500 -e ENTRYPOINT_JOB_ID=train -e ENTRYPOINT_JOB_TOKEN -e GPUS_PER_NODE=8 \
     -e NCCL_DEBUG=INFO -e HF_TOKEN \
     ghcr.io/example/multinode:1.0 run -- python train.py --epochs 3
