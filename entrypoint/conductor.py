@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
 from entrypoint.fingerprint import (
@@ -41,7 +42,22 @@ from entrypoint.messages import Beat, Done, Exit, Go, Hello, Message, Restart, S
 ALL = -1  # Send.to: every connected member
 STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # these end the job; USR1/2 do not
 
-JOIN, RUN, END = "join", "run", "end"
+class Phase(StrEnum):
+    """Node 0's phase of the job (torch elastic's WorkerState is the model). Transitions:
+
+    JOIN -> RUN   every node said hello and the fingerprints and layouts agree (`go`)
+    JOIN -> END   a node disagrees, another job's node, or the join timeout ran out
+    RUN  -> JOIN  a trainer failed with restarts left, or a node rejoined: the next generation
+    RUN  -> END   every node finished, a trainer failed for good, a node was lost, a signal
+    END           final: the outcome is decided and every node is told
+    """
+
+    JOIN = "join"
+    RUN = "run"
+    END = "end"
+
+
+JOIN, RUN, END = Phase.JOIN, Phase.RUN, Phase.END
 
 
 @dataclass(frozen=True)
@@ -100,7 +116,7 @@ class Conductor:
         self.units = "processes" if unit == "process" else f"{unit}s"
         self.address = address  # where node 0 listens, for messages
         self.members: dict[int, _State] = {}
-        self.phase = JOIN
+        self.phase: Phase = JOIN
         self.generation = 0
         self.restarts_left = limits.max_restarts
         self.join_deadline = now + limits.join_timeout
