@@ -42,6 +42,7 @@ from entrypoint.messages import Beat, Done, Exit, Go, Hello, Message, Restart, S
 ALL = -1  # Send.to: every connected member
 STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # these end the job; USR1/2 do not
 
+
 class Phase(StrEnum):
     """Node 0's phase of the job (torch elastic's WorkerState is the model). Transitions:
 
