@@ -15,7 +15,6 @@ gloo and the job MULTI_CPU, which is what the same job gets on GPUs with nccl. E
 
 from __future__ import annotations
 
-import atexit
 import os
 import sys
 from types import ModuleType
@@ -63,19 +62,6 @@ def _patch_quietly(state: ModuleType) -> None:
         )
 
 
-def _destroy_process_group() -> None:
-    """At exit, before the interpreter tears threads down: a process group left open makes
-    gloo's threads meet a torn-down runtime (`terminate called without an active exception`,
-    exit 134, after the trainer finished)."""
-    distributed = sys.modules.get("torch.distributed")
-    try:
-        if distributed is not None and distributed.is_initialized():
-            distributed.destroy_process_group()
-    except Exception:  # noqa: BLE001 - at exit, a failed clean-up must not change the exit code
-        pass
-
-
 def install() -> None:
     if wanted(os.environ):
         when_imported(TARGET, _patch_quietly)
-        atexit.register(_destroy_process_group)
