@@ -1,0 +1,68 @@
+"""entrypoint/exit_guard.py in a real interpreter with a real gloo process group: the site hook
+is what a trainer's interpreter loads, the trainer's own exit handlers and exit code stand."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+SITE_HOOK = Path(__file__).resolve().parents[2] / "entrypoint" / "site-hook"
+
+TRAINER = """
+import atexit, sys, time
+from entrypoint import exit_guard
+if sys.argv[1] == "python":
+    atexit.register(lambda: print("trainer's own exit handler", flush=True))
+    sys.exit(3)
+real_sleep = exit_guard.time.sleep
+def sleep(seconds):
+    print("settle: group open:", torch.distributed.is_initialized(), flush=True)
+    real_sleep(seconds)
+exit_guard.time.sleep = sleep
+import torch
+import torch.distributed
+if sys.argv[1] == "group":
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{sys.argv[2]}", rank=0, world_size=1)
+    torch.distributed.all_reduce(torch.ones(4))
+atexit.register(lambda: print("trainer's own exit handler", flush=True))
+sys.exit(3)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def trainer(kind: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SITE_HOOK), *sys.path]))
+    return subprocess.run(
+        [sys.executable, "-c", TRAINER, kind, str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_gloo_group_left_open_is_destroyed_after_the_trainers_handlers_and_its_code_stands():
+    done = trainer("group")
+    assert done.returncode == 3, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines == ["trainer's own exit handler", "settle: group open: False"], done.stdout
+
+
+def test_a_trainer_that_only_imports_torch_waits_too():
+    done = trainer("import")
+    assert done.returncode == 3, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines == ["trainer's own exit handler", "settle: group open: False"], done.stdout
+
+
+def test_nothing_happens_in_a_process_that_never_imported_torch():
+    done = trainer("python")
+    assert done.returncode == 3, done.stderr
+    assert done.stdout.splitlines() == ["trainer's own exit handler"], done.stdout
