@@ -11,11 +11,8 @@ Checked: both containers exit 0, and every rank printed the trainer's own succes
 node the convention puts it, with the job's world size (plus what each trainer proves: equal
 weights after DDP, a psum over every process, ...).
 
-By default (CI) every trainer runs under every convention except accelerate's quick tour, which
-after finishing aborts intermittently at exit on CPU (`terminate called without an active
-exception`, exit 134; 1-2 of 4 conventions per run here): COMPAT_MATRIX=full runs it too (20
-jobs), COMPAT_MATRIX=quick runs every trainer under one convention and every convention under
-DDP and JAX (11 jobs).
+By default (CI) every trainer runs under every convention (20 jobs); COMPAT_MATRIX=quick runs
+every trainer under one convention and every convention under DDP and JAX (11 jobs).
 """
 
 from __future__ import annotations
@@ -146,14 +143,12 @@ TRAINER_SHAPES = {
 }
 
 # Which trainer under which convention (see the module's docstring).
-MATRIX = os.environ.get("COMPAT_MATRIX", "default")
-FULL = MATRIX != "quick"
-FLAKY_AT_EXIT = () if MATRIX == "full" else ("accelerate",)
+FULL = os.environ.get("COMPAT_MATRIX", "full") != "quick"
 CASES = [
     (t, c)
     for t in TRAINER_SHAPES
     for c in STYLES
-    if (FULL or c == "commercial" or t in ("ddp", "jax")) and t not in FLAKY_AT_EXIT
+    if FULL or c == "commercial" or t in ("ddp", "jax")
 ]
 
 
