@@ -16,6 +16,7 @@ Commands:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Sequence
 
@@ -128,7 +129,7 @@ def cmd_plan(args, env: dict[str, str]) -> int:
     plan, _, _ = node.prepare(env, _trainer(args), always_probe_gpus=False)
     values = secrets.secret_values(env)
     if args.json:
-        print(secrets.mask(plan.to_json(indent=2), values))
+        print(json.dumps(secrets.mask_data(plan.to_dict(), values), indent=2))
     else:
         print(report.table(plan, values))
     return 0

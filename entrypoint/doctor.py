@@ -545,5 +545,5 @@ def cmd_doctor(args, env: Mapping[str, str]) -> int:
             rep["allreduce"] = None  # measured on another node (global rank 0's)
         code = ran or code
     if args.json:
-        print(secrets.mask(json.dumps(rep, indent=2), values), flush=True)
+        print(json.dumps(secrets.mask_data(rep, values), indent=2), flush=True)
     return code

@@ -12,7 +12,9 @@ it destroys a gloo process group left open, collects the cycles that keep other 
 SETTLE_SECONDS so that a worker still finishing its last collective can do so. A trainer's
 own destroy_process_group() leaves no trace of the group having been (torch resets its
 counters), so this runs in every process that imported torch.distributed (`import torch`
-does), and in no other.
+does), and in no other. Not after an uncaught exception (Python has printed it and set
+`sys.last_exc`): a failing rank exits at once, so that the launcher names it, not a peer that
+failed because of it.
 """
 
 from __future__ import annotations
@@ -25,10 +27,14 @@ import time
 SETTLE_SECONDS = 0.5
 
 
+def failed() -> bool:
+    return getattr(sys, "last_exc", None) is not None or getattr(sys, "last_type", None) is not None
+
+
 def settle() -> None:
     distributed = sys.modules.get("torch.distributed")
     try:
-        if distributed is None or not distributed.is_available():
+        if distributed is None or not distributed.is_available() or failed():
             return
         if distributed.is_initialized() and distributed.get_backend() == "gloo":
             distributed.destroy_process_group()  # local for gloo; NCCL's is left to the trainer

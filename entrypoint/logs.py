@@ -35,15 +35,7 @@ QUEUE_LINES = 10000  # lines held while stderr is slow; beyond this they are dro
 
 def _masker(values: tuple[str, ...]):
     def processor(_logger, _name, event_dict):
-        if values:
-            for key, value in event_dict.items():
-                if isinstance(value, str):
-                    event_dict[key] = secrets.mask(value, values)
-                elif isinstance(value, (list, tuple)):
-                    event_dict[key] = [secrets.mask(str(v), values) for v in value]
-                elif isinstance(value, dict):
-                    event_dict[key] = {k: secrets.mask(str(v), values) for k, v in value.items()}
-        return event_dict
+        return secrets.mask_data(event_dict, values)
 
     return processor
 

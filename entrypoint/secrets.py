@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Mapping
+from typing import Any
 
 _SUFFIXES = ("_TOKEN", "_KEY", "_SECRET", "_PASSWORD", "_PASSWD", "_APIKEY", "_ACCESS_KEY")
 # Credentials whose names do not end in a marker, and bare markers used as names.
@@ -72,3 +73,18 @@ def mask(text: str, values: tuple[str, ...]) -> str:
     ):
         text = text.replace(form, MASK)
     return text
+
+
+def mask_data(data: Any, values: tuple[str, ...]) -> Any:
+    """`mask` over the strings inside JSON-shaped data (keys too), other values kept as they
+    are: what is dumped afterwards stays valid JSON whatever the secret is (masking the dumped
+    text would turn a secret `true` into `***` where a JSON true stood)."""
+    if not values:
+        return data
+    if isinstance(data, str):
+        return mask(data, values)
+    if isinstance(data, Mapping):
+        return {mask_data(k, values): mask_data(v, values) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [mask_data(v, values) for v in data]
+    return data

@@ -27,6 +27,8 @@ if sys.argv[1] == "group":
         "gloo", init_method=f"tcp://127.0.0.1:{sys.argv[2]}", rank=0, world_size=1)
     torch.distributed.all_reduce(torch.ones(4))
 atexit.register(lambda: print("trainer's own exit handler", flush=True))
+if sys.argv[1] == "raise":
+    raise ValueError("the trainer failed")
 sys.exit(3)
 """
 
@@ -65,4 +67,10 @@ def test_a_trainer_that_only_imports_torch_waits_too():
 def test_nothing_happens_in_a_process_that_never_imported_torch():
     done = trainer("python")
     assert done.returncode == 3, done.stderr
+    assert done.stdout.splitlines() == ["trainer's own exit handler"], done.stdout
+
+
+def test_a_failing_trainer_exits_at_once():
+    done = trainer("raise")
+    assert done.returncode == 1 and "ValueError: the trainer failed" in done.stderr
     assert done.stdout.splitlines() == ["trainer's own exit handler"], done.stdout

@@ -71,3 +71,27 @@ def test_plan_never_prints_a_non_ascii_secret(args):
         for form in (secret, json.dumps(secret)[1:-1], repr(secret)[1:-1]):
             assert form not in out.stdout + out.stderr
     assert MASK in out.stdout
+
+
+@pytest.mark.parametrize("secret", ["true", "null", "2.50", "cpu0"])
+def test_a_secret_that_is_a_json_word_leaves_plan_json_valid(secret):
+    """A secret whose value is also a JSON literal, a number or part of a value: the plan's
+    JSON stays parseable, the secret is masked where it stood as text, nothing else changes."""
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "ENTRYPOINT_GPUS_PER_NODE": "0",
+        "HF_TOKEN": secret,
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "entrypoint", "plan", "--json", "--", "python", "t.py", secret],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["command"][-1] == MASK
+    assert secret not in json.dumps(plan["command"])
