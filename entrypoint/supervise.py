@@ -28,8 +28,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from entrypoint import control, failures, join, logs, procs, secrets
-from entrypoint.conductor import STOPPING, signal_name
+from entrypoint import (
+    control,
+    control_channel,
+    control_server,
+    failures,
+    join,
+    logs,
+    procs,
+    secrets,
+)
+from entrypoint.conductor_terms import STOPPING, signal_name
 from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
 from entrypoint.gpu_stats import Stats, gpu_indices
 from entrypoint.launcher_process import Launch, exit_status, start
@@ -97,8 +106,8 @@ class Supervisor:
         self.expected = plan.nnodes if plan.spawn else plan.world_size
         self.unit = "node" if plan.spawn else "process"
         self.signals = SignalRelay(log, settings.grace_period)
-        self.server: control.Server | None = None
-        self.channel: control.Channel | None = None
+        self.server: control_server.Server | None = None
+        self.channel: control_channel.Channel | None = None
         self.launch: Launch | None = None
         self.guard: procs.Guard | None = None
         self.generation = 0
@@ -109,7 +118,7 @@ class Supervisor:
         self._connecting = False
 
     @property
-    def node0(self) -> control.Channel:
+    def node0(self) -> control_channel.Channel:
         """The channel to node 0, which exists from the join on."""
         assert self.channel is not None, "no channel before the join"
         return self.channel
@@ -167,7 +176,7 @@ class Supervisor:
             self._connecting = True
             for sig in [x for x in self.signals.received if x in STOPPING][:1]:
                 raise _Interrupted(sig)
-            self.channel = control.connect(
+            self.channel = control_channel.connect(
                 host,
                 port,
                 timeout=self.settings.join_timeout,
