@@ -14,7 +14,7 @@ from entrypoint.errors import ConfigError
 from entrypoint.facts import Facts
 from entrypoint.launchers import Launcher, Layout
 from entrypoint.platforms.base import Reading
-from entrypoint.settings import PREFIX, Settings, control_port
+from entrypoint.settings import PREFIX, Settings
 from entrypoint.values import Sourced, variable_of
 
 # The image's built-in jobs (entrypoint/job), run when no trainer command is given.
@@ -275,3 +275,30 @@ def launch(
     out.sources |= launch.sources
     out.warnings += timeout_warnings
     return launch
+
+
+def control_port(
+    settings: Settings, master_port: int | None, master_source: str, standalone: bool
+) -> tuple[int | None, str]:
+    """(node 0's control port, its source): ENTRYPOINT_CONTROL_PORT, else the rendezvous port
+    + 1 (- 1 when that is 65535), never the rendezvous port itself; None: any free port."""
+    stated = settings.control_port
+    if stated is not None:
+        if not standalone and stated == master_port:
+            raise ConfigError(
+                PREFIX + "CONTROL_PORT",
+                stated,
+                f"is the rendezvous port too ({variable_of(master_source)}="
+                f"{master_port}); torchrun's store and the entrypoints' channel "
+                "cannot share it",
+                f"Pick another free port on node 0, or unset "
+                f"{PREFIX}CONTROL_PORT (default: the rendezvous port + 1)",
+            )
+        return stated, f"env {PREFIX}CONTROL_PORT"
+    if master_port is None or standalone:
+        return None, "single node: any free port on loopback"
+    if master_port < 65535:
+        return master_port + 1, f"master port + 1 ({PREFIX}CONTROL_PORT unset)"
+    return master_port - 1, (
+        f"master port - 1, as 65535 is the last port ({PREFIX}CONTROL_PORT unset)"
+    )

@@ -5,18 +5,16 @@ The README's settings table is generated from these fields (`entrypoint settings
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal
 
-import annotated_types
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from entrypoint.errors import ConfigError
-from entrypoint.values import GPUS, NODES, PER_NODE, host, number, variable_of
+from entrypoint.settings_text import check_text
+from entrypoint.values import GPUS, NODES, PER_NODE
 
 PREFIX = "ENTRYPOINT_"
 HOUR, DAY, WEEK = 3600, 86400, 7 * 86400
@@ -250,7 +248,7 @@ class Settings(BaseSettings):
             if env.get(PREFIX + name.upper(), "").strip() != ""
         }
         for name, raw in given.items():
-            _check_text(name, raw)
+            check_text(name, PREFIX + name.upper(), raw, cls.model_fields[name])
         try:
             settings = cls.model_validate(given)
         except ValidationError as err:
@@ -292,105 +290,6 @@ class Settings(BaseSettings):
     def stated(self) -> dict[str, object]:
         """Only the settings the user gave (for `sources`)."""
         return {name: getattr(self, name) for name in self.model_fields_set}
-
-
-# Settings that name a file or directory (ENTRYPOINT_CONFIG may be a shipped name or a path).
-_PATHS = ("config", "run_dir", "log_dir", "data_dir", "job_token_file")
-_DECIMAL = re.compile(r"^(?:[0-9]{1,12}(?:\.[0-9]{0,9})?|\.[0-9]{1,9})$")
-
-
-def _range(name: str) -> tuple[float, bool, float]:
-    """(lowest, whether the lowest itself is allowed, highest) from the field's constraints;
-    every numeric setting states both ends."""
-    low: float | None = None
-    high: float | None = None
-    closed = True
-    for rule in Settings.model_fields[name].metadata:
-        if isinstance(rule, annotated_types.Ge):
-            low, closed = float(rule.ge), True  # type: ignore[arg-type]
-        elif isinstance(rule, annotated_types.Gt):
-            low, closed = float(rule.gt), False  # type: ignore[arg-type]
-        elif isinstance(rule, annotated_types.Le):
-            high = float(rule.le)  # type: ignore[arg-type]
-    if low is None or high is None:
-        raise AssertionError(f"setting {name}: a number needs a lowest and a highest value")
-    return low, closed, high
-
-
-def _check_text(name: str, raw: str) -> None:
-    """Numbers in ASCII digits within the field's range (no `inf`, `nan`, `1e3`, `1_000`, sign
-    or `²`), and the master one host: each refusal one line naming the range or the fix."""
-    variable = PREFIX + name.upper()
-    if not raw.strip().isprintable():
-        raise ConfigError(
-            variable,
-            "***" if name == "job_token" else raw[:300],
-            "holds a control character (a newline, tab...)",
-            f"Set {variable} to the value alone, on one line",
-        )
-    if name == "master_addr":
-        host(variable, raw)
-        return
-    if name in _PATHS:
-        parts = raw.strip().encode(errors="surrogateescape").split(b"/")
-        if len(raw) > 4095 or max(len(part) for part in parts) > 255:
-            raise ConfigError(
-                variable,
-                raw[:300],
-                "not a usable path (Linux allows 255 bytes per name, 4095 in all)",
-                f"Set {variable} to a shorter path",
-            )
-        return
-    annotation = Settings.model_fields[name].annotation
-    kinds = {annotation, *get_args(annotation)}
-    if not kinds & {int, float}:
-        return
-    low, closed, high = _range(name)
-    if int in kinds:
-        start = int(low) if closed else int(low) + 1
-        number(variable, raw, low=start, high=int(high), example=max(start, 1))
-    elif float in kinds:
-        text = raw.strip()
-        shown = f"{'from' if closed else 'above'} {low:g} to {high:g}"
-        if not _DECIMAL.match(text):
-            raise ConfigError(
-                variable,
-                raw,
-                "not a number (ASCII digits and at most one '.', such as 30 or 0.5)",
-                f"Set {variable} to a number {shown}",
-            )
-        value = float(text)
-        if not math.isfinite(value) or value > high or value < low or (value == low and not closed):
-            raise ConfigError(
-                variable, raw, f"is outside {shown}", f"Set {variable} to a number {shown}"
-            )
-
-
-def control_port(
-    settings: Settings, master_port: int | None, master_source: str, standalone: bool
-) -> tuple[int | None, str]:
-    """(node 0's control port, its source): ENTRYPOINT_CONTROL_PORT, else the rendezvous port
-    + 1 (- 1 when that is 65535), never the rendezvous port itself; None: any free port."""
-    stated = settings.control_port
-    if stated is not None:
-        if not standalone and stated == master_port:
-            raise ConfigError(
-                PREFIX + "CONTROL_PORT",
-                stated,
-                f"is the rendezvous port too ({variable_of(master_source)}="
-                f"{master_port}); torchrun's store and the entrypoints' channel "
-                "cannot share it",
-                f"Pick another free port on node 0, or unset "
-                f"{PREFIX}CONTROL_PORT (default: the rendezvous port + 1)",
-            )
-        return stated, f"env {PREFIX}CONTROL_PORT"
-    if master_port is None or standalone:
-        return None, "single node: any free port on loopback"
-    if master_port < 65535:
-        return master_port + 1, f"master port + 1 ({PREFIX}CONTROL_PORT unset)"
-    return master_port - 1, (
-        f"master port - 1, as 65535 is the last port ({PREFIX}CONTROL_PORT unset)"
-    )
 
 
 def markdown_table() -> str:
