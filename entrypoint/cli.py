@@ -41,6 +41,17 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"entrypoint {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
+    _add_plan_run_settings(sub)
+    render_options.add_parser(sub)  # entrypoint/render: one sub-command per platform
+
+    from entrypoint import local  # stdlib only at import: the Docker SDK loads when it runs
+
+    local.add_parser(sub)
+    _add_doctor(sub)
+    return parser
+
+
+def _add_plan_run_settings(sub) -> None:
     plan = sub.add_parser(
         "plan",
         help="print this node's launch plan; launches nothing",
@@ -77,11 +88,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     settings.add_argument("--markdown", action="store_true", help="as a Markdown table")
 
-    render_options.add_parser(sub)  # entrypoint/render: one sub-command per platform
 
-    from entrypoint import local  # stdlib only at import: the Docker SDK loads when it runs
-
-    local.add_parser(sub)
+def _add_doctor(sub) -> None:
     doctor = sub.add_parser(  # entrypoint/doctor.py, imported when it runs
         "doctor",
         help="check this node: versions, GPUs, plan, network, master; each problem with its fix",
@@ -112,7 +120,6 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="with --allreduce: timed calls per size (default 5)",
     )
-    return parser
 
 
 def _trainer(args) -> list[str] | None:

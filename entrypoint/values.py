@@ -168,6 +168,38 @@ def _host_fix(name: str) -> str:
     return f"Set {name} to one host name or IP address, such as worker-0 or 10.0.0.1"
 
 
+def _ipv6(name: str, raw: str, text: str, inner: str, ipv6: bool) -> str:
+    """An IPv6 address (`inner`: without brackets), or the one line saying what is wrong."""
+    try:
+        address = ipaddress.IPv6Address(inner.split("%")[0])
+    except ValueError:
+        address = None
+    if address is None and text.startswith("[") and "]:" in text:
+        head, _, tail = text.rpartition(":")
+        raise ConfigError(
+            name,
+            raw,
+            "holds a port (host:port)",
+            f"Set {name}={head} and the port in MASTER_PORT={tail}",
+        )
+    if address is None:
+        raise ConfigError(
+            name,
+            raw,
+            "not a valid IPv6 address (with a port it would be "
+            "[address]:port, and the port belongs in MASTER_PORT)",
+            _host_fix(name),
+        )
+    if not ipv6:
+        raise ConfigError(
+            name,
+            raw,
+            IPV6_MASTER,
+            "Give node 0's IPv4 address, or a host name that resolves to it",
+        )
+    return inner
+
+
 def host(name: str, raw: str | None, *, ipv6: bool = False) -> str:
     """One host: a name (RFC 1123 labels, `_` allowed), an IPv4 address, or (with ipv6) an IPv6
     address with or without brackets, returned without them. `host:port`, URLs, spaces, lists
@@ -192,34 +224,7 @@ def host(name: str, raw: str | None, *, ipv6: bool = False) -> str:
         )
     inner = text[1:-1] if text.startswith("[") and text.endswith("]") else text
     if inner.count(":") >= 2:
-        try:
-            address = ipaddress.IPv6Address(inner.split("%")[0])
-        except ValueError:
-            address = None
-        if address is None and text.startswith("[") and "]:" in text:
-            head, _, tail = text.rpartition(":")
-            raise ConfigError(
-                name,
-                raw,
-                "holds a port (host:port)",
-                f"Set {name}={head} and the port in MASTER_PORT={tail}",
-            )
-        if address is None:
-            raise ConfigError(
-                name,
-                raw,
-                "not a valid IPv6 address (with a port it would be "
-                "[address]:port, and the port belongs in MASTER_PORT)",
-                _host_fix(name),
-            )
-        if not ipv6:
-            raise ConfigError(
-                name,
-                raw,
-                IPV6_MASTER,
-                "Give node 0's IPv4 address, or a host name that resolves to it",
-            )
-        return inner
+        return _ipv6(name, raw, text, inner, ipv6)
     if ":" in text:
         head, _, tail = text.rpartition(":")
         raise ConfigError(

@@ -52,6 +52,26 @@ def detect(env: Mapping[str, str]) -> str | None:
     return None
 
 
+def first_pod(env: Mapping[str, str], nnodes: Sourced[int]) -> Sourced[str] | None:
+    """MASTER_ADDR, else the first pod of the replicated job by its DNS name."""
+    master = read_addr(env, *MASTER_ADDR)
+    name, rjob = env.get(JOBSET_NAME, "").strip(), env.get(REPLICATED_JOB_NAME, "").strip()
+    if master is None and name and rjob:
+        master = Sourced(
+            host(JOBSET_NAME, f"{name}-{rjob}-0-0.{name}"),
+            f"{JOBSET_NAME}-{REPLICATED_JOB_NAME}-0-0.{JOBSET_NAME} (JobSet pod DNS)",
+        )
+    if master is None and nnodes.value > 1:
+        raise ConfigError(
+            REPLICATED_JOB_NAME,
+            None,
+            "is needed to name the first pod",
+            f"Map {REPLICATED_JOB_NAME} from the annotation "
+            "jobset.sigs.k8s.io/replicatedjob-name, or set MASTER_ADDR",
+        )
+    return master
+
+
 def read(env: Mapping[str, str]) -> Reading:
     pod = require(
         read_index(env, JOB_COMPLETION_INDEX, limit=NODES), JOB_COMPLETION_INDEX, "the pod index"
@@ -98,21 +118,7 @@ def read(env: Mapping[str, str]) -> Reading:
         job.value * per_job + pod.value, f"{JOB_INDEX} x pods per Job + {JOB_COMPLETION_INDEX}"
     )
 
-    master = read_addr(env, *MASTER_ADDR)
-    name, rjob = env.get(JOBSET_NAME, "").strip(), env.get(REPLICATED_JOB_NAME, "").strip()
-    if master is None and name and rjob:
-        master = Sourced(
-            host(JOBSET_NAME, f"{name}-{rjob}-0-0.{name}"),
-            f"{JOBSET_NAME}-{REPLICATED_JOB_NAME}-0-0.{JOBSET_NAME} (JobSet pod DNS)",
-        )
-    if master is None and nnodes.value > 1:
-        raise ConfigError(
-            REPLICATED_JOB_NAME,
-            None,
-            "is needed to name the first pod",
-            f"Map {REPLICATED_JOB_NAME} from the annotation "
-            "jobset.sigs.k8s.io/replicatedjob-name, or set MASTER_ADDR",
-        )
+    master = first_pod(env, nnodes)
     return node_reading(
         NAME,
         env,

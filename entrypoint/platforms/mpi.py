@@ -72,6 +72,47 @@ def detect(env: Mapping[str, str]) -> str | None:
     return f"{', '.join(shown[:-1])} and {shown[-1]} set ({launcher})"
 
 
+def placed_ranks(
+    launcher: str,
+    names: tuple[str, ...],
+    world: Sourced[int],
+    rank: Sourced[int],
+    local_size: Sourced[int],
+    local_rank: Sourced[int],
+) -> tuple[Sourced[int], Sourced[int], dict, list[str]]:
+    """Several ranks per node, started by mpirun itself: they must fill node by node, and this
+    process is placed, not spawned. (nnodes, node_rank, the placement, notes)."""
+    size_n, rank_n, lsize_n, lrank_n = names
+    if world.value % local_size.value:
+        raise ConfigError(
+            size_n,
+            world.value,
+            f"is not a multiple of {lsize_n}={local_size.value}",
+            "Start the same number of ranks on every node (mpirun --map-by ppr:N:node)",
+        )
+    if rank.value % local_size.value != local_rank.value:
+        raise ConfigError(
+            rank_n,
+            rank.value,
+            f"is not placed node by node ({lrank_n}={local_rank.value})",
+            "Fill one node before the next (mpirun --map-by slot or ppr:N:node, not --map-by node)",
+        )
+    nnodes = Sourced(world.value // local_size.value, f"{size_n} / {lsize_n}")
+    node_rank = Sourced(rank.value // local_size.value, f"{rank_n} // {lsize_n}")
+    more: dict = {
+        "spawn": Sourced(
+            False,
+            f"{local_size.value} ranks per node ({lsize_n}): "
+            f"{launcher} started one process per GPU",
+        ),
+        "rank": rank,
+        "local_rank": local_rank,
+        "nproc_per_node": local_size,
+    }
+    notes = [f"{launcher} started {local_size.value} ranks per node: {size_n} counts processes"]
+    return nnodes, node_rank, more, notes
+
+
 def read(env: Mapping[str, str]) -> Reading:
     launcher, (size_n, rank_n, lsize_n, lrank_n) = _family(env) or ("MPI", OPEN_MPI)
     world = require(read_count(env, size_n, limit=PROCESSES), size_n, "the number of ranks")
@@ -95,34 +136,9 @@ def read(env: Mapping[str, str]) -> Reading:
         }
         notes = [f"{launcher} started one rank per node: {size_n} counts nodes"]
     else:
-        if world.value % local_size.value:
-            raise ConfigError(
-                size_n,
-                world.value,
-                f"is not a multiple of {lsize_n}={local_size.value}",
-                "Start the same number of ranks on every node (mpirun --map-by ppr:N:node)",
-            )
-        if rank.value % local_size.value != local_rank.value:
-            raise ConfigError(
-                rank_n,
-                rank.value,
-                f"is not placed node by node ({lrank_n}={local_rank.value})",
-                "Fill one node before the next (mpirun --map-by slot or ppr:N:node, "
-                "not --map-by node)",
-            )
-        nnodes = Sourced(world.value // local_size.value, f"{size_n} / {lsize_n}")
-        node_rank = Sourced(rank.value // local_size.value, f"{rank_n} // {lsize_n}")
-        more = {
-            "spawn": Sourced(
-                False,
-                f"{local_size.value} ranks per node ({lsize_n}): "
-                f"{launcher} started one process per GPU",
-            ),
-            "rank": rank,
-            "local_rank": local_rank,
-            "nproc_per_node": local_size,
-        }
-        notes = [f"{launcher} started {local_size.value} ranks per node: {size_n} counts processes"]
+        nnodes, node_rank, more, notes = placed_ranks(
+            launcher, (size_n, rank_n, lsize_n, lrank_n), world, rank, local_size, local_rank
+        )
 
     master = read_addr(env, *MASTER_ADDR)
     if master is None and nnodes.value > 1:

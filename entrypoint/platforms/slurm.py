@@ -72,6 +72,76 @@ def master_port(env: Mapping[str, str]) -> Sourced[int]:
     return Sourced(15000 + int(job[1]) % 20000, f"derived from {job[0]} (15000 + id mod 20000)")
 
 
+def tasks_on_each_node(env: Mapping[str, str], nnodes: Sourced[int]) -> Sourced[int] | None:
+    """The step's tasks per node, the same on every node, if SLURM says."""
+    found = first(env, *TASKS_PER_NODE)
+    if found:
+        counts = tasks_per_node(*found)
+        if len({tasks for tasks, _ in counts}) > 1:
+            raise ConfigError(
+                found[0],
+                found[1],
+                "tasks differ between nodes",
+                "Use --ntasks-per-node=1 (or one task per GPU on every node)",
+            )
+        return Sourced(counts[0][0], f"env {found[0]}")
+    ntasks = read_count(env, *NTASKS, limit=PROCESSES)
+    if ntasks and ntasks.value % nnodes.value == 0:
+        return Sourced(ntasks.value // nnodes.value, f"{ntasks.source} / {nnodes.source}")
+    return None
+
+
+def task_place(
+    env: Mapping[str, str], nnodes: Sourced[int], per_node: Sourced[int] | None
+) -> tuple[Sourced[int] | None, Sourced[int] | None]:
+    """(SLURM_PROCID, SLURM_LOCALID) as read: the task's own place, checked inside the step
+    wherever it is known."""
+    rank = read_index(env, *PROCID, limit=PROCESSES)
+    local_rank = read_index(env, *LOCALID, limit=PER_NODE)
+    if per_node and rank and rank.value >= nnodes.value * per_node.value:
+        raise ConfigError(
+            PROCID[0],
+            rank.value,
+            f"must be below the step's {nnodes.value * per_node.value} tasks "
+            f"({nnodes.value} nodes x {per_node.value} tasks per node, "
+            f"{per_node.source}; task ranks count from 0)",
+            "Start the entrypoint with srun, which numbers the tasks of its step",
+        )
+    if per_node and local_rank and local_rank.value >= per_node.value:
+        raise ConfigError(
+            LOCALID[0],
+            local_rank.value,
+            f"must be below the {per_node.value} tasks per node ({per_node.source})",
+            "Start the entrypoint with srun, which numbers the tasks on each node",
+        )
+    return rank, local_rank
+
+
+def spawn_or_place(
+    env: Mapping[str, str],
+    per_node: Sourced[int] | None,
+    rank: Sourced[int] | None,
+    local_rank: Sourced[int] | None,
+) -> dict:
+    """One task per node spawns the workers; several are the workers, placed by srun."""
+    if per_node and per_node.value > 1:
+        # srun started one task per GPU itself: place this process, spawn nothing.
+        if rank is None or local_rank is None:
+            raise ConfigError(
+                "SLURM_PROCID",
+                env.get("SLURM_PROCID"),
+                "several tasks per node but no task rank",
+                "Start the entrypoint with srun, which sets SLURM_PROCID and SLURM_LOCALID",
+            )
+        return {
+            "spawn": Sourced(False, f"{per_node.value} tasks per node ({per_node.source})"),
+            "rank": rank,
+            "local_rank": local_rank,
+            "nproc_per_node": per_node,
+        }
+    return {"spawn": Sourced(True, "one task per node: the entrypoint spawns the workers")}
+
+
 def read(env: Mapping[str, str]) -> Reading:
     found = first(env, *NODELIST)
     if found is None:
@@ -104,64 +174,13 @@ def read(env: Mapping[str, str]) -> Reading:
             "node only; start the entrypoint with srun so that it runs on every node"
         )
 
-    per_node = None
-    found = first(env, *TASKS_PER_NODE)
-    if found:
-        counts = tasks_per_node(*found)
-        if len({tasks for tasks, _ in counts}) > 1:
-            raise ConfigError(
-                found[0],
-                found[1],
-                "tasks differ between nodes",
-                "Use --ntasks-per-node=1 (or one task per GPU on every node)",
-            )
-        per_node = Sourced(counts[0][0], f"env {found[0]}")
-    else:
-        ntasks = read_count(env, *NTASKS, limit=PROCESSES)
-        if ntasks and ntasks.value % nnodes.value == 0:
-            per_node = Sourced(ntasks.value // nnodes.value, f"{ntasks.source} / {nnodes.source}")
-
-    # The task's own place, checked inside the step wherever it is known.
-    rank = read_index(env, *PROCID, limit=PROCESSES)
-    local_rank = read_index(env, *LOCALID, limit=PER_NODE)
-    if per_node and rank and rank.value >= nnodes.value * per_node.value:
-        raise ConfigError(
-            PROCID[0],
-            rank.value,
-            f"must be below the step's {nnodes.value * per_node.value} tasks "
-            f"({nnodes.value} nodes x {per_node.value} tasks per node, "
-            f"{per_node.source}; task ranks count from 0)",
-            "Start the entrypoint with srun, which numbers the tasks of its step",
-        )
-    if per_node and local_rank and local_rank.value >= per_node.value:
-        raise ConfigError(
-            LOCALID[0],
-            local_rank.value,
-            f"must be below the {per_node.value} tasks per node ({per_node.source})",
-            "Start the entrypoint with srun, which numbers the tasks on each node",
-        )
-
+    per_node = tasks_on_each_node(env, nnodes)
+    rank, local_rank = task_place(env, nnodes, per_node)
     more: dict = {
         "hosts": tuple(hosts),
         "gpus_per_node": read_count(env, *GPUS_ON_NODE, limit=GPUS),
     }
-    if per_node and per_node.value > 1:
-        # srun started one task per GPU itself: place this process, spawn nothing.
-        more |= {
-            "spawn": Sourced(False, f"{per_node.value} tasks per node ({per_node.source})"),
-            "rank": rank,
-            "local_rank": local_rank,
-            "nproc_per_node": per_node,
-        }
-        if rank is None or local_rank is None:
-            raise ConfigError(
-                "SLURM_PROCID",
-                env.get("SLURM_PROCID"),
-                "several tasks per node but no task rank",
-                "Start the entrypoint with srun, which sets SLURM_PROCID and SLURM_LOCALID",
-            )
-    else:
-        more["spawn"] = Sourced(True, "one task per node: the entrypoint spawns the workers")
+    more |= spawn_or_place(env, per_node, rank, local_rank)
 
     return node_reading(
         NAME,
