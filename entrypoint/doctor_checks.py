@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 
 from entrypoint import network
-from entrypoint.values import variable_of
+from entrypoint.values import Kind
 
 SHM_MIN = 512 << 20  # below: NCCL and DataLoader workers fail ("Bus error"); Docker's is 64 MiB
 CONNECT_TIMEOUT = 2.0  # seconds per port check
@@ -180,7 +180,8 @@ def node_problems(plan, facts, found: Findings, settings) -> list[str]:
 def network_problems(plan, facts, found: Findings, settings) -> list[str]:
     """Between the nodes: the master's name, an interface, node 0's ports."""
     out: list[str] = []
-    master_var = variable_of(plan.sources.get("master_addr", "env MASTER_ADDR"))
+    source = plan.sources.get("master_addr")
+    master_var = source.names("MASTER_ADDR") if source is not None else "MASTER_ADDR"
     if facts.master_ip is None:
         out.append(
             f"{master_var}={plan.master_addr}: does not resolve on this node. Use "
@@ -190,7 +191,7 @@ def network_problems(plan, facts, found: Findings, settings) -> list[str]:
         )
     iface, why = network.choose_interface(facts, settings)
     chosen_by_user = all(
-        name in plan.sources and "set by you" in plan.sources[name] for name in network.IFNAME_VARS
+        name in plan.sources and plan.sources[name].kind is Kind.ENV for name in network.IFNAME_VARS
     )
     if iface is None and not chosen_by_user:
         out.append(

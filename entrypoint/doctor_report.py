@@ -40,7 +40,7 @@ def report(plan, facts, found: Findings, settings, found_problems: list[str]) ->
         "network": {
             "interfaces": [asdict(nic) for nic in facts.interfaces],
             "chosen": iface,
-            "why": why,
+            "why": str(why),
             "ib_hcas": list(facts.ib_hcas),
             "shm_bytes": found.shm_bytes,
         },

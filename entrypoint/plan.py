@@ -19,7 +19,7 @@ from entrypoint.launchers import ALLREDUCE, Launcher, Layout
 from entrypoint.plan_steps import BUILTIN_JOB, BUILTIN_JOBS, Out, gpus_stated, read_platform
 from entrypoint.platforms.base import Reading
 from entrypoint.settings import Settings
-from entrypoint.values import below, variable_of
+from entrypoint.values import Source, below, derived
 
 __all__ = [
     "ALLREDUCE",
@@ -54,7 +54,7 @@ class Plan:
     trainer: tuple[str, ...]
     env: Mapping[str, str | None]
     files: Mapping[str, str]
-    sources: Mapping[str, str]
+    sources: Mapping[str, Source]  # str() of each is what `plan` and plan.json show
     ranks: tuple[int, int]  # first and last global rank on this node
     hosts: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
@@ -70,7 +70,7 @@ class Plan:
         for f in fields(self):
             value = getattr(self, f.name)
             out[f.name] = (
-                dict(value)
+                {k: str(v) if isinstance(v, Source) else v for k, v in value.items()}
                 if isinstance(value, Mapping)
                 else list(value)
                 if isinstance(value, tuple)
@@ -111,7 +111,7 @@ def make_plan(
     platform_name, why, reading = read or read_platform(env, settings)
     out = Out(
         sources={
-            "platform": why,
+            "platform": derived(why),
             **{k: getattr(reading, k).source for k in ("nnodes", "node_rank", "master_port")},
         },
         notes=list(reading.notes),
@@ -119,7 +119,10 @@ def make_plan(
     )
     nnodes, node_rank = reading.nnodes.value, reading.node_rank.value
     below(
-        variable_of(out.sources["node_rank"]), node_rank, variable_of(out.sources["nnodes"]), nnodes
+        reading.node_rank.source.names("node_rank"),
+        node_rank,
+        reading.nnodes.source.names("nnodes"),
+        nnodes,
     )
     w = _workers(env, settings, reading, facts, command, out)
     launch, config = _environment(env, settings, facts, w, out)
@@ -173,7 +176,7 @@ def _workers(
     trainer = steps.trainer(command, settings, out.sources)
     launcher = launchers.choose(settings, spawn, trainer == BUILTIN_JOBS["jax"], out.sources)
     nproc = steps.nproc(settings, reading, launcher, device, n_gpus, out.sources)
-    out.sources["world_size"] = f"nnodes {nnodes} x nproc_per_node {nproc}"
+    out.sources["world_size"] = derived(f"nnodes {nnodes} x nproc_per_node {nproc}")
     placed = steps.placed(reading, out.sources)
     if placed:
         steps.inside(placed, nnodes, nproc, out.sources)

@@ -15,7 +15,7 @@ from entrypoint.facts import Facts
 from entrypoint.launchers import Launcher, Layout
 from entrypoint.platforms.base import Reading
 from entrypoint.settings import PREFIX, Settings
-from entrypoint.values import Sourced, variable_of
+from entrypoint.values import Source, Sourced, by_default, derived, env_var
 
 # The image's built-in jobs (entrypoint/job), run when no trainer command is given.
 BUILTIN_JOBS = {
@@ -31,7 +31,7 @@ def overlay(reading: Reading, settings: Settings) -> Reading:
     for name in ("nnodes", "node_rank", "master_addr", "master_port"):
         value = getattr(settings, name)
         if value is not None:
-            changes[name] = Sourced(value, f"env {PREFIX}{name.upper()}")
+            changes[name] = Sourced(value, env_var(f"{PREFIX}{name.upper()}"))
     return replace(reading, **changes) if changes else reading
 
 
@@ -52,7 +52,7 @@ def gpus_stated(settings: Settings, reading: Reading) -> bool:
     )
 
 
-def master(reading: Reading, nnodes: int, sources: dict[str, str]) -> str:
+def master(reading: Reading, nnodes: int, sources: dict[str, Source]) -> str:
     master = reading.master_addr
     if master is None:
         if nnodes > 1:
@@ -63,7 +63,7 @@ def master(reading: Reading, nnodes: int, sources: dict[str, str]) -> str:
                 "Set MASTER_ADDR (or ENTRYPOINT_MASTER_ADDR) on every node to "
                 "node 0's host name or IP",
             )
-        master = Sourced("127.0.0.1", "default: single node, loopback")
+        master = Sourced("127.0.0.1", by_default("default: single node, loopback"))
     sources["master_addr"] = master.source
     return master.value
 
@@ -74,7 +74,7 @@ def nproc(
     launcher: Launcher,
     device: str,
     gpus: int,
-    sources: dict[str, str],
+    sources: dict[str, Source],
 ) -> int:
     if launcher is Launcher.JAX and reading.spawn.value:
         if settings.nproc_per_node not in (None, 1):
@@ -84,19 +84,19 @@ def nproc(
                 "JAX runs one process per node that owns all its GPUs",
                 f"Unset {PREFIX}NPROC_PER_NODE for the jax launcher",
             )
-        sources["nproc_per_node"] = "jax: one process per node owns all the node's devices"
+        sources["nproc_per_node"] = derived("jax: one process per node owns all the node's devices")
         return 1
     if settings.nproc_per_node is not None:
-        count = Sourced(settings.nproc_per_node, f"env {PREFIX}NPROC_PER_NODE")
+        count = Sourced(settings.nproc_per_node, env_var(f"{PREFIX}NPROC_PER_NODE"))
     elif reading.nproc_per_node is not None:
         count = reading.nproc_per_node
     elif device == "cuda":
-        count = Sourced(gpus, f"one worker per GPU ({sources['gpus_per_node']})")
+        count = Sourced(gpus, derived(f"one worker per GPU ({sources['gpus_per_node']})"))
     else:
-        count = Sourced(1, "default 1 on CPU")
+        count = Sourced(1, by_default("default 1 on CPU"))
     if device == "cuda" and count.value > gpus:
         raise ConfigError(
-            variable_of(count.source),
+            count.source.names(f"{PREFIX}NPROC_PER_NODE"),
             count.value,
             f"asks for {count.value} GPU workers but this node has {gpus} GPUs "
             f"({sources['gpus_per_node']})",
@@ -107,12 +107,12 @@ def nproc(
 
 
 def trainer(
-    command: Sequence[str] | None, settings: Settings, sources: dict[str, str]
+    command: Sequence[str] | None, settings: Settings, sources: dict[str, Source]
 ) -> tuple[str, ...]:
     if command:
-        sources["trainer"] = "command line after --"
+        sources["trainer"] = derived("command line after --")
         return tuple(command)
-    sources["trainer"] = f"the image's built-in {settings.job} job ({PREFIX}JOB)"
+    sources["trainer"] = derived(f"the image's built-in {settings.job} job ({PREFIX}JOB)")
     return BUILTIN_JOBS[settings.job]
 
 
@@ -122,7 +122,7 @@ class Out:
 
     env: dict[str, str | None] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
-    sources: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, Source] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -149,7 +149,7 @@ def config(
     out.files[ds_path] = json.dumps(deepspeed, indent=2) + "\n"
     out.env |= {"ENTRYPOINT_CONFIG_DIR": str(config.path), "ENTRYPOINT_DEEPSPEED_CONFIG": ds_path}
     if split is not None:
-        out.sources["train_batch_size"] = split.why
+        out.sources["train_batch_size"] = derived(split.why)
         if split.global_batch != split.asked:
             (out.warnings if needs_config else out.notes).append(split.why)
     return config, deepspeed
@@ -179,7 +179,7 @@ def site_hook(env: Mapping[str, str], out: Out) -> None:
     out.env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(jax_cluster.SITE_HOOK), env.get("PYTHONPATH")) if p
     )
-    out.sources["PYTHONPATH"] = (
+    out.sources["PYTHONPATH"] = derived(
         "the entrypoint's site hook first: jax.distributed.initialize() with no arguments reads "
         "the plan (entrypoint/jax_cluster.py); accelerate on CPU nodes gets gloo "
         "(entrypoint/accelerate_cpu.py)"
@@ -187,7 +187,7 @@ def site_hook(env: Mapping[str, str], out: Out) -> None:
 
 
 def choose_control_port(
-    settings: Settings, reading: Reading, layout: Layout, sources: dict[str, str]
+    settings: Settings, reading: Reading, layout: Layout, sources: dict[str, Source]
 ) -> int | None:
     """Never the rendezvous port, never past 65535 (entrypoint.settings.control_port)."""
     port, sources["control_port"] = control_port(
@@ -196,7 +196,7 @@ def choose_control_port(
     return port
 
 
-def placed(reading: Reading, sources: dict[str, str]) -> tuple[int, int] | None:
+def placed(reading: Reading, sources: dict[str, Source]) -> tuple[int, int] | None:
     """(rank, local_rank) of this process when the platform started it, else None."""
     if reading.spawn.value:
         return None
@@ -206,7 +206,7 @@ def placed(reading: Reading, sources: dict[str, str]) -> tuple[int, int] | None:
     return reading.rank.value, reading.local_rank.value
 
 
-def inside(placed: tuple[int, int], nnodes: int, nproc: int, sources: dict[str, str]) -> None:
+def inside(placed: tuple[int, int], nnodes: int, nproc: int, sources: dict[str, Source]) -> None:
     """A process the platform started must lie inside the job as planned: ENTRYPOINT_NNODES or
     ENTRYPOINT_NPROC_PER_NODE may not shrink the job around it."""
     for (value, size, what), key in zip(
@@ -219,7 +219,7 @@ def inside(placed: tuple[int, int], nnodes: int, nproc: int, sources: dict[str, 
     ):
         if value >= size:
             raise ConfigError(
-                variable_of(sources[key]),
+                sources[key].names(key.upper()),
                 value,
                 f"is outside the job as planned: {what} is {size} ({nnodes} nodes "
                 f"x {nproc} per node)",
@@ -278,8 +278,8 @@ def launch(
 
 
 def control_port(
-    settings: Settings, master_port: int | None, master_source: str, standalone: bool
-) -> tuple[int | None, str]:
+    settings: Settings, master_port: int | None, master_source: Source, standalone: bool
+) -> tuple[int | None, Source]:
     """(node 0's control port, its source): ENTRYPOINT_CONTROL_PORT, else the rendezvous port
     + 1 (- 1 when that is 65535), never the rendezvous port itself; None: any free port."""
     stated = settings.control_port
@@ -288,17 +288,17 @@ def control_port(
             raise ConfigError(
                 PREFIX + "CONTROL_PORT",
                 stated,
-                f"is the rendezvous port too ({variable_of(master_source)}="
+                f"is the rendezvous port too ({master_source.names('MASTER_PORT')}="
                 f"{master_port}); torchrun's store and the entrypoints' channel "
                 "cannot share it",
                 f"Pick another free port on node 0, or unset "
                 f"{PREFIX}CONTROL_PORT (default: the rendezvous port + 1)",
             )
-        return stated, f"env {PREFIX}CONTROL_PORT"
+        return stated, env_var(f"{PREFIX}CONTROL_PORT")
     if master_port is None or standalone:
-        return None, "single node: any free port on loopback"
+        return None, derived("single node: any free port on loopback")
     if master_port < 65535:
-        return master_port + 1, f"master port + 1 ({PREFIX}CONTROL_PORT unset)"
-    return master_port - 1, (
+        return master_port + 1, derived(f"master port + 1 ({PREFIX}CONTROL_PORT unset)")
+    return master_port - 1, derived(
         f"master port - 1, as 65535 is the last port ({PREFIX}CONTROL_PORT unset)"
     )

@@ -13,6 +13,7 @@ import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Generic, TypeVar
 
 from entrypoint.errors import ConfigError
@@ -20,12 +21,69 @@ from entrypoint.errors import ConfigError
 T = TypeVar("T")
 
 
+class Kind(StrEnum):
+    """What decided a value."""
+
+    ENV = "env"  # a variable, read as it is (ENTRYPOINT_* settings included)
+    DEFAULT = "default"  # nothing said: the entrypoint's default
+    PROBE = "probe"  # this node's hardware or network, as probed
+    DERIVED = "derived"  # computed from other values; `detail` says how
+    COMMAND = "command"  # the command line
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a decided value came from, as a typed value: its kind, the variable an error line
+    names (None when no one variable decided it), and the detail. `str()` is the text that
+    `plan` and the logs show: `env SLURM_NNODES`, `env RANK (as node index)`, `default 1 on
+    CPU`, `count of hosts in SLURM_NODELIST`."""
+
+    kind: Kind
+    variable: str | None = None
+    detail: str = ""
+
+    def __str__(self) -> str:
+        if self.kind is Kind.ENV:
+            head = f"env {self.variable}" if self.variable else "env"
+            # `=value` and `: why` follow the variable; a note in parentheses, after a space
+            joined = self.detail[:1] in ("=", ":")
+            return head + ("" if joined or not self.detail else " ") + self.detail
+        return self.detail
+
+    def names(self, fallback: str) -> str:
+        """The variable an error line names: this source's, else `fallback`."""
+        return self.variable or fallback
+
+
+def env_var(variable: str, detail: str = "") -> Source:
+    """Read from `variable`; `detail` (in parentheses) says how it was read, if not as is."""
+    return Source(Kind.ENV, variable, detail)
+
+
+def by_default(detail: str, variable: str | None = None) -> Source:
+    """The entrypoint's default; `variable`: the one that was unset, when one was."""
+    return Source(Kind.DEFAULT, variable, detail)
+
+
+def probed(detail: str) -> Source:
+    return Source(Kind.PROBE, None, detail)
+
+
+def derived(detail: str, variable: str | None = None) -> Source:
+    """Computed from other values; `variable`: the one an error about it names."""
+    return Source(Kind.DERIVED, variable, detail)
+
+
+def from_command(detail: str) -> Source:
+    return Source(Kind.COMMAND, None, detail)
+
+
 @dataclass(frozen=True)
 class Sourced(Generic[T]):
-    """A decided value and where it came from: `env SLURM_NNODES`, `probe nvml`, `default`..."""
+    """A decided value and where it came from."""
 
     value: T
-    source: str
+    source: Source
 
 
 @dataclass(frozen=True)
@@ -44,10 +102,6 @@ PER_NODE = Limit("processes per node", 1024)  # CPU workers may outnumber GPUs
 GPUS = Limit("GPUs per node", 256)  # as `render` allows; 8 GPUs x 8 partitions = 64 today
 PORTS = Limit("port", 65535)
 _MAX_DIGITS = 18  # checked before int(): Python refuses over 4300 digits with a traceback
-
-
-def env_source(*names: str) -> str:
-    return "env " + "+".join(names)
 
 
 def _empty(name: str, raw: str) -> ConfigError:
@@ -147,11 +201,6 @@ def below(rank_name: str, rank: int, size_name: str, size: int) -> None:
             f"must be below {size_name}={size} (ranks count from 0)",
             f"Give each node a {rank_name} from 0 to {size - 1}, or fix {size_name}",
         )
-
-
-def variable_of(source: str) -> str:
-    """`env RANK (as node index)` -> `RANK`: the variable a source names, for error lines."""
-    return source.removeprefix("env ").split(" ")[0]
 
 
 # -- host addresses ---------------------------------------------------------------------------

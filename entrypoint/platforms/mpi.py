@@ -35,7 +35,16 @@ from entrypoint.platforms.base import (
     read_port,
     require,
 )
-from entrypoint.values import PER_NODE, PROCESSES, Sourced, below, host
+from entrypoint.values import (
+    PER_NODE,
+    PROCESSES,
+    Sourced,
+    below,
+    by_default,
+    derived,
+    env_var,
+    host,
+)
 
 NAME = "mpi"
 DOCS = "https://docs.open-mpi.org/en/v5.0.x/tuning-apps/environment-var.html"
@@ -97,13 +106,15 @@ def placed_ranks(
             f"is not placed node by node ({lrank_n}={local_rank.value})",
             "Fill one node before the next (mpirun --map-by slot or ppr:N:node, not --map-by node)",
         )
-    nnodes = Sourced(world.value // local_size.value, f"{size_n} / {lsize_n}")
-    node_rank = Sourced(rank.value // local_size.value, f"{rank_n} // {lsize_n}")
+    nnodes = Sourced(world.value // local_size.value, derived(f"{size_n} / {lsize_n}", size_n))
+    node_rank = Sourced(rank.value // local_size.value, derived(f"{rank_n} // {lsize_n}", rank_n))
     more: dict = {
         "spawn": Sourced(
             False,
-            f"{local_size.value} ranks per node ({lsize_n}): "
-            f"{launcher} started one process per GPU",
+            derived(
+                f"{local_size.value} ranks per node ({lsize_n}): "
+                f"{launcher} started one process per GPU"
+            ),
         ),
         "rank": rank,
         "local_rank": local_rank,
@@ -119,19 +130,19 @@ def read(env: Mapping[str, str]) -> Reading:
     rank = require(read_index(env, rank_n, limit=PROCESSES), rank_n, "the rank")
     below(rank_n, rank.value, size_n, world.value)
     local_size = read_count(env, lsize_n, limit=PER_NODE) or Sourced(
-        1, f"default 1 ({lsize_n} unset)"
+        1, by_default(f"default 1 ({lsize_n} unset)", lsize_n)
     )
     local_rank = read_index(env, lrank_n, limit=PER_NODE) or Sourced(
-        0, f"default 0 ({lrank_n} unset)"
+        0, by_default(f"default 0 ({lrank_n} unset)", lrank_n)
     )
     below(lrank_n, local_rank.value, lsize_n, local_size.value)
 
     if local_size.value == 1:
-        nnodes = Sourced(world.value, f"env {size_n} (one rank per node)")
-        node_rank = Sourced(rank.value, f"env {rank_n} (one rank per node)")
+        nnodes = Sourced(world.value, env_var(size_n, "(one rank per node)"))
+        node_rank = Sourced(rank.value, env_var(rank_n, "(one rank per node)"))
         more: dict = {
             "spawn": Sourced(
-                True, f"{lsize_n}=1: one rank per node, the entrypoint spawns the workers"
+                True, derived(f"{lsize_n}=1: one rank per node, the entrypoint spawns the workers")
             )
         }
         notes = [f"{launcher} started one rank per node: {size_n} counts nodes"]
@@ -172,13 +183,15 @@ def _derived_master(env: Mapping[str, str]) -> Sourced[str] | None:
         if raw:
             return Sourced(
                 host(name, expand_var(name, raw)[0]),
-                f"env {name} (first host: mpirun puts rank 0 on the allocation's first node)",
+                env_var(name, "(first host: mpirun puts rank 0 on the allocation's first node)"),
             )
     found = _HNP_HOST.search(env.get(HNP_URI, ""))
     if found:
         return Sourced(
             host(HNP_URI, found.group(1) or found.group(2)),
-            f"env {HNP_URI} (mpirun's own host, where rank 0 runs unless --host or a "
-            "hostfile moves it)",
+            derived(
+                f"env {HNP_URI} (mpirun's own host, where rank 0 runs unless --host or a "
+                "hostfile moves it)"
+            ),
         )
     return None

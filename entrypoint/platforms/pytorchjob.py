@@ -27,7 +27,7 @@ from entrypoint.platforms.base import (
     read_port,
     require,
 )
-from entrypoint.values import NODES, PROCESSES, Sourced, below, first
+from entrypoint.values import NODES, PROCESSES, Sourced, below, env_var, first
 
 NAME = "pytorchjob"
 DOCS = (
@@ -95,7 +95,7 @@ def v17_nodes(
     WORLD_SIZE read as pods or as processes, whichever it matches."""
     raw_nproc = env.get(PET_NPROC_PER_NODE, "").strip()
     nnodes = pods(env)
-    node_rank = read_index(env, PET_NODE_RANK, limit=NODES) or Sourced(rank.value, f"env {RANK}")
+    node_rank = read_index(env, PET_NODE_RANK, limit=NODES) or Sourced(rank.value, env_var(RANK))
     if node_rank.value != rank.value:
         raise ConfigError(
             PET_NODE_RANK,
@@ -154,8 +154,8 @@ def read(env: Mapping[str, str]) -> Reading:
     else:
         # Before v1.7 there is no PET_NNODES and WORLD_SIZE counts pods.
         below(RANK, rank.value, WORLD_SIZE, world.value)
-        nnodes = Sourced(world.value, f"env {WORLD_SIZE} (as pods)")
-        node_rank = Sourced(rank.value, f"env {RANK} (as pod index)")
+        nnodes = Sourced(world.value, env_var(WORLD_SIZE, "(as pods)"))
+        node_rank = Sourced(rank.value, env_var(RANK, "(as pod index)"))
         notes.append(
             f"{WORLD_SIZE}={world.value} read as pods: no {PET_NNODES}, as "
             "training-operator before v1.7 sets it"

@@ -12,7 +12,18 @@ from collections.abc import Mapping
 from entrypoint.errors import ConfigError
 from entrypoint.hostlist import expand_var
 from entrypoint.platforms.base import Reading, node_reading, read_count, read_index, read_port
-from entrypoint.values import GPUS, NODES, PER_NODE, PROCESSES, Sourced, first, host
+from entrypoint.values import (
+    GPUS,
+    NODES,
+    PER_NODE,
+    PROCESSES,
+    Sourced,
+    by_default,
+    derived,
+    env_var,
+    first,
+    host,
+)
 
 NAME = "slurm"
 DOCS = "https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES"
@@ -69,7 +80,9 @@ def master_port(env: Mapping[str, str]) -> Sourced[int]:
     numeric = job is not None and job[1].isascii() and job[1].isdigit() and len(job[1]) <= 18
     if first(env, *MASTER_PORT) or job is None or not numeric:
         return read_port(env, *MASTER_PORT)
-    return Sourced(15000 + int(job[1]) % 20000, f"derived from {job[0]} (15000 + id mod 20000)")
+    return Sourced(
+        15000 + int(job[1]) % 20000, derived(f"derived from {job[0]} (15000 + id mod 20000)")
+    )
 
 
 def tasks_on_each_node(env: Mapping[str, str], nnodes: Sourced[int]) -> Sourced[int] | None:
@@ -84,10 +97,10 @@ def tasks_on_each_node(env: Mapping[str, str], nnodes: Sourced[int]) -> Sourced[
                 "tasks differ between nodes",
                 "Use --ntasks-per-node=1 (or one task per GPU on every node)",
             )
-        return Sourced(counts[0][0], f"env {found[0]}")
+        return Sourced(counts[0][0], env_var(found[0]))
     ntasks = read_count(env, *NTASKS, limit=PROCESSES)
     if ntasks and ntasks.value % nnodes.value == 0:
-        return Sourced(ntasks.value // nnodes.value, f"{ntasks.source} / {nnodes.source}")
+        return Sourced(ntasks.value // nnodes.value, derived(f"{ntasks.source} / {nnodes.source}"))
     return None
 
 
@@ -134,12 +147,14 @@ def spawn_or_place(
                 "Start the entrypoint with srun, which sets SLURM_PROCID and SLURM_LOCALID",
             )
         return {
-            "spawn": Sourced(False, f"{per_node.value} tasks per node ({per_node.source})"),
+            "spawn": Sourced(
+                False, derived(f"{per_node.value} tasks per node ({per_node.source})")
+            ),
             "rank": rank,
             "local_rank": local_rank,
             "nproc_per_node": per_node,
         }
-    return {"spawn": Sourced(True, "one task per node: the entrypoint spawns the workers")}
+    return {"spawn": Sourced(True, derived("one task per node: the entrypoint spawns the workers"))}
 
 
 def read(env: Mapping[str, str]) -> Reading:
@@ -155,7 +170,7 @@ def read(env: Mapping[str, str]) -> Reading:
     hosts = expand_var(nodelist_name, nodelist_raw)
     master = host(nodelist_name, hosts[0])
     nnodes = read_count(env, *NNODES, limit=NODES) or Sourced(
-        len(hosts), f"count of hosts in {nodelist_name}"
+        len(hosts), derived(f"count of hosts in {nodelist_name}", nodelist_name)
     )
     if nnodes.value != len(hosts):
         raise ConfigError(
@@ -165,7 +180,7 @@ def read(env: Mapping[str, str]) -> Reading:
             "Launch the step with srun so both describe the same nodes",
         )
     node_rank = read_index(env, *NODEID, limit=NODES) or Sourced(
-        0, "default 0 (SLURM_NODEID unset)"
+        0, by_default("default 0 (SLURM_NODEID unset)")
     )
     notes: list[str] = [f"master is the first host of {nodelist_name} ({hosts[0]})"]
     if STEP_ID not in env and nnodes.value > 1:
@@ -187,7 +202,7 @@ def read(env: Mapping[str, str]) -> Reading:
         env,
         nnodes=nnodes,
         node_rank=node_rank,
-        master_addr=Sourced(master, f"first host of {nodelist_name}"),
+        master_addr=Sourced(master, derived(f"first host of {nodelist_name}")),
         master_port=master_port(env),
         notes=tuple(notes),
         **more,
