@@ -6,11 +6,18 @@ The README's settings table is generated from these fields (`entrypoint settings
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+from pydantic_settings.sources.utils import parse_env_vars
 
 from entrypoint.errors import ConfigError
 from entrypoint.settings_text import check_text
@@ -21,6 +28,25 @@ HOUR, DAY, WEEK = 3600, 86400, 7 * 86400
 # A node is lost after this many heartbeat intervals of silence at the least: fewer, and one
 # late heartbeat of a healthy node stops the job.
 MIN_BEATS_PER_TIMEOUT = 3
+
+
+# The environment `Settings.from_env` reads, for `settings_customise_sources` (a class method,
+# called by BaseSettings.__init__, which takes no mapping of its own).
+_GIVEN: ContextVar[Mapping[str, str]] = ContextVar("entrypoint_settings_env")
+
+
+class GivenEnv(EnvSettingsSource):
+    """pydantic-settings' EnvSettingsSource over a given mapping rather than os.environ: in
+    pydantic-settings 2.16 it reads os.environ only (no parameter for a mapping), and the
+    entrypoint's settings are a pure function of the environment its caller passes. Values are
+    stripped, and a blank one is unset (env_ignore_empty drops only '')."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
+        super().__init__(settings_cls)
+        given = {name: value.strip() for name, value in env.items() if value.strip()}
+        self.env_vars = parse_env_vars(
+            given, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str
+        )
 
 
 class Settings(BaseSettings):
@@ -233,24 +259,29 @@ class Settings(BaseSettings):
     )
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, **_others):
-        # Only what from_env() passes: the settings are a pure function of the given mapping.
-        return (init_settings,)
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # pydantic-settings' env source (env_prefix, names, parsing), over the mapping that
+        # from_env() was given instead of os.environ; no .env file, no secrets directory.
+        return (init_settings, GivenEnv(settings_cls, _GIVEN.get({})))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
         """The settings in `env`, each stripped; an empty ENTRYPOINT_* variable is unset. Numbers
         and the master's address go through entrypoint.values' readers; the rest through
         pydantic."""
-        given = {
-            name: env[PREFIX + name.upper()].strip()
-            for name in cls.model_fields
-            if env.get(PREFIX + name.upper(), "").strip() != ""
-        }
+        given = {name: str(raw) for name, raw in GivenEnv(cls, env)().items()}
         for name, raw in given.items():
             check_text(name, PREFIX + name.upper(), raw, cls.model_fields[name])
+        token = _GIVEN.set(env)
         try:
-            settings = cls.model_validate(given)
+            settings = cls()
         except ValidationError as err:
             first = err.errors()[0]
             name = PREFIX + str(first["loc"][0]).upper()
@@ -260,6 +291,8 @@ class Settings(BaseSettings):
                 first["msg"].lower(),
                 f"Fix {name} or unset it (see `entrypoint settings`)",
             ) from None
+        finally:
+            _GIVEN.reset(token)
         settings._check_heartbeat(given)
         return settings
 
