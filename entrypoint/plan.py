@@ -60,6 +60,9 @@ class Plan:
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     gpu_names: tuple[str, ...] = field(default=())
+    # The GPUs this node's workers use, as CUDA_VISIBLE_DEVICES spells them (indices, GPU-/MIG-
+    # UUIDs): what the heartbeat's figures read, never re-parsed from the string.
+    devices: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
         for name in ("env", "files", "sources"):
@@ -93,7 +96,7 @@ class _Workers:
     launcher: Launcher
     nproc: int
     placed: tuple[int, int] | None
-    cuda_visible: str | None
+    devices: tuple[str, ...]
     layout: Layout
 
 
@@ -140,7 +143,8 @@ def make_plan(
         local_rank=w.layout.local_rank,
         device=w.device,
         gpus_per_node=w.n_gpus,
-        cuda_visible_devices=w.cuda_visible,
+        cuda_visible_devices=w.layout.cuda_visible,
+        devices=w.devices,
         config=str(config.path),
         launcher=w.launcher,
         command=launch.command,
@@ -180,14 +184,15 @@ def _workers(
     placed = steps.placed(reading, out.sources)
     if placed:
         steps.inside(placed, nnodes, nproc, out.sources)
-    cuda_visible = None
+    chosen: list[str] = []
     if device == "cuda":
         chosen = visible if (launcher is Launcher.JAX or not spawn) else visible[:nproc]
-        cuda_visible, out.sources["cuda_visible_devices"] = ",".join(chosen), visible_from
+        out.sources["cuda_visible_devices"] = visible_from
+    cuda_visible = ",".join(chosen) if device == "cuda" else None
     layout = steps.layout(
         env, settings, reading, master, nproc, n_gpus, cuda_visible, facts.python, placed
     )
-    return _Workers(master, n_gpus, device, trainer, launcher, nproc, placed, cuda_visible, layout)
+    return _Workers(master, n_gpus, device, trainer, launcher, nproc, placed, tuple(chosen), layout)
 
 
 def _environment(
@@ -207,8 +212,8 @@ def _environment(
     out.env |= net_env | {"MASTER_ADDR": w.master}
     out.sources |= net_sources
     out.warnings += net_warnings
-    if w.cuda_visible is not None:
-        out.env["CUDA_VISIBLE_DEVICES"] = w.cuda_visible
+    if w.layout.cuda_visible is not None:
+        out.env["CUDA_VISIBLE_DEVICES"] = w.layout.cuda_visible
     steps.device_env(env, settings, facts, w.device, w.nproc, out)
     steps.site_hook(env, out)
     launch = steps.launch(env, settings, w.trainer, w.launcher, w.layout, config, deepspeed, out)

@@ -30,7 +30,7 @@ from entrypoint import control_channel, control_server, failures, join, logs, pr
 from entrypoint.conductor_terms import STOPPING, signal_name
 from entrypoint.control import PeersError
 from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
-from entrypoint.gpu_stats import Stats, gpu_indices
+from entrypoint.gpu_stats import Stats
 from entrypoint.launch_watch import LOST_PEER_GRACE, PEER_STOP_GRACE, Interrupted, Stop, Watch
 from entrypoint.launcher_process import Launch, exit_status, start
 from entrypoint.plan import Plan
@@ -202,7 +202,7 @@ class Supervisor:
             self.guard = procs.Guard(s.grace_period)
         failures.prune(self.log_dir, failures.KEEP_LOG_RUNS)
         launch = self.launch = start(self.plan, self.env, self.generation, self.echo)
-        stats = Stats(gpu_indices(self.plan.cuda_visible_devices))
+        stats = Stats(self.plan.devices)
         last_beat = 0.0
         watch = Watch()
         self.signals.new_launch()
