@@ -17,20 +17,25 @@ from __future__ import annotations
 
 import json
 import os
+import platform
+import resource
 import sys
 from collections import Counter
 from collections.abc import Mapping
+from importlib import metadata
 from pathlib import Path
 
+from entrypoint import fingerprint, launch, node, probe, secrets
+from entrypoint import report as plan_report
 from entrypoint.doctor_checks import CONNECT_TIMEOUT, Findings, Port, problems
 from entrypoint.doctor_report import report, table
+from entrypoint.errors import ConfigError
+from entrypoint.plan import ALLREDUCE
 
 # -- the edge -------------------------------------------------------------------------------
 
 
 def _os_name() -> str:
-    import platform
-
     try:
         return platform.freedesktop_os_release().get("PRETTY_NAME", platform.system())
     except OSError:
@@ -45,8 +50,6 @@ def _read(path: Path) -> str | None:
 
 
 def _dist_version(name: str) -> str | None:
-    from importlib import metadata
-
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
@@ -98,11 +101,6 @@ def _jax(found: dict, has_gpus: bool) -> None:
 
 
 def look(plan, facts, settings) -> Findings:
-    import platform
-    import resource
-
-    from entrypoint import fingerprint, probe
-
     has_gpus = bool(facts.gpus)
     found: dict = {
         "os": _os_name(),
@@ -152,9 +150,6 @@ def look(plan, facts, settings) -> Findings:
 
 
 def allreduce_trainer(args) -> list[str]:
-    from entrypoint.errors import ConfigError
-    from entrypoint.plan import ALLREDUCE
-
     if args.iters is not None and args.iters < 1:
         raise ConfigError("--iters", args.iters, "must be at least 1", "Give --iters 5, say")
     try:
@@ -175,9 +170,6 @@ def allreduce_trainer(args) -> list[str]:
 
 
 def cmd_doctor(args, env: Mapping[str, str]) -> int:
-    from entrypoint import launch, node, secrets
-    from entrypoint import report as plan_report
-
     plan, facts, settings = node.prepare(
         env, allreduce_trainer(args) if args.allreduce else None, always_probe_gpus=True
     )

@@ -12,11 +12,13 @@ checks it without Docker; the GPU probe, the Docker engine and the containers ar
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from entrypoint.errors import EXIT_CONFIG, ConfigError
@@ -175,9 +177,6 @@ def summary(results: list[dict], nnodes: int, seconds: float) -> list[str]:
 
 
 def save_results(results: list[dict], directory: str) -> None:
-    import json
-    from pathlib import Path
-
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     for r in results:
@@ -267,7 +266,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
 
 def cmd_local(args, env: Mapping[str, str]) -> int:
     """The edge: probe, check, talk to Docker, run, report. Returns the exit code."""
-    from entrypoint import probe
+    from entrypoint import probe  # when run only, like entrypoint.cluster (see the top)
     from entrypoint.cluster import Cluster
     from entrypoint.cluster_docker import DEFAULT_OUTPUT
 
