@@ -1,4 +1,4 @@
-"""The control plane at fleet scale: node 0's control.Server with 64, 256 and 1,024 simulated
+"""The control plane at fleet scale: node 0's control_server.Server with 64, 256 and 1,024 simulated
 nodes on this machine (issue 17).
 
 Node 0 is its own process: the real Server and Conductor with the default settings
@@ -6,7 +6,7 @@ Node 0 is its own process: the real Server and Conductor with the default settin
 processes, each driving its share of the nodes over real sockets on loopback: the handshake
 (challenge, hello with a real fingerprint from fingerprint.collect(), welcome), then `go`, then
 a heartbeat every interval, with 8 GPUs' figures every 10 s, as a GPU node's entrypoint
-sends them (control.Channel). Then one
+sends them (control_channel.Channel). Then one
 node goes silent (its connection stays open, as a paused node's does) and the time until node
 0 stops the job is measured. Prints figures; asserts nothing.
 
@@ -42,8 +42,9 @@ GPUS = [{"util": 97, "mem_used_mib": 71_000, "mem_total_mib": 81_559}] * 8
 
 def node0(n: int, steady: float, settle: float) -> None:
     """Node 0's process: the real Server; prints its CPU use over the steady window."""
-    from entrypoint import control
-    from entrypoint.conductor import Conductor, Limits
+    from entrypoint import control_server
+    from entrypoint.conductor import Conductor
+    from entrypoint.conductor_terms import Limits
     from entrypoint.settings import Settings
 
     s = Settings.from_env({})
@@ -53,7 +54,7 @@ def node0(n: int, steady: float, settle: float) -> None:
         time.monotonic(),
         address="bench",
     )
-    server = control.Server(
+    server = control_server.Server(
         conductor,
         0,
         heartbeat_interval=s.heartbeat_interval,
@@ -97,7 +98,7 @@ def nodes(
     members: list[int], n: int, port: int, interval: float, silent_member: int, silence_after: float
 ) -> None:
     """A worker process driving `members`: join, beat, go silent (one of them), report."""
-    from entrypoint import control, fingerprint
+    from entrypoint import control_channel, fingerprint
     from entrypoint import messages as m
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -111,10 +112,10 @@ def nodes(
     first_connect = time.monotonic()
     for sim in sims:
         sim.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-        channel = control.Channel(sim.sock, "bench")
+        channel = control_channel.Channel(sim.sock, "bench")
         sim.channel = channel
         sel.register(sim.sock, selectors.EVENT_READ, sim)
-    beats = [m.encode(m.Beat({"gpus": GPUS}))] + [m.encode(m.Beat())] * 9  # control.STATS_EVERY
+    beats = [m.encode(m.Beat({"gpus": GPUS}))] + [m.encode(m.Beat())] * 9  # STATS_EVERY
     go_count = 0
     silenced_at = None
     stopped = 0

@@ -2,7 +2,7 @@
 entrypoints' channel and node 0 compares their fingerprints (entrypoint/join.py and supervise.py).
 
 Simulated nodes are processes on loopback. Each does what a node's entrypoint does before
-launch: fingerprint.collect() (files, package metadata), connect to node 0's control.Server,
+launch: fingerprint.collect() (files, package metadata), connect to node 0's control_server.Server,
 send its hello, wait for `go`. Python start-up and imports happen before the clock starts (a
 real node pays them once, whatever the preflight). Prints figures; asserts nothing.
 
@@ -22,7 +22,7 @@ import time
 
 def node(member: int, port: int, n: int) -> None:
     """One simulated node: ready, wait for the start line, then join as the supervisor does."""
-    from entrypoint import control, fingerprint
+    from entrypoint import control_channel, fingerprint
 
     print("ready", flush=True)
     sys.stdin.readline()
@@ -38,7 +38,7 @@ def node(member: int, port: int, n: int) -> None:
         "launcher": "torchrun",
     }
     collected = time.monotonic()
-    channel = control.connect("127.0.0.1", port, timeout=60, log=lambda line: None)
+    channel = control_channel.connect("127.0.0.1", port, timeout=60, log=lambda line: None)
     hello = {
         "t": "hello",
         "member": member,
@@ -68,11 +68,12 @@ def node(member: int, port: int, n: int) -> None:
 
 
 def once(n: int) -> dict:
-    from entrypoint import control
-    from entrypoint.conductor import Conductor, Limits
+    from entrypoint import control_server
+    from entrypoint.conductor import Conductor
+    from entrypoint.conductor_terms import Limits
 
     conductor = Conductor(n, Limits(join_timeout=120), time.monotonic(), address="bench")
-    server = control.Server(
+    server = control_server.Server(
         conductor, 0, heartbeat_interval=5, log=lambda level, text: None, bind="127.0.0.1"
     )
     server.start()

@@ -22,17 +22,17 @@ hooks `Cluster.on_poll`, called once per poll while `run` collects, and `_volume
 
 from __future__ import annotations
 
-import io
-import json
 import secrets
 import signal
 import sys
-import tarfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Self
+
+from entrypoint.cluster_docker import DEFAULT_OUTPUT, read_results, remove_quietly, sdk
+from entrypoint.cluster_run import ClusterRun, Node, NodeRun
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -40,92 +40,19 @@ if TYPE_CHECKING:
     from docker import DockerClient
     from docker.models.containers import Container
 
-# Where the built-in job writes when ENTRYPOINT_JOB_OUTPUT is unset (entrypoint/job/common.py).
-DEFAULT_OUTPUT = "/tmp/entrypoint-job"
 LABEL = "io.multinode.cluster"  # on every container and network: `docker ps -a --filter label=...`
 
 
-class ClusterFailed(AssertionError):
-    """A node exited non-zero, or the cluster ran past its deadline; the message has the logs."""
-
-
-@dataclass(frozen=True)
-class Node:
-    """One machine: its name (container name = hostname = DNS name on the network), the
-    environment its platform gives it, and how long after the cluster's start it boots."""
-
-    name: str
-    env: Mapping[str, str]
-    delay: float = 0.0
-    command: Sequence[str] | None = None  # None: the image's default (`run`, the built-in job)
-    gpus: Sequence[str] = ()  # this machine's GPU indices the node gets (a Docker device request)
-
-
 @dataclass
-class NodeRun:
-    name: str
-    exit_code: int | None = None  # None: never started, or killed at the deadline
-    lines: list[str] = field(default_factory=list)
-    results: list[dict] = field(default_factory=list)  # this node's workers' reports
-    started: float | None = None  # seconds after the cluster's start
-    ended: float | None = None
-    times: list[float] = field(default_factory=list)  # when each of `lines` arrived, likewise
+class _Collect:
+    """What `Cluster.run` tracks while it collects."""
 
-    def when(self, text: str) -> float | None:
-        """Seconds after the cluster's start at which a line containing `text` arrived."""
-        return next(
-            (t for line, t in zip(self.lines, self.times, strict=False) if text in line), None
-        )
-
-    def log(self) -> str:
-        return "\n".join(self.lines)
-
-
-@dataclass
-class ClusterRun:
-    nodes: list[NodeRun]
-    lines: list[str]  # every node's log, "[name] line", in arrival order
-    seconds: float
-    timed_out: bool
-    killed_after_failure: list[str]
-
-    @property
-    def exit_codes(self) -> dict[str, int | None]:
-        return {n.name: n.exit_code for n in self.nodes}
-
-    def node(self, name: str) -> NodeRun:
-        return next(n for n in self.nodes if n.name == name)
-
-    @property
-    def results(self) -> list[dict]:
-        """Every worker's report across the nodes, by global rank (once, also when the nodes
-        share the output directory)."""
-        by_rank = {r["rank"]: r for n in self.nodes for r in n.results}
-        return [by_rank[rank] for rank in sorted(by_rank)]
-
-    def log(self, tail: int | None = None) -> str:
-        lines = self.lines if tail is None else self.lines[len(self.lines) - tail :]
-        return "\n".join(lines)
-
-    def problem(self) -> str | None:
-        if self.timed_out:
-            return f"timed out after {self.seconds:.0f} s; exit codes {self.exit_codes}"
-        if any(code != 0 for code in self.exit_codes.values()):
-            extra = (
-                f" (killed {', '.join(self.killed_after_failure)} after another node failed)"
-                if self.killed_after_failure
-                else ""
-            )
-            return f"exit codes {self.exit_codes}{extra}"
-        return None
-
-    def check(self, tail: int = 200) -> ClusterRun:
-        problem = self.problem()
-        if problem:
-            raise ClusterFailed(
-                f"cluster failed: {problem}\n--- last {tail} log lines ---\n{self.log(tail)}"
-            )
-        return self
+    pending: list[Node]  # by delay
+    running: set[str] = field(default_factory=set)
+    threads: list[threading.Thread] = field(default_factory=list)
+    failed_at: float | None = None
+    timed_out: bool = False
+    killed: list[str] = field(default_factory=list)
 
 
 class Cluster:
@@ -197,7 +124,7 @@ class Cluster:
                 print(f"cluster: could not remove container {name}: {err}", file=sys.stderr)
             self.containers.pop(name, None)
         if self.network is not None:
-            _remove(f"network {self.network_name}", self.network.remove)
+            remove_quietly(f"network {self.network_name}", self.network.remove)
             self.network = None
         if self._old_sigterm is not None:
             signal.signal(signal.SIGTERM, self._old_sigterm)
@@ -223,56 +150,22 @@ class Cluster:
         for node in nodes:  # created up front: a bad option fails before anything runs
             self._remove(node.name)
             self.containers[node.name] = self._create(node)
-        threads: list[threading.Thread] = []
-        pending = sorted(nodes, key=lambda n: n.delay)
-        running: set[str] = set()
+        state = _Collect(pending=sorted(nodes, key=lambda n: n.delay))
         with self._lock:
             first_line = len(self._lines)
         start = self._t0 = time.monotonic()
-        failed_at: float | None = None
-        timed_out = False
-        killed: list[str] = []
-        while pending or running:
+        while state.pending or state.running:
             now = time.monotonic() - start
-            while pending and pending[0].delay <= now:
-                node = pending.pop(0)
-                container = self.containers[node.name]
-                container.start()
-                runs[node.name].started = now
-                running.add(node.name)
-                self._say(node.name, f"started (at {now:.1f} s)")
-                thread = threading.Thread(
-                    target=self._follow, daemon=True, args=(node.name, container, runs[node.name])
-                )
-                thread.start()
-                threads.append(thread)
-            for name in sorted(running):
-                container = self.containers[name]
-                container.reload()
-                if container.status in ("exited", "dead"):
-                    code = container.attrs["State"]["ExitCode"]
-                    runs[name].exit_code, runs[name].ended = code, now
-                    running.discard(name)
-                    if code != 0 and failed_at is None:
-                        failed_at = now
+            self._start_due(state, runs, now)
+            self._read_exits(state, runs, now)
             self.on_poll(now, runs)
             if now > timeout:
-                timed_out = True
-            if timed_out or (failed_at is not None and now > failed_at + grace):
-                for name in sorted(running):
-                    self._kill(name)
-                    killed.append(name)
-                    why = (
-                        f"ran past the {timeout:.0f} s deadline"
-                        if timed_out
-                        else f"still running {grace:.0f} s after another node failed"
-                    )
-                    self._say(name, f"killed: {why}")
-                for node in pending:  # never started: counts as failed, exit code None
-                    self._say(node.name, "never started")
+                state.timed_out = True
+            if state.timed_out or (state.failed_at is not None and now > state.failed_at + grace):
+                self._kill_running(state, timeout, grace)
                 break
             time.sleep(poll)
-        for thread in threads:
+        for thread in state.threads:
             thread.join(timeout=10)
         for name, node_run in runs.items():
             if node_run.started is not None:
@@ -284,9 +177,48 @@ class Cluster:
             nodes=[runs[n.name] for n in nodes],
             lines=lines,
             seconds=seconds,
-            timed_out=timed_out,
-            killed_after_failure=[] if timed_out else killed,
+            timed_out=state.timed_out,
+            killed_after_failure=[] if state.timed_out else state.killed,
         )
+
+    def _start_due(self, state: _Collect, runs: dict[str, NodeRun], now: float) -> None:
+        """Start the nodes whose delay has passed, each followed by its own log thread."""
+        while state.pending and state.pending[0].delay <= now:
+            node = state.pending.pop(0)
+            container = self.containers[node.name]
+            container.start()
+            runs[node.name].started = now
+            state.running.add(node.name)
+            self._say(node.name, f"started (at {now:.1f} s)")
+            thread = threading.Thread(
+                target=self._follow, daemon=True, args=(node.name, container, runs[node.name])
+            )
+            thread.start()
+            state.threads.append(thread)
+
+    def _read_exits(self, state: _Collect, runs: dict[str, NodeRun], now: float) -> None:
+        for name in sorted(state.running):
+            container = self.containers[name]
+            container.reload()
+            if container.status in ("exited", "dead"):
+                code = container.attrs["State"]["ExitCode"]
+                runs[name].exit_code, runs[name].ended = code, now
+                state.running.discard(name)
+                if code != 0 and state.failed_at is None:
+                    state.failed_at = now
+
+    def _kill_running(self, state: _Collect, timeout: float, grace: float) -> None:
+        for name in sorted(state.running):
+            self._kill(name)
+            state.killed.append(name)
+            why = (
+                f"ran past the {timeout:.0f} s deadline"
+                if state.timed_out
+                else f"still running {grace:.0f} s after another node failed"
+            )
+            self._say(name, f"killed: {why}")
+        for node in state.pending:  # never started: counts as failed, exit code None
+            self._say(node.name, "never started")
 
     def on_poll(self, now: float, runs: Mapping[str, NodeRun]) -> None:
         """Called once per poll while `run` collects, after the exits are read: `now` seconds
@@ -384,55 +316,6 @@ class Cluster:
     def _results(self, name: str, output: str = DEFAULT_OUTPUT) -> list[dict]:
         """The rank<R>.json files this node's workers wrote, read from the stopped container."""
         return read_results(self.containers[name], output)
-
-
-def read_results(container, output: str = DEFAULT_OUTPUT) -> list[dict]:
-    """The rank<R>.json files in <output>/results of a container (running or stopped), read
-    through the Docker API, so no host directory or uid has to match."""
-    from docker.errors import APIError, NotFound
-
-    try:
-        stream, _ = container.get_archive(f"{output}/results")
-    except (NotFound, APIError):
-        return []  # no results directory: the job never got that far
-    data = io.BytesIO(b"".join(stream))
-    found = []
-    with tarfile.open(fileobj=data) as tar:
-        for member in tar.getmembers():
-            base = member.name.rsplit("/", 1)[-1]
-            if member.isfile() and base.startswith("rank") and base.endswith(".json"):
-                file = tar.extractfile(member)  # a regular file: never None
-                if file is not None:
-                    found.append(json.loads(file.read()))
-    return found
-
-
-def _remove(what: str, remove: Callable[[], None]) -> None:
-    """Remove one Docker object; gone already is fine, anything else is said, never raised."""
-    from docker.errors import APIError, NotFound
-
-    try:
-        remove()
-    except NotFound:
-        pass
-    except APIError as err:
-        print(f"cluster: could not remove {what}: {err}", file=sys.stderr)
-
-
-def sdk():
-    """The Docker SDK, or a one-line error saying how to get it."""
-    try:
-        import docker
-    except ImportError:
-        from entrypoint.errors import ConfigError
-
-        raise ConfigError(
-            "docker",
-            None,
-            "the Docker SDK for Python is not installed",
-            "pip install 'multinode-entrypoint[local]' (or pip install docker)",
-        ) from None
-    return docker
 
 
 def _raise_interrupt(signum, frame):

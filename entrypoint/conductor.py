@@ -1,5 +1,7 @@
 """Node 0's view of the job, as a pure state machine: events in, actions out.
 
+The actions, phases and limits it shares with its caller are in entrypoint.conductor_terms.
+
 The entrypoints of all nodes talk over their own small channel (entrypoint.control), which
 does not depend on NCCL, gloo or the trainer. Node 0 runs the Conductor; it decides:
 
@@ -25,10 +27,22 @@ returned actions. That is what makes every rule above a unit test.
 
 from __future__ import annotations
 
-import signal
-from dataclasses import dataclass, field
-from enum import StrEnum
-
+from entrypoint.conductor_terms import (
+    ALL,
+    END,
+    JOIN,
+    RUN,
+    STOPPING,
+    Close,
+    Limits,
+    Log,
+    MemberState,
+    Phase,
+    Send,
+    failure_summary,
+    monitor_table,
+    signal_name,
+)
 from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
 from entrypoint.fingerprint import (
     Member,
@@ -37,74 +51,7 @@ from entrypoint.fingerprint import (
     layout_mismatches,
     mismatches,
 )
-from entrypoint.messages import Beat, Done, Exit, Go, Hello, Message, Restart, Signal, Stop
-
-ALL = -1  # Send.to: every connected member
-STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # these end the job; USR1/2 do not
-
-
-class Phase(StrEnum):
-    """Node 0's phase of the job (torch elastic's WorkerState is the model). Transitions:
-
-    JOIN -> RUN   every node said hello and the fingerprints and layouts agree (`go`)
-    JOIN -> END   a node disagrees, another job's node, or the join timeout ran out
-    RUN  -> JOIN  a trainer failed with restarts left, or a node rejoined: the next generation
-    RUN  -> END   every node finished, a trainer failed for good, a node was lost, a signal
-    END           final: the outcome is decided and every node is told
-    """
-
-    JOIN = "join"
-    RUN = "run"
-    END = "end"
-
-
-JOIN, RUN, END = Phase.JOIN, Phase.RUN, Phase.END
-
-
-@dataclass(frozen=True)
-class Send:
-    to: int  # member id, or ALL
-    message: Message
-
-
-@dataclass(frozen=True)
-class Log:
-    level: str  # "info" | "warning" | "error"
-    text: str
-
-
-@dataclass(frozen=True)
-class Close:
-    member: int
-
-
-@dataclass
-class _State:
-    host: str
-    connected: bool = True
-    joined_at: float = 0.0
-    last_seen: float = 0.0
-    fingerprint: dict = field(default_factory=dict)
-    clock_offset: float = 0.0
-    exit_code: int | None = None
-    stats: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Limits:
-    join_timeout: float = 300.0
-    heartbeat_timeout: float = 30.0
-    max_restarts: int = 0
-    max_clock_skew: float = 30.0
-    monitor_interval: float = 300.0
-    failure_window: float = 0.0  # seconds to wait for more failure reports before naming one
-
-
-def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
+from entrypoint.messages import Beat, Done, Exit, Go, Hello, Restart, Signal, Stop
 
 
 class Conductor:
@@ -116,7 +63,7 @@ class Conductor:
         self.unit = unit  # "node", or "process" when the platform started one per GPU
         self.units = "processes" if unit == "process" else f"{unit}s"
         self.address = address  # where node 0 listens, for messages
-        self.members: dict[int, _State] = {}
+        self.members: dict[int, MemberState] = {}
         self.phase: Phase = JOIN
         self.generation = 0
         self.restarts_left = limits.max_restarts
@@ -185,7 +132,7 @@ class Conductor:
         if self.phase == END:
             code, reason = self.outcome or (EXIT_PEERS, "the job has ended")
             return [Send(member, self._stop_message(code, reason)), Close(member)]
-        self.members[member] = _State(
+        self.members[member] = MemberState(
             host=host,
             joined_at=now,
             last_seen=now,
@@ -318,7 +265,7 @@ class Conductor:
             interval = self.limits.monitor_interval
             if interval > 0 and now - self._last_monitor >= interval:
                 self._last_monitor = now
-                actions.append(Log("info", self.monitor_table(now)))
+                actions.append(Log("info", monitor_table(self.members, now)))
         return actions
 
     # -- decisions -------------------------------------------------------------------------
@@ -449,39 +396,3 @@ class Conductor:
             return f"{self.unit} {members[0]}"
         shown = ", ".join(str(m) for m in members[:10]) + (" ..." if len(members) > 10 else "")
         return f"{len(members)} {self.units} ({shown})"
-
-    # -- the per-node table ----------------------------------------------------------------
-
-    def monitor_table(self, now: float) -> str:
-        rows = [f"{'node':<6}{'host':<28}{'last beat':<11}{'devices':<44}"]
-        for member, state in sorted(self.members.items()):
-            stats = state.stats
-            gpus = stats.get("gpus") or []
-            if gpus:
-                util = sum(g["util"] for g in gpus) / len(gpus)
-                used = sum(g["mem_used_mib"] for g in gpus) / 1024
-                total = sum(g["mem_total_mib"] for g in gpus) / 1024
-                devices = f"{len(gpus)} GPU, util {util:.0f}%, mem {used:.1f}/{total:.0f} GiB"
-            else:
-                devices = f"CPU, load {stats.get('load', 0):.1f}" if stats else "-"
-            rows.append(
-                f"{member:<6}{state.host[:27]:<28}{now - state.last_seen:>5.0f} s ago {devices}"
-            )
-        return "nodes:\n  " + "\n  ".join(rows)
-
-
-def failure_summary(failure: dict, where: str) -> str:
-    """The failing rank's error, once: rank, node, exit code, the last lines of its traceback."""
-    rank = failure.get("rank")
-    head = (
-        (f"worker failed: rank {rank}" if rank is not None else "worker failed")
-        + f" on {where}"
-        + (
-            f" (local rank {failure['local_rank']})"
-            if failure.get("local_rank") is not None
-            else ""
-        )
-        + f", exit code {failure.get('exitcode', '?')}"
-    )
-    tail = failure.get("tail") or []
-    return head + ("\n    " + "\n    ".join(tail) if tail else "")

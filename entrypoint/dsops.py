@@ -27,7 +27,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from entrypoint.errors import ConfigError
+from entrypoint.plan import BUILTIN_JOBS
 
 # deepspeed/runtime/config.py's optimizer names; engine._configure_basic_optimizer picks the op.
 _ADAM = ("adam", "adamw", "muon")  # muon's auxiliary Adam is FusedAdam or CPUAdam too
@@ -186,8 +189,6 @@ def configs_of(
 def _accelerate_configs(
     path: str, text: str | None, load: Callable[[str], str | None]
 ) -> list[tuple[str, Mapping]]:
-    import yaml
-
     try:
         body = yaml.safe_load(text) if text else None
     except yaml.YAMLError:
@@ -267,8 +268,6 @@ def accelerator_of(device: str, env: Mapping[str, str]) -> str:
 def check(plan, env: Mapping[str, str]) -> None:
     """Refuse, before launch, a DeepSpeed config that needs an op the image lacks.
     `env` is the trainer's environment (launch.child_env)."""
-    from entrypoint.plan import BUILTIN_JOBS
-
     uses_generated = plan.trainer in BUILTIN_JOBS.values() or plan.launcher == "accelerate"
     found = configs_of(tuple(plan.trainer), plan.files, uses_generated, _read)
     if not found:

@@ -95,7 +95,7 @@ def packages(paths: list[str] | None = None) -> dict[str, str]:
 def cuda_driver_major() -> str | None:
     """The driver's CUDA major version (NVML), or None without a driver."""
     try:
-        import pynvml
+        import pynvml  # present only where an NVIDIA driver may be; failing is the answer
 
         pynvml.nvmlInit()
         try:

@@ -2,23 +2,34 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+from collections.abc import Sequence
 from typing import Any
+
+
+def nvml_handle(nvml: Any, device: str) -> Any:
+    """The NVML handle of one of the plan's devices: an index (NVML counts every GPU of the
+    machine, whatever CUDA_VISIBLE_DEVICES says, as the plan's ids do), or a GPU-/MIG- UUID."""
+    if device.isdigit():
+        return nvml.nvmlDeviceGetHandleByIndex(int(device))
+    return nvml.nvmlDeviceGetHandleByUUID(device)
 
 
 class Stats:
     """GPU utilization and memory (NVML) of this node's GPUs, or the CPU load."""
 
-    def __init__(self, gpu_indices: list[int]) -> None:
+    def __init__(self, devices: Sequence[str], nvml: Any = None) -> None:
+        """`devices`: the plan's (Plan.devices); `nvml`: the module, pynvml unless given."""
         self.handles: list[Any] = []
         self.nvml: Any = None
-        if gpu_indices:
+        if devices:
             try:
-                import pynvml
-
-                pynvml.nvmlInit()
-                self.nvml = pynvml
-                self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in gpu_indices]
+                if nvml is None:
+                    nvml = importlib.import_module("pynvml")  # at the edge, with GPUs only
+                nvml.nvmlInit()
+                self.nvml = nvml
+                self.handles = [nvml_handle(nvml, device) for device in devices]
             except Exception:  # stats are nice to have; never a reason to stop
                 self.handles = []
 
@@ -38,10 +49,3 @@ class Stats:
             except Exception:
                 continue
         return {"gpus": gpus} if gpus else {"load": os.getloadavg()[0]}
-
-
-def gpu_indices(cuda_visible_devices: str | None) -> list[int]:
-    """The plan's CUDA_VISIBLE_DEVICES as NVML indices (UUIDs are passed over)."""
-    if not cuda_visible_devices:
-        return []
-    return [int(x) for x in cuda_visible_devices.split(",") if x.isdigit()]

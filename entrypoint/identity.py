@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from entrypoint.errors import ConfigError
+from entrypoint.messages import AUTH_HMAC, AUTH_NONE
 
 TOKEN_VARIABLE = "ENTRYPOINT_JOB_TOKEN"
 TOKEN_FILE_VARIABLE = "ENTRYPOINT_JOB_TOKEN_FILE"
@@ -62,8 +63,6 @@ class Identity:
 
     @property
     def auth(self) -> str:
-        from entrypoint.messages import AUTH_HMAC, AUTH_NONE
-
         return AUTH_HMAC if self.token else AUTH_NONE
 
 

@@ -6,8 +6,9 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 
-from entrypoint import control, fingerprint
-from entrypoint.conductor import Conductor, Limits
+from entrypoint import control, control_server, fingerprint
+from entrypoint.conductor import Conductor
+from entrypoint.conductor_terms import Limits
 from entrypoint.identity import TOKEN_VARIABLE, Identity, job_identity, read_token
 from entrypoint.plan import Plan
 from entrypoint.settings import Settings
@@ -38,7 +39,7 @@ def serve(
     unit: str,
     log: Callable[[str, str], None],
     identity: Identity,
-) -> tuple[control.Server, str, int | None]:
+) -> tuple[control_server.Server, str, int | None]:
     """Node 0: start the control server; it, and the address every member connects to."""
     s = settings
     host, port = plan.master_addr, plan.control_port
@@ -54,7 +55,7 @@ def serve(
     conductor = Conductor(
         expected, limits, time.monotonic(), unit=unit, address=f"{host}:{port or 'auto'}"
     )
-    server = control.Server(
+    server = control_server.Server(
         conductor,
         port or 0,
         heartbeat_interval=s.heartbeat_interval,

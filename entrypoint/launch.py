@@ -13,7 +13,7 @@ from entrypoint.errors import ConfigError
 from entrypoint.facts import Facts
 from entrypoint.gpus import visible_ids
 from entrypoint.plan import Plan
-from entrypoint.values import variable_of
+from entrypoint.values import Kind
 
 _FIX_NO_GPU = (
     "Start the container with --gpus all (Docker) or the NVIDIA runtime "
@@ -23,8 +23,8 @@ _FIX_NO_GPU = (
 
 
 def _stated_variable(plan: Plan) -> str:
-    source = plan.sources.get("gpus_per_node", "")
-    return variable_of(source) if source.startswith("env ") else "GPUs"
+    source = plan.sources.get("gpus_per_node")
+    return source.names("GPUs") if source is not None and source.kind is Kind.ENV else "GPUs"
 
 
 def check_hardware(plan: Plan, env: Mapping[str, str], facts: Facts) -> None:

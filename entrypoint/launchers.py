@@ -20,6 +20,7 @@ from enum import StrEnum
 from entrypoint.configs import Config
 from entrypoint.errors import ConfigError
 from entrypoint.settings import PREFIX, Settings
+from entrypoint.values import Source, by_default, derived, env_var
 
 
 class Launcher(StrEnum):
@@ -67,17 +68,19 @@ class Launch:
     env: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
     master_port: int | None = None
-    sources: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, Source] = field(default_factory=dict)
 
 
-def choose(settings: Settings, spawn: bool, builtin_jax: bool, sources: dict[str, str]) -> Launcher:
+def choose(
+    settings: Settings, spawn: bool, builtin_jax: bool, sources: dict[str, Source]
+) -> Launcher:
     """ENTRYPOINT_LAUNCHER, else jax for the built-in JAX job, else by who starts processes."""
     if settings.launcher == "auto" and builtin_jax:
-        sources["launcher"] = f"the built-in JAX job ({PREFIX}JOB=jax)"
+        sources["launcher"] = derived(f"the built-in JAX job ({PREFIX}JOB=jax)")
         return Launcher.JAX
     if settings.launcher != "auto":
         launcher = Launcher(settings.launcher)
-        sources["launcher"] = f"env {PREFIX}LAUNCHER"
+        sources["launcher"] = env_var(f"{PREFIX}LAUNCHER")
         if launcher.spawns and not spawn:
             raise ConfigError(
                 f"{PREFIX}LAUNCHER",
@@ -86,7 +89,7 @@ def choose(settings: Settings, spawn: bool, builtin_jax: bool, sources: dict[str
                 f"Unset {PREFIX}LAUNCHER, or start one task per node",
             )
         return launcher
-    sources["launcher"] = (
+    sources["launcher"] = by_default(
         "default: torchrun spawns the workers"
         if spawn
         else "default: the platform started every process; exec directly"
@@ -95,7 +98,7 @@ def choose(settings: Settings, spawn: bool, builtin_jax: bool, sources: dict[str
 
 
 def preflight(
-    trainer: tuple[str, ...], settings: Settings, launcher: Launcher, sources: dict[str, str]
+    trainer: tuple[str, ...], settings: Settings, launcher: Launcher, sources: dict[str, Source]
 ) -> tuple[str, ...]:
     """ENTRYPOINT_PREFLIGHT_ALLREDUCE: each worker measures all-reduce bandwidth, then execs
     the trainer in the same process. Only torchrun's agent store outlives that measurement."""
@@ -109,7 +112,7 @@ def preflight(
             f"them; the {launcher} launcher starts no torchrun",
             "Unset it, and measure the nodes first with `entrypoint doctor --allreduce`",
         )
-    sources["preflight_allreduce"] = (
+    sources["preflight_allreduce"] = derived(
         f"env {PREFIX}PREFLIGHT_ALLREDUCE: each worker measures "
         "all-reduce bandwidth, then execs the trainer"
     )
@@ -135,7 +138,7 @@ def torchrun(layout: Layout, trainer: Sequence[str]) -> Launch:
     # stderr in logs/ (the failing rank's traceback is shown once, at node 0) and on screen.
     if layout.standalone:
         rendezvous, env, port = ["--standalone"], {}, None
-        sources = {"master_port": "torchrun --standalone picks a free port"}
+        sources = {"master_port": derived("torchrun --standalone picks a free port")}
     else:
         rendezvous = [f"--master-addr={layout.master_addr}", f"--master-port={layout.master_port}"]
         env, port, sources = {"MASTER_PORT": str(layout.master_port)}, layout.master_port, {}
@@ -173,8 +176,10 @@ def accelerate(
         files,
         layout.master_port,
         {
-            "accelerate.yaml": "the config's accelerate settings, this cluster's numbers; its "
-            "DeepSpeed config without optimizer and scheduler (the trainer's own)"
+            "accelerate.yaml": derived(
+                "the config's accelerate settings, this cluster's numbers; its "
+                "DeepSpeed config without optimizer and scheduler (the trainer's own)"
+            )
         },
     )
 
@@ -226,11 +231,11 @@ def worker(layout: Layout, trainer: Sequence[str]) -> Launch:
         "JAX_NUM_PROCESSES": str(layout.world_size),
         "JAX_PROCESS_ID": str(rank),
     }
-    sources: dict[str, str] = {}
+    sources: dict[str, Source] = {}
     if layout.cuda_visible is not None:
         ids = range(layout.gpus_per_node) if layout.spawn else [local_rank]
         out["JAX_LOCAL_DEVICE_IDS"] = ",".join(str(i) for i in ids)
-        sources["JAX_LOCAL_DEVICE_IDS"] = (
+        sources["JAX_LOCAL_DEVICE_IDS"] = derived(
             "every GPU of this node" if layout.spawn else "this process's LOCAL_RANK"
         )
     command = list(trainer)
@@ -254,7 +259,7 @@ def build(
 
 
 def timeouts(
-    env: Mapping[str, str], settings: Settings, launcher: Launcher, sources: dict[str, str]
+    env: Mapping[str, str], settings: Settings, launcher: Launcher, sources: dict[str, Source]
 ) -> tuple[dict[str, str], list[str]]:
     """One collective timeout for every library, so that a stuck rank surfaces in a known time
     and no library's own default (DeepSpeed 0.19: 10 min; accelerate: 30 min on gloo) comes
@@ -262,16 +267,16 @@ def timeouts(
     seconds = settings.collective_timeout
     out = {"ENTRYPOINT_COLLECTIVE_TIMEOUT": str(seconds)}
     sources["ENTRYPOINT_COLLECTIVE_TIMEOUT"] = (
-        f"env {PREFIX}COLLECTIVE_TIMEOUT"
+        env_var(f"{PREFIX}COLLECTIVE_TIMEOUT")
         if "collective_timeout" in settings.model_fields_set
-        else f"default {seconds} s"
+        else by_default(f"default {seconds} s")
     )
     warnings = []
     if "DEEPSPEED_TIMEOUT" in env:
-        sources["DEEPSPEED_TIMEOUT"] = "env DEEPSPEED_TIMEOUT (set by you, kept)"
+        sources["DEEPSPEED_TIMEOUT"] = env_var("DEEPSPEED_TIMEOUT", "(set by you, kept)")
     else:  # DeepSpeed reads it in minutes (deepspeed/constants.py default_pg_timeout)
         out["DEEPSPEED_TIMEOUT"] = str(-(-seconds // 60))
-        sources["DEEPSPEED_TIMEOUT"] = (
+        sources["DEEPSPEED_TIMEOUT"] = derived(
             f"{PREFIX}COLLECTIVE_TIMEOUT in minutes (DeepSpeed's own: 10)"
         )
     if launcher is Launcher.ACCELERATE:

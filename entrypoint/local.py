@@ -12,17 +12,19 @@ checks it without Docker; the GPU probe, the Docker engine and the containers ar
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from entrypoint.errors import EXIT_CONFIG, ConfigError
 
 if TYPE_CHECKING:  # the CLI imports this module at every start: entrypoint.cluster only when run
-    from entrypoint.cluster import Node
+    from entrypoint.cluster_run import Node
 
 MASTER_PORT = "29500"  # a private network per run: the usual port never collides
 CPU_WORKERS = 2  # CPU nodes: more than the entrypoint's default of 1, so each node is multi-worker
@@ -114,7 +116,7 @@ def nodes(
     """The node containers: `name(i)` is node i's host name; node 0 is the master. `env` (the
     user's -e) wins over what is set here. The job is named after node 0 and, with `token`
     (a fresh one per run), its nodes prove it at the join (entrypoint.control)."""
-    from entrypoint.cluster import Node
+    from entrypoint.cluster_run import Node
 
     master = name(0)
     common = {
@@ -175,9 +177,6 @@ def summary(results: list[dict], nnodes: int, seconds: float) -> list[str]:
 
 
 def save_results(results: list[dict], directory: str) -> None:
-    import json
-    from pathlib import Path
-
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     for r in results:
@@ -231,6 +230,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         default="deepspeed",
         help="the built-in job when no command is given (default deepspeed)",
     )
+    _add_run_options(p)
+    return p
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """What every node gets, how long the run may take, where the reports go, the command."""
     p.add_argument(
         "-e",
         "--env",
@@ -257,13 +262,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
         nargs=argparse.REMAINDER,
         help="-- CMD ARGS...: run this on every node (default: the built-in job)",
     )
-    return p
 
 
 def cmd_local(args, env: Mapping[str, str]) -> int:
     """The edge: probe, check, talk to Docker, run, report. Returns the exit code."""
-    from entrypoint import probe
-    from entrypoint.cluster import DEFAULT_OUTPUT, Cluster, sdk
+    from entrypoint import probe  # when run only, like entrypoint.cluster (see the top)
+    from entrypoint.cluster import Cluster
+    from entrypoint.cluster_docker import DEFAULT_OUTPUT
 
     command = list(args.trainer or [])
     command = command[1:] if command[:1] == ["--"] else command
@@ -277,26 +282,7 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
         host_gpus=len(host_gpus),
         gpu_probe=gpu_probe,
     )
-    docker = sdk()
-    try:
-        client = docker.from_env(timeout=120)
-        client.ping()
-    except docker.errors.DockerException as err:
-        raise ConfigError(
-            "DOCKER_HOST",
-            env.get("DOCKER_HOST"),
-            f"no Docker engine answers ({err})",
-            "Start dockerd, or point DOCKER_HOST at one",
-        ) from None
-    try:
-        client.images.get(args.image)
-    except docker.errors.ImageNotFound:
-        raise ConfigError(
-            "--image",
-            args.image,
-            "no such image on this machine",
-            "Build it with make image, or pass --image",
-        ) from None
+    docker, client = _engine(env, args.image)
     shm = f"{max(1, plan.gpus_per_node)}g"  # at least 1 GB per GPU (docs/IMAGE.md, Run)
     timeout = args.timeout if args.timeout > 0 else float("inf")
 
@@ -320,20 +306,7 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
                 tty=sys.stdout.isatty(),
                 token=secrets.token_hex(32),
             )
-            per_node = (
-                f"{plan.workers} {plan.device.upper()} workers"
-                if plan.workers
-                else f"{plan.gpus_per_node} GPUs"
-                if plan.gpus_per_node
-                else "1 process"
-            )
-            echo(
-                f"local: {plan.nnodes} nodes x {per_node} on network {cluster.network_name}, "
-                f"image {args.image} ({plan.why})"
-            )
-            for spec in specs:
-                if spec.gpus:
-                    echo(f"local: {spec.name} gets GPUs {','.join(spec.gpus)}")
+            _announce(echo, plan, cluster.network_name, args.image, specs)
             try:
                 run = cluster.run(specs, timeout=timeout)
             except docker.errors.APIError as err:  # e.g. a GPU request with no NVIDIA runtime
@@ -346,8 +319,57 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
     except KeyboardInterrupt:
         print("local: interrupted; containers and network removed", file=sys.stderr)
         return 130
-    if args.results:
-        save_results(run.results, args.results)
+    return _verdict(run, args.results, command, plan.nnodes)
+
+
+def _announce(echo, plan: Layout, network: str, image: str, specs: list[Node]) -> None:
+    """Say what runs where before it starts."""
+    per_node = (
+        f"{plan.workers} {plan.device.upper()} workers"
+        if plan.workers
+        else f"{plan.gpus_per_node} GPUs"
+        if plan.gpus_per_node
+        else "1 process"
+    )
+    echo(
+        f"local: {plan.nnodes} nodes x {per_node} on network {network}, image {image} ({plan.why})"
+    )
+    for spec in specs:
+        if spec.gpus:
+            echo(f"local: {spec.name} gets GPUs {','.join(spec.gpus)}")
+
+
+def _engine(env: Mapping[str, str], image: str):
+    """(the Docker SDK, a client of an engine that answers and has `image`)."""
+    from entrypoint.cluster_docker import sdk  # when run only, as entrypoint.cluster above
+
+    docker = sdk()
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+    except docker.errors.DockerException as err:
+        raise ConfigError(
+            "DOCKER_HOST",
+            env.get("DOCKER_HOST"),
+            f"no Docker engine answers ({err})",
+            "Start dockerd, or point DOCKER_HOST at one",
+        ) from None
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        raise ConfigError(
+            "--image",
+            image,
+            "no such image on this machine",
+            "Build it with make image, or pass --image",
+        ) from None
+    return docker, client
+
+
+def _verdict(run, results_dir: str | None, command: list[str], nnodes: int) -> int:
+    """Save the reports, say how the run went, and its exit code."""
+    if results_dir:
+        save_results(run.results, results_dir)
     problem = run.problem()  # the logs were printed as they came
     if problem:
         print(f"local: FAILED: {problem}", file=sys.stderr)
@@ -360,6 +382,6 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
     if not results or len(results) != expected:
         print(f"local: FAILED: {len(results)} worker reports, expected {expected}", file=sys.stderr)
         return 1
-    for line in summary(results, plan.nnodes, run.seconds):
+    for line in summary(results, nnodes, run.seconds):
         print(line)
     return 0

@@ -9,35 +9,36 @@ from collections.abc import Mapping
 
 from entrypoint.facts import Facts, is_local_only
 from entrypoint.settings import PREFIX, Settings
+from entrypoint.values import Kind, Source, by_default, env_var, probed
 
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
 
-def choose_interface(facts: Facts, settings: Settings) -> tuple[str | None, str]:
+def choose_interface(facts: Facts, settings: Settings) -> tuple[str | None, Source]:
     if settings.socket_ifname:
-        return settings.socket_ifname, f"env {PREFIX}SOCKET_IFNAME"
+        return settings.socket_ifname, env_var(f"{PREFIX}SOCKET_IFNAME")
     route = facts.route_to_master
     if route and not is_local_only(route):
-        return route, f"probe: routes to the master ({facts.master_ip})"
+        return route, probed(f"probe: routes to the master ({facts.master_ip})")
     default = facts.default_route
     if default and not is_local_only(default):
         why = "the master is this node" if route else "the master's name did not resolve yet"
-        return default, f"probe: default route ({why})"
-    return None, "probe: no interface other than loopback or a container bridge"
+        return default, probed(f"probe: default route ({why})")
+    return None, probed("probe: no interface other than loopback or a container bridge")
 
 
 def settle(
     env: Mapping[str, str], facts: Facts, settings: Settings, *, nnodes: int, device: str
-) -> tuple[dict[str, str], dict[str, str], list[str]]:
+) -> tuple[dict[str, str], dict[str, Source], list[str]]:
     out: dict[str, str] = {}
-    sources: dict[str, str] = {}
+    sources: dict[str, Source] = {}
     warnings: list[str] = []
 
     if nnodes > 1:
         iface, why = choose_interface(facts, settings)
         for name in IFNAME_VARS:
             if name in env:
-                sources[name] = f"env {name} (set by you, kept)"
+                sources[name] = env_var(name, "(set by you, kept)")
             elif iface:
                 out[name], sources[name] = iface, why
         if iface is None and not all(name in env for name in IFNAME_VARS):
@@ -48,17 +49,19 @@ def settle(
 
     if facts.ib_hcas and device == "cuda":
         if "NCCL_IB_HCA" in env:
-            sources["NCCL_IB_HCA"] = "env NCCL_IB_HCA (set by you, kept)"
+            sources["NCCL_IB_HCA"] = env_var("NCCL_IB_HCA", "(set by you, kept)")
         else:
             out["NCCL_IB_HCA"] = ",".join(facts.ib_hcas)
-            sources["NCCL_IB_HCA"] = "probe /sys/class/infiniband"
+            sources["NCCL_IB_HCA"] = probed("probe /sys/class/infiniband")
 
     # Surface NCCL failures as errors instead of hangs (torch's TORCH_NCCL_ASYNC_ERROR_HANDLING=1:
     # abort the communicator and tear down the process).
     legacy = "NCCL_ASYNC_ERROR_HANDLING"
     if "TORCH_NCCL_ASYNC_ERROR_HANDLING" in env or legacy in env:
-        sources["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "env (set by you, kept)"
+        sources["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = Source(Kind.ENV, None, "(set by you, kept)")
     else:
         out["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
-        sources["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "default 1: fail on NCCL errors, never hang"
+        sources["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = by_default(
+            "default 1: fail on NCCL errors, never hang"
+        )
     return out, sources, warnings

@@ -67,7 +67,7 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
         launcher=str(plan.launcher),
         ranks=report.rank_line(plan),
         command=plan.command,
-        sources=dict(plan.sources),
+        sources={name: str(source) for name, source in plan.sources.items()},
     )
     # The table for a person; in JSON mode the event above is the plan, and every line is JSON.
     if plan.node_rank == 0 and logs.console(settings.log_format):

@@ -1,4 +1,5 @@
 """The launch plan: a frozen value computed by pure code from (environment, hardware facts).
+`make_plan` runs the steps in entrypoint.plan_steps in order; this module is their sequence.
 
 Precedence for every value: explicit ENTRYPOINT_* settings beat the platform's variables,
 which beat probes, which beat defaults; `sources` records which one decided.
@@ -7,26 +8,28 @@ which beat probes, which beat defaults; `sources` records which one decided.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
-from entrypoint import configs, gpus, jax_cluster, launchers, network, platforms
-from entrypoint.errors import ConfigError
+from entrypoint import configs, gpus, launchers, network
+from entrypoint import plan_steps as steps
 from entrypoint.facts import Facts
 from entrypoint.launchers import ALLREDUCE, Launcher, Layout
+from entrypoint.plan_steps import BUILTIN_JOB, BUILTIN_JOBS, Out, gpus_stated, read_platform
 from entrypoint.platforms.base import Reading
-from entrypoint.settings import PREFIX, Settings, control_port
-from entrypoint.values import Sourced, below, variable_of
+from entrypoint.settings import Settings
+from entrypoint.values import Source, below, derived
 
-# The image's built-in jobs (entrypoint/job), run when no trainer command is given.
-BUILTIN_JOBS = {
-    "deepspeed": ("python", "-m", "entrypoint.job"),
-    "jax": ("python", "-m", "entrypoint.job.jax_train"),
-}
-BUILTIN_JOB = BUILTIN_JOBS["deepspeed"]
-__all__ = ["ALLREDUCE", "BUILTIN_JOB", "BUILTIN_JOBS", "Plan", "make_plan", "read_platform"]
+__all__ = [
+    "ALLREDUCE",
+    "BUILTIN_JOB",
+    "BUILTIN_JOBS",
+    "Plan",
+    "gpus_stated",
+    "make_plan",
+    "read_platform",
+]
 
 
 @dataclass(frozen=True)
@@ -51,12 +54,15 @@ class Plan:
     trainer: tuple[str, ...]
     env: Mapping[str, str | None]
     files: Mapping[str, str]
-    sources: Mapping[str, str]
+    sources: Mapping[str, Source]  # str() of each is what `plan` and plan.json show
     ranks: tuple[int, int]  # first and last global rank on this node
     hosts: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     gpu_names: tuple[str, ...] = field(default=())
+    # The GPUs this node's workers use, as CUDA_VISIBLE_DEVICES spells them (indices, GPU-/MIG-
+    # UUIDs): what the heartbeat's figures read, never re-parsed from the string.
+    devices: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
         for name in ("env", "files", "sources"):
@@ -67,7 +73,7 @@ class Plan:
         for f in fields(self):
             value = getattr(self, f.name)
             out[f.name] = (
-                dict(value)
+                {k: str(v) if isinstance(v, Source) else v for k, v in value.items()}
                 if isinstance(value, Mapping)
                 else list(value)
                 if isinstance(value, tuple)
@@ -79,256 +85,19 @@ class Plan:
         return json.dumps(self.to_dict(), **kwargs)
 
 
-def _overlay(reading: Reading, settings: Settings) -> Reading:
-    """Explicit settings beat the platform's values."""
-    changes: dict = {}
-    for name in ("nnodes", "node_rank", "master_addr", "master_port"):
-        value = getattr(settings, name)
-        if value is not None:
-            changes[name] = Sourced(value, f"env {PREFIX}{name.upper()}")
-    return replace(reading, **changes) if changes else reading
+@dataclass(frozen=True)
+class _Workers:
+    """What the first half of `make_plan` decided: where and how the workers run."""
 
-
-def read_platform(
-    env: Mapping[str, str], settings: Settings | None = None
-) -> tuple[str, str, Reading]:
-    """(platform name, why it was chosen, its reading with explicit settings applied)."""
-    module, why = platforms.detect(env)
-    return module.NAME, why, _overlay(module.read(env), settings or Settings.from_env(env))
-
-
-def gpus_stated(settings: Settings, reading: Reading) -> bool:
-    """Whether the plan can be made without probing GPUs."""
-    return (
-        settings.gpus_per_node is not None
-        or reading.gpus_per_node is not None
-        or settings.device == "cpu"
-    )
-
-
-def _master(reading: Reading, nnodes: int, sources: dict[str, str]) -> str:
-    master = reading.master_addr
-    if master is None:
-        if nnodes > 1:
-            raise ConfigError(
-                "MASTER_ADDR",
-                None,
-                f"{nnodes} nodes but no master address",
-                "Set MASTER_ADDR (or ENTRYPOINT_MASTER_ADDR) on every node to "
-                "node 0's host name or IP",
-            )
-        master = Sourced("127.0.0.1", "default: single node, loopback")
-    sources["master_addr"] = master.source
-    return master.value
-
-
-def _nproc(
-    settings: Settings,
-    reading: Reading,
-    launcher: Launcher,
-    device: str,
-    gpus: int,
-    sources: dict[str, str],
-) -> int:
-    if launcher is Launcher.JAX and reading.spawn.value:
-        if settings.nproc_per_node not in (None, 1):
-            raise ConfigError(
-                f"{PREFIX}NPROC_PER_NODE",
-                settings.nproc_per_node,
-                "JAX runs one process per node that owns all its GPUs",
-                f"Unset {PREFIX}NPROC_PER_NODE for the jax launcher",
-            )
-        sources["nproc_per_node"] = "jax: one process per node owns all the node's devices"
-        return 1
-    if settings.nproc_per_node is not None:
-        count = Sourced(settings.nproc_per_node, f"env {PREFIX}NPROC_PER_NODE")
-    elif reading.nproc_per_node is not None:
-        count = reading.nproc_per_node
-    elif device == "cuda":
-        count = Sourced(gpus, f"one worker per GPU ({sources['gpus_per_node']})")
-    else:
-        count = Sourced(1, "default 1 on CPU")
-    if device == "cuda" and count.value > gpus:
-        raise ConfigError(
-            variable_of(count.source),
-            count.value,
-            f"asks for {count.value} GPU workers but this node has {gpus} GPUs "
-            f"({sources['gpus_per_node']})",
-            f"Ask for at most {gpus} workers per node, or run on nodes with more GPUs",
-        )
-    sources["nproc_per_node"] = count.source
-    return count.value
-
-
-def _trainer(
-    command: Sequence[str] | None, settings: Settings, sources: dict[str, str]
-) -> tuple[str, ...]:
-    if command:
-        sources["trainer"] = "command line after --"
-        return tuple(command)
-    sources["trainer"] = f"the image's built-in {settings.job} job ({PREFIX}JOB)"
-    return BUILTIN_JOBS[settings.job]
-
-
-@dataclass
-class _Out:
-    """What the steps below add to the plan as they go."""
-
-    env: dict[str, str | None] = field(default_factory=dict)
-    files: dict[str, str] = field(default_factory=dict)
-    sources: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-
-def _config(
-    settings: Settings, device: str, devices: int, needs_config: bool, run_dir: str, out: _Out
-) -> tuple[configs.Config, dict | None]:
-    """The named config, else the one for the nearest world size, and its deepspeed.json
-    with the batch split for this world size (`devices`: GPUs in total for JAX)."""
-    config, out.sources["config"] = configs.select(
-        settings.config, device=device, world_size=devices
-    )
-    try:
-        split = configs.split(config, devices)
-    except ConfigError as err:
-        if needs_config:
-            raise
-        out.notes.append(
-            f"config {config.name} does not fit; your trainer does not use it: {err.line()}"
-        )
-        return config, None
-    ds_path = f"{run_dir}/deepspeed.json"
-    deepspeed = configs.derive_deepspeed(config, devices)
-    out.files[ds_path] = json.dumps(deepspeed, indent=2) + "\n"
-    out.env |= {"ENTRYPOINT_CONFIG_DIR": str(config.path), "ENTRYPOINT_DEEPSPEED_CONFIG": ds_path}
-    if split is not None:
-        out.sources["train_batch_size"] = split.why
-        if split.global_batch != split.asked:
-            (out.warnings if needs_config else out.notes).append(split.why)
-    return config, deepspeed
-
-
-def _device_env(
-    env: Mapping[str, str], settings: Settings, facts: Facts, device: str, nproc: int, out: _Out
-) -> None:
-    if device == "cpu":
-        for key, value in (
-            ("DS_ACCELERATOR", "cpu"),
-            ("JAX_PLATFORMS", "cpu"),
-            ("OMP_NUM_THREADS", str(max(1, facts.cpu_count // nproc))),
-        ):
-            if key not in env:
-                out.env[key] = value
-    for key, setting in (
-        ("XLA_PYTHON_CLIENT_PREALLOCATE", settings.xla_preallocate),
-        ("XLA_PYTHON_CLIENT_MEM_FRACTION", settings.xla_mem_fraction),
-    ):
-        if setting is not None:
-            out.env[key] = str(setting).lower() if isinstance(setting, bool) else str(setting)
-
-
-def _site_hook(env: Mapping[str, str], out: _Out) -> None:
-    """The trainer's interpreter starts with entrypoint/site-hook first on its path."""
-    out.env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(jax_cluster.SITE_HOOK), env.get("PYTHONPATH")) if p
-    )
-    out.sources["PYTHONPATH"] = (
-        "the entrypoint's site hook first: jax.distributed.initialize() with no arguments reads "
-        "the plan (entrypoint/jax_cluster.py); accelerate on CPU nodes gets gloo "
-        "(entrypoint/accelerate_cpu.py)"
-    )
-
-
-def _control_port(
-    settings: Settings, reading: Reading, layout: Layout, sources: dict[str, str]
-) -> int | None:
-    """Never the rendezvous port, never past 65535 (entrypoint.settings.control_port)."""
-    port, sources["control_port"] = control_port(
-        settings, layout.master_port, reading.master_port.source, layout.standalone
-    )
-    return port
-
-
-def _placed(reading: Reading, sources: dict[str, str]) -> tuple[int, int] | None:
-    """(rank, local_rank) of this process when the platform started it, else None."""
-    if reading.spawn.value:
-        return None
-    if reading.rank is None or reading.local_rank is None:
-        raise AssertionError(f"{reading.platform}: spawn is False but no rank was read")
-    sources["rank"], sources["local_rank"] = reading.rank.source, reading.local_rank.source
-    return reading.rank.value, reading.local_rank.value
-
-
-def _inside(placed: tuple[int, int], nnodes: int, nproc: int, sources: dict[str, str]) -> None:
-    """A process the platform started must lie inside the job as planned: ENTRYPOINT_NNODES or
-    ENTRYPOINT_NPROC_PER_NODE may not shrink the job around it."""
-    for (value, size, what), key in zip(
-        (
-            (placed[0], nnodes * nproc, "the world size"),
-            (placed[1], nproc, "the processes per node"),
-        ),
-        ("rank", "local_rank"),
-        strict=True,
-    ):
-        if value >= size:
-            raise ConfigError(
-                variable_of(sources[key]),
-                value,
-                f"is outside the job as planned: {what} is {size} ({nnodes} nodes "
-                f"x {nproc} per node)",
-                f"Leave {PREFIX}NNODES and {PREFIX}NPROC_PER_NODE unset when the "
-                "platform started every process, or make them match it",
-            )
-
-
-def _layout(
-    env: Mapping[str, str],
-    settings: Settings,
-    reading: Reading,
-    master: str,
-    nproc: int,
-    n_gpus: int,
-    cuda_visible: str | None,
-    python: str,
-    placed: tuple[int, int] | None,
-) -> Layout:
-    nnodes, node_rank, spawn = reading.nnodes.value, reading.node_rank.value, reading.spawn.value
-    return Layout(
-        nnodes=nnodes,
-        node_rank=node_rank,
-        nproc_per_node=nproc,
-        master_addr=master,
-        master_port=reading.master_port.value,
-        standalone=nnodes == 1 and settings.master_port is None and "MASTER_PORT" not in env,
-        spawn=spawn,
-        rank=placed[0] if placed else None,
-        local_rank=placed[1] if placed else None,
-        gpus_per_node=n_gpus,
-        cuda_visible=cuda_visible,
-        python=python,
-        run_dir=f"{settings.run_dir}/node{node_rank}",
-    )  # nodes sharing a host keep apart
-
-
-def _launch(
-    env: Mapping[str, str],
-    settings: Settings,
-    trainer: tuple[str, ...],
-    launcher: Launcher,
-    layout: Layout,
-    config: configs.Config,
-    deepspeed: dict | None,
-    out: _Out,
-) -> launchers.Launch:
-    launched = launchers.preflight(trainer, settings, launcher, out.sources)
-    launch = launchers.build(launcher, layout, launched, config, deepspeed)
-    timeouts, timeout_warnings = launchers.timeouts(env, settings, launcher, out.sources)
-    out.env |= launch.env | timeouts
-    out.files |= launch.files
-    out.sources |= launch.sources
-    out.warnings += timeout_warnings
-    return launch
+    master: str
+    n_gpus: int
+    device: str
+    trainer: tuple[str, ...]
+    launcher: Launcher
+    nproc: int
+    placed: tuple[int, int] | None
+    devices: tuple[str, ...]
+    layout: Layout
 
 
 def make_plan(
@@ -343,9 +112,9 @@ def make_plan(
     caller has them already (read once per run)."""
     settings = settings or Settings.from_env(env)
     platform_name, why, reading = read or read_platform(env, settings)
-    out = _Out(
+    out = Out(
         sources={
-            "platform": why,
+            "platform": derived(why),
             **{k: getattr(reading, k).source for k in ("nnodes", "node_rank", "master_port")},
         },
         notes=list(reading.notes),
@@ -353,63 +122,33 @@ def make_plan(
     )
     nnodes, node_rank = reading.nnodes.value, reading.node_rank.value
     below(
-        variable_of(out.sources["node_rank"]), node_rank, variable_of(out.sources["nnodes"]), nnodes
+        reading.node_rank.source.names("node_rank"),
+        node_rank,
+        reading.nnodes.source.names("nnodes"),
+        nnodes,
     )
-    master = _master(reading, nnodes, out.sources)
-
-    n_gpus, visible, visible_from = gpus.count(env, settings, reading, facts, out.sources)
-    device = gpus.device(settings, n_gpus, out.sources)
-    spawn = reading.spawn.value
-    out.sources["spawn"] = reading.spawn.source
-    trainer = _trainer(command, settings, out.sources)
-    launcher = launchers.choose(settings, spawn, trainer == BUILTIN_JOBS["jax"], out.sources)
-    nproc = _nproc(settings, reading, launcher, device, n_gpus, out.sources)
-    out.sources["world_size"] = f"nnodes {nnodes} x nproc_per_node {nproc}"
-    placed = _placed(reading, out.sources)
-    if placed:
-        _inside(placed, nnodes, nproc, out.sources)
-    cuda_visible = None
-    if device == "cuda":
-        chosen = visible if (launcher is Launcher.JAX or not spawn) else visible[:nproc]
-        cuda_visible, out.sources["cuda_visible_devices"] = ",".join(chosen), visible_from
-    layout = _layout(
-        env, settings, reading, master, nproc, n_gpus, cuda_visible, facts.python, placed
-    )
-
-    devices = nnodes * (n_gpus if launcher is Launcher.JAX and device == "cuda" else nproc)
-    needs_config = trainer in BUILTIN_JOBS.values() or launcher is Launcher.ACCELERATE
-    config, deepspeed = _config(settings, device, devices, needs_config, layout.run_dir, out)
-    net_env, net_sources, net_warnings = network.settle(
-        env, facts, settings, nnodes=nnodes, device=device
-    )
-    out.env |= net_env | {"MASTER_ADDR": master}
-    out.sources |= net_sources
-    out.warnings += net_warnings
-    if cuda_visible is not None:
-        out.env["CUDA_VISIBLE_DEVICES"] = cuda_visible
-    _device_env(env, settings, facts, device, nproc, out)
-    _site_hook(env, out)
-
-    launch = _launch(env, settings, trainer, launcher, layout, config, deepspeed, out)
+    w = _workers(env, settings, reading, facts, command, out)
+    launch, config = _environment(env, settings, facts, w, out)
     return Plan(
         platform=platform_name,
         nnodes=nnodes,
         node_rank=node_rank,
-        nproc_per_node=nproc,
-        world_size=layout.world_size,
-        master_addr=master,
+        nproc_per_node=w.nproc,
+        world_size=w.layout.world_size,
+        master_addr=w.master,
         master_port=launch.master_port,
-        control_port=_control_port(settings, reading, layout, out.sources),
-        spawn=spawn,
-        rank=layout.rank,
-        local_rank=layout.local_rank,
-        device=device,
-        gpus_per_node=n_gpus,
-        cuda_visible_devices=cuda_visible,
+        control_port=steps.choose_control_port(settings, reading, w.layout, out.sources),
+        spawn=w.layout.spawn,
+        rank=w.layout.rank,
+        local_rank=w.layout.local_rank,
+        device=w.device,
+        gpus_per_node=w.n_gpus,
+        cuda_visible_devices=w.layout.cuda_visible,
+        devices=w.devices,
         config=str(config.path),
-        launcher=launcher,
+        launcher=w.launcher,
         command=launch.command,
-        trainer=trainer,
+        trainer=w.trainer,
         env=out.env,
         files=out.files,
         sources=out.sources,
@@ -417,7 +156,65 @@ def make_plan(
         notes=tuple(out.notes),
         warnings=tuple(out.warnings),
         gpu_names=tuple(g.name for g in facts.gpus or ()),
-        ranks=(
-            (placed[0], placed[0]) if placed else (node_rank * nproc, node_rank * nproc + nproc - 1)
-        ),
+        ranks=(w.placed[0], w.placed[0])
+        if w.placed
+        else (node_rank * w.nproc, node_rank * w.nproc + w.nproc - 1),
     )
+
+
+def _workers(
+    env: Mapping[str, str],
+    settings: Settings,
+    reading: Reading,
+    facts: Facts,
+    command: Sequence[str] | None,
+    out: Out,
+) -> _Workers:
+    """GPUs, device, trainer, launcher, workers per node, this process's place, the layout."""
+    nnodes = reading.nnodes.value
+    master = steps.master(reading, nnodes, out.sources)
+    n_gpus, visible, visible_from = gpus.count(env, settings, reading, facts, out.sources)
+    device = gpus.device(settings, n_gpus, out.sources)
+    spawn = reading.spawn.value
+    out.sources["spawn"] = reading.spawn.source
+    trainer = steps.trainer(command, settings, out.sources)
+    launcher = launchers.choose(settings, spawn, trainer == BUILTIN_JOBS["jax"], out.sources)
+    nproc = steps.nproc(settings, reading, launcher, device, n_gpus, out.sources)
+    out.sources["world_size"] = derived(f"nnodes {nnodes} x nproc_per_node {nproc}")
+    placed = steps.placed(reading, out.sources)
+    if placed:
+        steps.inside(placed, nnodes, nproc, out.sources)
+    chosen: list[str] = []
+    if device == "cuda":
+        chosen = visible if (launcher is Launcher.JAX or not spawn) else visible[:nproc]
+        out.sources["cuda_visible_devices"] = visible_from
+    cuda_visible = ",".join(chosen) if device == "cuda" else None
+    layout = steps.layout(
+        env, settings, reading, master, nproc, n_gpus, cuda_visible, facts.python, placed
+    )
+    return _Workers(master, n_gpus, device, trainer, launcher, nproc, placed, tuple(chosen), layout)
+
+
+def _environment(
+    env: Mapping[str, str], settings: Settings, facts: Facts, w: _Workers, out: Out
+) -> tuple[launchers.Launch, configs.Config]:
+    """The config and its batch split, the network, the trainer's variables, the launch."""
+    nnodes = w.layout.nnodes
+    cuda = w.device == "cuda"
+    devices = nnodes * (w.n_gpus if w.launcher is Launcher.JAX and cuda else w.nproc)
+    needs_config = w.trainer in BUILTIN_JOBS.values() or w.launcher is Launcher.ACCELERATE
+    config, deepspeed = steps.config(
+        settings, w.device, devices, needs_config, w.layout.run_dir, out
+    )
+    net_env, net_sources, net_warnings = network.settle(
+        env, facts, settings, nnodes=nnodes, device=w.device
+    )
+    out.env |= net_env | {"MASTER_ADDR": w.master}
+    out.sources |= net_sources
+    out.warnings += net_warnings
+    if w.layout.cuda_visible is not None:
+        out.env["CUDA_VISIBLE_DEVICES"] = w.layout.cuda_visible
+    steps.device_env(env, settings, facts, w.device, w.nproc, out)
+    steps.site_hook(env, out)
+    launch = steps.launch(env, settings, w.trainer, w.launcher, w.layout, config, deepspeed, out)
+    return launch, config

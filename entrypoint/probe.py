@@ -139,7 +139,7 @@ def tcp_connect(ip: str, port: int, timeout: float = 2.0) -> str:
 def nvidia_driver() -> tuple[str | None, str | None]:
     """(driver version, the newest CUDA version it supports, e.g. "12.4") from NVML."""
     try:
-        import pynvml
+        import pynvml  # as in gpus(): thin, and its absence is an answer
 
         pynvml.nvmlInit()
         try:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 _PR_SET_CHILD_SUBREAPER = 36
 KILL_WAIT = 10.0  # seconds to wait for a process after its SIGKILL
+LEFTOVER_WAIT = 5.0  # seconds for leftover processes to be gone after their SIGKILL
 
 
 def become_subreaper() -> None:
@@ -209,3 +210,18 @@ def stop_then_kill(
             process.wait(timeout=KILL_WAIT)
         except subprocess.TimeoutExpired:
             pass
+
+
+def kill_leftovers(log, guard: int, launcher: int, seconds: float = LEFTOVER_WAIT) -> None:
+    """Kill every process still below this one but the guard: workers orphaned when their
+    launcher died are re-parented here (subreaper), and none may outlive the entrypoint."""
+    pids = [pid for pid in descendants(os.getpid()) if pid != guard and alive(pid)]
+    if not pids:
+        return
+    log.warning(
+        f"killing {len(pids)} process(es) left behind by the launcher "
+        "(workers whose launcher died)",
+        pids=pids[:20],
+    )
+    kill_and_wait(pids, seconds)
+    reap(exclude=launcher)

@@ -5,24 +5,48 @@ The README's settings table is generated from these fields (`entrypoint settings
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Mapping
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal
 
-import annotated_types
 from pydantic import Field, SecretStr, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+from pydantic_settings.sources.utils import parse_env_vars
 
 from entrypoint.errors import ConfigError
-from entrypoint.values import GPUS, NODES, PER_NODE, host, number, variable_of
+from entrypoint.settings_text import check_text
+from entrypoint.values import GPUS, NODES, PER_NODE
 
 PREFIX = "ENTRYPOINT_"
 HOUR, DAY, WEEK = 3600, 86400, 7 * 86400
 # A node is lost after this many heartbeat intervals of silence at the least: fewer, and one
 # late heartbeat of a healthy node stops the job.
 MIN_BEATS_PER_TIMEOUT = 3
+
+
+# The environment `Settings.from_env` reads, for `settings_customise_sources` (a class method,
+# called by BaseSettings.__init__, which takes no mapping of its own).
+_GIVEN: ContextVar[Mapping[str, str]] = ContextVar("entrypoint_settings_env")
+
+
+class GivenEnv(EnvSettingsSource):
+    """pydantic-settings' EnvSettingsSource over a given mapping rather than os.environ: in
+    pydantic-settings 2.16 it reads os.environ only (no parameter for a mapping), and the
+    entrypoint's settings are a pure function of the environment its caller passes. Values are
+    stripped, and a blank one is unset (env_ignore_empty drops only '')."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
+        super().__init__(settings_cls)
+        given = {name: value.strip() for name, value in env.items() if value.strip()}
+        self.env_vars = parse_env_vars(
+            given, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str
+        )
 
 
 class Settings(BaseSettings):
@@ -235,24 +259,29 @@ class Settings(BaseSettings):
     )
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, **_others):
-        # Only what from_env() passes: the settings are a pure function of the given mapping.
-        return (init_settings,)
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # pydantic-settings' env source (env_prefix, names, parsing), over the mapping that
+        # from_env() was given instead of os.environ; no .env file, no secrets directory.
+        return (init_settings, GivenEnv(settings_cls, _GIVEN.get({})))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
         """The settings in `env`, each stripped; an empty ENTRYPOINT_* variable is unset. Numbers
         and the master's address go through entrypoint.values' readers; the rest through
         pydantic."""
-        given = {
-            name: env[PREFIX + name.upper()].strip()
-            for name in cls.model_fields
-            if env.get(PREFIX + name.upper(), "").strip() != ""
-        }
+        given = {name: str(raw) for name, raw in GivenEnv(cls, env)().items()}
         for name, raw in given.items():
-            _check_text(name, raw)
+            check_text(name, PREFIX + name.upper(), raw, cls.model_fields[name])
+        token = _GIVEN.set(env)
         try:
-            settings = cls.model_validate(given)
+            settings = cls()
         except ValidationError as err:
             first = err.errors()[0]
             name = PREFIX + str(first["loc"][0]).upper()
@@ -262,6 +291,8 @@ class Settings(BaseSettings):
                 first["msg"].lower(),
                 f"Fix {name} or unset it (see `entrypoint settings`)",
             ) from None
+        finally:
+            _GIVEN.reset(token)
         settings._check_heartbeat(given)
         return settings
 
@@ -292,105 +323,6 @@ class Settings(BaseSettings):
     def stated(self) -> dict[str, object]:
         """Only the settings the user gave (for `sources`)."""
         return {name: getattr(self, name) for name in self.model_fields_set}
-
-
-# Settings that name a file or directory (ENTRYPOINT_CONFIG may be a shipped name or a path).
-_PATHS = ("config", "run_dir", "log_dir", "data_dir", "job_token_file")
-_DECIMAL = re.compile(r"^(?:[0-9]{1,12}(?:\.[0-9]{0,9})?|\.[0-9]{1,9})$")
-
-
-def _range(name: str) -> tuple[float, bool, float]:
-    """(lowest, whether the lowest itself is allowed, highest) from the field's constraints;
-    every numeric setting states both ends."""
-    low: float | None = None
-    high: float | None = None
-    closed = True
-    for rule in Settings.model_fields[name].metadata:
-        if isinstance(rule, annotated_types.Ge):
-            low, closed = float(rule.ge), True  # type: ignore[arg-type]
-        elif isinstance(rule, annotated_types.Gt):
-            low, closed = float(rule.gt), False  # type: ignore[arg-type]
-        elif isinstance(rule, annotated_types.Le):
-            high = float(rule.le)  # type: ignore[arg-type]
-    if low is None or high is None:
-        raise AssertionError(f"setting {name}: a number needs a lowest and a highest value")
-    return low, closed, high
-
-
-def _check_text(name: str, raw: str) -> None:
-    """Numbers in ASCII digits within the field's range (no `inf`, `nan`, `1e3`, `1_000`, sign
-    or `²`), and the master one host: each refusal one line naming the range or the fix."""
-    variable = PREFIX + name.upper()
-    if not raw.strip().isprintable():
-        raise ConfigError(
-            variable,
-            "***" if name == "job_token" else raw[:300],
-            "holds a control character (a newline, tab...)",
-            f"Set {variable} to the value alone, on one line",
-        )
-    if name == "master_addr":
-        host(variable, raw)
-        return
-    if name in _PATHS:
-        parts = raw.strip().encode(errors="surrogateescape").split(b"/")
-        if len(raw) > 4095 or max(len(part) for part in parts) > 255:
-            raise ConfigError(
-                variable,
-                raw[:300],
-                "not a usable path (Linux allows 255 bytes per name, 4095 in all)",
-                f"Set {variable} to a shorter path",
-            )
-        return
-    annotation = Settings.model_fields[name].annotation
-    kinds = {annotation, *get_args(annotation)}
-    if not kinds & {int, float}:
-        return
-    low, closed, high = _range(name)
-    if int in kinds:
-        start = int(low) if closed else int(low) + 1
-        number(variable, raw, low=start, high=int(high), example=max(start, 1))
-    elif float in kinds:
-        text = raw.strip()
-        shown = f"{'from' if closed else 'above'} {low:g} to {high:g}"
-        if not _DECIMAL.match(text):
-            raise ConfigError(
-                variable,
-                raw,
-                "not a number (ASCII digits and at most one '.', such as 30 or 0.5)",
-                f"Set {variable} to a number {shown}",
-            )
-        value = float(text)
-        if not math.isfinite(value) or value > high or value < low or (value == low and not closed):
-            raise ConfigError(
-                variable, raw, f"is outside {shown}", f"Set {variable} to a number {shown}"
-            )
-
-
-def control_port(
-    settings: Settings, master_port: int | None, master_source: str, standalone: bool
-) -> tuple[int | None, str]:
-    """(node 0's control port, its source): ENTRYPOINT_CONTROL_PORT, else the rendezvous port
-    + 1 (- 1 when that is 65535), never the rendezvous port itself; None: any free port."""
-    stated = settings.control_port
-    if stated is not None:
-        if not standalone and stated == master_port:
-            raise ConfigError(
-                PREFIX + "CONTROL_PORT",
-                stated,
-                f"is the rendezvous port too ({variable_of(master_source)}="
-                f"{master_port}); torchrun's store and the entrypoints' channel "
-                "cannot share it",
-                f"Pick another free port on node 0, or unset "
-                f"{PREFIX}CONTROL_PORT (default: the rendezvous port + 1)",
-            )
-        return stated, f"env {PREFIX}CONTROL_PORT"
-    if master_port is None or standalone:
-        return None, "single node: any free port on loopback"
-    if master_port < 65535:
-        return master_port + 1, f"master port + 1 ({PREFIX}CONTROL_PORT unset)"
-    return master_port - 1, (
-        f"master port - 1, as 65535 is the last port ({PREFIX}CONTROL_PORT unset)"
-    )
 
 
 def markdown_table() -> str:

@@ -20,59 +20,22 @@ worker once it catches the signal).
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
-from entrypoint import control, failures, join, logs, procs, secrets
-from entrypoint.conductor import STOPPING, signal_name
+from entrypoint import control_channel, control_server, failures, join, logs, procs, secrets
+from entrypoint.conductor_terms import STOPPING, signal_name
+from entrypoint.control import PeersError
 from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
-from entrypoint.gpu_stats import Stats, gpu_indices
+from entrypoint.gpu_stats import Stats
+from entrypoint.launch_watch import LOST_PEER_GRACE, PEER_STOP_GRACE, Interrupted, Stop, Watch
 from entrypoint.launcher_process import Launch, exit_status, start
 from entrypoint.plan import Plan
 from entrypoint.settings import Settings
 from entrypoint.worker_signals import FORWARDED, SignalRelay
-
-_PEER_STOP_GRACE = 10.0  # seconds for workers to exit after another node failed
-# After a lost node the workers hang in their next collective: no checkpoint can complete, so
-# they get a moment to flush logs, then are killed (the 10 s bound from fault to exit).
-_LOST_PEER_GRACE = 2.0
-_LEFTOVER_WAIT = 5.0  # seconds for leftover processes to be gone after their SIGKILL
-
-
-class Stop(Exception):
-    """End this node with `code`; `reason` is logged unless empty (node 0's conductor has
-    logged the reasons it sends)."""
-
-    def __init__(self, code: int, reason: str = "") -> None:
-        super().__init__(reason)
-        self.code, self.reason = code, reason
-
-
-class _Interrupted(Exception):
-    """A stopping signal while this node waits for node 0 (raised by the signal handler)."""
-
-    def __init__(self, sig: int) -> None:
-        super().__init__(sig)
-        self.sig = sig
-
-
-@dataclass
-class _Watch:
-    """One launch as the supervising loop sees it."""
-
-    signalled: int | None = None  # the stopping signal its workers were given
-    signalled_at: float = 0.0
-    kill_at: float | None = None  # when its workers are killed if still running
-    code: int | None = None  # the launcher's exit status, once it exited
-    reported: bool = False  # its exit was said to node 0
-
-    def stopping(self, sig: int, now: float, grace: float) -> None:
-        self.signalled, self.signalled_at, self.kill_at = sig, now, now + grace
 
 
 class Supervisor:
@@ -97,8 +60,8 @@ class Supervisor:
         self.expected = plan.nnodes if plan.spawn else plan.world_size
         self.unit = "node" if plan.spawn else "process"
         self.signals = SignalRelay(log, settings.grace_period)
-        self.server: control.Server | None = None
-        self.channel: control.Channel | None = None
+        self.server: control_server.Server | None = None
+        self.channel: control_channel.Channel | None = None
         self.launch: Launch | None = None
         self.guard: procs.Guard | None = None
         self.generation = 0
@@ -109,7 +72,7 @@ class Supervisor:
         self._connecting = False
 
     @property
-    def node0(self) -> control.Channel:
+    def node0(self) -> control_channel.Channel:
         """The channel to node 0, which exists from the join on."""
         assert self.channel is not None, "no channel before the join"
         return self.channel
@@ -125,7 +88,7 @@ class Supervisor:
     def _on_signal(self, number, _frame) -> None:
         if self._connecting and number in STOPPING:
             self._connecting = False
-            raise _Interrupted(number)
+            raise Interrupted(number)
         self.signals.received.append(number)
 
     def run(self) -> int:
@@ -143,7 +106,7 @@ class Supervisor:
                 level = "info" if stop.code == 0 else "error"
                 getattr(self.log, level)(stop.reason, exit_code=stop.code)
             return stop.code & 0xFF
-        except control.PeersError as err:
+        except PeersError as err:
             self.log.error(str(err), exit_code=err.exit_code)
             return err.exit_code
         finally:
@@ -166,15 +129,15 @@ class Supervisor:
         try:
             self._connecting = True
             for sig in [x for x in self.signals.received if x in STOPPING][:1]:
-                raise _Interrupted(sig)
-            self.channel = control.connect(
+                raise Interrupted(sig)
+            self.channel = control_channel.connect(
                 host,
                 port,
                 timeout=self.settings.join_timeout,
                 log=lambda line: self.log.warning(line),
                 identity=self.identity,
             )
-        except _Interrupted as got:
+        except Interrupted as got:
             raise Stop(
                 128 + got.sig,
                 f"received {signal_name(got.sig)} {waiting}: stopping (nothing was started)",
@@ -239,9 +202,9 @@ class Supervisor:
             self.guard = procs.Guard(s.grace_period)
         failures.prune(self.log_dir, failures.KEEP_LOG_RUNS)
         launch = self.launch = start(self.plan, self.env, self.generation, self.echo)
-        stats = Stats(gpu_indices(self.plan.cuda_visible_devices))
+        stats = Stats(self.plan.devices)
         last_beat = 0.0
-        watch = _Watch()
+        watch = Watch()
         self.signals.new_launch()
         while True:
             now = time.monotonic()
@@ -268,7 +231,7 @@ class Supervisor:
                     return code
             self._check_master(s.heartbeat_timeout)
 
-    def _handle_signals(self, watch: _Watch, now: float) -> None:
+    def _handle_signals(self, watch: Watch, now: float) -> None:
         """The signals this node received since the last turn of the loop."""
         for sig in self.signals.take():
             if sig in STOPPING and watch.signalled is not None:
@@ -296,7 +259,7 @@ class Supervisor:
                     self.signals.told.add(sig)
                     self.node0.send({"t": "signal", "signal": sig})
 
-    def _note_exit(self, watch: _Watch) -> None:
+    def _note_exit(self, watch: Watch) -> None:
         """Once the launcher exited: kill what it left and say its exit to node 0."""
         code = self.launched.process.poll()
         watch.code = exit_status(code) if code is not None else None
@@ -305,7 +268,7 @@ class Supervisor:
             self._kill_leftovers()  # a launcher that died leaves its workers headless
             self._report_exit(watch.code, watch.signalled, seen)
 
-    def _on_message(self, message: dict, watch: _Watch, now: float) -> tuple[bool, int | None]:
+    def _on_message(self, message: dict, watch: Watch, now: float) -> tuple[bool, int | None]:
         """One message from node 0; (True, what `_supervise` returns) when the launch ends."""
         kind = message.get("t")
         if kind == "stop":
@@ -321,7 +284,7 @@ class Supervisor:
             self.launched.stop(5)
             return True, 0 if watch.code == 0 else (watch.code or 0)
         if kind == "restart":
-            self._end_launch(_PEER_STOP_GRACE)
+            self._end_launch(PEER_STOP_GRACE)
             self.generation = int(message["generation"])
             if self.member != 0 and self.stop_signal is None:
                 # node 0's conductor has said it already
@@ -361,7 +324,7 @@ class Supervisor:
         elif launch.running():
             # Another node failed, whatever its code: SIGTERM, and the workers are killed if
             # they do not exit (at once after a lost node: their collectives cannot complete).
-            grace = _LOST_PEER_GRACE if code == EXIT_PEERS else _PEER_STOP_GRACE
+            grace = LOST_PEER_GRACE if code == EXIT_PEERS else PEER_STOP_GRACE
             launch.stop(grace, signal.SIGTERM)
         raise Stop(code, self._from_node0(reason))
 
@@ -370,7 +333,7 @@ class Supervisor:
     def _receive(self, timeout: float) -> list[dict]:
         messages = self.node0.receive(timeout)
         if self.node0.closed:
-            self._end_workers(_LOST_PEER_GRACE)
+            self._end_workers(LOST_PEER_GRACE)
             raise Stop(
                 EXIT_PEERS,
                 f"lost node 0 ({self.plan.master_addr}): its connection "
@@ -381,7 +344,7 @@ class Supervisor:
     def _check_master(self, timeout: float) -> None:
         silent = time.monotonic() - self.node0.last_heard
         if silent > timeout:
-            self._end_workers(_LOST_PEER_GRACE)
+            self._end_workers(LOST_PEER_GRACE)
             raise Stop(
                 EXIT_PEERS,
                 f"node 0 ({self.plan.master_addr}) silent for {silent:.0f} s "
@@ -400,19 +363,9 @@ class Supervisor:
         self.signals.drop_pending()
 
     def _kill_leftovers(self) -> None:
-        """Kill every process still below this one: workers orphaned when their launcher died
-        are re-parented here (subreaper), and none may outlive the entrypoint."""
         guard = self.guard.pid if self.guard is not None else -1
-        pids = [pid for pid in procs.descendants(os.getpid()) if pid != guard and procs.alive(pid)]
-        if not pids:
-            return
-        self.log.warning(
-            f"killing {len(pids)} process(es) left behind by the launcher "
-            "(workers whose launcher died)",
-            pids=pids[:20],
-        )
-        procs.kill_and_wait(pids, _LEFTOVER_WAIT)
-        procs.reap(exclude=self.launch.process.pid if self.launch else -1)
+        launcher = self.launch.process.pid if self.launch else -1
+        procs.kill_leftovers(self.log, guard, launcher)
 
     def _from_node0(self, reason: str) -> str:
         return f"stopped by node 0: {reason}" if self.member != 0 else ""

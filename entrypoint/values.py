@@ -13,6 +13,7 @@ import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Generic, TypeVar
 
 from entrypoint.errors import ConfigError
@@ -20,12 +21,69 @@ from entrypoint.errors import ConfigError
 T = TypeVar("T")
 
 
+class Kind(StrEnum):
+    """What decided a value."""
+
+    ENV = "env"  # a variable, read as it is (ENTRYPOINT_* settings included)
+    DEFAULT = "default"  # nothing said: the entrypoint's default
+    PROBE = "probe"  # this node's hardware or network, as probed
+    DERIVED = "derived"  # computed from other values; `detail` says how
+    COMMAND = "command"  # the command line
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a decided value came from, as a typed value: its kind, the variable an error line
+    names (None when no one variable decided it), and the detail. `str()` is the text that
+    `plan` and the logs show: `env SLURM_NNODES`, `env RANK (as node index)`, `default 1 on
+    CPU`, `count of hosts in SLURM_NODELIST`."""
+
+    kind: Kind
+    variable: str | None = None
+    detail: str = ""
+
+    def __str__(self) -> str:
+        if self.kind is Kind.ENV:
+            head = f"env {self.variable}" if self.variable else "env"
+            # `=value` and `: why` follow the variable; a note in parentheses, after a space
+            joined = self.detail[:1] in ("=", ":")
+            return head + ("" if joined or not self.detail else " ") + self.detail
+        return self.detail
+
+    def names(self, fallback: str) -> str:
+        """The variable an error line names: this source's, else `fallback`."""
+        return self.variable or fallback
+
+
+def env_var(variable: str, detail: str = "") -> Source:
+    """Read from `variable`; `detail` (in parentheses) says how it was read, if not as is."""
+    return Source(Kind.ENV, variable, detail)
+
+
+def by_default(detail: str, variable: str | None = None) -> Source:
+    """The entrypoint's default; `variable`: the one that was unset, when one was."""
+    return Source(Kind.DEFAULT, variable, detail)
+
+
+def probed(detail: str) -> Source:
+    return Source(Kind.PROBE, None, detail)
+
+
+def derived(detail: str, variable: str | None = None) -> Source:
+    """Computed from other values; `variable`: the one an error about it names."""
+    return Source(Kind.DERIVED, variable, detail)
+
+
+def from_command(detail: str) -> Source:
+    return Source(Kind.COMMAND, None, detail)
+
+
 @dataclass(frozen=True)
 class Sourced(Generic[T]):
-    """A decided value and where it came from: `env SLURM_NNODES`, `probe nvml`, `default`..."""
+    """A decided value and where it came from."""
 
     value: T
-    source: str
+    source: Source
 
 
 @dataclass(frozen=True)
@@ -44,10 +102,6 @@ PER_NODE = Limit("processes per node", 1024)  # CPU workers may outnumber GPUs
 GPUS = Limit("GPUs per node", 256)  # as `render` allows; 8 GPUs x 8 partitions = 64 today
 PORTS = Limit("port", 65535)
 _MAX_DIGITS = 18  # checked before int(): Python refuses over 4300 digits with a traceback
-
-
-def env_source(*names: str) -> str:
-    return "env " + "+".join(names)
 
 
 def _empty(name: str, raw: str) -> ConfigError:
@@ -149,11 +203,6 @@ def below(rank_name: str, rank: int, size_name: str, size: int) -> None:
         )
 
 
-def variable_of(source: str) -> str:
-    """`env RANK (as node index)` -> `RANK`: the variable a source names, for error lines."""
-    return source.removeprefix("env ").split(" ")[0]
-
-
 # -- host addresses ---------------------------------------------------------------------------
 
 _LABEL = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
@@ -166,6 +215,38 @@ IPV6_MASTER = (
 
 def _host_fix(name: str) -> str:
     return f"Set {name} to one host name or IP address, such as worker-0 or 10.0.0.1"
+
+
+def _ipv6(name: str, raw: str, text: str, inner: str, ipv6: bool) -> str:
+    """An IPv6 address (`inner`: without brackets), or the one line saying what is wrong."""
+    try:
+        address = ipaddress.IPv6Address(inner.split("%")[0])
+    except ValueError:
+        address = None
+    if address is None and text.startswith("[") and "]:" in text:
+        head, _, tail = text.rpartition(":")
+        raise ConfigError(
+            name,
+            raw,
+            "holds a port (host:port)",
+            f"Set {name}={head} and the port in MASTER_PORT={tail}",
+        )
+    if address is None:
+        raise ConfigError(
+            name,
+            raw,
+            "not a valid IPv6 address (with a port it would be "
+            "[address]:port, and the port belongs in MASTER_PORT)",
+            _host_fix(name),
+        )
+    if not ipv6:
+        raise ConfigError(
+            name,
+            raw,
+            IPV6_MASTER,
+            "Give node 0's IPv4 address, or a host name that resolves to it",
+        )
+    return inner
 
 
 def host(name: str, raw: str | None, *, ipv6: bool = False) -> str:
@@ -192,34 +273,7 @@ def host(name: str, raw: str | None, *, ipv6: bool = False) -> str:
         )
     inner = text[1:-1] if text.startswith("[") and text.endswith("]") else text
     if inner.count(":") >= 2:
-        try:
-            address = ipaddress.IPv6Address(inner.split("%")[0])
-        except ValueError:
-            address = None
-        if address is None and text.startswith("[") and "]:" in text:
-            head, _, tail = text.rpartition(":")
-            raise ConfigError(
-                name,
-                raw,
-                "holds a port (host:port)",
-                f"Set {name}={head} and the port in MASTER_PORT={tail}",
-            )
-        if address is None:
-            raise ConfigError(
-                name,
-                raw,
-                "not a valid IPv6 address (with a port it would be "
-                "[address]:port, and the port belongs in MASTER_PORT)",
-                _host_fix(name),
-            )
-        if not ipv6:
-            raise ConfigError(
-                name,
-                raw,
-                IPV6_MASTER,
-                "Give node 0's IPv4 address, or a host name that resolves to it",
-            )
-        return inner
+        return _ipv6(name, raw, text, inner, ipv6)
     if ":" in text:
         head, _, tail = text.rpartition(":")
         raise ConfigError(

@@ -20,7 +20,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from entrypoint.cluster import DEFAULT_OUTPUT, LABEL, Cluster, ClusterRun, Node, NodeRun, _remove
+from entrypoint.cluster import LABEL, Cluster
+from entrypoint.cluster_docker import DEFAULT_OUTPUT, remove_quietly
+from entrypoint.cluster_run import ClusterRun, Node, NodeRun
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ class FaultyCluster(Cluster):
         super().close()
         if self.volume is not None:
             volume = self.volume
-            _remove(f"volume {self.volume_name}", lambda: volume.remove(force=True))
+            remove_quietly(f"volume {self.volume_name}", lambda: volume.remove(force=True))
             self.volume = None
 
     def run(

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from entrypoint.errors import ConfigError
+from entrypoint.values import Source, derived, env_var
 
 SHIPPED = Path(__file__).parent
 VARIABLE = "ENTRYPOINT_CONFIG"
@@ -151,14 +152,14 @@ def _nearest(catalog: dict[str, Config], world_size: int) -> Config:
     return sized[best]
 
 
-def select(named: str | None, *, device: str, world_size: int) -> tuple[Config, str]:
+def select(named: str | None, *, device: str, world_size: int) -> tuple[Config, Source]:
     """(config, why): the named one, else the one for this device and world size."""
     catalog = shipped()
     if named:
         if named in catalog:
-            return catalog[named], f"env {VARIABLE}={named}"
+            return catalog[named], env_var(VARIABLE, f"={named}")
         if Path(named).exists():
-            return load(Path(named)), f"env {VARIABLE} (directory)"
+            return load(Path(named)), env_var(VARIABLE, "(directory)")
         raise ConfigError(
             VARIABLE,
             named,
@@ -166,11 +167,11 @@ def select(named: str | None, *, device: str, world_size: int) -> tuple[Config, 
             f"Use one of {', '.join(catalog)} or a directory holding deepspeed.json",
         )
     if device == "cpu":
-        return catalog["cpu"], "device is cpu"
+        return catalog["cpu"], derived("device is cpu")
     config = _nearest(catalog, world_size)
     if config.world_size == world_size:
-        return config, f"world size {world_size} matches {config.name}"
-    return config, (
+        return config, derived(f"world size {world_size} matches {config.name}")
+    return config, derived(
         f"nearest shipped config to {world_size} GPUs in total: {config.name} "
         f"(made for {config.world_size}; have {', '.join(catalog)})"
     )

@@ -23,7 +23,10 @@ import json
 import os
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
+
+from entrypoint.job.common import read_plan
 
 DEFAULT_SIZES_MIB = (1, 16, 64)
 STORE_PREFIX = "entrypoint/allreduce"
@@ -166,12 +169,8 @@ def _output_path(given: str | None) -> Path:
 
 def measure(sizes_mib: list[float], warmup: int, iters: int) -> dict:
     """The edge: a process group of its own, the timed calls, the figures of every rank."""
-    from datetime import timedelta
-
     import torch
     import torch.distributed as dist
-
-    from entrypoint.job.common import read_plan
 
     env = os.environ
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])

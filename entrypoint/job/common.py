@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from entrypoint import configs
+
 ENV = "ENTRYPOINT_JOB_"
 DEFAULT_OUTPUT = "/tmp/entrypoint-job"
 RESULTS_FORMAT = 1
@@ -190,8 +192,6 @@ def deepspeed_config(world_size: int, device: str) -> tuple[dict, str]:
     path = os.environ.get("ENTRYPOINT_DEEPSPEED_CONFIG")
     if path:
         return json.loads(Path(path).read_text()), path
-    from entrypoint import configs
-
     name = "cpu" if device == "cpu" else "1gpu"
     config = configs.shipped()[name]
     return configs.derive_deepspeed(

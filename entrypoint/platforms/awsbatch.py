@@ -28,7 +28,7 @@ from entrypoint.platforms.base import (
     read_port,
     require,
 )
-from entrypoint.values import NODES, Sourced, below
+from entrypoint.values import NODES, Sourced, below, by_default, derived, env_var
 
 NAME = "awsbatch"
 DOCS = "https://docs.aws.amazon.com/batch/latest/userguide/mnp-env-vars.html"
@@ -53,20 +53,20 @@ def read(env: Mapping[str, str]) -> Reading:
     index = require(read_index(env, NODE_INDEX, limit=NODES), NODE_INDEX, "the node index")
     below(NODE_INDEX, index.value, NUM_NODES, nnodes.value)
     main = read_index(env, MAIN_NODE_INDEX, limit=NODES) or Sourced(
-        0, f"default 0 ({MAIN_NODE_INDEX} unset)"
+        0, by_default(f"default 0 ({MAIN_NODE_INDEX} unset)", MAIN_NODE_INDEX)
     )
     below(MAIN_NODE_INDEX, main.value, NUM_NODES, nnodes.value)
     notes: list[str] = []
     if main.value:
         node_rank = Sourced(
             (index.value - main.value) % nnodes.value,
-            f"({NODE_INDEX} - {MAIN_NODE_INDEX}) mod {NUM_NODES}",
+            derived(f"({NODE_INDEX} - {MAIN_NODE_INDEX}) mod {NUM_NODES}"),
         )
         notes.append(
             f"node ranks start at the main node (index {main.value}), which hosts the store"
         )
     else:
-        node_rank = Sourced(index.value, f"env {NODE_INDEX}")
+        node_rank = Sourced(index.value, env_var(NODE_INDEX))
 
     master = read_addr(env, MAIN_NODE_ADDR, *MASTER_ADDR)
     if master is None:
@@ -79,7 +79,7 @@ def read(env: Mapping[str, str]) -> Reading:
                 "variables reach it, or set MASTER_ADDR",
             )
         master = Sourced(
-            SELF, f"this is the main node ({MAIN_NODE_ADDR} is set on the others only)"
+            SELF, derived(f"this is the main node ({MAIN_NODE_ADDR} is set on the others only)")
         )
         notes.append(
             "this node is the main node: the store binds here, the others connect to "

@@ -17,12 +17,13 @@ from entrypoint.values import (
     Limit,
     Sourced,
     below,
+    by_default,
     count,
+    env_var,
     first,
     host,
     index,
     port,
-    variable_of,
 )
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default
@@ -41,7 +42,7 @@ class Reading:
     # False when the platform already started one process per GPU (srun --ntasks-per-node=8,
     # mpirun -npernode 8): then rank/local_rank place this process and nothing is spawned.
     spawn: Sourced[bool] = Sourced(
-        True, "default: one process per node, the entrypoint spawns workers"
+        True, by_default("default: one process per node, the entrypoint spawns workers")
     )
     rank: Sourced[int] | None = None
     local_rank: Sourced[int] | None = None
@@ -75,7 +76,7 @@ class Platform(Protocol):
 def read_index(env: Mapping[str, str], *names: str, limit: Limit) -> Sourced[int] | None:
     """A 0-based index below limit.high (then `below` checks it inside the job)."""
     found = first(env, *names)
-    return None if found is None else Sourced(index(found[0], found[1], limit), f"env {found[0]}")
+    return None if found is None else Sourced(index(found[0], found[1], limit), env_var(found[0]))
 
 
 def read_count(
@@ -84,20 +85,22 @@ def read_count(
     found = first(env, *names)
     if found is None:
         return None
-    return Sourced(count(found[0], found[1], limit, allow_zero=allow_zero), f"env {found[0]}")
+    return Sourced(count(found[0], found[1], limit, allow_zero=allow_zero), env_var(found[0]))
 
 
 def read_addr(env: Mapping[str, str], *names: str) -> Sourced[str] | None:
     """Node 0's address: one host name or IPv4 address."""
     found = first(env, *names)
-    return None if found is None else Sourced(host(found[0], found[1]), f"env {found[0]}")
+    return None if found is None else Sourced(host(found[0], found[1]), env_var(found[0]))
 
 
 def read_port(env: Mapping[str, str], *names: str) -> Sourced[int]:
     found = first(env, *names)
     if found is None:
-        return Sourced(DEFAULT_MASTER_PORT, f"default {DEFAULT_MASTER_PORT} (torchrun's)")
-    return Sourced(port(found[0], found[1]), f"env {found[0]}")
+        return Sourced(
+            DEFAULT_MASTER_PORT, by_default(f"default {DEFAULT_MASTER_PORT} (torchrun's)")
+        )
+    return Sourced(port(found[0], found[1]), env_var(found[0]))
 
 
 def read_hosts(name: str, raw: str, hosts: list[str]) -> tuple[str, ...]:
@@ -139,7 +142,7 @@ def read_nproc(env: Mapping[str, str], *names: str) -> tuple[Sourced[int] | None
             f"neither a number nor one of torchrun's words ({', '.join(NPROC_WORDS)})",
             f"Set {found[0]} to a number of workers per node, or auto",
         )
-    return Sourced(count(found[0], found[1], PER_NODE), f"env {found[0]}"), None
+    return Sourced(count(found[0], found[1], PER_NODE), env_var(found[0])), None
 
 
 def require(value: Sourced[int] | None, names: str, what: str) -> Sourced[int]:
@@ -161,16 +164,21 @@ def node_reading(
     """Check the node counts hang together, then build the Reading."""
     if nnodes.value > NODES.high:
         raise ConfigError(
-            variable_of(nnodes.source),
+            nnodes.source.names("nnodes"),
             nnodes.value,
             f"makes {nnodes.value} nodes ({nnodes.source}), above the limit of {NODES.high}",
             "Run at most that many nodes in one job",
         )
-    below(variable_of(node_rank.source), node_rank.value, variable_of(nnodes.source), nnodes.value)
+    below(
+        node_rank.source.names("node_rank"),
+        node_rank.value,
+        nnodes.source.names("nnodes"),
+        nnodes.value,
+    )
     per_node = more.get("nproc_per_node")
     if per_node is not None and per_node.value > PER_NODE.high:
         raise ConfigError(
-            variable_of(per_node.source),
+            per_node.source.names("nproc_per_node"),
             per_node.value,
             f"makes {per_node.value} processes per node ({per_node.source}), above "
             f"the limit of {PER_NODE.high}",

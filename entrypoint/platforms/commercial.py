@@ -20,7 +20,16 @@ from entrypoint.platforms.base import (
     read_port,
     require,
 )
-from entrypoint.values import NODES, PER_NODE, PROCESSES, Sourced, below
+from entrypoint.values import (
+    NODES,
+    PER_NODE,
+    PROCESSES,
+    Sourced,
+    below,
+    by_default,
+    derived,
+    env_var,
+)
 
 NAME = "commercial"
 DOCS = "https://pytorch.org/docs/stable/distributed.html#environment-variable-initialization"
@@ -64,6 +73,39 @@ def world_size_means(env: Mapping[str, str]) -> tuple[str, str]:
     )
 
 
+def placed(
+    env: Mapping[str, str], rank: Sourced[int], per_node: Sourced[int]
+) -> tuple[Sourced[int], Sourced[int]]:
+    """(local_rank, node_rank) of a process the platform started, each checked against RANK:
+    torchrun numbers ranks node by node, RANK = GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK."""
+    local_rank = read_index(env, LOCAL_RANK, limit=PER_NODE) or Sourced(
+        0, by_default(f"default 0 ({LOCAL_RANK} unset)", LOCAL_RANK)
+    )
+    below(LOCAL_RANK, local_rank.value, LOCAL_WORLD_SIZE, per_node.value)
+    if rank.value % per_node.value != local_rank.value:
+        raise ConfigError(
+            LOCAL_RANK,
+            local_rank.value,
+            f"does not match {RANK}={rank.value} with {LOCAL_WORLD_SIZE}="
+            f"{per_node.value} (expected {rank.value % per_node.value})",
+            "Set RANK, LOCAL_RANK and LOCAL_WORLD_SIZE as torchrun does, or leave "
+            "them to the platform",
+        )
+    node_rank = read_index(env, GROUP_RANK, limit=NODES) or Sourced(
+        rank.value // per_node.value, derived(f"{RANK} // {LOCAL_WORLD_SIZE}", RANK)
+    )
+    if node_rank.value != rank.value // per_node.value:
+        raise ConfigError(
+            GROUP_RANK,
+            node_rank.value,
+            f"does not match {RANK}={rank.value} with {LOCAL_WORLD_SIZE}="
+            f"{per_node.value} (expected {rank.value // per_node.value})",
+            "Set RANK, GROUP_RANK and LOCAL_WORLD_SIZE as torchrun does, or leave "
+            "them to the platform",
+        )
+    return local_rank, node_rank
+
+
 def read(env: Mapping[str, str]) -> Reading:
     world = require(read_count(env, WORLD_SIZE, limit=PROCESSES), WORLD_SIZE, "the world size")
     rank = require(read_index(env, RANK, limit=PROCESSES), RANK, "the rank")
@@ -76,15 +118,15 @@ def read(env: Mapping[str, str]) -> Reading:
         return node_reading(
             NAME,
             env,
-            nnodes=Sourced(world.value, f"env {WORLD_SIZE} (as nodes)"),
-            node_rank=Sourced(rank.value, f"env {RANK} (as node index)"),
+            nnodes=Sourced(world.value, env_var(WORLD_SIZE, "(as nodes)")),
+            node_rank=Sourced(rank.value, env_var(RANK, "(as node index)")),
             master_addr=addr,
             master_port=port,
             notes=(note,),
         )
 
     per_node = read_count(env, LOCAL_WORLD_SIZE, limit=PER_NODE) or Sourced(
-        1, f"default 1 ({LOCAL_WORLD_SIZE} unset)"
+        1, by_default(f"default 1 ({LOCAL_WORLD_SIZE} unset)", LOCAL_WORLD_SIZE)
     )
     if world.value % per_node.value:
         raise ConfigError(
@@ -93,40 +135,17 @@ def read(env: Mapping[str, str]) -> Reading:
             f"is not a multiple of {LOCAL_WORLD_SIZE}={per_node.value}",
             "Give every node the same number of processes",
         )
-    local_rank = read_index(env, LOCAL_RANK, limit=PER_NODE) or Sourced(
-        0, f"default 0 ({LOCAL_RANK} unset)"
-    )
-    below(LOCAL_RANK, local_rank.value, LOCAL_WORLD_SIZE, per_node.value)
-    # torchrun numbers ranks node by node: RANK = GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK.
-    if rank.value % per_node.value != local_rank.value:
-        raise ConfigError(
-            LOCAL_RANK,
-            local_rank.value,
-            f"does not match {RANK}={rank.value} with {LOCAL_WORLD_SIZE}="
-            f"{per_node.value} (expected {rank.value % per_node.value})",
-            "Set RANK, LOCAL_RANK and LOCAL_WORLD_SIZE as torchrun does, or leave "
-            "them to the platform",
-        )
-    node_rank = read_index(env, GROUP_RANK, limit=NODES) or Sourced(
-        rank.value // per_node.value, f"{RANK} // {LOCAL_WORLD_SIZE}"
-    )
-    if node_rank.value != rank.value // per_node.value:
-        raise ConfigError(
-            GROUP_RANK,
-            node_rank.value,
-            f"does not match {RANK}={rank.value} with {LOCAL_WORLD_SIZE}="
-            f"{per_node.value} (expected {rank.value // per_node.value})",
-            "Set RANK, GROUP_RANK and LOCAL_WORLD_SIZE as torchrun does, or leave "
-            "them to the platform",
-        )
+    local_rank, node_rank = placed(env, rank, per_node)
     return node_reading(
         NAME,
         env,
-        nnodes=Sourced(world.value // per_node.value, f"{WORLD_SIZE} / {LOCAL_WORLD_SIZE}"),
+        nnodes=Sourced(
+            world.value // per_node.value, derived(f"{WORLD_SIZE} / {LOCAL_WORLD_SIZE}", WORLD_SIZE)
+        ),
         node_rank=node_rank,
         master_addr=addr,
         master_port=port,
-        spawn=Sourced(False, why),
+        spawn=Sourced(False, derived(why)),
         rank=rank,
         local_rank=local_rank,
         nproc_per_node=per_node,

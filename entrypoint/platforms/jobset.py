@@ -31,7 +31,7 @@ from entrypoint.platforms.base import (
     read_port,
     require,
 )
-from entrypoint.values import NODES, Sourced, below, host, variable_of
+from entrypoint.values import NODES, Sourced, below, by_default, derived, host
 
 NAME = "jobset"
 DOCS = "https://jobset.sigs.k8s.io/docs/concepts/"
@@ -52,6 +52,26 @@ def detect(env: Mapping[str, str]) -> str | None:
     return None
 
 
+def first_pod(env: Mapping[str, str], nnodes: Sourced[int]) -> Sourced[str] | None:
+    """MASTER_ADDR, else the first pod of the replicated job by its DNS name."""
+    master = read_addr(env, *MASTER_ADDR)
+    name, rjob = env.get(JOBSET_NAME, "").strip(), env.get(REPLICATED_JOB_NAME, "").strip()
+    if master is None and name and rjob:
+        master = Sourced(
+            host(JOBSET_NAME, f"{name}-{rjob}-0-0.{name}"),
+            derived(f"{JOBSET_NAME}-{REPLICATED_JOB_NAME}-0-0.{JOBSET_NAME} (JobSet pod DNS)"),
+        )
+    if master is None and nnodes.value > 1:
+        raise ConfigError(
+            REPLICATED_JOB_NAME,
+            None,
+            "is needed to name the first pod",
+            f"Map {REPLICATED_JOB_NAME} from the annotation "
+            "jobset.sigs.k8s.io/replicatedjob-name, or set MASTER_ADDR",
+        )
+    return master
+
+
 def read(env: Mapping[str, str]) -> Reading:
     pod = require(
         read_index(env, JOB_COMPLETION_INDEX, limit=NODES), JOB_COMPLETION_INDEX, "the pod index"
@@ -65,7 +85,7 @@ def read(env: Mapping[str, str]) -> Reading:
             f"Set {NNODES[0]} in the pod template to replicas x parallelism",
         )
     job = read_index(env, JOB_INDEX, limit=NODES) or Sourced(
-        0, f"default 0 ({JOB_INDEX} unset: one Job)"
+        0, by_default(f"default 0 ({JOB_INDEX} unset: one Job)", JOB_INDEX)
     )
     replicas = read_count(env, REPLICATED_JOB_REPLICAS, limit=NODES)
     if replicas is None:
@@ -77,11 +97,13 @@ def read(env: Mapping[str, str]) -> Reading:
                 f"Map {REPLICATED_JOB_REPLICAS} from the annotation "
                 "jobset.sigs.k8s.io/replicatedjob-replicas",
             )
-        replicas = Sourced(1, f"default 1 ({REPLICATED_JOB_REPLICAS} unset)")
+        replicas = Sourced(
+            1, by_default(f"default 1 ({REPLICATED_JOB_REPLICAS} unset)", REPLICATED_JOB_REPLICAS)
+        )
     below(JOB_INDEX, job.value, REPLICATED_JOB_REPLICAS, replicas.value)
     if nnodes.value % replicas.value:
         raise ConfigError(
-            variable_of(nnodes.source),
+            nnodes.source.names(NNODES[0]),
             nnodes.value,
             f"is not a multiple of {REPLICATED_JOB_REPLICAS}={replicas.value}",
             "Give every Job of the replicated job the same parallelism",
@@ -95,24 +117,11 @@ def read(env: Mapping[str, str]) -> Reading:
             f"Set {NNODES[0]} to replicas x parallelism",
         )
     node_rank = Sourced(
-        job.value * per_job + pod.value, f"{JOB_INDEX} x pods per Job + {JOB_COMPLETION_INDEX}"
+        job.value * per_job + pod.value,
+        derived(f"{JOB_INDEX} x pods per Job + {JOB_COMPLETION_INDEX}"),
     )
 
-    master = read_addr(env, *MASTER_ADDR)
-    name, rjob = env.get(JOBSET_NAME, "").strip(), env.get(REPLICATED_JOB_NAME, "").strip()
-    if master is None and name and rjob:
-        master = Sourced(
-            host(JOBSET_NAME, f"{name}-{rjob}-0-0.{name}"),
-            f"{JOBSET_NAME}-{REPLICATED_JOB_NAME}-0-0.{JOBSET_NAME} (JobSet pod DNS)",
-        )
-    if master is None and nnodes.value > 1:
-        raise ConfigError(
-            REPLICATED_JOB_NAME,
-            None,
-            "is needed to name the first pod",
-            f"Map {REPLICATED_JOB_NAME} from the annotation "
-            "jobset.sigs.k8s.io/replicatedjob-name, or set MASTER_ADDR",
-        )
+    master = first_pod(env, nnodes)
     return node_reading(
         NAME,
         env,

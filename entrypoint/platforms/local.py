@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from entrypoint.platforms.base import Reading, read_addr, read_port
-from entrypoint.values import Sourced
+from entrypoint.values import Sourced, by_default
 
 NAME = "local"
 DOCS = "https://pytorch.org/docs/stable/elastic/run.html#single-node-multi-worker"
@@ -61,8 +61,8 @@ def read(env: Mapping[str, str]) -> Reading:
         warnings = (warning,)
     return Reading(
         platform=NAME,
-        nnodes=Sourced(1, "default 1 (no platform variables)"),
-        node_rank=Sourced(0, "default 0 (no platform variables)"),
+        nnodes=Sourced(1, by_default("default 1 (no platform variables)")),
+        node_rank=Sourced(0, by_default("default 0 (no platform variables)")),
         # None: a single node runs on loopback (the plan's default); several need a master.
         master_addr=read_addr(env, *MASTER_ADDR) if by_hand else None,
         master_port=read_port(env, *MASTER_PORT),

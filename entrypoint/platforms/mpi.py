@@ -35,7 +35,16 @@ from entrypoint.platforms.base import (
     read_port,
     require,
 )
-from entrypoint.values import PER_NODE, PROCESSES, Sourced, below, host
+from entrypoint.values import (
+    PER_NODE,
+    PROCESSES,
+    Sourced,
+    below,
+    by_default,
+    derived,
+    env_var,
+    host,
+)
 
 NAME = "mpi"
 DOCS = "https://docs.open-mpi.org/en/v5.0.x/tuning-apps/environment-var.html"
@@ -72,57 +81,75 @@ def detect(env: Mapping[str, str]) -> str | None:
     return f"{', '.join(shown[:-1])} and {shown[-1]} set ({launcher})"
 
 
+def placed_ranks(
+    launcher: str,
+    names: tuple[str, ...],
+    world: Sourced[int],
+    rank: Sourced[int],
+    local_size: Sourced[int],
+    local_rank: Sourced[int],
+) -> tuple[Sourced[int], Sourced[int], dict, list[str]]:
+    """Several ranks per node, started by mpirun itself: they must fill node by node, and this
+    process is placed, not spawned. (nnodes, node_rank, the placement, notes)."""
+    size_n, rank_n, lsize_n, lrank_n = names
+    if world.value % local_size.value:
+        raise ConfigError(
+            size_n,
+            world.value,
+            f"is not a multiple of {lsize_n}={local_size.value}",
+            "Start the same number of ranks on every node (mpirun --map-by ppr:N:node)",
+        )
+    if rank.value % local_size.value != local_rank.value:
+        raise ConfigError(
+            rank_n,
+            rank.value,
+            f"is not placed node by node ({lrank_n}={local_rank.value})",
+            "Fill one node before the next (mpirun --map-by slot or ppr:N:node, not --map-by node)",
+        )
+    nnodes = Sourced(world.value // local_size.value, derived(f"{size_n} / {lsize_n}", size_n))
+    node_rank = Sourced(rank.value // local_size.value, derived(f"{rank_n} // {lsize_n}", rank_n))
+    more: dict = {
+        "spawn": Sourced(
+            False,
+            derived(
+                f"{local_size.value} ranks per node ({lsize_n}): "
+                f"{launcher} started one process per GPU"
+            ),
+        ),
+        "rank": rank,
+        "local_rank": local_rank,
+        "nproc_per_node": local_size,
+    }
+    notes = [f"{launcher} started {local_size.value} ranks per node: {size_n} counts processes"]
+    return nnodes, node_rank, more, notes
+
+
 def read(env: Mapping[str, str]) -> Reading:
     launcher, (size_n, rank_n, lsize_n, lrank_n) = _family(env) or ("MPI", OPEN_MPI)
     world = require(read_count(env, size_n, limit=PROCESSES), size_n, "the number of ranks")
     rank = require(read_index(env, rank_n, limit=PROCESSES), rank_n, "the rank")
     below(rank_n, rank.value, size_n, world.value)
     local_size = read_count(env, lsize_n, limit=PER_NODE) or Sourced(
-        1, f"default 1 ({lsize_n} unset)"
+        1, by_default(f"default 1 ({lsize_n} unset)", lsize_n)
     )
     local_rank = read_index(env, lrank_n, limit=PER_NODE) or Sourced(
-        0, f"default 0 ({lrank_n} unset)"
+        0, by_default(f"default 0 ({lrank_n} unset)", lrank_n)
     )
     below(lrank_n, local_rank.value, lsize_n, local_size.value)
 
     if local_size.value == 1:
-        nnodes = Sourced(world.value, f"env {size_n} (one rank per node)")
-        node_rank = Sourced(rank.value, f"env {rank_n} (one rank per node)")
+        nnodes = Sourced(world.value, env_var(size_n, "(one rank per node)"))
+        node_rank = Sourced(rank.value, env_var(rank_n, "(one rank per node)"))
         more: dict = {
             "spawn": Sourced(
-                True, f"{lsize_n}=1: one rank per node, the entrypoint spawns the workers"
+                True, derived(f"{lsize_n}=1: one rank per node, the entrypoint spawns the workers")
             )
         }
         notes = [f"{launcher} started one rank per node: {size_n} counts nodes"]
     else:
-        if world.value % local_size.value:
-            raise ConfigError(
-                size_n,
-                world.value,
-                f"is not a multiple of {lsize_n}={local_size.value}",
-                "Start the same number of ranks on every node (mpirun --map-by ppr:N:node)",
-            )
-        if rank.value % local_size.value != local_rank.value:
-            raise ConfigError(
-                rank_n,
-                rank.value,
-                f"is not placed node by node ({lrank_n}={local_rank.value})",
-                "Fill one node before the next (mpirun --map-by slot or ppr:N:node, "
-                "not --map-by node)",
-            )
-        nnodes = Sourced(world.value // local_size.value, f"{size_n} / {lsize_n}")
-        node_rank = Sourced(rank.value // local_size.value, f"{rank_n} // {lsize_n}")
-        more = {
-            "spawn": Sourced(
-                False,
-                f"{local_size.value} ranks per node ({lsize_n}): "
-                f"{launcher} started one process per GPU",
-            ),
-            "rank": rank,
-            "local_rank": local_rank,
-            "nproc_per_node": local_size,
-        }
-        notes = [f"{launcher} started {local_size.value} ranks per node: {size_n} counts processes"]
+        nnodes, node_rank, more, notes = placed_ranks(
+            launcher, (size_n, rank_n, lsize_n, lrank_n), world, rank, local_size, local_rank
+        )
 
     master = read_addr(env, *MASTER_ADDR)
     if master is None and nnodes.value > 1:
@@ -156,13 +183,15 @@ def _derived_master(env: Mapping[str, str]) -> Sourced[str] | None:
         if raw:
             return Sourced(
                 host(name, expand_var(name, raw)[0]),
-                f"env {name} (first host: mpirun puts rank 0 on the allocation's first node)",
+                env_var(name, "(first host: mpirun puts rank 0 on the allocation's first node)"),
             )
     found = _HNP_HOST.search(env.get(HNP_URI, ""))
     if found:
         return Sourced(
             host(HNP_URI, found.group(1) or found.group(2)),
-            f"env {HNP_URI} (mpirun's own host, where rank 0 runs unless --host or a "
-            "hostfile moves it)",
+            derived(
+                f"env {HNP_URI} (mpirun's own host, where rank 0 runs unless --host or a "
+                "hostfile moves it)"
+            ),
         )
     return None

@@ -27,7 +27,7 @@ from entrypoint.platforms.base import (
     read_port,
     require,
 )
-from entrypoint.values import NODES, PROCESSES, Sourced, below, first
+from entrypoint.values import NODES, PROCESSES, Sourced, below, env_var, first
 
 NAME = "pytorchjob"
 DOCS = (
@@ -84,6 +84,57 @@ def pods(env: Mapping[str, str]) -> Sourced[int]:
     return require(read_count(env, PET_NNODES, limit=NODES), PET_NNODES, "the number of pods")
 
 
+def v17_nodes(
+    env: Mapping[str, str],
+    world: Sourced[int],
+    rank: Sourced[int],
+    per_node: Sourced[int] | None,
+    notes: list[str],
+) -> tuple[Sourced[int], Sourced[int]]:
+    """(nnodes, node_rank) from training-operator v1.7+'s PET_NNODES and PET_NODE_RANK, with
+    WORLD_SIZE read as pods or as processes, whichever it matches."""
+    raw_nproc = env.get(PET_NPROC_PER_NODE, "").strip()
+    nnodes = pods(env)
+    node_rank = read_index(env, PET_NODE_RANK, limit=NODES) or Sourced(rank.value, env_var(RANK))
+    if node_rank.value != rank.value:
+        raise ConfigError(
+            PET_NODE_RANK,
+            node_rank.value,
+            f"differs from {RANK}={rank.value}",
+            "Do not set RANK or PET_NODE_RANK in the pod template; "
+            "training-operator sets both to the pod's index",
+        )
+    as_processes = nnodes.value * per_node.value if per_node else None
+    if per_node and world.value == as_processes:
+        notes.append(
+            f"{WORLD_SIZE}={world.value} read as processes because "
+            f"{PET_NPROC_PER_NODE}={per_node.value} and {PET_NNODES}={nnodes.value} "
+            "(training-operator v1.7+ multiplies by nprocPerNode); nodes and node "
+            f"rank come from {PET_NNODES} and {PET_NODE_RANK}"
+        )
+    elif world.value == nnodes.value:
+        why = (
+            f"{PET_NPROC_PER_NODE}={raw_nproc} is not a number"
+            if raw_nproc
+            else f"{PET_NPROC_PER_NODE} is unset"
+        )
+        notes.append(
+            f"{WORLD_SIZE}={world.value} read as pods because {why}, so "
+            "training-operator counts one process per pod"
+        )
+    else:
+        expected = f"{PET_NNODES}={nnodes.value}"
+        if as_processes:
+            expected += f" or {PET_NNODES} x {PET_NPROC_PER_NODE}={as_processes}"
+        raise ConfigError(
+            WORLD_SIZE,
+            world.value,
+            f"matches neither {expected}",
+            "Do not set WORLD_SIZE in the pod template; training-operator sets it",
+        )
+    return nnodes, node_rank
+
+
 def read(env: Mapping[str, str]) -> Reading:
     if not _set(env, RANK) and not _set(env, PET_NODE_RANK):
         raise ConfigError(
@@ -96,55 +147,15 @@ def read(env: Mapping[str, str]) -> Reading:
     world = require(read_count(env, WORLD_SIZE, limit=PROCESSES), WORLD_SIZE, "the world size")
     rank = require(read_index(env, RANK, limit=NODES), RANK, "the rank")
     per_node = nproc_per_node(env)
-    raw_nproc = env.get(PET_NPROC_PER_NODE, "").strip()
     notes: list[str] = []
 
     if _set(env, PET_NNODES):
-        nnodes = pods(env)
-        node_rank = read_index(env, PET_NODE_RANK, limit=NODES) or Sourced(
-            rank.value, f"env {RANK}"
-        )
-        if node_rank.value != rank.value:
-            raise ConfigError(
-                PET_NODE_RANK,
-                node_rank.value,
-                f"differs from {RANK}={rank.value}",
-                "Do not set RANK or PET_NODE_RANK in the pod template; "
-                "training-operator sets both to the pod's index",
-            )
-        as_processes = nnodes.value * per_node.value if per_node else None
-        if per_node and world.value == as_processes:
-            notes.append(
-                f"{WORLD_SIZE}={world.value} read as processes because "
-                f"{PET_NPROC_PER_NODE}={per_node.value} and {PET_NNODES}={nnodes.value} "
-                "(training-operator v1.7+ multiplies by nprocPerNode); nodes and node "
-                f"rank come from {PET_NNODES} and {PET_NODE_RANK}"
-            )
-        elif world.value == nnodes.value:
-            why = (
-                f"{PET_NPROC_PER_NODE}={raw_nproc} is not a number"
-                if raw_nproc
-                else f"{PET_NPROC_PER_NODE} is unset"
-            )
-            notes.append(
-                f"{WORLD_SIZE}={world.value} read as pods because {why}, so "
-                "training-operator counts one process per pod"
-            )
-        else:
-            expected = f"{PET_NNODES}={nnodes.value}"
-            if as_processes:
-                expected += f" or {PET_NNODES} x {PET_NPROC_PER_NODE}={as_processes}"
-            raise ConfigError(
-                WORLD_SIZE,
-                world.value,
-                f"matches neither {expected}",
-                "Do not set WORLD_SIZE in the pod template; training-operator sets it",
-            )
+        nnodes, node_rank = v17_nodes(env, world, rank, per_node, notes)
     else:
         # Before v1.7 there is no PET_NNODES and WORLD_SIZE counts pods.
         below(RANK, rank.value, WORLD_SIZE, world.value)
-        nnodes = Sourced(world.value, f"env {WORLD_SIZE} (as pods)")
-        node_rank = Sourced(rank.value, f"env {RANK} (as pod index)")
+        nnodes = Sourced(world.value, env_var(WORLD_SIZE, "(as pods)"))
+        node_rank = Sourced(rank.value, env_var(RANK, "(as pod index)"))
         notes.append(
             f"{WORLD_SIZE}={world.value} read as pods: no {PET_NNODES}, as "
             "training-operator before v1.7 sets it"

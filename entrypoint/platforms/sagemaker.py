@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from entrypoint.errors import ConfigError
 from entrypoint.platforms.base import Reading, node_reading, read_count, read_hosts, read_port
-from entrypoint.values import GPUS, Sourced, first
+from entrypoint.values import GPUS, Sourced, derived, first
 
 NAME = "sagemaker"
 DOCS = "https://github.com/aws/sagemaker-training-toolkit/blob/master/ENVIRONMENT_VARIABLES.md"
@@ -67,9 +67,11 @@ def read(env: Mapping[str, str]) -> Reading:
     return node_reading(
         NAME,
         env,
-        nnodes=Sourced(len(listed), f"count of hosts in {HOSTS}"),
-        node_rank=Sourced(listed.index(current), f"position of {CURRENT_HOST} in {HOSTS}"),
-        master_addr=Sourced(listed[0], f"first host of {HOSTS}"),
+        nnodes=Sourced(len(listed), derived(f"count of hosts in {HOSTS}", HOSTS)),
+        node_rank=Sourced(
+            listed.index(current), derived(f"position of {CURRENT_HOST} in {HOSTS}", CURRENT_HOST)
+        ),
+        master_addr=Sourced(listed[0], derived(f"first host of {HOSTS}")),
         master_port=read_port(env, *MASTER_PORT),
         # 0 on CPU instances: a count that may be zero.
         gpus_per_node=read_count(env, NUM_GPUS, limit=GPUS, allow_zero=True),

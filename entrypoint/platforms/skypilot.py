@@ -19,7 +19,7 @@ from entrypoint.platforms.base import (
     read_port,
     require,
 )
-from entrypoint.values import GPUS, NODES, Sourced
+from entrypoint.values import GPUS, NODES, Sourced, derived
 
 NAME = "skypilot"
 DOCS = "https://docs.skypilot.co/en/latest/running-jobs/environment-variables.html"
@@ -50,7 +50,7 @@ def read(env: Mapping[str, str]) -> Reading:
     ips = list(read_hosts(NODE_IPS, raw_ips.replace("\n", ","), ips))
     node_rank = require(read_index(env, NODE_RANK, limit=NODES), NODE_RANK, "the node rank")
     nnodes = read_count(env, NUM_NODES, limit=NODES) or Sourced(
-        len(ips), f"count of lines in {NODE_IPS}"
+        len(ips), derived(f"count of lines in {NODE_IPS}", NODE_IPS)
     )
     if nnodes.value != len(ips):
         raise ConfigError(
@@ -66,7 +66,7 @@ def read(env: Mapping[str, str]) -> Reading:
         env,
         nnodes=nnodes,
         node_rank=node_rank,
-        master_addr=Sourced(ips[0], f"first line of {NODE_IPS} (the head node)"),
+        master_addr=Sourced(ips[0], derived(f"first line of {NODE_IPS} (the head node)")),
         master_port=read_port(env, *MASTER_PORT),
         gpus_per_node=gpus,
         hosts=tuple(ips),

@@ -12,7 +12,18 @@ from collections.abc import Mapping
 from entrypoint.errors import ConfigError
 from entrypoint.hostlist import expand_var
 from entrypoint.platforms.base import Reading, node_reading, read_count, read_index, read_port
-from entrypoint.values import GPUS, NODES, PER_NODE, PROCESSES, Sourced, first, host
+from entrypoint.values import (
+    GPUS,
+    NODES,
+    PER_NODE,
+    PROCESSES,
+    Sourced,
+    by_default,
+    derived,
+    env_var,
+    first,
+    host,
+)
 
 NAME = "slurm"
 DOCS = "https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES"
@@ -69,42 +80,13 @@ def master_port(env: Mapping[str, str]) -> Sourced[int]:
     numeric = job is not None and job[1].isascii() and job[1].isdigit() and len(job[1]) <= 18
     if first(env, *MASTER_PORT) or job is None or not numeric:
         return read_port(env, *MASTER_PORT)
-    return Sourced(15000 + int(job[1]) % 20000, f"derived from {job[0]} (15000 + id mod 20000)")
-
-
-def read(env: Mapping[str, str]) -> Reading:
-    found = first(env, *NODELIST)
-    if found is None:
-        raise ConfigError(
-            NODELIST[1],
-            None,
-            "SLURM names no node to this process",
-            "Start the entrypoint with srun inside a SLURM job, or unset ENTRYPOINT_PLATFORM",
-        )
-    nodelist_name, nodelist_raw = found
-    hosts = expand_var(nodelist_name, nodelist_raw)
-    master = host(nodelist_name, hosts[0])
-    nnodes = read_count(env, *NNODES, limit=NODES) or Sourced(
-        len(hosts), f"count of hosts in {nodelist_name}"
+    return Sourced(
+        15000 + int(job[1]) % 20000, derived(f"derived from {job[0]} (15000 + id mod 20000)")
     )
-    if nnodes.value != len(hosts):
-        raise ConfigError(
-            nodelist_name,
-            nodelist_raw,
-            f"lists {len(hosts)} hosts but {nnodes.source} says {nnodes.value}",
-            "Launch the step with srun so both describe the same nodes",
-        )
-    node_rank = read_index(env, *NODEID, limit=NODES) or Sourced(
-        0, "default 0 (SLURM_NODEID unset)"
-    )
-    notes: list[str] = [f"master is the first host of {nodelist_name} ({hosts[0]})"]
-    if STEP_ID not in env and nnodes.value > 1:
-        notes.append(
-            f"{STEP_ID} is unset: this looks like the batch script itself, which runs on the first "
-            "node only; start the entrypoint with srun so that it runs on every node"
-        )
 
-    per_node = None
+
+def tasks_on_each_node(env: Mapping[str, str], nnodes: Sourced[int]) -> Sourced[int] | None:
+    """The step's tasks per node, the same on every node, if SLURM says."""
     found = first(env, *TASKS_PER_NODE)
     if found:
         counts = tasks_per_node(*found)
@@ -115,13 +97,18 @@ def read(env: Mapping[str, str]) -> Reading:
                 "tasks differ between nodes",
                 "Use --ntasks-per-node=1 (or one task per GPU on every node)",
             )
-        per_node = Sourced(counts[0][0], f"env {found[0]}")
-    else:
-        ntasks = read_count(env, *NTASKS, limit=PROCESSES)
-        if ntasks and ntasks.value % nnodes.value == 0:
-            per_node = Sourced(ntasks.value // nnodes.value, f"{ntasks.source} / {nnodes.source}")
+        return Sourced(counts[0][0], env_var(found[0]))
+    ntasks = read_count(env, *NTASKS, limit=PROCESSES)
+    if ntasks and ntasks.value % nnodes.value == 0:
+        return Sourced(ntasks.value // nnodes.value, derived(f"{ntasks.source} / {nnodes.source}"))
+    return None
 
-    # The task's own place, checked inside the step wherever it is known.
+
+def task_place(
+    env: Mapping[str, str], nnodes: Sourced[int], per_node: Sourced[int] | None
+) -> tuple[Sourced[int] | None, Sourced[int] | None]:
+    """(SLURM_PROCID, SLURM_LOCALID) as read: the task's own place, checked inside the step
+    wherever it is known."""
     rank = read_index(env, *PROCID, limit=PROCESSES)
     local_rank = read_index(env, *LOCALID, limit=PER_NODE)
     if per_node and rank and rank.value >= nnodes.value * per_node.value:
@@ -140,19 +127,18 @@ def read(env: Mapping[str, str]) -> Reading:
             f"must be below the {per_node.value} tasks per node ({per_node.source})",
             "Start the entrypoint with srun, which numbers the tasks on each node",
         )
+    return rank, local_rank
 
-    more: dict = {
-        "hosts": tuple(hosts),
-        "gpus_per_node": read_count(env, *GPUS_ON_NODE, limit=GPUS),
-    }
+
+def spawn_or_place(
+    env: Mapping[str, str],
+    per_node: Sourced[int] | None,
+    rank: Sourced[int] | None,
+    local_rank: Sourced[int] | None,
+) -> dict:
+    """One task per node spawns the workers; several are the workers, placed by srun."""
     if per_node and per_node.value > 1:
         # srun started one task per GPU itself: place this process, spawn nothing.
-        more |= {
-            "spawn": Sourced(False, f"{per_node.value} tasks per node ({per_node.source})"),
-            "rank": rank,
-            "local_rank": local_rank,
-            "nproc_per_node": per_node,
-        }
         if rank is None or local_rank is None:
             raise ConfigError(
                 "SLURM_PROCID",
@@ -160,15 +146,63 @@ def read(env: Mapping[str, str]) -> Reading:
                 "several tasks per node but no task rank",
                 "Start the entrypoint with srun, which sets SLURM_PROCID and SLURM_LOCALID",
             )
-    else:
-        more["spawn"] = Sourced(True, "one task per node: the entrypoint spawns the workers")
+        return {
+            "spawn": Sourced(
+                False, derived(f"{per_node.value} tasks per node ({per_node.source})")
+            ),
+            "rank": rank,
+            "local_rank": local_rank,
+            "nproc_per_node": per_node,
+        }
+    return {"spawn": Sourced(True, derived("one task per node: the entrypoint spawns the workers"))}
+
+
+def read(env: Mapping[str, str]) -> Reading:
+    found = first(env, *NODELIST)
+    if found is None:
+        raise ConfigError(
+            NODELIST[1],
+            None,
+            "SLURM names no node to this process",
+            "Start the entrypoint with srun inside a SLURM job, or unset ENTRYPOINT_PLATFORM",
+        )
+    nodelist_name, nodelist_raw = found
+    hosts = expand_var(nodelist_name, nodelist_raw)
+    master = host(nodelist_name, hosts[0])
+    nnodes = read_count(env, *NNODES, limit=NODES) or Sourced(
+        len(hosts), derived(f"count of hosts in {nodelist_name}", nodelist_name)
+    )
+    if nnodes.value != len(hosts):
+        raise ConfigError(
+            nodelist_name,
+            nodelist_raw,
+            f"lists {len(hosts)} hosts but {nnodes.source} says {nnodes.value}",
+            "Launch the step with srun so both describe the same nodes",
+        )
+    node_rank = read_index(env, *NODEID, limit=NODES) or Sourced(
+        0, by_default("default 0 (SLURM_NODEID unset)")
+    )
+    notes: list[str] = [f"master is the first host of {nodelist_name} ({hosts[0]})"]
+    if STEP_ID not in env and nnodes.value > 1:
+        notes.append(
+            f"{STEP_ID} is unset: this looks like the batch script itself, which runs on the first "
+            "node only; start the entrypoint with srun so that it runs on every node"
+        )
+
+    per_node = tasks_on_each_node(env, nnodes)
+    rank, local_rank = task_place(env, nnodes, per_node)
+    more: dict = {
+        "hosts": tuple(hosts),
+        "gpus_per_node": read_count(env, *GPUS_ON_NODE, limit=GPUS),
+    }
+    more |= spawn_or_place(env, per_node, rank, local_rank)
 
     return node_reading(
         NAME,
         env,
         nnodes=nnodes,
         node_rank=node_rank,
-        master_addr=Sourced(master, f"first host of {nodelist_name}"),
+        master_addr=Sourced(master, derived(f"first host of {nodelist_name}")),
         master_port=master_port(env),
         notes=tuple(notes),
         **more,

@@ -19,7 +19,7 @@ from entrypoint.platforms.base import (
     read_port,
     require,
 )
-from entrypoint.values import GPUS, NODES, Sourced
+from entrypoint.values import GPUS, NODES, Sourced, by_default
 
 NAME = "torchrun"
 DOCS = "https://pytorch.org/docs/stable/elastic/run.html"
@@ -42,7 +42,7 @@ def read(env: Mapping[str, str]) -> Reading:
     notes = (word,) if word else ()
     nnodes = require(read_count(env, *NNODES, limit=NODES), "NNODES", "the number of nodes")
     node_rank = read_index(env, *NODE_RANK, limit=NODES) or Sourced(
-        0, "default 0 (NODE_RANK unset)"
+        0, by_default("default 0 (NODE_RANK unset)")
     )
     return node_reading(
         NAME,

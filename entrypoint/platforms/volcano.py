@@ -29,7 +29,7 @@ from entrypoint.platforms.base import (
     read_port,
     require,
 )
-from entrypoint.values import NODES, Sourced, below
+from entrypoint.values import NODES, Sourced, below, derived, env_var
 
 NAME = "volcano"
 DOCS = "https://github.com/volcano-sh/volcano/tree/master/pkg/controllers/job/plugins"
@@ -75,8 +75,8 @@ def read(env: Mapping[str, str]) -> Reading:
         return node_reading(
             NAME,
             env,
-            nnodes=Sourced(world.value, f"env {WORLD_SIZE} (pods, Volcano pytorch plugin)"),
-            node_rank=Sourced(rank.value, f"env {RANK} (pod rank, Volcano pytorch plugin)"),
+            nnodes=Sourced(world.value, env_var(WORLD_SIZE, "(pods, Volcano pytorch plugin)")),
+            node_rank=Sourced(rank.value, env_var(RANK, "(pod rank, Volcano pytorch plugin)")),
             master_addr=read_addr(env, *MASTER_ADDR),
             master_port=port,
             notes=(
@@ -114,9 +114,9 @@ def read(env: Mapping[str, str]) -> Reading:
     return node_reading(
         NAME,
         env,
-        nnodes=Sourced(len(hosts), f"env {num_name}"),
+        nnodes=Sourced(len(hosts), env_var(num_name)),
         node_rank=index,
-        master_addr=master or Sourced(hosts[0], f"first host of {hosts_name}"),
+        master_addr=master or Sourced(hosts[0], derived(f"first host of {hosts_name}")),
         master_port=port,
         hosts=tuple(hosts),
     )

@@ -419,7 +419,7 @@ def violations(plan: Plan, node: Facts) -> list[str]:
         host("master_addr", plan.master_addr)
     except ConfigError as err:
         out.append(f"master_addr {plan.master_addr!r} is not one IPv4 host: {err}")
-    for line in (*plan.notes, *plan.warnings, *plan.sources.values()):
+    for line in (*plan.notes, *plan.warnings, *map(str, plan.sources.values())):
         if "\n" in line:
             out.append(f"a note, warning or source of more than one line: {line[:200]!r}")
     if plan.cuda_visible_devices is not None:

@@ -72,7 +72,7 @@ def test_preflight_puts_the_measurement_before_the_trainer_in_each_worker():
         "train.py",
     )
     assert plan.trainer == ("python", "train.py")  # what the user runs; the preflight comes first
-    assert "each worker measures" in plan.sources["preflight_allreduce"]
+    assert "each worker measures" in str(plan.sources["preflight_allreduce"])
     builtin = make_plan(TWO_NODES | PREFLIGHT, node(8))
     assert builtin.command[-6:] == (
         "--module",

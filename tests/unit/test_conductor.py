@@ -2,7 +2,8 @@
 
 import pytest
 
-from entrypoint.conductor import ALL, Conductor, Limits, Log, Send
+from entrypoint.conductor import Conductor
+from entrypoint.conductor_terms import ALL, Limits, Log, Send
 from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
 from entrypoint.messages import Beat, Done, Exit, Go, Hello, Restart, Signal, Stop
 

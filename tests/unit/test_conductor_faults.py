@@ -7,7 +7,8 @@ import signal
 
 import pytest
 
-from entrypoint.conductor import Conductor, Limits, Log, Send
+from entrypoint.conductor import Conductor
+from entrypoint.conductor_terms import Limits, Log, Send
 from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
 from entrypoint.messages import KINDS, Hello
 
@@ -175,18 +176,18 @@ def test_an_old_connections_late_beats_and_close_are_not_the_new_nodes():
     counted as the new node's, and its close later loses nobody."""
     import time
 
-    from entrypoint import control
+    from entrypoint import control_channel, control_server
     from tests.unit.test_control import hello as wire_hello
 
     c = Conductor(2, RESTARTS, now=time.monotonic())
     logged = []
-    server = control.Server(
+    server = control_server.Server(
         c, 0, heartbeat_interval=0.2, bind="127.0.0.1", log=lambda level, text: logged.append(text)
     )
     server.start()
 
     def connect():
-        return control.connect("127.0.0.1", server.port, timeout=5, log=print)
+        return control_channel.connect("127.0.0.1", server.port, timeout=5, log=print)
 
     def until(condition):
         end = time.monotonic() + 10

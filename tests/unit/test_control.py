@@ -14,9 +14,10 @@ import time
 
 import pytest
 
-from entrypoint import control
+from entrypoint import control, control_channel, control_server
 from entrypoint import messages as m
-from entrypoint.conductor import Conductor, Limits
+from entrypoint.conductor import Conductor
+from entrypoint.conductor_terms import Limits
 from entrypoint.identity import Identity
 
 FP = {
@@ -71,7 +72,7 @@ class Node0:
             Limits(join_timeout=60, heartbeat_timeout=30, monitor_interval=0),
             time.monotonic(),
         )
-        self.server = control.Server(
+        self.server = control_server.Server(
             self.conductor,
             0,
             heartbeat_interval=0.5,
@@ -92,8 +93,12 @@ class Node0:
             time.sleep(0.02)
         raise AssertionError(f"{text!r} not logged; logged: {self.lines}")
 
-    def node(self, member: int, identity: Identity = control.NO_IDENTITY) -> control.Channel:
-        channel = control.connect("127.0.0.1", self.port, timeout=10, log=print, identity=identity)
+    def node(
+        self, member: int, identity: Identity = control.NO_IDENTITY
+    ) -> control_channel.Channel:
+        channel = control_channel.connect(
+            "127.0.0.1", self.port, timeout=10, log=print, identity=identity
+        )
         channel.send(hello(member))
         return channel
 
@@ -122,7 +127,7 @@ def test_the_server_shadows_nothing_of_threading_thread(node0):
     n = node0()
     thread = threading.Thread()
     theirs = set(dir(threading.Thread)) | set(vars(thread))
-    ours = (set(vars(control.Server)) | set(vars(n.server)) - set(vars(thread))) - {
+    ours = (set(vars(control_server.Server)) | set(vars(n.server)) - set(vars(thread))) - {
         "__init__",
         "__module__",
         "__doc__",
@@ -145,7 +150,7 @@ def until(predicate, timeout: float = 5.0) -> None:
         time.sleep(0.02)
 
 
-def join(n: Node0) -> list[control.Channel]:
+def join(n: Node0) -> list[control_channel.Channel]:
     """Both real nodes join and get `go`: the job went on."""
     channels = [n.node(0), n.node(1)]
     goes(*channels)
@@ -153,7 +158,7 @@ def join(n: Node0) -> list[control.Channel]:
     return channels
 
 
-def goes(*channels: control.Channel, timeout: float = 5.0) -> None:
+def goes(*channels: control_channel.Channel, timeout: float = 5.0) -> None:
     """Every channel receives `go`."""
     for channel in channels:
         end = time.monotonic() + timeout
@@ -269,7 +274,7 @@ def test_partial_writes_keep_the_stream_whole_and_a_stuck_peer_is_dropped(monkey
     peer's own buffer (no corrupted stream after a partial write); a peer that takes nothing
     is dropped once MAX_OUT bytes wait for it."""
     logged: list[str] = []
-    server = control.Server(
+    server = control_server.Server(
         Conductor(2, Limits(), time.monotonic()),
         0,
         heartbeat_interval=1,
@@ -279,7 +284,7 @@ def test_partial_writes_keep_the_stream_whole_and_a_stuck_peer_is_dropped(monkey
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
     theirs.setblocking(False)
-    peer = control._Peer(ours, "127.0.0.1:1", time.monotonic())
+    peer = control_server.Peer(ours, "127.0.0.1:1", time.monotonic())
     server.peers[ours] = peer
     server.selector.register(ours, selectors.EVENT_READ, None)
     sent = [m.encode(m.Signal(10, str(i) * 1000)) for i in range(1000)]  # 3 MB
@@ -294,7 +299,7 @@ def test_partial_writes_keep_the_stream_whole_and_a_stuck_peer_is_dropped(monkey
         except BlockingIOError:
             server._flush(peer)
     assert bytes(received) == b"".join(sent)
-    monkeypatch.setattr(control, "MAX_OUT", 64 << 10)
+    monkeypatch.setattr(control_server, "MAX_OUT", 64 << 10)
     for data in sent:
         server._queue(peer, data)
         if ours not in server.peers:
@@ -342,7 +347,7 @@ def test_job_identity_and_token_checked_both_ways(node0):
 def test_a_node_0_without_the_token_cannot_pass_as_node_0(node0):
     """The node checks node 0 too: node 0's welcome carries its own proof."""
     n = node0(identity=Identity("", None))
-    channel = control.connect(
+    channel = control_channel.connect(
         "127.0.0.1", n.port, timeout=5, log=print, identity=Identity("", TOKEN)
     )
     channel.send(hello(1))
@@ -365,7 +370,9 @@ def test_a_forged_welcome_is_refused_by_the_node():
         conn.close()
 
     threading.Thread(target=fake, daemon=True).start()
-    channel = control.connect("127.0.0.1", port, timeout=5, log=print, identity=Identity("", TOKEN))
+    channel = control_channel.connect(
+        "127.0.0.1", port, timeout=5, log=print, identity=Identity("", TOKEN)
+    )
     channel.send(hello(1))
     with pytest.raises(control.Refused, match="could not prove that it holds") as refused:
         while True:
@@ -384,7 +391,7 @@ def test_something_else_on_the_port_is_named():
 
     threading.Thread(target=http, daemon=True).start()
     with pytest.raises(control.PeersError, match="is not node 0's entrypoint"):
-        control.connect(
+        control_channel.connect(
             "127.0.0.1", listener.getsockname()[1], timeout=5, log=print, challenge_wait=1
         )
     listener.close()
@@ -393,7 +400,7 @@ def test_something_else_on_the_port_is_named():
 def test_lines_split_once_however_the_bytes_arrive():
     """4 MiB of lines in 1460-byte pieces: every line comes out once, in order, each byte
     looked at once (issue 17: re-splitting the buffer cost 6.9 s of CPU)."""
-    lines = control._Lines(limit=1 << 20)
+    lines = control.Lines(limit=1 << 20)
     payload = b"".join(b'{"t":"beat","n":%d}\n' % i for i in range(200_000))
     out: list[bytes] = []
     began = time.process_time()
@@ -402,12 +409,12 @@ def test_lines_split_once_however_the_bytes_arrive():
     spent = time.process_time() - began
     assert len(out) == 200_000 and out[-1] == b'{"t":"beat","n":199999}'
     print(f"MEASURED {len(payload) >> 20} MiB in 1460-byte pieces: {spent:.2f} s of CPU")
-    one, began = control._Lines(limit=8 << 20), time.process_time()
+    one, began = control.Lines(limit=8 << 20), time.process_time()
     for i in range(0, 4 << 20, 1460):  # one 4 MiB line, no newline yet: 4.35 s before
         assert one.feed(b"x" * 1460) == []
     print(f"MEASURED one 4 MiB line in 1460-byte pieces: {time.process_time() - began:.2f} s")
     with pytest.raises(ValueError, match="more than 16 bytes"):
-        control._Lines(limit=16).feed(b"x" * 17)
+        control.Lines(limit=16).feed(b"x" * 17)
 
 
 def test_the_layout_is_compared_and_the_odd_node_named(node0):
@@ -415,7 +422,7 @@ def test_the_layout_is_compared_and_the_odd_node_named(node0):
     with exit 2 before training, node 1 and the fields named."""
     n = node0()
     a = n.node(0)
-    b = control.connect("127.0.0.1", n.port, timeout=5, log=print)
+    b = control_channel.connect("127.0.0.1", n.port, timeout=5, log=print)
     shape = hello(1)
     shape["fingerprint"]["layout"] |= {"nnodes": 4, "world_size": 8}
     b.send(shape)

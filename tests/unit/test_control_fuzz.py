@@ -14,9 +14,10 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from entrypoint import control
+from entrypoint import control_channel, control_server
 from entrypoint import messages as m
-from entrypoint.conductor import Conductor, Limits
+from entrypoint.conductor import Conductor
+from entrypoint.conductor_terms import Limits
 from entrypoint.identity import Identity
 from tests.unit.test_control import TOKEN, goes, hello
 
@@ -78,7 +79,7 @@ class Fuzzed:
         self.conductor = Conductor(
             2, Limits(join_timeout=600, heartbeat_timeout=600, monitor_interval=0), time.monotonic()
         )
-        self.server = control.Server(
+        self.server = control_server.Server(
             self.conductor,
             0,
             heartbeat_interval=0.5,
@@ -121,7 +122,7 @@ def test_nothing_a_peer_sends_stops_node_0():
     identity = Identity("", TOKEN)
     nodes = []
     for member in (0, 1):
-        channel = control.connect(
+        channel = control_channel.connect(
             "127.0.0.1", node0.server.port, timeout=10, log=print, identity=identity
         )
         channel.send(hello(member))

@@ -11,7 +11,8 @@ from dataclasses import replace
 import pytest
 
 from conftest import node
-from entrypoint.doctor import Findings, Port, port_meaning, problems, report, table
+from entrypoint.doctor_checks import Findings, Port, port_meaning, problems
+from entrypoint.doctor_report import report, table
 from entrypoint.facts import Facts, Interface
 from entrypoint.plan import make_plan
 from entrypoint.report import table as plan_table

@@ -9,6 +9,7 @@ import signal
 
 import pytest
 
+from entrypoint import message_fields
 from entrypoint import messages as m
 from entrypoint.errors import ConfigError
 from entrypoint.identity import job_identity, read_token
@@ -122,8 +123,8 @@ def test_another_protocol_version_is_read_only_as_far_as_its_number():
 
 
 def test_known_signals_are_this_systems():
-    assert {signal.SIGTERM, signal.SIGUSR1, signal.SIGKILL} <= m.KNOWN_SIGNALS
-    assert 0 not in m.KNOWN_SIGNALS
+    assert {signal.SIGTERM, signal.SIGUSR1, signal.SIGKILL} <= message_fields.KNOWN_SIGNALS
+    assert 0 not in message_fields.KNOWN_SIGNALS
 
 
 def test_proofs_bind_both_nonces_the_job_and_the_member():

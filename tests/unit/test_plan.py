@@ -111,7 +111,7 @@ def test_any_gpu_count_plans_for_the_builtin_job(nnodes, per_node, config, split
         ds["gradient_accumulation_steps"],
     ) == split
     assert split[0] == split[1] * split[2] * plan.world_size
-    assert config in plan.sources["config"] and "train_batch_size" in plan.sources
+    assert config in str(plan.sources["config"]) and "train_batch_size" in plan.sources
     with open(plan.config + "/deepspeed.json") as f:
         changed = split[0] != json.load(f)["train_batch_size"]
     assert any("nearest" in w for w in plan.warnings) == changed
@@ -189,7 +189,10 @@ def test_named_config_wins():
         },
         node(),
     )
-    assert plan.config.endswith("/8gpu") and plan.sources["config"] == "env ENTRYPOINT_CONFIG=8gpu"
+    assert (
+        plan.config.endswith("/8gpu")
+        and str(plan.sources["config"]) == "env ENTRYPOINT_CONFIG=8gpu"
+    )
 
 
 def test_cpu_when_no_gpu():
@@ -214,14 +217,14 @@ def test_explicit_settings_beat_platform_values():
         1234,
         2,
     )
-    assert plan.sources["nnodes"] == "env ENTRYPOINT_NNODES"
+    assert str(plan.sources["nnodes"]) == "env ENTRYPOINT_NNODES"
     assert plan.cuda_visible_devices == "0,1"
 
 
 def test_cuda_visible_devices_restricts_the_node():
     plan = make_plan({"CUDA_VISIBLE_DEVICES": "2,3"}, node(8), ["python", "t.py"])
     assert plan.gpus_per_node == 2 and plan.cuda_visible_devices == "2,3"
-    assert plan.sources["cuda_visible_devices"] == "env CUDA_VISIBLE_DEVICES"
+    assert str(plan.sources["cuda_visible_devices"]) == "env CUDA_VISIBLE_DEVICES"
 
 
 def test_nvidia_visible_devices_uuids_restrict_the_probe():
@@ -269,7 +272,7 @@ def test_network_interface_and_user_nccl_settings_win():
         SEED_004_WORKER_1 | {"GLOO_SOCKET_IFNAME": "ib0"}, node(8, ib=("mlx5_0", "mlx5_1")), ["x"]
     )
     assert plan.env["NCCL_SOCKET_IFNAME"] == "eth0" and "GLOO_SOCKET_IFNAME" not in plan.env
-    assert plan.sources["GLOO_SOCKET_IFNAME"] == "env GLOO_SOCKET_IFNAME (set by you, kept)"
+    assert str(plan.sources["GLOO_SOCKET_IFNAME"]) == "env GLOO_SOCKET_IFNAME (set by you, kept)"
     assert plan.env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
     assert plan.env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
 
@@ -277,7 +280,7 @@ def test_network_interface_and_user_nccl_settings_win():
 def test_never_loopback_or_docker_bridge_between_nodes():
     plan = make_plan(SEED_004_WORKER_1 | {"RANK": "0"}, node(8, route="lo"), ["x"])
     assert plan.env["NCCL_SOCKET_IFNAME"] == "eth0"
-    assert "default route" in plan.sources["NCCL_SOCKET_IFNAME"]
+    assert "default route" in str(plan.sources["NCCL_SOCKET_IFNAME"])
     plan = make_plan(SEED_004_WORKER_1, node(8, route="docker0"), ["x"])
     assert plan.env["NCCL_SOCKET_IFNAME"] == "eth0"
 

@@ -52,9 +52,8 @@ def test_reading(env, nnodes, node_rank, master):
 
 def test_main_node_is_its_own_master():
     r = awsbatch.read(MAIN)
-    assert (
-        "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS is set on the others only"
-        in r.master_addr.source
+    assert "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS is set on the others only" in str(
+        r.master_addr.source
     )
 
 

@@ -23,7 +23,7 @@ def test_reading():
     assert r.platform == "indexedjob"
     assert (r.nnodes.value, r.node_rank.value, r.spawn.value) == (4, 3, True)
     assert (r.master_addr.value, r.master_port.value) == ("train-0.train", 29500)
-    assert r.nnodes.source == "env ENTRYPOINT_NNODES"
+    assert str(r.nnodes.source) == "env ENTRYPOINT_NNODES"
 
 
 def test_single_pod_needs_no_master():

@@ -43,7 +43,7 @@ def test_master_addr_wins():
     r = jobset.read(ONE_JOB | {"MASTER_ADDR": "pytorch-leader-0-0.net"})
     assert (
         r.master_addr.value == "pytorch-leader-0-0.net"
-        and r.master_addr.source == "env MASTER_ADDR"
+        and str(r.master_addr.source) == "env MASTER_ADDR"
     )
 
 

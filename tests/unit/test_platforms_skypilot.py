@@ -33,7 +33,7 @@ def test_reading(env, node_rank, gpus):
 def test_trailing_newline_and_no_num_nodes():
     env = {k: v for k, v in WORKER.items() if k != "SKYPILOT_NUM_NODES"}
     r = skypilot.read(env | {"SKYPILOT_NODE_IPS": "10.0.0.5\n10.0.0.6\n"})
-    assert r.nnodes.value == 2 and r.nnodes.source == "count of lines in SKYPILOT_NODE_IPS"
+    assert r.nnodes.value == 2 and str(r.nnodes.source) == "count of lines in SKYPILOT_NODE_IPS"
 
 
 def test_detect():

@@ -57,9 +57,9 @@ def test_one_task_per_node():
     r = slurm.read(ONE_TASK_PER_NODE)
     assert (r.nnodes.value, r.node_rank.value) == (2, 1)
     assert r.master_addr.value == "gpu-01"
-    assert r.master_addr.source == "first host of SLURM_STEP_NODELIST"
+    assert str(r.master_addr.source) == "first host of SLURM_STEP_NODELIST"
     assert r.spawn.value is True and r.rank is None
-    assert r.gpus_per_node.value == 8 and r.gpus_per_node.source == "env SLURM_GPUS_ON_NODE"
+    assert r.gpus_per_node.value == 8 and str(r.gpus_per_node.source) == "env SLURM_GPUS_ON_NODE"
     assert r.hosts == ("gpu-01", "gpu-02")
     # No MASTER_PORT: derived from the job id so two jobs sharing a node do not collide.
     assert r.master_port.value == 15000 + 4242 % 20000

@@ -48,11 +48,11 @@ def test_pet_variables():
         "10.0.0.1",
         23456,
     )
-    assert r.nproc_per_node.value == 2 and r.nproc_per_node.source == "env PET_NPROC_PER_NODE"
+    assert r.nproc_per_node.value == 2 and str(r.nproc_per_node.source) == "env PET_NPROC_PER_NODE"
 
 
 def test_plain_names_beat_pet():
-    assert torchrun.read(PET | {"NODE_RANK": "0"}).node_rank.source == "env NODE_RANK"
+    assert str(torchrun.read(PET | {"NODE_RANK": "0"}).node_rank.source) == "env NODE_RANK"
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ def test_reading(env, node_rank, nproc):
     assert r.platform == "trainjob"
     assert (r.nnodes.value, r.node_rank.value) == (2, node_rank)
     assert (r.master_addr.value, r.master_port.value) == ("llm-node-0-0.llm", 29500)
-    assert r.master_addr.source == "env PET_MASTER_ADDR"
+    assert str(r.master_addr.source) == "env PET_MASTER_ADDR"
     assert r.spawn.value is True and r.rank is None
     assert (r.nproc_per_node.value if r.nproc_per_node else None) == nproc
 

@@ -44,9 +44,9 @@ def test_pytorch_plugin():
 def test_env_and_svc_plugins():
     r = volcano.read(ENV_SVC)
     assert (r.nnodes.value, r.node_rank.value) == (3, 2)
-    assert r.node_rank.source == "env VC_TASK_INDEX"
+    assert str(r.node_rank.source) == "env VC_TASK_INDEX"
     assert (r.master_addr.value, r.master_port.value) == ("train-gpu-nodes-0.train", 29500)
-    assert r.master_addr.source == "first host of VC_GPU_NODES_HOSTS"
+    assert str(r.master_addr.source) == "first host of VC_GPU_NODES_HOSTS"
     assert len(r.hosts) == 3
 
 

@@ -1,0 +1,43 @@
+"""The supervising loop's small values: one launch as the loop sees it (`Watch`), the `Stop`
+that ends this node with a code, the `Interrupted` wait for node 0, and the graces the workers
+get when the job ends elsewhere."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PEER_STOP_GRACE = 10.0  # seconds for workers to exit after another node failed
+# After a lost node the workers hang in their next collective: no checkpoint can complete, so
+# they get a moment to flush logs, then are killed (the 10 s bound from fault to exit).
+LOST_PEER_GRACE = 2.0
+
+
+class Stop(Exception):
+    """End this node with `code`; `reason` is logged unless empty (node 0's conductor has
+    logged the reasons it sends)."""
+
+    def __init__(self, code: int, reason: str = "") -> None:
+        super().__init__(reason)
+        self.code, self.reason = code, reason
+
+
+class Interrupted(Exception):
+    """A stopping signal while this node waits for node 0 (raised by the signal handler)."""
+
+    def __init__(self, sig: int) -> None:
+        super().__init__(sig)
+        self.sig = sig
+
+
+@dataclass
+class Watch:
+    """One launch as the supervising loop sees it."""
+
+    signalled: int | None = None  # the stopping signal its workers were given
+    signalled_at: float = 0.0
+    kill_at: float | None = None  # when its workers are killed if still running
+    code: int | None = None  # the launcher's exit status, once it exited
+    reported: bool = False  # its exit was said to node 0
+
+    def stopping(self, sig: int, now: float, grace: float) -> None:
+        self.signalled, self.signalled_at, self.kill_at = sig, now, now + grace
