@@ -39,11 +39,17 @@ class GivenEnv(EnvSettingsSource):
     """pydantic-settings' EnvSettingsSource over a given mapping rather than os.environ: in
     pydantic-settings 2.16 it reads os.environ only (no parameter for a mapping), and the
     entrypoint's settings are a pure function of the environment its caller passes. Values are
-    stripped, and a blank one is unset (env_ignore_empty drops only '')."""
+    stripped, and a blank one is unset (env_ignore_empty drops only ''). Names are matched as
+    the environment spells them, upper case (pydantic-settings folds case: a field name is
+    lower case), so `entrypoint_nnodes` is not ENTRYPOINT_NNODES."""
 
     def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
         super().__init__(settings_cls)
-        given = {name: value.strip() for name, value in env.items() if value.strip()}
+        given = {
+            name: value.strip()
+            for name, value in env.items()
+            if value.strip() and name.startswith(PREFIX) and name == name.upper()
+        }
         self.env_vars = parse_env_vars(
             given, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str
         )

@@ -44,3 +44,10 @@ def test_pydantic_settings_env_source_reads_the_given_mapping(monkeypatch):
     settings = Settings.from_env(given)
     assert settings.nnodes == 3 and settings.job == "deepspeed"
     assert settings.stated() == {"nnodes": 3}
+
+
+def test_names_are_read_as_the_environment_spells_them():
+    """Linux environment names are case-sensitive: entrypoint_nnodes is another variable."""
+    assert Settings.from_env({"entrypoint_nnodes": "3"}).nnodes is None
+    assert Settings.from_env({"Entrypoint_Nnodes": "3"}).nnodes is None
+    assert Settings.from_env({"ENTRYPOINT_NNODES": "3"}).nnodes == 3
