@@ -95,6 +95,8 @@ def cmd_snapshot(venv: str, listing: str) -> None:
 def cmd_move_new(venv: str, listing: str, dest: str) -> None:
     """Move every file and directory that is new or changed since the snapshot to
     DEST/<its absolute path>, a new directory in one rename; mode and mtime go with it."""
+    if os.path.lexists(os.path.join(venv, ".lock")):
+        os.unlink(os.path.join(venv, ".lock"))  # uv's lock on the venv, held while it installs
     before = {}
     for line in Path(listing).read_text().splitlines():
         stat, path = line.split("\t", 1)
