@@ -2,8 +2,6 @@
 
     python venv_layers.py split-lock LOCK OUTDIR       # OUTDIR/<group>.lock, hashes kept
     python venv_layers.py snapshot VENV LIST            # what VENV holds now
-    python venv_layers.py link VENV GROUP_ROOT...        # borrow other groups' files, by symlink
-    python venv_layers.py unlink VENV                   # drop those symlinks again
     python venv_layers.py move-new VENV LIST OUT        # move what is new since LIST to OUT
 
 Each group's locked wheels are installed in a stage of their own, into the same empty venv
@@ -11,8 +9,8 @@ at the same path, with `uv pip install --require-hashes --no-deps`; `move-new` t
 the group's files (and nothing of the empty venv) under OUT, which the runtime stage copies
 into /opt/venv, one COPY, one layer, per group. A stage's cache key is its own sub-lock,
 so a change to one group's pins rebuilds that group's stage only, and the runtime's layers
-from that group up. DeepSpeed compiles against torch: its stage links the nvidia, torch and
-rest groups' files into its venv at their final paths while it builds.
+from that group up. DeepSpeed compiles against torch: its stage mirrors the nvidia, torch and
+rest groups' files into its venv by symlink, at their final paths, while it builds.
 """
 
 from __future__ import annotations
@@ -130,43 +128,10 @@ def cmd_move_new(venv: str, listing: str, dest: str) -> None:
     print(f"moved {moved} new entries of {venv} to {dest}")
 
 
-def _link_tree(src: str, dst: str) -> None:
-    for name in sorted(os.listdir(src)):
-        s, d = os.path.join(src, name), os.path.join(dst, name)
-        if os.path.islink(d) and os.path.isdir(d) and os.path.isdir(s):
-            # a directory two groups share (site-packages/__pycache__): merge them
-            other = os.readlink(d)
-            os.unlink(d)
-            os.mkdir(d)
-            _link_tree(other, d)
-            _link_tree(s, d)
-        elif os.path.isdir(d) and not os.path.islink(d) and os.path.isdir(s):
-            _link_tree(s, d)
-        elif os.path.lexists(d):
-            sys.exit(f"{d}: in two groups ({s})")
-        else:
-            os.symlink(s, d)
-
-
-def cmd_link(venv: str, *roots: str) -> None:
-    for root in roots:
-        _link_tree(root + venv, venv)
-
-
-def cmd_unlink(venv: str) -> None:
-    for root, dirs, files in os.walk(venv):
-        for name in dirs + files:
-            path = os.path.join(root, name)
-            if os.path.islink(path) and os.readlink(path).startswith("/groups/"):
-                os.unlink(path)
-
-
 COMMANDS = {
     "split-lock": cmd_split_lock,
     "snapshot": cmd_snapshot,
     "move-new": cmd_move_new,
-    "link": cmd_link,
-    "unlink": cmd_unlink,
 }
 
 if __name__ == "__main__":
