@@ -62,6 +62,13 @@ def docker_client() -> str:
 DOCKER = docker_client()
 
 
+PACKAGES = "docker-registry containerd skopeo docker.io"
+
+
+def image_exists(ref: str) -> bool:
+    return subprocess.run([DOCKER, "image", "inspect", ref], capture_output=True).returncode == 0
+
+
 def sh(*argv: str, **kw) -> str:
     return subprocess.run(argv, check=True, capture_output=True, text=True, **kw).stdout
 
@@ -110,7 +117,7 @@ class Registry:
         config.write_text(
             "version: 0.1\n"
             "log: {level: info, formatter: json, accesslog: {disabled: true}}\n"
-            f"storage: {{filesystem: {{rootdirectory: {self.dir / 'data'}}}, delete: {{enabled: true}}}}\n"
+            f"storage: {{filesystem: {{rootdirectory: {self.dir / 'data'}}}}}\n"
             f"http: {{addr: '{self.host}'}}\n"
         )
         self.proc = subprocess.Popen(
