@@ -25,6 +25,16 @@ case $COMPRESSION in
   *) echo "push: COMPRESSION=$COMPRESSION: gzip or zstd" >&2; exit 2 ;;
 esac
 echo "==> pushing $IMAGE to $dest ($COMPRESSION layers, $format manifest)" >&2
-exec skopeo copy --dest-tls-verify="$TLS_VERIFY" --format "$format" \
+skopeo copy --quiet --dest-tls-verify="$TLS_VERIFY" --format "$format" \
   --dest-compress --dest-compress-format "$COMPRESSION" \
   "docker-daemon:$IMAGE" "docker://$dest"
+# skopeo 1.9 (Debian bookworm) reuses a layer that the registry holds in the other compression:
+# zstd after gzip silently ships gzip layers (checked here), gzip after zstd stops ("zstd
+# compression is not supported for type ...tar.gzip"). Give each compression its own repository.
+manifest=$(skopeo inspect --raw --tls-verify="$TLS_VERIFY" "docker://$dest")
+if [ "$COMPRESSION" = zstd ] && grep -q 'tar+gzip\|tar.gzip' <<<"$manifest"; then
+  echo "push: $dest has gzip layers: skopeo reused the gzip copies this registry holds." >&2
+  echo "      Push zstd to another repository, or use skopeo 1.14 or later." >&2
+  exit 1
+fi
+echo "==> pushed $dest: $(grep -o '"size": *[0-9]*' <<<"$manifest" | awk '{s += $2} END {printf "%.2f GB", s / 1e9}') compressed" >&2
