@@ -104,8 +104,9 @@ def stop(proc: subprocess.Popen | None, timeout: float = 60) -> None:
 class Registry:
     """distribution 2.8 on 127.0.0.1, storing under DIR; counts the bytes it serves."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, memory: str | None = None):
         self.dir = workdir / "registry"
+        self.memory = memory  # a tmpfs of this size holds the blobs, to spare the disk
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
         self.log = workdir / "registry.log"
@@ -113,6 +114,8 @@ class Registry:
 
     def __enter__(self) -> Registry:
         self.dir.mkdir(parents=True, exist_ok=True)
+        if self.memory:
+            sh("mount", "-t", "tmpfs", "-o", f"size={self.memory}", "tmpfs", str(self.dir))
         config = self.dir.parent / "registry.yml"
         config.write_text(
             "version: 0.1\n"
@@ -137,6 +140,8 @@ class Registry:
 
     def __exit__(self, *exc) -> None:
         stop(self.proc)
+        if self.memory:
+            subprocess.run(["umount", str(self.dir)], check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def log_offset(self) -> int:
@@ -322,9 +327,10 @@ def measure(
     workdir: Path,
     runs: int,
     docker_runs: int,
+    memory: str | None,
 ) -> Figures:
     fig = Figures(name)
-    with Registry(workdir) as reg:
+    with Registry(workdir, memory) as reg:
         refs = {}
         for variant, local in images.items():
             if local is None:
@@ -441,7 +447,7 @@ def build_variants(image: str, jax: str, today_ref: str) -> None:
             else:
                 tree.mkdir()
                 archive = subprocess.run(
-                    ["git", "-C", str(REPO), "archive", today_ref],
+                    ["git", "-C", str(REPO), "-c", "tar.umask=0022", "archive", today_ref],
                     check=True,
                     capture_output=True,
                 ).stdout
@@ -465,6 +471,12 @@ def main() -> int:
     parser.add_argument("--jax", default="0.12.0", help="JAX's pin in the -jax variant")
     parser.add_argument("--today-ref", default=TODAY_REF, help="commit of today's Dockerfile")
     parser.add_argument("--workdir", default="/tmp/pull-bench")
+    parser.add_argument(
+        "--registry-in-memory",
+        dest="memory",
+        metavar="SIZE",
+        help="keep the registry's blobs in a tmpfs of SIZE (7g), not on the disk",
+    )
     args = parser.parse_args()
 
     for tool in ("docker-registry", "containerd", "ctr", "skopeo", "dockerd"):
@@ -496,7 +508,11 @@ def main() -> int:
             ("split, zstd", split, "zstd"),
         ):
             print(f"{name}", flush=True)
-            results.append(measure(name, images, compression, workdir, args.runs, args.docker_runs))
+            results.append(
+                measure(
+                    name, images, compression, workdir, args.runs, args.docker_runs, args.memory
+                )
+            )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
