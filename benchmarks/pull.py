@@ -20,7 +20,8 @@ DeepSpeed and takes another 9 GB): its one venv layer is built from the whole lo
 change of any pin replaces it and every layer above; that figure is read off its manifest.
 
 Needs root (containerd, overlay mounts), docker-registry, containerd, ctr, skopeo, dockerd.
-Disk: one layout at a time, about 5 GB in the registry and 14 GB in containerd; all removed.
+Disk: one image at a time, about 5 GB in the registry (or in memory, --registry-in-memory), 14 GB
+in containerd, and skopeo's copy of `docker save` (9 GB in /var/tmp) while it pushes; all removed.
 """
 
 from __future__ import annotations
@@ -174,12 +175,14 @@ def push(local: str, ref: str, compression: str) -> float:
     """docker/push.sh (skopeo from the Docker engine): gzip in a Docker v2 manifest, zstd in an
     OCI one."""
     start = time.perf_counter()
-    subprocess.run(
+    proc = subprocess.run(
         [str(REPO / "docker" / "push.sh"), ref],
-        check=True,
         capture_output=True,
+        text=True,
         env={**os.environ, "IMAGE": local, "COMPRESSION": compression, "TLS_VERIFY": "false"},
     )
+    if proc.returncode != 0:
+        raise RuntimeError(f"docker/push.sh {ref} (IMAGE={local}): {proc.stderr[-2000:]}")
     return time.perf_counter() - start
 
 
@@ -472,6 +475,9 @@ def main() -> int:
     parser.add_argument("--today-ref", default=TODAY_REF, help="commit of today's Dockerfile")
     parser.add_argument("--workdir", default="/tmp/pull-bench")
     parser.add_argument(
+        "--only", action="append", help="measure this image only (its name in the table)"
+    )
+    parser.add_argument(
         "--registry-in-memory",
         dest="memory",
         metavar="SIZE",
@@ -507,6 +513,8 @@ def main() -> int:
             ("split, gzip", split, "gzip"),
             ("split, zstd", split, "zstd"),
         ):
+            if args.only and name not in args.only:
+                continue
             print(f"{name}", flush=True)
             results.append(
                 measure(

@@ -68,7 +68,8 @@ def tools(unavailable):
 @pytest.fixture(scope="module")
 def pushed(image, tools):
     with tempfile.TemporaryDirectory(prefix="pull-test-") as tmp:
-        with pull.Registry(Path(tmp)) as registry:
+        # the blobs in memory: the disk holds containerd's copy, 14 GB, at the same time
+        with pull.Registry(Path(tmp), memory="6g") as registry:
             ref = f"{registry.host}/multinode:test"
             pull.push(image.tag, ref, "gzip")
             yield registry, ref, Path(tmp)
