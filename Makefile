@@ -13,7 +13,7 @@ UV_COMPILE           := --generate-hashes --python-version 3.13 --python-platfor
 
 export IMAGE BASE_IMAGE OFFLINE_BASE_IMAGE TORCH_CUDA_ARCH_LIST
 
-.PHONY: help dev image base lock lint demo doctor test test-unit golden test-image bench-image clean
+.PHONY: help dev image push base lock lint demo doctor test test-unit golden test-image bench-image bench-pull clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -30,6 +30,9 @@ dev: $(VENV)/.done ## Create .venv: the package in editable mode, test tools, a 
 
 image: ## Build the image IMAGE (pulls the base, or builds it offline if no registry answers)
 	docker/build.sh
+
+push: ## Push IMAGE to DEST=registry/repo:tag with skopeo (COMPRESSION=zstd: zstd layers for containerd 1.5+, Docker 23+)
+	docker/push.sh $(DEST)
 
 base: ## Build the offline base OFFLINE_BASE_IMAGE from Debian packages (debootstrap)
 	docker/base/build-base.sh $(OFFLINE_BASE_IMAGE) trixie
@@ -70,6 +73,9 @@ test-image: $(VENV)/.done ## Run the tests against the built image IMAGE
 
 bench-image: $(VENV)/.done ## Measure the image: sizes, largest layers (ARGS=--rebuild, --cold: build times)
 	$(VENV)/bin/python benchmarks/image_size.py --image $(IMAGE) $(ARGS)
+
+bench-pull: $(VENV)/.done ## Push and pull today's, the split and the zstd image via a loopback registry on a clean containerd (ARGS=--build)
+	$(VENV)/bin/python benchmarks/pull.py --image $(IMAGE) $(ARGS)
 
 clean: ## Remove the venv and caches (not the images)
 	rm -rf $(VENV) .pytest_cache .hypothesis build dist *.egg-info

@@ -115,6 +115,7 @@ def render(request: Request) -> str:
                             f"{master_addr(request)}."
                         ),
                     ),
+                    ("imagePullPolicy:", text.pull_note(request.image)),
                     (
                         f"- name: {NNODES}",
                         (

@@ -87,6 +87,7 @@ def render(request: Request) -> str:
     ]
     if request.master_port is not None:
         notes.append(("ports:", f"The operator takes MASTER_PORT from the port named {PORT_NAME}."))
+    notes.append(("imagePullPolicy:", text.pull_note(request.image)))
     if request.gpus_per_node:
         notes.append(("resources:", text.ENV_NOTES["gpu"]))
     notes.append(("volumes:", text.ENV_NOTES["shm"]))

@@ -115,6 +115,14 @@ def _launch(request: Request) -> list[str]:
             "# pyxis imports the image on each node and runs the command in it, "
             "with the job's GPUs."
         )
+        if not request.image.startswith(("/", ".")):
+            notes += [
+                "# enroot keeps the layers it pulled in each node's ENROOT_CACHE_PATH: a new tag",
+                "# fetches only its changed layers. For many nodes, import once to a shared file",
+                f"# system: `enroot import -o /shared/{request.name}.sqsh "
+                f"docker://{pyxis_image(request.image)}`,",
+                f"# then render with --image /shared/{request.name}.sqsh: no node pulls.",
+            ]
         run = [entrypoint]
     elif request.runtime == "apptainer":
         notes += [

@@ -161,7 +161,12 @@ def kube_container(
     request, name: str, fixed_env: Sequence[tuple[str, str]] = (), ports: Sequence[dict] = ()
 ) -> dict:
     """The node's container: the image's entrypoint with `run`, GPUs as limits, /dev/shm."""
-    container: dict = {"name": name, "image": request.image, "args": request.entrypoint_args()}
+    container: dict = {
+        "name": name,
+        "image": request.image,
+        "imagePullPolicy": pull_policy(request.image),
+        "args": request.entrypoint_args(),
+    }
     env = kube_env(request, fixed_env)
     if env:
         container["env"] = env
@@ -171,6 +176,32 @@ def kube_container(
         container["resources"] = {"limits": {GPU_RESOURCE: request.gpus_per_node}}
     container["volumeMounts"] = [{"name": SHM_VOLUME, "mountPath": SHM_PATH}]
     return container
+
+
+def moving_tag(image: str) -> bool:
+    """`:latest` or no tag (which means latest), and no digest: a tag that is moved."""
+    if "@" in image:
+        return False
+    name = image.rsplit("/", 1)[-1]
+    return ":" not in name or name.endswith(":latest")
+
+
+def pull_policy(image: str) -> str:
+    """IfNotPresent for a tag that is never moved (or a digest): a node that holds it starts
+    the pod without asking the registry. Always for a moving tag, Kubernetes' own default."""
+    return "Always" if moving_tag(image) else "IfNotPresent"
+
+
+def pull_note(image: str) -> str:
+    if moving_tag(image):
+        return (
+            "A moving tag: every pod start asks the registry. Push each build under its own "
+            "tag, and nodes that hold it start at once (IfNotPresent)."
+        )
+    return (
+        "A node that holds this tag starts its pod without asking the registry: push each "
+        "build under a new tag, never move one."
+    )
 
 
 def shm_volume() -> dict:

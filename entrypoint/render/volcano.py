@@ -92,6 +92,7 @@ def render(request: Request) -> str:
         ),
         (f"- name: {MASTER}", "Node 0. When it completes, the job has."),
     ]
+    notes.append(("imagePullPolicy:", text.pull_note(request.image)))
     if request.gpus_per_node:
         notes.append(("resources:", text.ENV_NOTES["gpu"]))
     notes.append(("volumes:", text.ENV_NOTES["shm"]))

@@ -1,0 +1,137 @@
+"""The image through a real registry, as a job's nodes get it: pushed to Debian's docker-registry
+(distribution 2.8) on loopback with skopeo, pulled back by a clean containerd (Debian's, with
+`ctr`) and by the Docker engine, and run by both. The pulled layers are checked: each group of
+the venv in a layer of its own, in docker/venv_layers.py's order, the project above them all.
+
+The Docker engine that built the image may know the pushed layers already (then its pull fetches
+the manifest and the config only): what its part proves is that Docker 20.10 reads the pushed
+manifest and runs the image pulled under the registry's name. Figures, from clean engines:
+benchmarks/pull.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from .image_helpers import REPO
+
+# A file of each group, bottom to top; the lock and the project above them.
+MARKERS = {
+    "nvidia": "lib/python3.13/site-packages/nvidia/nccl/lib/libnccl.so.2",
+    "torch": "lib/python3.13/site-packages/torch/__init__.py",
+    "jax": "lib/python3.13/site-packages/jaxlib/__init__.py",
+    "rest": "lib/python3.13/site-packages/transformers/__init__.py",
+    "deepspeed": "lib/python3.13/site-packages/deepspeed/__init__.py",
+    "lock": "share/entrypoint/lock.sha256",
+    "project": "lib/python3.13/site-packages/entrypoint/__init__.py",
+}
+# ... and more of each group, which must be in the same layer as its marker
+MORE = {
+    "torch": ["lib/python3.13/site-packages/triton/__init__.py", "bin/torchrun"],
+    "jax": ["lib/python3.13/site-packages/jax/__init__.py"],
+    "nvidia": ["lib/python3.13/site-packages/nvidia/cudnn"],
+    "rest": ["lib/python3.13/site-packages/numpy/__init__.py", "bin/accelerate"],
+    "deepspeed": ["share/torch_extensions", "bin/ds_report"],
+    "project": ["bin/entrypoint"],
+}
+
+
+def _load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+pull = _load(REPO / "benchmarks" / "pull.py", "pull_bench")
+venv_layers = _load(REPO / "docker" / "venv_layers.py", "venv_layers")
+
+
+@pytest.fixture(scope="module")
+def tools(unavailable):
+    missing = [t for t in ("docker-registry", "containerd", "ctr", "skopeo") if not shutil.which(t)]
+    if missing:
+        unavailable(f"{', '.join(missing)} not found: apt-get install {pull.PACKAGES}")
+    if os.geteuid() != 0:
+        unavailable("containerd's overlay snapshots need root")
+
+
+@pytest.fixture(scope="module")
+def pushed(image, tools):
+    with tempfile.TemporaryDirectory(prefix="pull-test-") as tmp:
+        # the blobs in memory: the disk holds containerd's copy, 14 GB, at the same time
+        with pull.Registry(Path(tmp), memory="6g") as registry:
+            ref = f"{registry.host}/multinode:test"
+            pull.push(image.tag, ref, "gzip")
+            yield registry, ref, Path(tmp)
+
+
+def _layer_dirs(node, ref: str) -> list[Path]:
+    """The pulled image's layers as containerd unpacked them, bottom to top."""
+    info = node.ctr("images", "pull", "--plain-http", "--print-chainid", ref, check=True)
+    chain = info.stdout.split("image chain ID: ")[1].split()[0]
+    view = node.ctr("snapshots", "view", "--mounts", "layers", chain, check=True).stdout
+    # ctr prints containerd's Mount structs as they are: {"Type", "Source", "Options"}
+    options = [o for m in json.loads(view) for o in m.get("Options") or m.get("options") or []]
+    lower = next(o.split("=", 1)[1] for o in options if o.startswith("lowerdir="))
+    return [Path(d) for d in reversed(lower.split(":"))]  # overlayfs lists the top first
+
+
+def test_containerd_pulls_the_split_image_and_runs_it(pushed, image):
+    registry, ref, tmp = pushed
+    with pull.Containerd(tmp) as node:
+        node.pull(ref)
+        dirs = _layer_dirs(node, ref)
+        assert len(dirs) == len(image.config["RootFS"]["Layers"]), dirs
+        venv = "opt/venv/"
+        found = {
+            group: [i for i, d in enumerate(dirs) if (d / venv / path).exists()]
+            for group, path in MARKERS.items()
+        }
+        # each group's marker in exactly one layer, the groups in docker/venv_layers.py's order
+        assert all(len(where) == 1 for where in found.values()), found
+        order = [name for name, _ in venv_layers.GROUPS] + ["lock", "project"]
+        assert [found[g][0] for g in order] == sorted(found[g][0] for g in order), found
+        assert len({found[g][0] for g in order}) == len(order), found
+        for group, paths in MORE.items():
+            for path in paths:
+                assert (dirs[found[group][0]] / venv / path).exists(), (group, path)
+        # above the project: its revision file, and the empty layer WORKDIR leaves
+        above = [
+            str(p.relative_to(d))
+            for d in dirs[found["project"][0] + 1 :]
+            for p in d.rglob("*")
+            if p.is_file()
+        ]
+        assert above == ["opt/venv/share/entrypoint/revision"], above
+        proc = node.ctr("run", "--rm", ref, "pull-test", "entrypoint", "--version", timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith("entrypoint "), proc.stdout
+
+
+def test_docker_pulls_the_image_and_runs_it(pushed, image, docker):
+    _registry, ref, _tmp = pushed
+    try:
+        subprocess.run([docker, "pull", "-q", ref], check=True, capture_output=True, timeout=1200)
+        pulled = json.loads(
+            subprocess.run(
+                [docker, "image", "inspect", ref], check=True, capture_output=True, text=True
+            ).stdout
+        )[0]
+        assert pulled["RootFS"]["Layers"] == image.config["RootFS"]["Layers"]
+        out = subprocess.run(
+            [docker, "run", "--rm", ref, "--version"], check=True, capture_output=True, text=True
+        ).stdout
+        assert out.startswith("entrypoint "), out
+    finally:
+        subprocess.run([docker, "rmi", ref], capture_output=True, check=False)
