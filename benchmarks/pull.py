@@ -249,6 +249,9 @@ class Containerd:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+BRIDGE = "pullbench0"  # the second engine's bridge, created and deleted here
+
+
 class Dockerd:
     """A second Docker engine (data root, exec root and socket under DIR), with no image."""
 
@@ -259,6 +262,7 @@ class Dockerd:
 
     def __enter__(self) -> Dockerd:
         self.dir.mkdir(parents=True)
+        subprocess.run(["ip", "link", "add", BRIDGE, "type", "bridge"], check=True)
         self.proc = subprocess.Popen(
             [
                 "dockerd",
@@ -270,8 +274,8 @@ class Dockerd:
                 str(self.dir / "docker.pid"),
                 "--host",
                 self.host,
-                "--bridge",
-                "none",
+                "--bridge",  # its own: with `none`, dockerd deletes docker0, the first engine's
+                BRIDGE,
                 "--iptables=false",
                 "--ip-masq=false",
             ],
@@ -299,6 +303,7 @@ class Dockerd:
             if target.startswith(str(self.dir)):
                 subprocess.run(["umount", "-l", target], check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
+        subprocess.run(["ip", "link", "delete", BRIDGE], check=False)
 
 
 @dataclass
