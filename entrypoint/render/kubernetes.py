@@ -31,7 +31,14 @@ def master_addr(request: Request) -> str:
 
 
 def render(request: Request) -> str:
-    service = {
+    return text.yaml_documents(
+        [(_service(request), SERVICE_NOTES), (_job(request), _job_notes(request))],
+        _opening(request),
+    )
+
+
+def _service(request: Request) -> dict:
+    return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": text.kube_metadata(request),
@@ -41,11 +48,14 @@ def render(request: Request) -> str:
             "selector": {JOB_NAME_LABEL: request.name},
         },
     }
+
+
+def _job(request: Request) -> dict:
     fixed = [(NNODES, str(request.nodes)), (MASTER_ADDR, master_addr(request))]
     if request.master_port is not None:
         fixed.append((MASTER_PORT, str(request.master_port)))
     container = text.kube_container(request, "node", fixed)
-    job = {
+    return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": text.kube_metadata(request),
@@ -57,8 +67,11 @@ def render(request: Request) -> str:
             "template": {"spec": text.kube_pod_spec(container, subdomain=request.name)},
         },
     }
+
+
+def _opening(request: Request) -> list[str]:
     port = request.master_port or "29500, torchrun's default"
-    opening = text.header(
+    return text.header(
         request,
         (f"{request.name}: {text.shape(request)}, a Kubernetes Indexed Job of {request.image}"),
         [
@@ -70,63 +83,37 @@ def render(request: Request) -> str:
             ),
         ],
     )
-    return text.yaml_documents(
-        [
-            (
-                service,
-                [
-                    (
-                        "clusterIP:",
-                        (
-                            "Headless: a DNS name for each pod, <pod host>.<service>, no "
-                            "load-balancing."
-                        ),
-                    ),
-                    (
-                        "publishNotReadyAddresses:",
-                        (
-                            "The names exist before the pods are ready: "
-                            "the rendezvous happens while they start."
-                        ),
-                    ),
-                ],
-            ),
-            (
-                job,
-                [
-                    (
-                        "completionMode:",
-                        (
-                            "Indexed: pod i gets JOB_COMPLETION_INDEX=i, the entrypoint's "
-                            "node rank, and the host name <job>-<i>."
-                        ),
-                    ),
-                    (
-                        "backoffLimit:",
-                        (
-                            "A lost node breaks the rendezvous of all: fail the job "
-                            "rather than restart one pod."
-                        ),
-                    ),
-                    (
-                        "subdomain:",
-                        (
-                            "The headless Service above: gives pod 0 the name "
-                            f"{master_addr(request)}."
-                        ),
-                    ),
-                    ("imagePullPolicy:", text.pull_note(request.image)),
-                    (
-                        f"- name: {NNODES}",
-                        (
-                            "What the pods cannot know by themselves: how many they are, "
-                            "and where node 0 is."
-                        ),
-                    ),
-                    *([("resources:", text.ENV_NOTES["gpu"])] if request.gpus_per_node else []),
-                    ("volumes:", text.ENV_NOTES["shm"]),
-                ],
-            ),
-        ],
-        opening,
-    )
+
+
+SERVICE_NOTES = [
+    ("clusterIP:", "Headless: a DNS name for each pod, <pod host>.<service>, no load-balancing."),
+    (
+        "publishNotReadyAddresses:",
+        "The names exist before the pods are ready: the rendezvous happens while they start.",
+    ),
+]
+
+
+def _job_notes(request: Request) -> list:
+    return [
+        (
+            "completionMode:",
+            "Indexed: pod i gets JOB_COMPLETION_INDEX=i, the entrypoint's node rank, and the "
+            "host name <job>-<i>.",
+        ),
+        (
+            "backoffLimit:",
+            "A lost node breaks the rendezvous of all: fail the job rather than restart one pod.",
+        ),
+        (
+            "subdomain:",
+            f"The headless Service above: gives pod 0 the name {master_addr(request)}.",
+        ),
+        ("imagePullPolicy:", text.pull_note(request.image)),
+        (
+            f"- name: {NNODES}",
+            "What the pods cannot know by themselves: how many they are, and where node 0 is.",
+        ),
+        *([("resources:", text.ENV_NOTES["gpu"])] if request.gpus_per_node else []),
+        ("volumes:", text.ENV_NOTES["shm"]),
+    ]

@@ -31,6 +31,10 @@ def master_addr(request: Request) -> str:
 
 
 def render(request: Request) -> str:
+    return text.yaml_documents([(_job(request), _notes(request))], _opening(request))
+
+
+def _trainer(request: Request) -> dict:
     trainer: dict = {
         "image": request.image,
         "args": request.entrypoint_args(),
@@ -42,19 +46,23 @@ def render(request: Request) -> str:
     env = text.kube_env(request)
     if env:
         trainer["env"] = env
+    return trainer
+
+
+def _job(request: Request) -> dict:
     pod = {
         "containers": [
             {"name": NODE, "volumeMounts": [{"name": text.SHM_VOLUME, "mountPath": text.SHM_PATH}]}
         ],
         "volumes": [text.shm_volume()],
     }
-    job = {
+    return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
         "metadata": text.kube_metadata(request),
         "spec": {
             "runtimeRef": {"name": RUNTIME},
-            "trainer": trainer,
+            "trainer": _trainer(request),
             "runtimePatches": [
                 {
                     "manager": PATCH_MANAGER,
@@ -74,7 +82,10 @@ def render(request: Request) -> str:
             ],
         },
     }
-    opening = text.header(
+
+
+def _opening(request: Request) -> list[str]:
+    return text.header(
         request,
         (f"{request.name}: {text.shape(request)}, a Kubeflow TrainJob of {request.image}"),
         [
@@ -83,6 +94,9 @@ def render(request: Request) -> str:
             f"Needs Kubeflow Trainer v2.3 or later with the {RUNTIME} ClusterTrainingRuntime.",
         ],
     )
+
+
+def _notes(request: Request) -> list:
     notes = [
         (
             "runtimeRef:",
@@ -103,4 +117,4 @@ def render(request: Request) -> str:
     if request.gpus_per_node:
         notes.append(("resourcesPerNode:", text.ENV_NOTES["gpu"]))
     notes.append(("runtimePatches:", text.ENV_NOTES["shm"]))
-    return text.yaml_documents([(job, notes)], opening)
+    return notes
