@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Generic, TypeVar
+from typing import Generic, NoReturn, TypeVar
 
 from entrypoint.errors import ConfigError
 
@@ -217,6 +217,16 @@ def _host_fix(name: str) -> str:
     return f"Set {name} to one host name or IP address, such as worker-0 or 10.0.0.1"
 
 
+def _port_in_host(name: str, raw: str, text: str) -> NoReturn:
+    head, _, tail = text.rpartition(":")
+    raise ConfigError(
+        name,
+        raw,
+        "holds a port (host:port)",
+        f"Set {name}={head} and the port in MASTER_PORT={tail}",
+    )
+
+
 def _ipv6(name: str, raw: str, text: str, inner: str, ipv6: bool) -> str:
     """An IPv6 address (`inner`: without brackets), or the one line saying what is wrong."""
     try:
@@ -224,13 +234,7 @@ def _ipv6(name: str, raw: str, text: str, inner: str, ipv6: bool) -> str:
     except ValueError:
         address = None
     if address is None and text.startswith("[") and "]:" in text:
-        head, _, tail = text.rpartition(":")
-        raise ConfigError(
-            name,
-            raw,
-            "holds a port (host:port)",
-            f"Set {name}={head} and the port in MASTER_PORT={tail}",
-        )
+        _port_in_host(name, raw, text)
     if address is None:
         raise ConfigError(
             name,
@@ -275,13 +279,7 @@ def host(name: str, raw: str | None, *, ipv6: bool = False) -> str:
     if inner.count(":") >= 2:
         return _ipv6(name, raw, text, inner, ipv6)
     if ":" in text:
-        head, _, tail = text.rpartition(":")
-        raise ConfigError(
-            name,
-            raw,
-            "holds a port (host:port)",
-            f"Set {name}={head} and the port in MASTER_PORT={tail}",
-        )
+        _port_in_host(name, raw, text)
     if "[" in text or "]" in text:
         raise ConfigError(name, raw, "brackets belong around IPv6 addresses only", _host_fix(name))
     labels = text.removesuffix(".").split(".")

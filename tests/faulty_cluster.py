@@ -171,6 +171,28 @@ class FaultyCluster(Cluster):
             self._say("cluster", f"fault {fault.name} failed: {err}")
 
 
+def hand_started(c: FaultyCluster, steps: int, **env: str) -> list[Node]:
+    """Two nodes started by hand (NNODES/NODE_RANK, tests/cluster/test_cluster.py's torchrun
+    style), 2 CPU workers each, running the built-in job for `steps` steps, plus `env`."""
+    master = c.hostname("node", 0)
+    return [
+        Node(
+            c.hostname("node", r),
+            {
+                "NNODES": "2",
+                "NODE_RANK": str(r),
+                "MASTER_ADDR": master,
+                "MASTER_PORT": "29500",
+                "ENTRYPOINT_NPROC_PER_NODE": "2",
+                "ENTRYPOINT_JOB_STEPS": str(steps),
+                "ENTRYPOINT_JOB_LOG_EVERY": "5",
+            }
+            | env,
+        )
+        for r in (0, 1)
+    ]
+
+
 def triggered(fault: Fault, now: float, runs: Mapping[str, NodeRun]) -> bool:
     """Whether one of `fault`'s triggers has come, `now` seconds after the start."""
     if fault.at is not None and now >= fault.at:

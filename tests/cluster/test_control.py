@@ -13,32 +13,12 @@ import shutil
 import subprocess
 
 from entrypoint.cluster import Node
-from faulty_cluster import Fault, FaultyCluster
+from faulty_cluster import Fault, FaultyCluster, hand_started
 
 TIMEOUT = 360  # per cluster run: a start takes ~30 s on 2 idle cores, minutes when shared
 TRAINING = "[job] step 10/"
 TOKEN = "9f1c3e5a7b2d4f608192a3b4c5d6e7f8"  # test-only; asserted absent from every log
 CONTROL_PORT = 29501  # MASTER_PORT + 1
-
-
-def nodes(c: FaultyCluster, steps: int, **env: str) -> list[Node]:
-    master = c.hostname("node", 0)
-    return [
-        Node(
-            c.hostname("node", r),
-            {
-                "NNODES": "2",
-                "NODE_RANK": str(r),
-                "MASTER_ADDR": master,
-                "MASTER_PORT": "29500",
-                "ENTRYPOINT_NPROC_PER_NODE": "2",
-                "ENTRYPOINT_JOB_STEPS": str(steps),
-                "ENTRYPOINT_JOB_LOG_EVERY": "5",
-            }
-            | env,
-        )
-        for r in (0, 1)
-    ]
 
 
 STRANGER = r"""
@@ -73,7 +53,7 @@ def test_a_stranger_on_the_network_cannot_stop_the_job(image, docker_client):
         seen: dict[str, tuple[int, str]] = {}
         stranger = ["python3", "-c", STRANGER, first, str(CONTROL_PORT)]
         run = c.run(
-            nodes(c, 400),  # training outlasts the stranger (about 4 s) on a loaded machine
+            hand_started(c, 400),  # training outlasts the stranger (about 4 s) on a loaded machine
             timeout=TIMEOUT,
             faults=[
                 Fault(
@@ -108,7 +88,7 @@ def test_a_wrong_token_or_another_jobs_node_is_refused_and_the_job_goes_on(image
         first, second = c.hostname("node", 0), c.hostname("node", 1)
         wrong, other = c.hostname("wrongtoken", 1), c.hostname("otherjob", 1)
         job = {"ENTRYPOINT_JOB_ID": "train-42", "ENTRYPOINT_JOB_TOKEN": TOKEN}
-        real = nodes(c, 60, **job)
+        real = hand_started(c, 60, **job)
         intruders = [
             Node(wrong, real[1].env | {"ENTRYPOINT_JOB_TOKEN": "x" * 32}, delay=5),
             Node(other, real[1].env | {"ENTRYPOINT_JOB_ID": "train-41"}, delay=5),
@@ -159,7 +139,7 @@ def test_no_false_alarm_when_every_core_is_saturated(image, docker_client, unava
         with FaultyCluster(image, client=docker_client, echo=print) as c:
             first, second = c.hostname("node", 0), c.hostname("node", 1)
             run = c.run(
-                nodes(c, 60),
+                hand_started(c, 60),
                 timeout=TIMEOUT,
                 faults=[Fault("stress-ng", saturate, node=first, line=TRAINING)],
             )
@@ -206,7 +186,7 @@ def test_no_false_alarm_when_an_entrypoint_is_stopped_briefly(image, docker_clie
             )
 
         run = c.run(
-            nodes(c, 300),  # training outlasts both 3 s stops on a loaded machine
+            hand_started(c, 300),  # training outlasts both 3 s stops on a loaded machine
             timeout=TIMEOUT,
             faults=[
                 Fault("stop node 1", stop(second), node=first, line=TRAINING),

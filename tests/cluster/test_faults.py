@@ -22,7 +22,7 @@ from datetime import datetime
 import pytest
 
 from entrypoint.cluster import LABEL, Node
-from faulty_cluster import Fault, FaultyCluster, FaultyRun
+from faulty_cluster import Fault, FaultyCluster, FaultyRun, hand_started
 
 STEPS = 5000  # never reached (~6 steps/s here): every case but the restart ends by its fault
 TRAINING = "[job] step 10/"  # rank 0's line once the job trains: the moment of the fault
@@ -44,26 +44,8 @@ SECRETS = {
 
 
 def nodes(c: FaultyCluster, **env: str) -> list[Node]:
-    """Two nodes started by hand (tests/cluster/test_cluster.py's torchrun style), every
-    secret set on both."""
-    master = c.hostname("node", 0)
-    return [
-        Node(
-            c.hostname("node", r),
-            {
-                "NNODES": "2",
-                "NODE_RANK": str(r),
-                "MASTER_ADDR": master,
-                "MASTER_PORT": "29500",
-                "ENTRYPOINT_NPROC_PER_NODE": "2",
-                "ENTRYPOINT_JOB_STEPS": str(STEPS),
-                "ENTRYPOINT_JOB_LOG_EVERY": "5",
-            }
-            | SECRETS
-            | env,
-        )
-        for r in (0, 1)
-    ]
+    """Two nodes started by hand, every secret set on both."""
+    return hand_started(c, STEPS, **SECRETS, **env)
 
 
 def when_training(c: FaultyCluster, name: str, action) -> Fault:

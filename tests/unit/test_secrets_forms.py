@@ -45,20 +45,15 @@ def test_every_written_form_is_masked(secret, write):
         assert form not in out
 
 
-@pytest.mark.parametrize("args", [["plan", "--json"], ["plan"]])
-def test_plan_never_prints_a_non_ascii_secret(args):
-    secrets = {
-        "HF_TOKEN": "sëcret-välue",
-        "DB_PASSWORD": "pw_\u2028sep",
-        "MY_API_KEY": "key_\U0001f511_x",
-    }
+def run_entrypoint(args: list[str], secrets: dict[str, str]) -> subprocess.CompletedProcess:
+    """`entrypoint <args> -- python t.py <each secret>` on a CPU node with the secrets set."""
     env = {
         "PATH": os.environ["PATH"],
         "HOME": os.environ.get("HOME", "/tmp"),
         "ENTRYPOINT_GPUS_PER_NODE": "0",
         **secrets,
     }
-    out = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "entrypoint", *args, "--", "python", "t.py", *secrets.values()],
         capture_output=True,
         text=True,
@@ -66,6 +61,16 @@ def test_plan_never_prints_a_non_ascii_secret(args):
         timeout=60,
         check=False,
     )
+
+
+@pytest.mark.parametrize("args", [["plan", "--json"], ["plan"]])
+def test_plan_never_prints_a_non_ascii_secret(args):
+    secrets = {
+        "HF_TOKEN": "sëcret-välue",
+        "DB_PASSWORD": "pw_\u2028sep",
+        "MY_API_KEY": "key_\U0001f511_x",
+    }
+    out = run_entrypoint(args, secrets)
     assert out.returncode == 0, out.stderr
     for secret in secrets.values():
         for form in (secret, json.dumps(secret)[1:-1], repr(secret)[1:-1]):
@@ -77,20 +82,7 @@ def test_plan_never_prints_a_non_ascii_secret(args):
 def test_a_secret_that_is_a_json_word_leaves_plan_json_valid(secret):
     """A secret whose value is also a JSON literal, a number or part of a value: the plan's
     JSON stays parseable, the secret is masked where it stood as text, nothing else changes."""
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": os.environ.get("HOME", "/tmp"),
-        "ENTRYPOINT_GPUS_PER_NODE": "0",
-        "HF_TOKEN": secret,
-    }
-    out = subprocess.run(
-        [sys.executable, "-m", "entrypoint", "plan", "--json", "--", "python", "t.py", secret],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    out = run_entrypoint(["plan", "--json"], {"HF_TOKEN": secret})
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
     assert plan["command"][-1] == MASK
