@@ -28,6 +28,10 @@ if TYPE_CHECKING:  # the CLI imports this module at every start: entrypoint.clus
 
 MASTER_PORT = "29500"  # a private network per run: the usual port never collides
 CPU_WORKERS = 2  # CPU nodes: more than the entrypoint's default of 1, so each node is multi-worker
+# One machine's share: node containers, and per node the entrypoint's own limits (values.py)
+MAX_NODES = 64
+MAX_WORKERS = 1024
+MAX_GPUS = 256
 
 
 @dataclass(frozen=True)
@@ -56,21 +60,13 @@ def layout(
     gpu_probe: str,
 ) -> Layout:
     """Check the request against this machine and split its GPUs; raises ConfigError."""
-    if nnodes < 1:
-        raise ConfigError(
-            "--nodes", nnodes, "must be 1 or more", "Pass --nodes 2 for two node containers"
+    _within("--nodes", nnodes, 1, MAX_NODES, "Pass --nodes 2 for two node containers")
+    if gpus_per_node is not None:
+        _within(
+            "--gpus-per-node", gpus_per_node, 0, MAX_GPUS, "Pass --gpus-per-node 0 for CPU workers"
         )
-    if gpus_per_node is not None and gpus_per_node < 0:
-        raise ConfigError(
-            "--gpus-per-node",
-            gpus_per_node,
-            "must be 0 or more",
-            "Pass --gpus-per-node 0 for CPU workers",
-        )
-    if workers is not None and workers < 1:
-        raise ConfigError(
-            "--workers", workers, "must be 1 or more", "Pass --workers 2, or leave it out"
-        )
+    if workers is not None:
+        _within("--workers", workers, 1, MAX_WORKERS, "Pass --workers 2, or leave it out")
     if job == "jax" and workers is not None:
         raise ConfigError(
             "--workers",
@@ -102,6 +98,16 @@ def layout(
         for n in range(nnodes)
     )
     return Layout(nnodes, gpus_per_node, workers, job, gpu_ids, why)
+
+
+def _within(option: str, value: int, low: int, high: int, fix: str) -> None:
+    """A number of the command line inside its range (one machine's share), or the one line."""
+    if value < low:
+        raise ConfigError(option, value, f"must be {low} or more", fix)
+    if value > high:
+        raise ConfigError(
+            option, value, f"is above {high}, this command's limit on one machine", fix
+        )
 
 
 def nodes(

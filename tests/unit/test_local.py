@@ -58,6 +58,10 @@ def test_layout_splits_this_machines_gpus(ask, host, want):
         ((2, -1, None, "deepspeed"), 0, "--gpus-per-node='-1': must be 0 or more"),
         ((2, 0, 0, "deepspeed"), 0, "--workers='0': must be 1 or more"),
         ((2, 0, 2, "jax"), 0, "--workers='2': the JAX job runs one process per node"),
+        ((10**30, None, None, "deepspeed"), 0, f"--nodes='{10**30}': is above 64"),
+        ((65, 0, None, "deepspeed"), 0, "--nodes='65': is above 64"),
+        ((2, 257, None, "deepspeed"), 0, "--gpus-per-node='257': is above 256"),
+        ((2, 0, 1025, "deepspeed"), 0, "--workers='1025': is above 1024"),
     ],
 )
 def test_layout_refuses(ask, host, start):
@@ -145,8 +149,8 @@ BAD_DOCKER = {
     [
         (["--nodes", "0"], "entrypoint: error: --nodes='0': must be 1 or more."),
         (
-            ["--nodes", "2", "--gpus-per-node", "100000"],
-            "entrypoint: error: --gpus-per-node='100000': 2 nodes x 100000 GPUs need 200000 "
+            ["--nodes", "2", "--gpus-per-node", "200"],
+            "entrypoint: error: --gpus-per-node='200': 2 nodes x 200 GPUs need 400 "
             "but this machine has",
         ),
         (
