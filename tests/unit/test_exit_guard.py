@@ -15,17 +15,24 @@ from entrypoint import exit_guard
 if sys.argv[1] == "python":
     atexit.register(lambda: print("trainer's own exit handler", flush=True))
     sys.exit(3)
-real_sleep = exit_guard.time.sleep
+real_sleep, real_collect = exit_guard.time.sleep, exit_guard.gc.collect
 def sleep(seconds):
-    print("settle: group open:", torch.distributed.is_initialized(), flush=True)
+    print("settle: waits", flush=True)
     real_sleep(seconds)
-exit_guard.time.sleep = sleep
+def collect():
+    print("settle: group open:", torch.distributed.is_initialized(), flush=True)
+    return real_collect()
+exit_guard.time.sleep, exit_guard.gc.collect = sleep, collect
 import torch
 import torch.distributed
-if sys.argv[1] == "group":
+if sys.argv[1] in ("group", "kept"):
     torch.distributed.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{sys.argv[2]}", rank=0, world_size=1)
     torch.distributed.all_reduce(torch.ones(4))
+if sys.argv[1] == "kept":  # a group the trainer still holds: its gloo threads outlive destroy
+    kept = torch.distributed.new_group([0])
+    torch.distributed.all_reduce(torch.ones(4), group=kept)
+    torch.distributed.destroy_process_group()
 atexit.register(lambda: print("trainer's own exit handler", flush=True))
 if sys.argv[1] == "raise":
     raise ValueError("the trainer failed")
@@ -54,10 +61,22 @@ def test_a_gloo_group_left_open_is_destroyed_after_the_trainers_handlers_and_its
     done = trainer("group")
     assert done.returncode == 3, done.stderr
     lines = done.stdout.splitlines()
+    # destroyed, its threads joined: nothing left to wait for
     assert lines == ["trainer's own exit handler", "settle: group open: False"], done.stdout
 
 
-def test_a_trainer_that_only_imports_torch_waits_too():
+def test_gloo_threads_still_alive_after_destroy_are_waited_for():
+    done = trainer("kept")
+    assert done.returncode == 3, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines == [
+        "trainer's own exit handler",
+        "settle: group open: False",
+        "settle: waits",
+    ], done.stdout
+
+
+def test_a_trainer_that_only_imports_torch_exits_at_once():
     done = trainer("import")
     assert done.returncode == 3, done.stderr
     lines = done.stdout.splitlines()
