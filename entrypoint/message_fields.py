@@ -10,6 +10,8 @@ import math
 import signal
 from typing import Any, overload
 
+from entrypoint.fingerprint import MATCHED
+
 MAX_MEMBER = 1 << 20  # absolute bound; the job's own range is the Conductor's to check
 KNOWN_SIGNALS = frozenset(int(s) for s in signal.valid_signals() if 0 < int(s) < 128)
 
@@ -94,16 +96,8 @@ def short(value: Any) -> str:
 
 # -- the fingerprint and the stats a beat carries ---------------------------------------------
 
-FP_TEXT = (
-    "image_lock",
-    "image_revision",
-    "python",
-    "torch",
-    "jax",
-    "deepspeed",
-    "nccl",
-    "gpu_model",
-)
+# The compared fields that are plain text; the others are checked one by one below.
+FP_TEXT = tuple(f for f in MATCHED if f not in ("cuda_driver", "gpus_per_node", "packages"))
 LAYOUT_FIELDS = (
     "nnodes",
     "node_rank",
