@@ -110,6 +110,13 @@ def _within(option: str, value: int, low: int, high: int, fix: str) -> None:
         )
 
 
+def _option(option: str, raw: str | None, low: int, high: int, what: str) -> int | None:
+    """A number option, refused in one line (argparse's int() reads `²`, prints its usage)."""
+    from entrypoint.render import checks  # when run only, like entrypoint.cluster
+
+    return None if raw is None else checks.number(option, raw, low, high, what, str(low + 1))
+
+
 def nodes(
     plan: Layout,
     name,
@@ -211,17 +218,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "exited 0, 1 when one failed, 2 on bad input. Needs the Docker SDK: "
         "pip install 'multinode-entrypoint[local]'.",
     )
-    p.add_argument("--nodes", type=int, required=True, metavar="N", help="node containers")
+    p.add_argument("--nodes", required=True, metavar="N", help="node containers")
     p.add_argument(
         "--gpus-per-node",
-        type=int,
         metavar="G",
         help="GPUs per node, node i gets GPUs i*G..i*G+G-1 (default: an even share of "
         "this machine's GPUs; 0: CPU)",
     )
     p.add_argument(
         "--workers",
-        type=int,
         metavar="W",
         help=f"workers per node (default: one per GPU; {CPU_WORKERS} on CPU)",
     )
@@ -281,9 +286,11 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
     extra = _env_pairs(args.env)
     host_gpus, gpu_probe = probe.gpus()
     plan = layout(
-        nnodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
-        workers=args.workers,
+        nnodes=_option("--nodes", args.nodes, 1, MAX_NODES, "the number of node containers") or 0,
+        gpus_per_node=_option(
+            "--gpus-per-node", args.gpus_per_node, 0, MAX_GPUS, "the GPUs per node"
+        ),
+        workers=_option("--workers", args.workers, 1, MAX_WORKERS, "the workers per node"),
         job=args.job,
         host_gpus=len(host_gpus),
         gpu_probe=gpu_probe,

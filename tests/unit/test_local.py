@@ -147,7 +147,16 @@ BAD_DOCKER = {
 @pytest.mark.parametrize(
     ("args", "start"),
     [
-        (["--nodes", "0"], "entrypoint: error: --nodes='0': must be 1 or more."),
+        (["--nodes", "0"], "entrypoint: error: --nodes='0': not a whole number from 1 to 64."),
+        (["--nodes", "²"], "entrypoint: error: --nodes='²': not a whole number from 1 to 64."),
+        (
+            ["--nodes", str(10**30)],
+            f"entrypoint: error: --nodes='{10**30}': not a whole number from 1 to 64.",
+        ),
+        (
+            ["--nodes", "2", "--workers", "x"],
+            "entrypoint: error: --workers='x': not a whole number from 1 to 1024.",
+        ),
         (
             ["--nodes", "2", "--gpus-per-node", "200"],
             "entrypoint: error: --gpus-per-node='200': 2 nodes x 200 GPUs need 400 "
