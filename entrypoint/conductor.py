@@ -44,21 +44,26 @@ from entrypoint.conductor_terms import (
     signal_name,
 )
 from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
-from entrypoint.fingerprint import (
-    Member,
-    clock_problems,
-    data_mismatches,
-    layout_mismatches,
-    mismatches,
-)
-from entrypoint.messages import Beat, Done, Exit, Go, Hello, Restart, Signal, Stop
+from entrypoint.messages import Beat, Done, Exit, Hello, Restart, Signal, Stop
+from entrypoint.roster import Roster
+from entrypoint.seating import Seating
 
 
-class Conductor:
+class Conductor(Seating):
     def __init__(
-        self, expected: int, limits: Limits, now: float, *, unit: str = "node", address: str = "?"
+        self,
+        expected: int,
+        limits: Limits,
+        now: float,
+        *,
+        unit: str = "node",
+        address: str = "?",
+        roster: Roster | None = None,
     ) -> None:
-        self.expected = expected
+        self.expected = expected  # members the platform started, spares included
+        self.roster = roster or Roster(expected, expected, expected)
+        self.seats = self.roster.first()  # member: node rank, this start (entrypoint.roster)
+        self.awaited = set(range(expected))  # the members the next `go` waits for
         self.limits = limits
         self.unit = unit  # "node", or "process" when the platform started one per GPU
         self.units = "processes" if unit == "process" else f"{unit}s"
@@ -114,6 +119,8 @@ class Conductor:
                 "its own node rank (NODE_RANK, RANK or the platform's index)"
             )
             return self._end(EXIT_CONFIG, reason)
+        if self.phase == RUN and self.roster.elastic:
+            return self._hello_while_running(member, message, now, wall_now)
         if self.phase == RUN:
             # A node that comes back while the job runs was restarted by its platform: the job it
             # belonged to is gone on that node. With restarts left, the newcomer is the first
@@ -158,6 +165,8 @@ class Conductor:
         sig = (message.signal or 0) or (
             code - 128 if code > 128 and code - 128 in self.received else 0
         )
+        if state is not None and member not in self.seats and self.phase == RUN:
+            return self._standby_lost(member, f"it exited with code {code}", now)
         if sig and self.phase != END and 0 <= member < self.expected:
             who = self.name(self.received.get(sig, member))
             return self._end(
@@ -172,23 +181,24 @@ class Conductor:
         state.last_seen = now
         state.exit_code = code
         if code == 0:
-            if (
-                self.phase == RUN
-                and all(s.exit_code == 0 for s in self.members.values())
-                and len(self.members) == self.expected
-            ):
+            seated = [self.members.get(m) for m in self.seats]
+            if self.phase == RUN and all(s is not None and s.exit_code == 0 for s in seated):
                 self.phase, self.outcome = END, (0, "every node finished")
                 done = [Send(ALL, Done())]
                 return (
                     done
                     if self.expected == 1
-                    else [Log("info", f"all {self.expected} {self.units} finished"), *done]
+                    else [Log("info", f"all {len(seated)} {self.units} finished"), *done]
                 )
             return []
         self.failures[member] = (message, code, len(self.failures))
         if self.decide_at is None:
             self.decide_at = now + self.limits.failure_window
-        everyone = all(s.exit_code is not None or not s.connected for s in self.members.values())
+        everyone = all(
+            s.exit_code is not None or not s.connected
+            for m, s in self.members.items()
+            if m in self.seats
+        )
         return self._judge(now) if now >= self.decide_at or everyone else []
 
     def signalled(self, member: int, message: Signal, now: float) -> list:
@@ -197,6 +207,8 @@ class Conductor:
         sig = message.signal
         if member not in self.members or self.phase != RUN or sig in self.received:
             return []
+        if member not in self.seats:  # a standby's pod is going away: the job goes on
+            return [Log("info", f"standby {self.name(member)} received {signal_name(sig)}")]
         self.received[sig] = member
         if sig not in STOPPING:
             return [
@@ -215,6 +227,8 @@ class Conductor:
 
     def closed(self, member: int, now: float) -> list:
         state = self.members.get(member)
+        if self.phase == JOIN and self.generation and self.roster.elastic:
+            return self._lost_in_restart(member, now)
         if state is None:
             return []
         state.connected = False
@@ -227,6 +241,8 @@ class Conductor:
                     "started; waiting for it to come back",
                 )
             ]
+        if self.phase == RUN and member not in self.seats:
+            return self._standby_lost(member, "its connection closed", now)
         if self.phase == RUN and state.exit_code is None:
             return self._lost(
                 member,
@@ -237,8 +253,19 @@ class Conductor:
         return []
 
     def tick(self, now: float) -> list:
+        if self.phase == JOIN and now > self.join_deadline and self._late_go_allowed():
+            missing = sorted(self.awaited - self.members.keys())
+            self.awaited -= set(missing)
+            return [
+                Log(
+                    "warning",
+                    f"{self._list(missing)} did not join within "
+                    f"{now - self.join_started:.0f} s: going on without them",
+                ),
+                *self._maybe_go(now),
+            ]
         if self.phase == JOIN and now > self.join_deadline:
-            missing = [m for m in range(self.expected) if m not in self.members]
+            missing = [m for m in sorted(self.awaited) if m not in self.members]
             waited = now - self.join_started
             reason = (
                 f"{self._list(missing)} did not join within {waited:.0f} s "
@@ -254,7 +281,8 @@ class Conductor:
             for member, state in sorted(self.members.items()):
                 silent = now - state.last_seen
                 if state.exit_code is None and silent > self.limits.heartbeat_timeout:
-                    return self._lost(
+                    lose = self._lost if member in self.seats else self._standby_lost
+                    return [Close(member)] * self.roster.elastic + lose(
                         member,
                         f"silent for {silent:.0f} s (no heartbeat within "
                         f"ENTRYPOINT_HEARTBEAT_TIMEOUT="
@@ -269,51 +297,6 @@ class Conductor:
         return actions
 
     # -- decisions -------------------------------------------------------------------------
-
-    def _maybe_go(self, now: float) -> list:
-        if len(self.members) < self.expected:
-            return []
-        members = [
-            Member(m, s.host, s.fingerprint, s.clock_offset)
-            for m, s in sorted(self.members.items())
-        ]
-        problems = layout_mismatches(members) + mismatches(members) + data_mismatches(members)
-        # Clocks are compared once per job: drift during a long job must not turn a restart
-        # into a configuration error.
-        refusals, warnings = (
-            clock_problems(members, self.limits.max_clock_skew)
-            if self.generation == 0
-            else ([], [])
-        )
-        if problems or refusals:
-            return self._end(
-                EXIT_CONFIG,
-                "the nodes do not match, nothing was started: "
-                + " | ".join(problems + refusals)
-                + ". Run every node from the same image (tag and digest) with the "
-                "same data, and synchronized clocks",
-            )
-        self.phase = RUN
-        for state in self.members.values():
-            state.last_seen, state.exit_code = now, None
-        took = now - self.join_started
-        first = members[0].fingerprint
-        actions: list = [Log("warning", w) for w in warnings]
-        if self.expected > 1:
-            lock = str(first.get("image_lock"))
-            lock = lock if lock.startswith("none") else lock[:12]
-            actions.append(
-                Log(
-                    "info",
-                    f"all {self.expected} {self.units} joined in {took:.1f} s "
-                    f"and match: lock {lock}, "
-                    f"torch {first.get('torch')}, jax {first.get('jax')}, "
-                    f"deepspeed {first.get('deepspeed')}, NCCL "
-                    f"{first.get('nccl')}",
-                )
-            )
-        actions.append(Send(ALL, Go(self.generation, tuple(warnings))))
-        return actions
 
     def _judge(self, now: float) -> list:
         """The failure that came first, by the failing rank's own time on node 0's clock (the
@@ -335,9 +318,6 @@ class Conductor:
             now,
         )
 
-    def _lost(self, member: int, why: str, now: float) -> list:
-        return self._failure(member, None, f"lost {self.name(member)}: {why}", EXIT_PEERS, now)
-
     def _failure(
         self, member: int, failure: dict | None, reason: str, code: int, now: float
     ) -> list:
@@ -355,13 +335,8 @@ class Conductor:
             )
         if self.restarts_left > 0 and code != EXIT_CONFIG:
             self.restarts_left -= 1
-            self.generation += 1
-            self.received = {}
-            self.failures, self.decide_at = {}, None
-            self.phase = JOIN
-            self.members.clear()  # every node says hello again before the restart goes ahead
-            self.join_started = now
-            self.join_deadline = self.join_started + self.limits.join_timeout
+            alive = [m for m, s in self.members.items() if s.connected]
+            self._next_start(alive if self.roster.elastic else range(self.expected), now)
             used = self.limits.max_restarts - self.restarts_left
             actions: list = [Log("error", summary)] if summary else []
             actions += [

@@ -206,16 +206,27 @@ def mismatches(members: list[Member]) -> list[str]:
 
 
 # The job's shape as each node planned it, in the order a mismatch names the fields.
-LAYOUT = ("nnodes", "nproc_per_node", "world_size", "master_addr", "master_port", "launcher")
+LAYOUT = (
+    "nnodes",
+    "spares",
+    "min_nodes",
+    "nproc_per_node",
+    "world_size",
+    "master_addr",
+    "master_port",
+    "launcher",
+)
 
 
 def layout(plan) -> dict:
     """This node's view of the job's shape (an entrypoint.plan.Plan), as node 0 compares it."""
-    return {
-        "nnodes": plan.nnodes,
-        "node_rank": plan.node_rank,
+    return {  # as the platform counts them: a spare's seat is node 0's to give
+        "nnodes": plan.members,
+        "node_rank": plan.member,
+        "spares": plan.spares,
+        "min_nodes": plan.min_nodes,
         "nproc_per_node": plan.nproc_per_node,
-        "world_size": plan.world_size,
+        "world_size": plan.members * plan.nproc_per_node if plan.spawn else plan.world_size,
         "master_addr": plan.master_addr,
         "master_port": plan.master_port,
         "launcher": plan.launcher,

@@ -1,17 +1,23 @@
-"""The join's parts: the job's identity, node 0's control server, each member's hello."""
+"""The join's parts: the job's identity, node 0's control server, each member's hello, and
+`Joining`, a node's side of the join (the base of the Supervisor)."""
 
 from __future__ import annotations
 
 import socket
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
-from entrypoint import control, control_server, fingerprint
+from entrypoint import control, control_channel, control_server, fingerprint
 from entrypoint.conductor import Conductor
-from entrypoint.conductor_terms import Limits
+from entrypoint.conductor_terms import STOPPING, Limits, signal_name
+from entrypoint.gpu_stats import Stats
 from entrypoint.identity import TOKEN_VARIABLE, Identity, job_identity, read_token
+from entrypoint.launch_watch import Interrupted, Stop
 from entrypoint.plan import Plan
+from entrypoint.roster import Roster
 from entrypoint.settings import Settings
+from entrypoint.worker_signals import SignalRelay
 
 # A crash breaks its peers' collectives a moment later: node 0 waits this long for every
 # node's report before it names the first failure as the cause.
@@ -52,8 +58,18 @@ def serve(
         failure_window=FAILURE_WINDOW if expected > 1 else 0.0,
     )
     bind = "0.0.0.0" if expected > 1 else "127.0.0.1"
+    roster = (
+        Roster(plan.members, plan.members - plan.spares, plan.min_nodes)
+        if plan.spawn
+        else Roster(expected, expected, expected)
+    )
     conductor = Conductor(
-        expected, limits, time.monotonic(), unit=unit, address=f"{host}:{port or 'auto'}"
+        expected,
+        limits,
+        time.monotonic(),
+        unit=unit,
+        address=f"{host}:{port or 'auto'}",
+        roster=roster,
     )
     server = control_server.Server(
         conductor,
@@ -91,3 +107,178 @@ def hello(plan: Plan, member: int | None, generation: int, fp: dict) -> dict:
         "time": time.time(),
         "fingerprint": fp,
     }
+
+
+# Node 0 seated this node anew (node rank, nnodes): the plan for that seat and the trainer's
+# environment with it (entrypoint.node).
+Replan = Callable[[int, int], tuple[Plan, dict[str, str]]]
+
+
+class Joining:
+    """A node's join, the first time and at every restart: reach node 0 (serve it, on node 0),
+    say hello, wait for `go` and the seat node 0 gives (entrypoint.seating), or stand by. The
+    base of entrypoint.supervise's Supervisor, whose state it shares."""
+
+    plan: Plan
+    settings: Settings
+    log: Any
+    env: dict[str, str]
+    identity: Identity
+    member: int | None
+    expected: int
+    unit: str
+    generation: int
+    standing_by: bool
+    replan: Replan | None
+    signals: SignalRelay
+    stop_signal: int | None
+    server: control_server.Server | None
+    channel: control_channel.Channel | None
+    _connecting: bool
+
+    @property
+    def node0(self) -> control_channel.Channel:
+        """The channel to node 0, which exists from the join on."""
+        assert self.channel is not None, "no channel before the join"
+        return self.channel
+
+    # the Supervisor's
+    def _receive(self, timeout: float) -> list[dict]:
+        raise NotImplementedError
+
+    def _check_master(self, timeout: float) -> None:
+        raise NotImplementedError
+
+    def _from_node0(self, reason: str) -> str:
+        raise NotImplementedError
+
+    def _server_log(self, level: str, text: str) -> None:
+        raise NotImplementedError
+
+    def _join(self) -> None:
+        host, port = self.plan.master_addr, self.plan.control_port
+        if self.member == 0:
+            self.server, host, port = serve(
+                self.plan, self.settings, self.expected, self.unit, self._server_log, self.identity
+            )
+        if port is None:  # the plan leaves it open only for a single node, which serves it
+            raise RuntimeError("no control port to connect to: node 0 did not serve one")
+        waiting = "while waiting for node 0" if self.member != 0 else "before the nodes joined"
+        # Collected before connecting: node 0 drops a connection silent for 30 s, and counting
+        # a large data directory on a network filesystem can take longer.
+        fp = collect_fingerprint(self.plan, self.settings)
+        try:
+            self._connecting = True
+            for sig in [x for x in self.signals.received if x in STOPPING][:1]:
+                raise Interrupted(sig)
+            self.channel = control_channel.connect(
+                host,
+                port,
+                timeout=self.settings.join_timeout,
+                log=lambda line: self.log.warning(line),
+                identity=self.identity,
+            )
+        except Interrupted as got:
+            raise Stop(
+                128 + got.sig,
+                f"received {signal_name(got.sig)} {waiting}: stopping (nothing was started)",
+            ) from None
+        finally:
+            self._connecting = False
+        self._hello(fp)
+
+    def _hello(self, fp: dict | None = None) -> None:
+        fp = fp or collect_fingerprint(self.plan, self.settings)
+        self.node0.send(hello(self.plan, self.member, self.generation, fp))
+        if self.member != 0:
+            self.log.info("joined node 0; waiting for every node", master=self.node0.address)
+        self._await_go()
+
+    def _stop_before_start(self) -> None:
+        """Keep the signals received before the trainer starts; a stopping one ends the node."""
+        if self.stop_signal is None:
+            for sig in self.signals.take():
+                if sig in STOPPING:
+                    self.stop_signal = sig
+                    break
+                if sig not in self.signals.pending:
+                    self.signals.pending.append(sig)
+                    self.log.warning(
+                        f"received {signal_name(sig)} before the trainer started: "
+                        "passed to the workers once they run"
+                    )
+        if self.stop_signal is not None:
+            sig = self.stop_signal
+            # Said to node 0, so that the other nodes stop now, not at the join timeout.
+            self.node0.send({"t": "exit", "code": 128 + sig, "signal": sig})
+            raise Stop(
+                128 + sig,
+                f"received {signal_name(sig)} before the trainer started"
+                + (" again" if self.generation else "")
+                + ": stopping",
+            )
+
+    def _await_go(self) -> None:
+        deadline_silent = self.settings.heartbeat_timeout
+        while True:
+            self._stop_before_start()
+            for message in self._receive(0.5):
+                kind = message.get("t")
+                if kind == "go":
+                    for warning in message.get("warnings", []):
+                        self.log.warning(warning)
+                    # A node its platform started again joins the job's restart, not start 0.
+                    self.generation = int(message.get("generation", self.generation))
+                    if message.get("nnodes") is not None:
+                        self._take_seat(message.get("seat"), int(message["nnodes"]))
+                    return
+                if kind == "stop":
+                    raise Stop(int(message["code"]), self._from_node0(message["reason"]))
+            self._check_master(deadline_silent)
+
+    def _take_seat(self, seat: int | None, nnodes: int) -> None:
+        """Node 0's seating for this start: stand by, or train in node rank `seat` of `nnodes`
+        (planned again when that is not the seat the plan has)."""
+        self.standing_by = seat is None
+        plan = self.plan
+        if seat is None or (not plan.standby and (seat, nnodes) == (plan.node_rank, plan.nnodes)):
+            return
+        if self.replan is None:  # pragma: no cover - run() always passes one
+            raise RuntimeError("node 0 seated this node anew, but it cannot plan again")
+        self.plan, env = self.replan(seat, nnodes)
+        self.env = without_token(env)
+        self.log.warning(
+            f"node 0 seated this node in node rank {seat} of {nnodes}"
+            + (
+                " (it stood by)" if plan.standby else f" (it was {plan.node_rank} of {plan.nnodes})"
+            ),
+            world_size=self.plan.world_size,
+            config=self.plan.config,
+        )
+
+    def _stand_by(self) -> int | None:
+        """A standby's life: beat, start no trainer, wait for node 0 to seat it (a restart),
+        or for the job's end. None: the job restarts (and this node may train now)."""
+        self.log.info("standing by: this node starts no trainer until node 0 gives it a seat")
+        stats = Stats(self.plan.devices)
+        last_beat = 0.0
+        while True:
+            now = time.monotonic()
+            if now - last_beat >= self.settings.heartbeat_interval:
+                last_beat = now
+                self.node0.send({"t": "beat", "stats": stats.read()})
+            for sig in self.signals.take():
+                if sig in STOPPING:
+                    self.node0.send({"t": "exit", "code": 128 + sig, "signal": sig})
+                    raise Stop(128 + sig, f"received {signal_name(sig)} while standing by")
+            for message in self._receive(0.5):
+                kind = message.get("t")
+                if kind == "stop":
+                    raise Stop(int(message["code"]), self._from_node0(message["reason"]))
+                if kind == "done":
+                    return 0
+                if kind == "restart":
+                    self.generation = int(message["generation"])
+                    self._hello()
+                    return None
+            self._check_master(self.settings.heartbeat_timeout)

@@ -189,14 +189,31 @@ class Refuse(Message):
 
 @dataclass(frozen=True)
 class Go(Message):
+    """Start the trainer. With spares or shrinking (entrypoint.roster), node 0 seats each node:
+    `nnodes` is the job's size for this start and `seat` this node's rank in it; a node given
+    `nnodes` and no `seat` stands by. Neither: train as the node's own plan says."""
+
     kind: ClassVar[str] = "go"
     generation: int = 0
     warnings: tuple[str, ...] = ()
+    seat: int | None = None
+    nnodes: int | None = None
+
+    @property
+    def standby(self) -> bool:
+        return self.nnodes is not None and self.seat is None
 
     @classmethod
     def from_wire(cls, raw: dict) -> Go:
+        nnodes = int_field(raw, "nnodes", 1, MAX_MEMBER, None)
+        seat = int_field(raw, "seat", 0, (nnodes or 1) - 1, None)
+        if seat is not None and nnodes is None:
+            raise BadMessage("seat without nnodes")
         return cls(
-            int_field(raw, "generation", 0, 1 << 30), strings_field(raw, "warnings", 10_000, 4096)
+            int_field(raw, "generation", 0, 1 << 30),
+            strings_field(raw, "warnings", 10_000, 4096),
+            seat,
+            nnodes,
         )
 
 

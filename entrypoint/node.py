@@ -35,7 +35,7 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
     supervise the launcher (`run`, and `doctor --allreduce` with its own trainer)."""
     values = secrets.secret_values(env)
     log = logs.setup(
-        node_rank=plan.node_rank,
+        node_rank=plan.member,
         level=settings.log_level,
         fmt=settings.log_format,
         all_nodes=settings.log_all_nodes,
@@ -74,8 +74,22 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
         logs.writer().put(report.table(plan, values), to_file=False)
     launch.check_command(plan, env)
     dsops.check(plan, launch.child_env(plan, env))  # a DeepSpeed op the image lacks: say so now
-    plan_file = launch.apply(plan, Path(settings.run_dir) / f"node{plan.node_rank}")
-    log.info("start", command=secrets.mask(shlex.join(plan.command), values))
-    return supervise.run(
-        plan, launch.child_env(plan, env) | {"ENTRYPOINT_PLAN_FILE": str(plan_file)}, settings, log
-    )
+    if plan.standby:
+        log.info(
+            f"standby: node {plan.member} of {plan.members} stands by "
+            f"(ENTRYPOINT_SPARES={plan.spares}); it takes a lost node's rank"
+        )
+    else:
+        log.info("start", command=secrets.mask(shlex.join(plan.command), values))
+
+    def replan(seat: int, nnodes: int) -> tuple[Plan, dict[str, str]]:
+        again = make_plan(env, facts, plan.trainer, settings=settings, seat=(seat, nnodes))
+        return again, _trainer_env(again, env, settings)
+
+    return supervise.run(plan, _trainer_env(plan, env, settings), settings, log, replan)
+
+
+def _trainer_env(plan: Plan, env: Mapping[str, str], settings: Settings) -> dict[str, str]:
+    """The plan's files written for this node, and the trainer's environment with them."""
+    plan_file = launch.apply(plan, Path(settings.run_dir) / f"node{plan.member}")
+    return launch.child_env(plan, env) | {"ENTRYPOINT_PLAN_FILE": str(plan_file)}

@@ -19,7 +19,7 @@ from entrypoint.launchers import ALLREDUCE, Launcher, Layout
 from entrypoint.plan_steps import BUILTIN_JOB, BUILTIN_JOBS, Out, gpus_stated, read_platform
 from entrypoint.platforms.base import Reading
 from entrypoint.settings import Settings
-from entrypoint.values import Source, below, derived
+from entrypoint.values import Source, derived
 
 __all__ = [
     "ALLREDUCE",
@@ -63,6 +63,13 @@ class Plan:
     # The GPUs this node's workers use, as CUDA_VISIBLE_DEVICES spells them (indices, GPU-/MIG-
     # UUIDs): what the heartbeat's figures read, never re-parsed from the string.
     devices: tuple[str, ...] = field(default=())
+    # Spares and shrinking (entrypoint.roster): the nodes the platform started and this node's
+    # index among them; `nnodes`/`node_rank` are the seat it trains in (the same without them).
+    members: int = 1
+    member: int = 0
+    spares: int = 0
+    min_nodes: int = 1
+    standby: bool = False  # a spare: joins, beats, starts no trainer until node 0 seats it
 
     def __post_init__(self) -> None:
         for name in ("env", "files", "sources"):
@@ -106,28 +113,20 @@ def make_plan(
     command: Sequence[str] | None = None,
     read: tuple[str, str, Reading] | None = None,
     settings: Settings | None = None,
+    seat: tuple[int, int] | None = None,
 ) -> Plan:
-    """The plan for this node: platform reading -> GPU layout -> launcher and workers ->
-    config -> network -> the launcher's command. `settings` and `read` are passed in when the
-    caller has them already (read once per run)."""
+    """The plan for this node: platform reading -> seat -> GPU layout -> launcher and workers
+    -> config -> network -> the launcher's command. `settings` and `read` when the caller has
+    them (read once per run); `seat` (node rank, nnodes) when node 0 seated this node anew."""
     settings = settings or Settings.from_env(env)
     platform_name, why, reading = read or read_platform(env, settings)
-    out = Out(
-        sources={
-            "platform": derived(why),
-            **{k: getattr(reading, k).source for k in ("nnodes", "node_rank", "master_port")},
-        },
-        notes=list(reading.notes),
-        warnings=list(reading.warnings),
-    )
+    read_from = {k: getattr(reading, k).source for k in ("nnodes", "node_rank", "master_port")}
+    out = Out(sources={"platform": derived(why), **read_from}, notes=list(reading.notes))
+    out.warnings += reading.warnings
+    members, member = reading.nnodes.value, reading.node_rank.value
+    reading, standby = steps.seated(reading, settings, seat, out.sources)
     nnodes, node_rank = reading.nnodes.value, reading.node_rank.value
-    below(
-        reading.node_rank.source.names("node_rank"),
-        node_rank,
-        reading.nnodes.source.names("nnodes"),
-        nnodes,
-    )
-    w = _workers(env, settings, reading, facts, command, out)
+    w = _workers(env, settings, reading, facts, command, out, member)
     launch, config = _environment(env, settings, facts, w, out)
     return Plan(
         platform=platform_name,
@@ -156,6 +155,11 @@ def make_plan(
         notes=tuple(out.notes),
         warnings=tuple(out.warnings),
         gpu_names=tuple(g.name for g in facts.gpus or ()),
+        members=members,
+        member=member,
+        spares=settings.spares,
+        min_nodes=settings.min_nodes or members - settings.spares,
+        standby=standby,
         ranks=(w.placed[0], w.placed[0])
         if w.placed
         else (node_rank * w.nproc, node_rank * w.nproc + w.nproc - 1),
@@ -169,6 +173,7 @@ def _workers(
     facts: Facts,
     command: Sequence[str] | None,
     out: Out,
+    member: int,
 ) -> _Workers:
     """GPUs, device, trainer, launcher, workers per node, this process's place, the layout."""
     nnodes = reading.nnodes.value
@@ -190,7 +195,7 @@ def _workers(
         out.sources["cuda_visible_devices"] = visible_from
     cuda_visible = ",".join(chosen) if device == "cuda" else None
     layout = steps.layout(
-        env, settings, reading, master, nproc, n_gpus, cuda_visible, facts.python, placed
+        env, settings, reading, master, nproc, n_gpus, cuda_visible, facts.python, placed, member
     )
     return _Workers(master, n_gpus, device, trainer, launcher, nproc, placed, tuple(chosen), layout)
 

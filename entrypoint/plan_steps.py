@@ -15,7 +15,7 @@ from entrypoint.facts import Facts
 from entrypoint.launchers import Launcher, Layout
 from entrypoint.platforms.base import Reading
 from entrypoint.settings import PREFIX, Settings
-from entrypoint.values import Source, Sourced, by_default, derived, env_var
+from entrypoint.values import Source, Sourced, below, by_default, derived, env_var
 
 # The image's built-in jobs (entrypoint/job), run when no trainer command is given.
 BUILTIN_JOBS = {
@@ -41,6 +41,63 @@ def read_platform(
     """(platform name, why it was chosen, its reading with explicit settings applied)."""
     module, why = platforms.detect(env)
     return module.NAME, why, overlay(module.read(env), settings or Settings.from_env(env))
+
+
+def seated(
+    reading: Reading, settings: Settings, seat: tuple[int, int] | None, sources: dict[str, Source]
+) -> tuple[Reading, bool]:
+    """(the reading with the node count and rank this node trains with, whether it stands by).
+    ENTRYPOINT_SPARES=S: the platform's N+S nodes train on N, the last S stand by (planned as
+    the last seat, never launched so). `seat` (node rank, nnodes): node 0 seated this node
+    after a loss (entrypoint.roster)."""
+    below(
+        reading.node_rank.source.names("node_rank"),
+        reading.node_rank.value,
+        reading.nnodes.source.names("nnodes"),
+        reading.nnodes.value,
+    )
+    spares, least = settings.spares, settings.min_nodes
+    if not spares and least is None and seat is None:
+        return reading, False
+    members, member = reading.nnodes.value, reading.node_rank.value
+    named = f"{PREFIX}SPARES" if spares else f"{PREFIX}MIN_NODES"
+    if not reading.spawn.value:
+        raise ConfigError(
+            named,
+            spares or least,
+            f"needs one entrypoint per node, but {reading.platform} started one process per "
+            "worker here",
+            "Start one task per node (SLURM: --ntasks-per-node=1), or unset it",
+        )
+    full = members - spares
+    counted = reading.nnodes.source.names("nnodes")
+    if full < 1:
+        raise ConfigError(
+            named,
+            spares,
+            f"leaves no node to train: {counted}={members} nodes were started in all",
+            f"Start the nodes to train plus {spares} (the platform's count includes the "
+            f"spares), or lower {PREFIX}SPARES below {members}",
+        )
+    if least is not None and least > full:
+        raise ConfigError(
+            f"{PREFIX}MIN_NODES",
+            least,
+            f"is more than the {full} nodes the job trains on ({counted}={members} less "
+            f"{PREFIX}SPARES={spares})",
+            f"Set it to {full} or less",
+        )
+    if seat is not None:
+        rank, nnodes = seat
+        why = derived(f"seated by node 0 after a lost node (node {member} of {members})")
+    else:
+        nnodes, rank = full, min(member, full - 1)
+        why = derived(f"{counted}={members} less {PREFIX}SPARES={spares}", counted)
+    sources["nnodes"] = why
+    if rank != member or seat is not None:
+        sources["node_rank"] = why
+    standby = seat is None and member >= full
+    return replace(reading, nnodes=Sourced(nnodes, why), node_rank=Sourced(rank, why)), standby
 
 
 def gpus_stated(settings: Settings, reading: Reading) -> bool:
@@ -238,6 +295,7 @@ def layout(
     cuda_visible: str | None,
     python: str,
     placed: tuple[int, int] | None,
+    member: int,
 ) -> Layout:
     nnodes, node_rank, spawn = reading.nnodes.value, reading.node_rank.value, reading.spawn.value
     return Layout(
@@ -253,8 +311,8 @@ def layout(
         gpus_per_node=n_gpus,
         cuda_visible=cuda_visible,
         python=python,
-        run_dir=f"{settings.run_dir}/node{node_rank}",
-    )  # nodes sharing a host keep apart
+        run_dir=f"{settings.run_dir}/node{member}",
+    )  # nodes sharing a host keep apart (by the platform's index: a seat changes hands)
 
 
 def launch(

@@ -231,6 +231,25 @@ class Settings(BaseSettings):
             "built-in job resumes from its checkpoint."
         ),
     )
+    spares: int = Field(
+        0,
+        ge=0,
+        le=NODES.high - 1,
+        description=(
+            "Standby nodes: the platform starts N+S nodes, the job trains on N and the last S "
+            "stand by; a lost node's rank goes to a standby and every trainer restarts from its "
+            "checkpoint."
+        ),
+    )
+    min_nodes: int | None = Field(
+        None,
+        ge=1,
+        le=NODES.high,
+        description=(
+            "With no standby left, a lost node restarts the job on the survivors (ranks "
+            "renumbered) while at least this many are alive; unset: a lost node ends the job."
+        ),
+    )
     max_clock_skew: float = Field(
         30,
         gt=0,

@@ -38,7 +38,7 @@ from entrypoint.settings import Settings
 from entrypoint.worker_signals import FORWARDED, SignalRelay
 
 
-class Supervisor:
+class Supervisor(join.Joining):
     """This node's life: join, start the launcher, watch it, restart it with the others, end."""
 
     def __init__(
@@ -48,16 +48,19 @@ class Supervisor:
         settings: Settings,
         log,
         echo: Callable[[str], None] | None = None,
+        replan: join.Replan | None = None,
     ) -> None:
         self.plan, self.settings, self.log = plan, settings, log
+        self.replan = replan
         self.secret_values = secrets.secret_values(env)
         self.identity = join.identity(env, plan, settings)
         self.env = join.without_token(env)  # the job's token is not the trainer's
         raw_echo = echo or logs.echo
         # The trainer's stderr passes through here: a token in a traceback is masked too.
         self.echo = lambda line: raw_echo(secrets.mask(line, self.secret_values))
-        self.member = plan.node_rank if plan.spawn else plan.rank
-        self.expected = plan.nnodes if plan.spawn else plan.world_size
+        self.member = plan.member if plan.spawn else plan.rank
+        self.expected = plan.members if plan.spawn else plan.world_size
+        self.standing_by = plan.standby  # a spare: no trainer until node 0 seats it
         self.unit = "node" if plan.spawn else "process"
         self.signals = SignalRelay(log, settings.grace_period)
         self.server: control_server.Server | None = None
@@ -65,17 +68,11 @@ class Supervisor:
         self.launch: Launch | None = None
         self.guard: procs.Guard | None = None
         self.generation = 0
-        self.log_dir = Path(settings.run_dir) / f"node{plan.node_rank}" / "logs"
+        self.log_dir = Path(settings.run_dir) / f"node{plan.member}" / "logs"
         # A stopping signal this node received, or that node 0 passed on: the job is ending
         # and no restart may start it again.
         self.stop_signal: int | None = None
         self._connecting = False
-
-    @property
-    def node0(self) -> control_channel.Channel:
-        """The channel to node 0, which exists from the join on."""
-        assert self.channel is not None, "no channel before the join"
-        return self.channel
 
     @property
     def launched(self) -> Launch:
@@ -98,7 +95,7 @@ class Supervisor:
         try:
             self._join()
             while True:
-                code = self._supervise()
+                code = self._stand_by() if self.standing_by else self._supervise()
                 if code is not None:
                     return code & 0xFF
         except Stop as stop:
@@ -111,87 +108,6 @@ class Supervisor:
             return err.exit_code
         finally:
             self._cleanup()
-
-    # -- join -------------------------------------------------------------------------------
-
-    def _join(self) -> None:
-        host, port = self.plan.master_addr, self.plan.control_port
-        if self.member == 0:
-            self.server, host, port = join.serve(
-                self.plan, self.settings, self.expected, self.unit, self._server_log, self.identity
-            )
-        if port is None:  # the plan leaves it open only for a single node, which serves it
-            raise RuntimeError("no control port to connect to: node 0 did not serve one")
-        waiting = "while waiting for node 0" if self.member != 0 else "before the nodes joined"
-        # Collected before connecting: node 0 drops a connection silent for 30 s, and counting
-        # a large data directory on a network filesystem can take longer.
-        fp = join.collect_fingerprint(self.plan, self.settings)
-        try:
-            self._connecting = True
-            for sig in [x for x in self.signals.received if x in STOPPING][:1]:
-                raise Interrupted(sig)
-            self.channel = control_channel.connect(
-                host,
-                port,
-                timeout=self.settings.join_timeout,
-                log=lambda line: self.log.warning(line),
-                identity=self.identity,
-            )
-        except Interrupted as got:
-            raise Stop(
-                128 + got.sig,
-                f"received {signal_name(got.sig)} {waiting}: stopping (nothing was started)",
-            ) from None
-        finally:
-            self._connecting = False
-        self._hello(fp)
-
-    def _hello(self, fp: dict | None = None) -> None:
-        fp = fp or join.collect_fingerprint(self.plan, self.settings)
-        self.node0.send(join.hello(self.plan, self.member, self.generation, fp))
-        if self.member != 0:
-            self.log.info("joined node 0; waiting for every node", master=self.node0.address)
-        self._await_go()
-
-    def _stop_before_start(self) -> None:
-        """Keep the signals received before the trainer starts; a stopping one ends the node."""
-        if self.stop_signal is None:
-            for sig in self.signals.take():
-                if sig in STOPPING:
-                    self.stop_signal = sig
-                    break
-                if sig not in self.signals.pending:
-                    self.signals.pending.append(sig)
-                    self.log.warning(
-                        f"received {signal_name(sig)} before the trainer started: "
-                        "passed to the workers once they run"
-                    )
-        if self.stop_signal is not None:
-            sig = self.stop_signal
-            # Said to node 0, so that the other nodes stop now, not at the join timeout.
-            self.node0.send({"t": "exit", "code": 128 + sig, "signal": sig})
-            raise Stop(
-                128 + sig,
-                f"received {signal_name(sig)} before the trainer started"
-                + (" again" if self.generation else "")
-                + ": stopping",
-            )
-
-    def _await_go(self) -> None:
-        deadline_silent = self.settings.heartbeat_timeout
-        while True:
-            self._stop_before_start()
-            for message in self._receive(0.5):
-                kind = message.get("t")
-                if kind == "go":
-                    for warning in message.get("warnings", []):
-                        self.log.warning(warning)
-                    # A node its platform started again joins the job's restart, not start 0.
-                    self.generation = int(message.get("generation", self.generation))
-                    return
-                if kind == "stop":
-                    raise Stop(int(message["code"]), self._from_node0(message["reason"]))
-            self._check_master(deadline_silent)
 
     # -- supervise one launch ---------------------------------------------------------------
 
@@ -390,6 +306,8 @@ class Supervisor:
             self.guard.close()
 
 
-def run(plan: Plan, env: Mapping[str, str], settings: Settings, log) -> int:
-    code = Supervisor(plan, env, settings, log).run()
+def run(
+    plan: Plan, env: Mapping[str, str], settings: Settings, log, replan: join.Replan | None = None
+) -> int:
+    code = Supervisor(plan, env, settings, log, replan=replan).run()
     return code if code is not None else EXIT_CONFIG

@@ -1,0 +1,78 @@
+"""Who trains in which node rank: node 0's seating of its members, pure.
+
+A *member* is a node as its platform counts it (0 .. N+S-1, fixed for its life: the handshake
+proves it). A *seat* is a node rank of the trainer's job (0 .. n-1), what torchrun's
+`--node-rank` and `--nnodes` say. Without spares or shrinking, member m sits in seat m. With
+ENTRYPOINT_SPARES=S the last S members stand by (no seat); with ENTRYPOINT_MIN_NODES=M the job
+may run on fewer seats than it was planned for, never fewer than M.
+
+`seat()` decides the next start from the last one and the members alive now:
+- a member that trained keeps its seat when the job keeps its size (its checkpoint shard, its
+  data position and its log stay where they were);
+- an empty seat goes to the lowest standby (a spare, or a node its platform replaced);
+- with no standby left the job shrinks: survivors whose seat is past the new size move down
+  into the empty seats, so the ranks stay contiguous;
+- with standbys again (a replaced node came back), the job grows back to its planned size.
+Member 0 serves the control channel and the rendezvous: it always sits in seat 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Roster:
+    """The job's shape as its settings made it: `members` started, `full` seats, and the
+    fewest seats it may run on."""
+
+    members: int
+    full: int
+    min_nodes: int
+
+    @property
+    def spares(self) -> int:
+        return self.members - self.full
+
+    @property
+    def elastic(self) -> bool:
+        """Whether a lost node can be replaced or left out (else it ends the job)."""
+        return self.spares > 0 or self.min_nodes < self.full
+
+    def first(self) -> dict[int, int]:
+        """The seats at the first start: member m in seat m, spares standing by."""
+        return {m: m for m in range(self.full)}
+
+
+def seat(roster: Roster, previous: Mapping[int, int], alive: Iterable[int]) -> dict[int, int]:
+    """member -> seat for the next start; the members alive and left out stand by. Fewer than
+    `roster.min_nodes` seats is the caller's to refuse (len() of the result)."""
+    alive = sorted(set(alive))
+    if 0 not in alive:
+        return {}
+    size = min(roster.full, len(alive))
+    stayed = sorted((m for m in alive if m in previous), key=lambda m: previous[m])
+    seats = {m: previous[m] for m in stayed if previous[m] < size}
+    free = [s for s in range(size) if s not in seats.values()]
+    moving = [m for m in stayed if m not in seats]  # seated past the new size: shrink
+    waiting = [m for m in alive if m not in previous]  # standbys, lowest member first
+    for member in moving + waiting:
+        if not free:
+            break
+        seats[member] = free.pop(0)
+    if seats.get(0, 0) != 0:  # cannot happen: member 0 is alive and seated in 0 from the start
+        raise AssertionError(f"member 0 moved to seat {seats[0]}")
+    return seats
+
+
+def changes(previous: Mapping[int, int], now: Mapping[int, int]) -> list[str]:
+    """What changed between two seatings, one phrase each (node 0 logs them)."""
+    out = []
+    for member, place in sorted(now.items(), key=lambda item: item[1]):
+        before = previous.get(member)
+        if before is None:
+            out.append(f"node {member} takes node rank {place}")
+        elif before != place:
+            out.append(f"node {member} moves from node rank {before} to {place}")
+    return out
