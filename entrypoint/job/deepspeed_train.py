@@ -28,6 +28,7 @@ DESCRIPTION = (
 )
 MODEL_FILE = "mp_rank_00_model_states.pt"
 META_FILE = "job.json"
+WEIGHTS_ONLY = "weights only: "
 
 
 def build_model(vocab: int, seq_len: int, d_model: int = 64, layers: int = 2, heads: int = 4):
@@ -92,7 +93,10 @@ def choose_device(plan: dict) -> tuple[str, str]:
 
 
 def find_checkpoint(directory: Path, world_size: int) -> tuple[int, str, str]:
-    """(step or -1, tag, why): the checkpoint `latest` names, if this worker can read all of it."""
+    """(step or -1, tag, why): the checkpoint `latest` names, if this worker can read all of it.
+    One written by another number of workers (a spare took over with other GPUs, the job shrank
+    or grew back) resumes its weights and step; the optimizer's state starts afresh, as ZeRO's
+    shards do not carry over (`why` starts with WEIGHTS_ONLY)."""
     latest = directory / "latest"
     if not latest.is_file():
         return -1, "", f"no checkpoint in {directory}"
@@ -102,14 +106,13 @@ def find_checkpoint(directory: Path, world_size: int) -> tuple[int, str, str]:
         meta = json.loads((folder / META_FILE).read_text())
     except (OSError, ValueError):
         return -1, tag, f"{folder / META_FILE} is missing or unreadable"
-    if meta.get("world_size") != world_size:
+    if meta.get("world_size") != world_size and (folder / MODEL_FILE).is_file():
         return (
-            -1,
+            int(meta["step"]),
             tag,
-            (
-                f"{tag} was written by {meta.get('world_size')} workers, this job has "
-                f"{world_size} (ZeRO shards do not carry over)"
-            ),
+            f"{WEIGHTS_ONLY}{tag} was written by {meta.get('world_size')} workers, this job has "
+            f"{world_size}: the model's weights resume, Adam's state starts afresh (ZeRO shards "
+            "do not carry over)",
         )
     shards = list(folder.glob("*zero_pp_rank_*_optim_states.pt"))
     if not (folder / MODEL_FILE).is_file() or len(shards) != world_size:
@@ -193,7 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     )  # nccl: on GPU
     dist.all_reduce(seen, op=dist.ReduceOp.MIN)
     if step_seen >= 0 and seen[0] == step_seen and -seen[1] == step_seen:
-        load_path, client = engine.load_checkpoint(str(args.checkpoints), tag)
+        weights_only = why.startswith(WEIGHTS_ONLY)
+        if weights_only:
+            console.warn(why.removeprefix(WEIGHTS_ONLY))
+        load_path, client = engine.load_checkpoint(
+            str(args.checkpoints), tag, load_module_only=weights_only
+        )
         if load_path is None:
             raise SystemExit(f"[job] ERROR: DeepSpeed could not load {args.checkpoints / tag}")
         start = resumed_from = int(client["step"])

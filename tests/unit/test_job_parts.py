@@ -74,3 +74,39 @@ def test_package_import_stays_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _checkpoint(tmp_path, world, shards):
+    from entrypoint.job.deepspeed_train import META_FILE, MODEL_FILE
+
+    folder = tmp_path / "step40"
+    folder.mkdir()
+    (tmp_path / "latest").write_text("step40")
+    (folder / META_FILE).write_text(f'{{"step": 40, "world_size": {world}}}')
+    (folder / MODEL_FILE).write_bytes(b"weights")
+    for rank in range(shards):
+        (folder / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_bytes(b"")
+    return tmp_path
+
+
+def test_a_checkpoint_of_the_same_world_size_resumes_whole(tmp_path):
+    from entrypoint.job.deepspeed_train import WEIGHTS_ONLY, find_checkpoint
+
+    step, tag, why = find_checkpoint(_checkpoint(tmp_path, 4, 4), 4)
+    assert (step, tag) == (40, "step40") and not why.startswith(WEIGHTS_ONLY)
+
+
+@pytest.mark.parametrize("now", [2, 6])  # shrunk, grown back
+def test_a_checkpoint_of_another_world_size_resumes_its_weights_and_step(tmp_path, now):
+    from entrypoint.job.deepspeed_train import WEIGHTS_ONLY, find_checkpoint
+
+    step, tag, why = find_checkpoint(_checkpoint(tmp_path, 4, 4), now)
+    assert (step, tag) == (40, "step40") and why.startswith(WEIGHTS_ONLY)
+    assert f"written by 4 workers, this job has {now}" in why
+
+
+def test_a_checkpoint_missing_shards_here_is_not_resumed(tmp_path):
+    from entrypoint.job.deepspeed_train import find_checkpoint
+
+    step, _, why = find_checkpoint(_checkpoint(tmp_path, 4, 2), 4)
+    assert step == -1 and "2 of 4 shards" in why
