@@ -12,15 +12,14 @@ checks it without Docker; the GPU probe, the Docker engine and the containers ar
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from entrypoint import local_report
 from entrypoint.errors import EXIT_CONFIG, ConfigError
 
 if TYPE_CHECKING:  # the CLI imports this module at every start: entrypoint.cluster only when run
@@ -44,6 +43,13 @@ class Layout:
     job: str
     gpu_ids: tuple[tuple[str, ...], ...]  # per node, this machine's GPU indices
     why: str  # one line: how the GPU count was decided
+    spares: int = 0  # of the nnodes containers, the last `spares` stand by (ENTRYPOINT_SPARES)
+    min_nodes: int | None = None  # ENTRYPOINT_MIN_NODES
+
+    @property
+    def training(self) -> int:
+        """The nodes that train at the start."""
+        return self.nnodes - self.spares
 
     @property
     def device(self) -> str:
@@ -58,9 +64,16 @@ def layout(
     job: str,
     host_gpus: int,
     gpu_probe: str,
+    spares: int = 0,
+    min_nodes: int | None = None,
 ) -> Layout:
-    """Check the request against this machine and split its GPUs; raises ConfigError."""
+    """Check the request against this machine and split its GPUs; raises ConfigError.
+    `nnodes` nodes train, `spares` more stand by: every container gets its share."""
     _within("--nodes", nnodes, 1, MAX_NODES, "Pass --nodes 2 for two node containers")
+    _within("--spares", spares, 0, MAX_NODES - nnodes, f"Use at most {MAX_NODES} containers")
+    if min_nodes is not None:
+        _within("--min-nodes", min_nodes, 1, nnodes, f"Pass 1 to {nnodes}, or leave it out")
+    training, nnodes = nnodes, nnodes + spares
     if gpus_per_node is not None:
         _within(
             "--gpus-per-node", gpus_per_node, 0, MAX_GPUS, "Pass --gpus-per-node 0 for CPU workers"
@@ -97,7 +110,7 @@ def layout(
         tuple(str(i) for i in range(n * gpus_per_node, (n + 1) * gpus_per_node))
         for n in range(nnodes)
     )
-    return Layout(nnodes, gpus_per_node, workers, job, gpu_ids, why)
+    return Layout(nnodes, gpus_per_node, workers, job, gpu_ids, why, nnodes - training, min_nodes)
 
 
 def _within(option: str, value: int, low: int, high: int, fix: str) -> None:
@@ -153,6 +166,10 @@ def nodes(
         common["ENTRYPOINT_JOB"] = plan.job
     if plan.workers is not None:
         common["ENTRYPOINT_NPROC_PER_NODE"] = str(plan.workers)
+    if plan.spares:
+        common["ENTRYPOINT_SPARES"] = str(plan.spares)
+    if plan.min_nodes is not None:
+        common["ENTRYPOINT_MIN_NODES"] = str(plan.min_nodes)
     # The image sets NVIDIA_VISIBLE_DEVICES=all: where the NVIDIA runtime is the default one, a
     # node would see every GPU of the machine unless told its own ("void": none).
     return [
@@ -169,31 +186,6 @@ def nodes(
         )
         for rank in range(plan.nnodes)
     ]
-
-
-def summary(results: list[dict], nnodes: int, seconds: float) -> list[str]:
-    """What every worker reported, ending with the final loss (the built-in job's reports)."""
-    lines = ["", "local: every worker's report (<output>/results/rank<R>.json):"]
-    for r in results:
-        writer = "  wrote the checkpoint" if r["checkpoint_writer"] else ""
-        lines.append(
-            f"  rank {r['rank']} of {r['world_size']} on {r['node']} (node "
-            f"{r['node_rank']}, local rank {r['local_rank']}){writer}"
-        )
-    first = results[0]
-    lines.append(
-        f"local: {first['job']} on {nnodes} nodes x {len(results) // nnodes} workers, "
-        f"{first['steps']} steps in {seconds:.0f} s; final loss {first['final_loss']:.4f} "
-        f"(first {first['first_loss']:.4f})"
-    )
-    return lines
-
-
-def save_results(results: list[dict], directory: str) -> None:
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    for r in results:
-        (out / f"rank{r['rank']}.json").write_text(json.dumps(r, indent=2) + "\n")
 
 
 def _env_pairs(pairs: Sequence[str]) -> dict[str, str]:
@@ -218,7 +210,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "exited 0, 1 when one failed, 2 on bad input. Needs the Docker SDK: "
         "pip install 'multinode-entrypoint[local]'.",
     )
-    p.add_argument("--nodes", required=True, metavar="N", help="node containers")
+    p.add_argument("--nodes", required=True, metavar="N", help="node containers that train")
+    p.add_argument(
+        "--spares",
+        metavar="S",
+        help="standby node containers beside them (ENTRYPOINT_SPARES): `docker kill` a node "
+        "and a spare takes its rank",
+    )
+    p.add_argument(
+        "--min-nodes",
+        metavar="M",
+        help="with no spare left, go on with M nodes or more (ENTRYPOINT_MIN_NODES)",
+    )
     p.add_argument(
         "--gpus-per-node",
         metavar="G",
@@ -275,6 +278,22 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _layout_of(args, host_gpus: int, gpu_probe: str) -> Layout:
+    """The command line's numbers, each refused in one line, checked against this machine."""
+    return layout(
+        nnodes=_option("--nodes", args.nodes, 1, MAX_NODES, "the number of node containers") or 0,
+        gpus_per_node=_option(
+            "--gpus-per-node", args.gpus_per_node, 0, MAX_GPUS, "the GPUs per node"
+        ),
+        workers=_option("--workers", args.workers, 1, MAX_WORKERS, "the workers per node"),
+        job=args.job,
+        host_gpus=host_gpus,
+        gpu_probe=gpu_probe,
+        spares=_option("--spares", args.spares, 0, MAX_NODES - 1, "standby nodes") or 0,
+        min_nodes=_option("--min-nodes", args.min_nodes, 1, MAX_NODES, "the fewest nodes"),
+    )
+
+
 def cmd_local(args, env: Mapping[str, str]) -> int:
     """The edge: probe, check, talk to Docker, run, report. Returns the exit code."""
     from entrypoint import probe  # when run only, like entrypoint.cluster (see the top)
@@ -285,16 +304,7 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
     command = command[1:] if command[:1] == ["--"] else command
     extra = _env_pairs(args.env)
     host_gpus, gpu_probe = probe.gpus()
-    plan = layout(
-        nnodes=_option("--nodes", args.nodes, 1, MAX_NODES, "the number of node containers") or 0,
-        gpus_per_node=_option(
-            "--gpus-per-node", args.gpus_per_node, 0, MAX_GPUS, "the GPUs per node"
-        ),
-        workers=_option("--workers", args.workers, 1, MAX_WORKERS, "the workers per node"),
-        job=args.job,
-        host_gpus=len(host_gpus),
-        gpu_probe=gpu_probe,
-    )
+    plan = _layout_of(args, len(host_gpus), gpu_probe)
     docker, client = _engine(env, args.image)
     shm = f"{max(1, plan.gpus_per_node)}g"  # at least 1 GB per GPU (docs/IMAGE.md, Run)
     timeout = args.timeout if args.timeout > 0 else float("inf")
@@ -321,7 +331,9 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
             )
             _announce(echo, plan, cluster.network_name, args.image, specs)
             try:
-                run = cluster.run(specs, timeout=timeout)
+                # with spares a lost node is not the end: the others go on without it
+                grace = float("inf") if plan.spares or plan.min_nodes else 20
+                run = cluster.run(specs, timeout=timeout, grace=grace)
             except docker.errors.APIError as err:  # e.g. a GPU request with no NVIDIA runtime
                 print(
                     f"entrypoint: error: docker: {err.explanation or err}. Check the image and, "
@@ -332,7 +344,7 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
     except KeyboardInterrupt:
         print("local: interrupted; containers and network removed", file=sys.stderr)
         return 130
-    return _verdict(run, args.results, command, plan.nnodes)
+    return local_report.verdict(run, args.results, command, plan, specs[0].name)
 
 
 def _announce(echo, plan: Layout, network: str, image: str, specs: list[Node]) -> None:
@@ -350,6 +362,12 @@ def _announce(echo, plan: Layout, network: str, image: str, specs: list[Node]) -
     for spec in specs:
         if spec.gpus:
             echo(f"local: {spec.name} gets GPUs {','.join(spec.gpus)}")
+    if plan.spares or plan.min_nodes:
+        echo(
+            f"local: {plan.training} nodes train, {plan.spares} stand by"
+            + (f", at least {plan.min_nodes} go on" if plan.min_nodes else "")
+            + f"; to see a node lost: docker kill {specs[-1 - plan.spares].name}"
+        )
 
 
 def _engine(env: Mapping[str, str], image: str):
@@ -377,24 +395,3 @@ def _engine(env: Mapping[str, str], image: str):
             "Build it with make image, or pass --image",
         ) from None
     return docker, client
-
-
-def _verdict(run, results_dir: str | None, command: list[str], nnodes: int) -> int:
-    """Save the reports, say how the run went, and its exit code."""
-    if results_dir:
-        save_results(run.results, results_dir)
-    problem = run.problem()  # the logs were printed as they came
-    if problem:
-        print(f"local: FAILED: {problem}", file=sys.stderr)
-        return 1
-    if command:  # the user's own trainer: its exit codes are the verdict
-        print(f"local: every node exited 0 in {run.seconds:.0f} s")
-        return 0
-    results = run.results
-    expected = results[0]["world_size"] if results else 0
-    if not results or len(results) != expected:
-        print(f"local: FAILED: {len(results)} worker reports, expected {expected}", file=sys.stderr)
-        return 1
-    for line in summary(results, nnodes, run.seconds):
-        print(line)
-    return 0

@@ -250,3 +250,28 @@ def test_gpu_nodes_become_device_requests_with_explicit_ids():
         )[0]
     )
     assert client.containers.kwargs["device_requests"] is None
+
+
+def test_spares_are_containers_beside_the_nodes_each_with_its_share_of_gpus():
+    got = layout(
+        nnodes=2, gpus_per_node=None, workers=None, job="deepspeed", host_gpus=6,
+        gpu_probe="probe nvml", spares=1, min_nodes=1,
+    )  # fmt: skip
+    assert (got.nnodes, got.training, got.spares, got.gpus_per_node) == (3, 2, 1, 2)
+    assert got.gpu_ids == (("0", "1"), ("2", "3"), ("4", "5"))
+    specs = nodes(got, lambda rank: f"n{rank}")
+    assert [s.env["NNODES"] for s in specs] == ["3"] * 3  # the platform counts the spares
+    assert {s.env["ENTRYPOINT_SPARES"] for s in specs} == {"1"}
+    assert {s.env["ENTRYPOINT_MIN_NODES"] for s in specs} == {"1"}
+
+
+@pytest.mark.parametrize(
+    "spares, least, option", [(-1, None, "--spares"), (63, None, "--spares"), (0, 3, "--min-nodes")]
+)
+def test_spare_options_out_of_range_are_refused(spares, least, option):
+    with pytest.raises(ConfigError) as err:
+        layout(
+            nnodes=2, gpus_per_node=0, workers=None, job="deepspeed", host_gpus=0,
+            gpu_probe=NONE, spares=spares, min_nodes=least,
+        )  # fmt: skip
+    assert err.value.variable == option
