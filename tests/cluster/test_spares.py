@@ -19,11 +19,11 @@ STEPS = 90  # ~15 s of training on 2 idle cores; checkpoints every 10 steps
 SHARED = "/shared"
 OUTPUT = f"{SHARED}/job"
 TIMEOUT = 420
-TRAINING = "[job] step 20/"  # the fault comes after the checkpoint of step 20
-RESUMED = "[job] resuming from checkpoint"
+TRAINING = "job] step 20/"  # [job] or [jax job]: after the checkpoint of step 20
+RESUMED = "job] resuming from checkpoint"
 
 
-def nodes(c, n: int, steps: int = STEPS, **env: str) -> list[Node]:
+def nodes(c, n: int, steps: int = STEPS, workers: str | None = "2", **env: str) -> list[Node]:
     master = c.hostname("node", 0)
     return [
         Node(
@@ -33,7 +33,7 @@ def nodes(c, n: int, steps: int = STEPS, **env: str) -> list[Node]:
                 "NODE_RANK": str(r),
                 "MASTER_ADDR": master,
                 "MASTER_PORT": "29500",
-                "ENTRYPOINT_NPROC_PER_NODE": "2",
+                **({"ENTRYPOINT_NPROC_PER_NODE": workers} if workers else {}),
                 "ENTRYPOINT_JOB_STEPS": str(steps),
                 "ENTRYPOINT_JOB_LOG_EVERY": "5",
                 "ENTRYPOINT_JOB_SAVE_EVERY": "10",
@@ -169,3 +169,34 @@ def test_a_spare_of_another_image_is_refused_at_the_start_and_the_job_trains(
         assert run.exit_codes == {n[0]: 0, n[1]: 0, n[2]: 2}, run.log(60)
         refusal = "node 2 (" + n[2] + ") does not match node 0 and cannot stand by"
         assert refusal in run.node(n[0]).log() and "hjson 3.0.2 vs 3.1.0" in run.node(n[2]).log()
+
+
+def test_the_jax_job_survives_a_spares_takeover_then_a_shrink(image, docker_client):
+    """The built-in JAX job (one process per node), 3 nodes + 1 spare, ENTRYPOINT_MIN_NODES=2:
+    node 1 killed, the spare takes rank 1; node 2 killed, the job shrinks onto 2 nodes and its
+    replicated checkpoint carries over; it finishes every step."""
+    with cluster(image, docker_client) as c:
+        n = [c.hostname("node", r) for r in range(4)]
+        specs = nodes(
+            c,
+            4,
+            workers=None,
+            ENTRYPOINT_SPARES="1",
+            ENTRYPOINT_MIN_NODES="2",
+            ENTRYPOINT_JOB="jax",
+        )
+        run = c.run(
+            specs,
+            timeout=TIMEOUT,
+            grace=float("inf"),
+            faults=[
+                at_step(c, "kill1", lambda c: c.kill(n[1])),
+                at_step(c, "kill2", lambda c: c.kill(n[2]), line=RESUMED, delay=3),
+            ],
+        )
+        assert run.exit_codes == {n[0]: 0, n[1]: 137, n[2]: 137, n[3]: 0}, run.log(80)
+        log = run.node(n[0]).log()
+        assert "restart 1: node 3 takes node rank 1" in log
+        assert "restart 2: node 3 moves from node rank 1 to" not in log  # it keeps rank 1
+        assert "training on 2 of 3 nodes" in log
+        finished(run, [n[0], n[3]], 2)
