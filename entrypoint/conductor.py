@@ -281,15 +281,17 @@ class Conductor(Seating):
             for member, state in sorted(self.members.items()):
                 silent = now - state.last_seen
                 if state.exit_code is None and silent > self.limits.heartbeat_timeout:
-                    lose = self._lost if member in self.seats else self._standby_lost
-                    return [Close(member)] * self.roster.elastic + lose(
-                        member,
+                    why = (
                         f"silent for {silent:.0f} s (no heartbeat within "
-                        f"ENTRYPOINT_HEARTBEAT_TIMEOUT="
-                        f"{self.limits.heartbeat_timeout:g} s): it hangs, is paused "
-                        "or is cut off from the network",
-                        now,
+                        f"ENTRYPOINT_HEARTBEAT_TIMEOUT={self.limits.heartbeat_timeout:g} s): "
+                        "it hangs, is paused or is cut off from the network"
                     )
+                    if not self.roster.elastic:
+                        return self._lost(member, why, now)
+                    # The job goes on without it: what it reads if it ever runs again.
+                    bye = Stop(EXIT_PEERS, f"node 0 dropped this {self.unit}, {why}")
+                    lose = self._lost if member in self.seats else self._standby_lost
+                    return [Send(member, bye), Close(member), *lose(member, why, now)]
             interval = self.limits.monitor_interval
             if interval > 0 and now - self._last_monitor >= interval:
                 self._last_monitor = now

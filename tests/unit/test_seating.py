@@ -108,6 +108,7 @@ def test_a_silent_node_is_closed_and_replaced_by_the_spare():
     c, _ = started(3, 2, 2)
     c.beat(0, Beat(), now=40.0), c.beat(2, Beat(), now=40.0)
     actions = c.tick(now=40.0)
+    assert sent(actions, Stop)[1].reason.startswith("node 0 dropped this node, silent for 39 s")
     assert Close(1) in actions and Restart in {
         type(a.message) for a in actions if hasattr(a, "message")
     }

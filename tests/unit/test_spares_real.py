@@ -78,6 +78,7 @@ def test_a_paused_node_is_replaced_by_the_spare_and_ends_when_it_wakes(cluster):
     codes = c.wait()
     assert codes == {0: 0, 1: 75, 2: 0}, c.log(1)[-2000:]
     assert "silent for" in c.log(0)
+    assert "stopped by node 0: node 0 dropped this node, silent for" in c.log(1)
     _finished(c, 4, 1)
 
 
