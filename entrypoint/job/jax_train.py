@@ -155,6 +155,9 @@ def save_checkpoint(jax, directory: Path, step: int, params, state, meta: dict) 
 
 
 def find_checkpoint(directory: Path, global_batch: int) -> tuple[int, Path | None, str]:
+    """(step or -1, the file, why). Weights and Adam's state are replicated: a checkpoint of
+    another global batch (a spare with other GPUs, a shrink, a grow back to a size the config's
+    batch does not divide alike) resumes too, `why` saying how the batch changed."""
     try:
         meta = json.loads((directory / "latest").read_text())
     except (OSError, ValueError):
@@ -163,7 +166,12 @@ def find_checkpoint(directory: Path, global_batch: int) -> tuple[int, Path | Non
     if not path.is_file():
         return -1, None, f"{path} is missing here: is the output directory shared by every node?"
     if meta.get("global_batch") != global_batch:
-        return -1, None, f"{path} was trained with global batch {meta.get('global_batch')}"
+        return (
+            int(meta["step"]),
+            path,
+            f"{path} was trained with global batch {meta.get('global_batch')}, this start has "
+            f"{global_batch} (the world size changed): resuming it with the new batch",
+        )
     return int(meta["step"]), path, str(path)
 
 
@@ -249,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         start = resumed_from = step_seen
         checkpoint = str(path)
         console.log(f"resuming from checkpoint {path} (step {start})")
+        if why != str(path):
+            console.warn(why)
     else:
         if (seen >= 0).any():
             why = (

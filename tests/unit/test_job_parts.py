@@ -110,3 +110,16 @@ def test_a_checkpoint_missing_shards_here_is_not_resumed(tmp_path):
 
     step, _, why = find_checkpoint(_checkpoint(tmp_path, 4, 2), 4)
     assert step == -1 and "2 of 4 shards" in why
+
+
+@pytest.mark.parametrize("batch, resumed", [(16, False), (18, True)])
+def test_the_jax_job_resumes_a_checkpoint_of_another_global_batch_saying_so(
+    tmp_path, batch, resumed
+):
+    from entrypoint.job.jax_train import find_checkpoint
+
+    (tmp_path / "step20.npz").write_bytes(b"")
+    (tmp_path / "latest").write_text('{"step": 20, "file": "step20.npz", "global_batch": 16}')
+    step, path, why = find_checkpoint(tmp_path, batch)
+    assert (step, path) == (20, tmp_path / "step20.npz")
+    assert ("trained with global batch 16, this start has 18" in why) == resumed
