@@ -99,6 +99,7 @@ class Cluster:
                 driver="bridge",
                 labels={LABEL: self.prefix},
                 check_duplicate=True,
+                **self._network_options(),
             )
         except BaseException:
             self.close()
@@ -257,7 +258,16 @@ class Cluster:
             device_requests=gpus,
             detach=True,
             volumes=self._volumes() or None,
+            **self._container_options(node),
         )
+
+    def _network_options(self) -> dict[str, Any]:
+        """More of `docker network create` (an IPv6 subnet, say): nothing here (a subclass adds)."""
+        return {}
+
+    def _container_options(self, node: Node) -> dict[str, Any]:
+        """More of `docker create` for this node: nothing here (a subclass adds)."""
+        return {}
 
     def _volumes(self) -> dict[str, dict[str, str]]:
         """What every node mounts, as the Docker SDK takes it: nothing here (a subclass adds)."""
