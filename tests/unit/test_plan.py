@@ -444,12 +444,20 @@ def test_jax_distributed_initialize_needs_no_arguments(launcher, env):
     assert plan.env["JAX_LOCAL_DEVICE_IDS"] == ("0,1,2,3,4,5,6,7" if launcher == "jax" else "1")
 
 
-def test_an_ipv6_master_is_refused_with_the_reason():
-    # The plan would bracket it for JAX ([fd00::1]:29500), but node 0's control channel
-    # listens on IPv4 only (entrypoint/control.py): the other nodes could never join.
-    env = SEED_004_WORKER_1 | {"ENTRYPOINT_LAUNCHER": "jax", "MASTER_ADDR": "fd00::1"}
-    with pytest.raises(ConfigError, match="listens on IPv4 only"):
-        make_plan(env, node(8), ["python", "t.py"])
+@pytest.mark.parametrize(
+    ("variable", "raw", "bare"),
+    [
+        ("MASTER_ADDR", "fd00::1", "fd00::1"),
+        ("MASTER_ADDR", "[fd00::1]", "fd00::1"),
+        ("MASTER_ADDR", "fe80::1%eth0", "fe80::1%eth0"),
+        ("ENTRYPOINT_MASTER_ADDR", "[FD00::1]", "fd00::1"),
+    ],
+)
+def test_an_ipv6_master_is_planned_bare_and_bracketed_where_a_port_follows(variable, raw, bare):
+    env = SEED_004_WORKER_1 | {"ENTRYPOINT_LAUNCHER": "jax", variable: raw}
+    plan = make_plan(env, node(8), ["python", "t.py"])
+    assert plan.master_addr == bare
+    assert plan.env["JAX_COORDINATOR_ADDRESS"] == f"[{bare}]:29500"
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "accelerate", "jax"])
