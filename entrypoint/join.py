@@ -6,12 +6,13 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 
-from entrypoint import control, control_server, fingerprint
+from entrypoint import control, control_server, fingerprint, sockets
 from entrypoint.conductor import Conductor
 from entrypoint.conductor_terms import Limits
 from entrypoint.identity import TOKEN_VARIABLE, Identity, job_identity, read_token
 from entrypoint.plan import Plan
 from entrypoint.settings import Settings
+from entrypoint.values import host_port
 
 # A crash breaks its peers' collectives a moment later: node 0 waits this long for every
 # node's report before it names the first failure as the cause.
@@ -51,9 +52,13 @@ def serve(
         monitor_interval=s.monitor_interval,
         failure_window=FAILURE_WINDOW if expected > 1 else 0.0,
     )
-    bind = "0.0.0.0" if expected > 1 else "127.0.0.1"
+    bind = sockets.ANY if expected > 1 else "127.0.0.1"  # both families; one node: loopback
     conductor = Conductor(
-        expected, limits, time.monotonic(), unit=unit, address=f"{host}:{port or 'auto'}"
+        expected,
+        limits,
+        time.monotonic(),
+        unit=unit,
+        address=host_port(host, port) if port else f"{host}:auto",
     )
     server = control_server.Server(
         conductor,
