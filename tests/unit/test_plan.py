@@ -1,6 +1,7 @@
 """The plan as a pure function of (environment, facts): no probing, no os.environ."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -458,6 +459,24 @@ def test_an_ipv6_master_is_planned_bare_and_bracketed_where_a_port_follows(varia
     plan = make_plan(env, node(8), ["python", "t.py"])
     assert plan.master_addr == bare
     assert plan.env["JAX_COORDINATOR_ADDRESS"] == f"[{bare}]:29500"
+
+
+@pytest.mark.parametrize(
+    ("master_ip", "env", "family", "source"),
+    [
+        ("fd00::1", {}, "AF_INET6", "the master's address is IPv6 (fd00::1)"),
+        ("fd00::1", {"NCCL_SOCKET_FAMILY": "AF_INET"}, "AF_INET", "set by you, kept"),
+        ("10.0.0.1", {}, None, None),
+    ],
+)
+def test_nccl_talks_ipv6_when_the_master_is_ipv6(master_ip, env, family, source):
+    facts = replace(node(8), master_ip=master_ip)
+    plan = make_plan(SEED_004_WORKER_1 | env, facts, ["python", "t.py"])
+    assert plan.env.get("NCCL_SOCKET_FAMILY", env.get("NCCL_SOCKET_FAMILY")) == family
+    if source is None:
+        assert "NCCL_SOCKET_FAMILY" not in plan.sources
+    else:
+        assert source in str(plan.sources["NCCL_SOCKET_FAMILY"])
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "accelerate", "jax"])
