@@ -58,7 +58,7 @@ def serve(
         limits,
         time.monotonic(),
         unit=unit,
-        address=host_port(host, port) if port else f"{host}:auto",
+        address=host_port(host, port or "auto"),
     )
     server = control_server.Server(
         conductor,

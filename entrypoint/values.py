@@ -315,8 +315,8 @@ def host(name: str, raw: str | None, *, master: bool = True) -> str:
     return text
 
 
-def host_port(address: str, port_number: int) -> str:
-    """`host:port`, with brackets around an IPv6 address (`[::1]:29500`)."""
+def host_port(address: str, port_number: int | str) -> str:
+    """`host:port`, with brackets around an IPv6 address (`[::1]:29500`, `[::1]:auto`)."""
     return f"[{address}]:{port_number}" if ":" in address else f"{address}:{port_number}"
 
 

@@ -461,6 +461,17 @@ def test_an_ipv6_master_is_planned_bare_and_bracketed_where_a_port_follows(varia
     assert plan.env["JAX_COORDINATOR_ADDRESS"] == f"[{bare}]:29500"
 
 
+def test_torchrun_and_accelerate_take_an_ipv6_master_bare():
+    # torchrun's --master-addr and accelerate's main_process_ip take the bare address; only a
+    # host:port (JAX_COORDINATOR_ADDRESS, the rendezvous shown) brackets it.
+    env = SEED_004_WORKER_1 | {"MASTER_ADDR": "[fd00::1]"}
+    plan = make_plan(env, node(8), ["python", "t.py"])
+    assert "--master-addr=fd00::1" in plan.command
+    accelerate = make_plan(env | {"ENTRYPOINT_LAUNCHER": "accelerate"}, node(8), ["t.py"])
+    (config,) = [text for path, text in accelerate.files.items() if path.endswith(".yaml")]
+    assert json.loads(config.split("\n", 1)[1])["main_process_ip"] == "fd00::1"
+
+
 @pytest.mark.parametrize(
     ("master_ip", "env", "family", "source"),
     [
