@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 from entrypoint import messages as m
+from entrypoint import sockets
 from entrypoint.control import (
     NO_IDENTITY,
     PROTOCOL,
@@ -21,6 +22,7 @@ from entrypoint.control import (
     Refused,
 )
 from entrypoint.identity import Identity
+from entrypoint.values import host_port
 
 STATS_EVERY = 10.0  # seconds: a beat carries the GPU figures at most this often (node 0's CPU)
 
@@ -232,33 +234,30 @@ def connect(
     start = time.monotonic()
     deadline = start + timeout
     delay, next_progress, why = 0.25, start + progress_every, "not tried"
+    where = host_port(host, port)
     while True:
         try:
-            infos = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)
-            address = infos[0][4]  # AF_INET: (ip, port)
-            sock = socket.create_connection(
-                (str(address[0]), int(address[1])),
-                timeout=min(5.0, max(0.5, deadline - time.monotonic())),
-            )
+            # Every address the name has, IPv6 and IPv4 in turn, each briefly.
+            sock = sockets.connect(host, port, min(15.0, max(0.5, deadline - time.monotonic())))
             try:
-                challenge = _challenge(sock, f"{host}:{port}", challenge_wait)
+                challenge = _challenge(sock, where, challenge_wait)
             except BaseException:
                 sock.close()
                 raise
-            return Channel(sock, f"{host}:{port}", identity, challenge)
+            return Channel(sock, where, identity, challenge)
         except OSError as err:
             why = _why(err)
         now = time.monotonic()
         if now >= deadline:
             raise PeersError(
-                f"node 0's entrypoint at {host}:{port} did not answer within {now - start:.0f} s "
+                f"node 0's entrypoint at {where} did not answer within {now - start:.0f} s "
                 f"(ENTRYPOINT_JOIN_TIMEOUT={timeout:g}); last try: {why}. Likely causes: node 0 "
                 "did not start or failed (see its log), MASTER_ADDR is not node 0's address, or "
                 "a firewall or network policy blocks the port between nodes"
             )
         if now >= next_progress:
             log(
-                f"waiting for node 0 at {host}:{port}: {why}; {now - start:.0f} s so far, giving "
+                f"waiting for node 0 at {where}: {why}; {now - start:.0f} s so far, giving "
                 f"up after {timeout:g} s"
             )
             next_progress = now + progress_every

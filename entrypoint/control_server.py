@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 from entrypoint import messages as m
+from entrypoint import sockets
 from entrypoint.conductor import Conductor
 from entrypoint.conductor_terms import ALL, Close, Log, Send
 from entrypoint.control import NO_IDENTITY, PROTOCOL, Lines, raise_open_files_limit
@@ -56,7 +57,7 @@ class Server(threading.Thread):
         *,
         heartbeat_interval: float,
         log: Callable[[str, str], None],
-        bind: str = "0.0.0.0",
+        bind: str = sockets.ANY,
         port_variable: str = "ENTRYPOINT_CONTROL_PORT",
         identity: Identity = NO_IDENTITY,
         hello_timeout: float = HELLO_TIMEOUT,
@@ -72,19 +73,15 @@ class Server(threading.Thread):
         self.max_pending = max_pending or conductor.expected + 64
         raise_open_files_limit()
         self.selector = selectors.DefaultSelector()
-        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            self.listener.bind((bind, port))
+            self.listener = sockets.listen(bind, port)
         except OSError as err:
-            self.listener.close()
             raise ConfigError(
                 port_variable,
                 port,
                 f"cannot listen on node 0 ({err.strerror})",
                 f"Pick a free port with {port_variable} (default: MASTER_PORT + 1)",
             ) from None
-        self.listener.listen(4096)
         self.listener.setblocking(False)
         self.port = self.listener.getsockname()[1]
         self.selector.register(self.listener, selectors.EVENT_READ, None)
@@ -166,7 +163,7 @@ class Server(threading.Thread):
             now = time.monotonic()
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            peer = Peer(sock, f"{address[0]}:{address[1]}", now)
+            peer = Peer(sock, sockets.peer_text(address), now)
             # Members are peers too: fewer peers than members + max_pending, no need to count.
             pending = (
                 [p for p in self.peers.values() if p.member is None]

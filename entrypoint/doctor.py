@@ -140,7 +140,8 @@ def look(plan, facts, settings) -> Findings:
             elif facts.master_ip is None:
                 state = "not checked (the master's name does not resolve)"
             else:
-                state = probe.tcp_connect(facts.master_ip, port, CONNECT_TIMEOUT)
+                # Every address the name has, IPv6 and IPv4, as a node joins.
+                state = probe.tcp_connect(plan.master_addr, port, CONNECT_TIMEOUT)
             ports.append(Port(name, variable, port, state))
     found["ports"] = tuple(ports)
     return Findings(**found)

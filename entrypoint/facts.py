@@ -20,6 +20,7 @@ class Gpu:
 class Interface:
     name: str
     address: str  # IPv4, or "" when it has none
+    ipv6: tuple[str, ...] = ()  # its IPv6 addresses, link-local ones included
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,9 @@ class Facts:
     # The interface whose address this node uses to reach the master, and the default route's.
     route_to_master: str | None = None
     default_route: str | None = None
-    master_ip: str | None = None  # the master's name resolved; None when it did not resolve
+    # The master's name resolved (IPv4 or IPv6, the first the resolver gives); None when it
+    # did not resolve.
+    master_ip: str | None = None
     ib_hcas: tuple[str, ...] = ()
 
 

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from entrypoint import control, control_channel, control_server, fingerprint
+from entrypoint import control, control_channel, control_server, fingerprint, sockets
 from entrypoint.conductor import Conductor
 from entrypoint.conductor_terms import STOPPING, Limits, signal_name
 from entrypoint.gpu_stats import Stats
@@ -17,6 +17,7 @@ from entrypoint.launch_watch import Interrupted, Stop
 from entrypoint.plan import Plan
 from entrypoint.roster import Roster
 from entrypoint.settings import Settings
+from entrypoint.values import host_port
 from entrypoint.worker_signals import SignalRelay
 
 # A crash breaks its peers' collectives a moment later: node 0 waits this long for every
@@ -57,7 +58,7 @@ def serve(
         monitor_interval=s.monitor_interval,
         failure_window=FAILURE_WINDOW if expected > 1 else 0.0,
     )
-    bind = "0.0.0.0" if expected > 1 else "127.0.0.1"
+    bind = sockets.ANY if expected > 1 else "127.0.0.1"  # both families; one node: loopback
     roster = (
         Roster(plan.members, plan.members - plan.spares, plan.min_nodes)
         if plan.spawn
@@ -68,7 +69,7 @@ def serve(
         limits,
         time.monotonic(),
         unit=unit,
-        address=f"{host}:{port or 'auto'}",
+        address=host_port(host, port or "auto"),
         roster=roster,
     )
     server = control_server.Server(

@@ -27,6 +27,20 @@ def choose_interface(facts: Facts, settings: Settings) -> tuple[str | None, Sour
     return None, probed("probe: no interface other than loopback or a container bridge")
 
 
+FAMILY = "NCCL_SOCKET_FAMILY"
+
+
+def socket_family(env: Mapping[str, str], facts: Facts) -> tuple[str | None, Source] | None:
+    """NCCL's address family: AF_INET6 when the master is reached over IPv6 (NCCL would
+    otherwise take the interface's IPv4 address first), the user's own value kept; None (not
+    set) for an IPv4 master. (value to set or None to keep, its source)."""
+    if FAMILY in env:
+        return None, env_var(FAMILY, "(set by you, kept)")
+    if facts.master_ip and ":" in facts.master_ip:
+        return "AF_INET6", probed(f"probe: the master's address is IPv6 ({facts.master_ip})")
+    return None
+
+
 def settle(
     env: Mapping[str, str], facts: Facts, settings: Settings, *, nnodes: int, device: str
 ) -> tuple[dict[str, str], dict[str, Source], list[str]]:
@@ -46,6 +60,11 @@ def settle(
                 f"no network interface found for traffic between nodes ({why}); "
                 f"set {PREFIX}SOCKET_IFNAME to the interface that reaches the other nodes"
             )
+        family = socket_family(env, facts)
+        if family is not None:
+            sources[FAMILY] = family[1]
+            if family[0] is not None:
+                out[FAMILY] = family[0]
 
     if facts.ib_hcas and device == "cuda":
         if "NCCL_IB_HCA" in env:

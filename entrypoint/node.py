@@ -14,6 +14,7 @@ from entrypoint.errors import ConfigError
 from entrypoint.facts import Facts
 from entrypoint.plan import BUILTIN_JOBS, Plan, gpus_stated, make_plan, read_platform
 from entrypoint.settings import Settings
+from entrypoint.values import host_port
 
 
 def prepare(
@@ -60,7 +61,7 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
         nnodes=plan.nnodes,
         nproc_per_node=plan.nproc_per_node,
         world_size=plan.world_size,
-        master=f"{plan.master_addr}:{plan.master_port or 'auto'}",
+        master=host_port(plan.master_addr, plan.master_port or "auto"),
         device=plan.device,
         cuda_visible_devices=plan.cuda_visible_devices,
         config=plan.config,

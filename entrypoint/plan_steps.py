@@ -15,7 +15,7 @@ from entrypoint.facts import Facts
 from entrypoint.launchers import Launcher, Layout
 from entrypoint.platforms.base import Reading
 from entrypoint.settings import PREFIX, Settings
-from entrypoint.values import Source, Sourced, below, by_default, derived, env_var
+from entrypoint.values import Source, Sourced, below, by_default, derived, env_var, host
 
 # The image's built-in jobs (entrypoint/job), run when no trainer command is given.
 BUILTIN_JOBS = {
@@ -31,7 +31,10 @@ def overlay(reading: Reading, settings: Settings) -> Reading:
     for name in ("nnodes", "node_rank", "master_addr", "master_port"):
         value = getattr(settings, name)
         if value is not None:
-            changes[name] = Sourced(value, env_var(f"{PREFIX}{name.upper()}"))
+            variable = f"{PREFIX}{name.upper()}"
+            if name == "master_addr":  # the plan holds the bare form: fd00::2, not [fd00::2]
+                value = host(variable, value)
+            changes[name] = Sourced(value, env_var(variable))
     return replace(reading, **changes) if changes else reading
 
 

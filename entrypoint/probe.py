@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import glob
+import ipaddress
 import os
 import shutil
 import socket
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from entrypoint import sockets
 from entrypoint.facts import Facts, Gpu, Interface
 
 _SIOCGIFADDR = 0x8915
@@ -91,6 +93,7 @@ def _proc_model(path: str) -> str:
 
 def interfaces() -> tuple[Interface, ...]:
     found = []
+    ipv6 = _ipv6_addresses()
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         for _, name in socket.if_nameindex():
             try:
@@ -100,34 +103,86 @@ def interfaces() -> tuple[Interface, ...]:
                 address = socket.inet_ntoa(packed[20:24])
             except OSError:
                 address = ""
-            found.append(Interface(name, address))
+            found.append(Interface(name, address, tuple(ipv6.get(name, ()))))
     return tuple(found)
 
 
-def default_route() -> str | None:
-    """The interface of the IPv4 default route (/proc/net/route)."""
+def _hex_ip(text: str) -> str:
+    """/proc/net's 32 hex digits as an IPv6 address."""
+    return str(ipaddress.IPv6Address(bytes.fromhex(text)))
+
+
+def _read(path: str) -> str:
     try:
-        for line in Path("/proc/net/route").read_text().splitlines()[1:]:
-            fields = line.split()
-            if len(fields) > 2 and fields[1] == "00000000":
-                return fields[0]
-    except OSError:
-        pass
+        return Path(path).read_text()
+    except OSError:  # absent: no IPv6 (or no IPv4 routes) on this host
+        return ""
+
+
+def ipv6_addresses(if_inet6: str) -> dict[str, list[str]]:
+    """Each interface's IPv6 addresses, from /proc/net/if_inet6's text."""
+    out: dict[str, list[str]] = {}
+    for line in if_inet6.splitlines():
+        fields = line.split()
+        if len(fields) == 6 and len(fields[0]) == 32:
+            try:
+                out.setdefault(fields[5], []).append(_hex_ip(fields[0]))
+            except ValueError:
+                continue
+    return out
+
+
+def _ipv6_addresses() -> dict[str, list[str]]:
+    return ipv6_addresses(_read("/proc/net/if_inet6"))
+
+
+_RTF_UP, _RTF_REJECT = 0x0001, 0x0200
+
+
+def ipv4_default(route: str) -> str | None:
+    """The interface of the IPv4 default route, from /proc/net/route's text."""
+    for line in route.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 2 and fields[1] == "00000000":
+            return fields[0]
     return None
 
 
+def ipv6_default(ipv6_route: str) -> str | None:
+    """The interface of the IPv6 default route (::/0, up, not the kernel's reject route on
+    lo), from /proc/net/ipv6_route's text."""
+    for line in ipv6_route.splitlines():
+        fields = line.split()
+        if len(fields) == 10 and fields[0] == "0" * 32 and fields[1] == "00":
+            try:
+                flags = int(fields[8], 16)
+            except ValueError:
+                continue
+            if flags & _RTF_UP and not flags & _RTF_REJECT and fields[9] != "lo":
+                return fields[9]
+    return None
+
+
+def default_route() -> str | None:
+    """The interface of the IPv4 default route, else of the IPv6 one."""
+    return ipv4_default(_read("/proc/net/route")) or ipv6_default(_read("/proc/net/ipv6_route"))
+
+
 def resolve(name: str) -> str | None:
+    """The master's first address, either family, in the resolver's order (RFC 6724)."""
     try:
-        return str(socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0])
+        found = sockets.addresses(name, 0)
     except (OSError, UnicodeError):
         return None
+    return sockets.bare_ip(str(found[0][1][0])) if found else None
 
 
-def tcp_connect(ip: str, port: int, timeout: float = 2.0) -> str:
-    """`open`, `refused`, `timeout` or `unreachable (why)`: a plain TCP connect, nothing sent."""
+def tcp_connect(host: str, port: int, timeout: float = 2.0) -> str:
+    """`open`, `refused`, `timeout` or `unreachable (why)`: a plain TCP connect to each of the
+    host's addresses in turn (as a node joins), nothing sent."""
     try:
-        with socket.create_connection((ip, port), timeout=timeout):
-            return "open"
+        sockets.connect(host, port, timeout).close()
+        return "open"
     except ConnectionRefusedError:
         return "refused"
     except TimeoutError:
@@ -154,7 +209,8 @@ def nvidia_driver() -> tuple[str | None, str | None]:
 def source_address(ip: str) -> str | None:
     """The local address the kernel would use to reach ip (a UDP connect sends nothing)."""
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
             sock.connect((ip, 9))
             return sock.getsockname()[0]
     except OSError:
@@ -175,7 +231,10 @@ def facts(*, master_addr: str | None, probe_gpus: bool) -> Facts:
     route = None
     if master_ip:
         local = source_address(master_ip)
-        route = next((nic.name for nic in nics if local and nic.address == local), None)
+        local = sockets.bare_ip(local.split("%")[0]) if local else None
+        route = next(
+            (nic.name for nic in nics if local and local in (nic.address, *nic.ipv6)), None
+        )
     found, how = gpus() if probe_gpus else (None, "not probed: the GPU count was stated")
     return Facts(
         hostname=socket.gethostname(),

@@ -6,6 +6,7 @@ import shlex
 
 from entrypoint import secrets
 from entrypoint.plan import Plan
+from entrypoint.values import host_port
 
 
 def rank_line(plan: Plan) -> str:
@@ -38,7 +39,7 @@ def table(plan: Plan, secret_values: tuple[str, ...] = ()) -> str:
         ("ranks", rank_line(plan), "spawned here" if plan.spawn else src.get("spawn")),
         (
             "master",
-            f"{plan.master_addr}:{plan.master_port or 'auto'}",
+            host_port(plan.master_addr, plan.master_port or "auto"),
             f"{src.get('master_addr')}; {src.get('master_port')}",
         ),
         ("control port", plan.control_port or "auto", src.get("control_port")),

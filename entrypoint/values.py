@@ -206,15 +206,12 @@ def below(rank_name: str, rank: int, size_name: str, size: int) -> None:
 # -- host addresses ---------------------------------------------------------------------------
 
 _LABEL = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
-# Why node 0 may not be an IPv6 literal: its entrypoint's control channel (join, checks,
-# heartbeats) listens on IPv4 only, so the other nodes could never join it.
-IPV6_MASTER = (
-    "an IPv6 address; node 0's control channel (join, checks, heartbeats) listens on IPv4 only"
-)
+# A zone is this node's interface name (at most 15 characters in Linux) or its index.
+_ZONE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
 
 
 def _host_fix(name: str) -> str:
-    return f"Set {name} to one host name or IP address, such as worker-0 or 10.0.0.1"
+    return f"Set {name} to one host name or IP address, such as worker-0, 10.0.0.1 or fd00::2"
 
 
 def _port_in_host(name: str, raw: str, text: str) -> NoReturn:
@@ -223,14 +220,16 @@ def _port_in_host(name: str, raw: str, text: str) -> NoReturn:
         name,
         raw,
         "holds a port (host:port)",
-        f"Set {name}={head} and the port in MASTER_PORT={tail}",
+        f"Set {name}={head.removeprefix('[').removesuffix(']')} and the port in MASTER_PORT={tail}",
     )
 
 
-def _ipv6(name: str, raw: str, text: str, inner: str, ipv6: bool) -> str:
-    """An IPv6 address (`inner`: without brackets), or the one line saying what is wrong."""
+def _ipv6(name: str, raw: str, text: str, inner: str, master: bool) -> str:
+    """An IPv6 address (`inner`: without brackets) in its compressed form, a zone kept on a
+    link-local one, or the one line saying what is wrong."""
+    bare, percent, zone = inner.partition("%")
     try:
-        address = ipaddress.IPv6Address(inner.split("%")[0])
+        address = ipaddress.IPv6Address(bare)
     except ValueError:
         address = None
     if address is None and text.startswith("[") and "]:" in text:
@@ -243,20 +242,32 @@ def _ipv6(name: str, raw: str, text: str, inner: str, ipv6: bool) -> str:
             "[address]:port, and the port belongs in MASTER_PORT)",
             _host_fix(name),
         )
-    if not ipv6:
+    if address.ipv4_mapped is not None and not percent:
+        return str(address.ipv4_mapped)
+    if percent and not (address.is_link_local and _ZONE.match(zone)):
         raise ConfigError(
             name,
             raw,
-            IPV6_MASTER,
-            "Give node 0's IPv4 address, or a host name that resolves to it",
+            "a zone (%interface) belongs on a link-local address (fe80::/10) only, as one "
+            "interface name",
+            f"Set {name}={address}" if not address.is_link_local else _host_fix(name),
         )
-    return inner
+    if master and address.is_link_local and not percent:
+        raise ConfigError(
+            name,
+            raw,
+            "a link-local address without its zone (the interface that reaches it)",
+            f"Set {name}={address}%eth0 (this node's interface towards node 0), or give "
+            "node 0's global or unique-local address",
+        )
+    return f"{address}%{zone}" if percent else str(address)
 
 
-def host(name: str, raw: str | None, *, ipv6: bool = False) -> str:
-    """One host: a name (RFC 1123 labels, `_` allowed), an IPv4 address, or (with ipv6) an IPv6
-    address with or without brackets, returned without them. `host:port`, URLs, spaces, lists
-    and non-ASCII text are refused with the fix."""
+def host(name: str, raw: str | None, *, master: bool = True) -> str:
+    """One host: a name (RFC 1123 labels, `_` allowed), an IPv4 address, or an IPv6 address
+    with or without brackets, returned without them (`fd00::2`, `fe80::1%eth0`). `host:port`,
+    URLs, spaces, lists and non-ASCII text are refused with the fix; so is a link-local address
+    without its zone where this node connects to it (`master`)."""
     if raw is None:
         raise ConfigError(name, None, "is not set", _host_fix(name))
     text = raw.strip()
@@ -277,7 +288,7 @@ def host(name: str, raw: str | None, *, ipv6: bool = False) -> str:
         )
     inner = text[1:-1] if text.startswith("[") and text.endswith("]") else text
     if inner.count(":") >= 2:
-        return _ipv6(name, raw, text, inner, ipv6)
+        return _ipv6(name, raw, text, inner, master)
     if ":" in text:
         _port_in_host(name, raw, text)
     if "[" in text or "]" in text:
@@ -304,8 +315,8 @@ def host(name: str, raw: str | None, *, ipv6: bool = False) -> str:
     return text
 
 
-def host_port(address: str, port_number: int) -> str:
-    """`host:port`, with brackets around an IPv6 address (`[::1]:29500`)."""
+def host_port(address: str, port_number: int | str) -> str:
+    """`host:port`, with brackets around an IPv6 address (`[::1]:29500`, `[::1]:auto`)."""
     return f"[{address}]:{port_number}" if ":" in address else f"{address}:{port_number}"
 
 

@@ -70,7 +70,7 @@ class Platform(Protocol):
 
 
 # Every number, host and port a platform reads goes through entrypoint.values: ASCII digits,
-# bounded by the Limit of what it counts; one host per address, IPv4 or a name.
+# bounded by the Limit of what it counts; one host per address: a name, IPv4 or IPv6.
 
 
 def read_index(env: Mapping[str, str], *names: str, limit: Limit) -> Sourced[int] | None:
@@ -89,7 +89,7 @@ def read_count(
 
 
 def read_addr(env: Mapping[str, str], *names: str) -> Sourced[str] | None:
-    """Node 0's address: one host name or IPv4 address."""
+    """Node 0's address: one host name, IPv4 or IPv6 address (brackets dropped)."""
     found = first(env, *names)
     return None if found is None else Sourced(host(found[0], found[1]), env_var(found[0]))
 
@@ -104,8 +104,9 @@ def read_port(env: Mapping[str, str], *names: str) -> Sourced[int]:
 
 
 def read_hosts(name: str, raw: str, hosts: list[str]) -> tuple[str, ...]:
-    """Every node's host as a platform lists them (master first): each one host or IP (IPv6
-    allowed but for the first, node 0), at most NODES.high, none twice."""
+    """Every node's host as a platform lists them (master first): each one host name or IP
+    address (a link-local one without its zone only after the first, node 0), at most
+    NODES.high, none twice."""
     if len(hosts) > NODES.high:
         raise ConfigError(
             name,
@@ -115,7 +116,7 @@ def read_hosts(name: str, raw: str, hosts: list[str]) -> tuple[str, ...]:
         )
     if not hosts:
         raise ConfigError(name, raw, "lists no host", f"Let the platform set {name}")
-    checked = [host(name, hosts[0])] + [host(name, h, ipv6=True) for h in hosts[1:]]
+    checked = [host(name, hosts[0])] + [host(name, h, master=False) for h in hosts[1:]]
     seen: set[str] = set()
     for one in checked:
         if one in seen:

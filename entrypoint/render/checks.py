@@ -8,6 +8,7 @@ import ipaddress
 import re
 from collections.abc import Sequence
 
+from entrypoint import values
 from entrypoint.errors import ConfigError
 from entrypoint.render.quote import shell_join
 from entrypoint.secrets import MASK, is_secret
@@ -174,10 +175,19 @@ def host(raw: str | None) -> str | None:
         return None
     bare = raw[1:-1] if raw.startswith("[") and raw.endswith("]") else raw
     try:
-        ipaddress.IPv6Address(bare)
-        return raw
+        ipaddress.IPv6Address(bare.partition("%")[0])
     except ValueError:
         pass
+    else:  # the nodes' own rules (a link-local one needs its zone), kept bare: fd00::2
+        return values.host("--master-addr", raw)
+    if raw.startswith("[") and "]:" in raw:
+        address, _, port_text = raw[1:].partition("]:")
+        raise ConfigError(
+            "--master-addr",
+            raw,
+            "is [address]:port, not a host",
+            f"Give --master-addr {address} --master-port {port_text}",
+        )
     if _HOST.fullmatch(raw):
         return raw
     host, colon, port_text = raw.rpartition(":")

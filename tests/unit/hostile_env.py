@@ -207,6 +207,9 @@ HOSTS = [
     "::1",
     "[::1]",
     "fe80::1%eth0",
+    "fe80::1",
+    "[fd00::2]",
+    "fd00::2%eth0",
     "[fe80::1]:29500",
     "::1:29500",
     "10.0.0.1:29500",
@@ -418,7 +421,7 @@ def violations(plan: Plan, node: Facts) -> list[str]:
     try:
         host("master_addr", plan.master_addr)
     except ConfigError as err:
-        out.append(f"master_addr {plan.master_addr!r} is not one IPv4 host: {err}")
+        out.append(f"master_addr {plan.master_addr!r} is not one host: {err}")
     for line in (*plan.notes, *plan.warnings, *map(str, plan.sources.values())):
         if "\n" in line:
             out.append(f"a note, warning or source of more than one line: {line[:200]!r}")

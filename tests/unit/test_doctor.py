@@ -4,6 +4,7 @@ the report's shapes, and the command through a real subprocess."""
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -256,3 +257,18 @@ def test_table_rows_when_a_library_fails(findings, shown):
     plan, found, findings = found_for(WORKER, node(8), findings, rendezvous="open", control="open")
     text = table(report(plan, node(8), findings, Settings.from_env(WORKER), found), "")
     assert shown in " ".join(text.split())
+
+
+def test_an_ipv6_master_is_resolved_and_its_ports_probed_over_ipv6():
+    with socket.socket(socket.AF_INET6) as listening:
+        listening.bind(("::1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        env = WORKER | {"MASTER_ADDR": "[::1]", "MASTER_PORT": str(port)}
+        out = doctor("--json", env=env)
+    rep = json.loads(out.stdout)
+    assert out.returncode in (0, 1), out.stderr
+    assert rep["master"]["resolved"] == "::1", rep["master"]
+    states = {p["name"]: p["state"] for p in rep["master"]["ports"]}
+    assert states["rendezvous"] == "open", rep["master"]
+    assert states["control"] in ("refused", "open"), rep["master"]

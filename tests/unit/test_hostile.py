@@ -130,13 +130,13 @@ REFUSED = [
         "MASTER_ADDR=[fe80::1]",
         {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "[fe80::1]"},
         "MASTER_ADDR",
-        "IPv6 address; node 0's control channel",
+        "a link-local address without its zone",
     ),
     (
-        "MASTER_ADDR=::1",
-        {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "::1"},
+        "MASTER_ADDR=[fd00::2]:29500",
+        {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "[fd00::2]:29500"},
         "MASTER_ADDR",
-        "listens on IPv4 only",
+        "Set MASTER_ADDR=fd00::2 and the port in MASTER_PORT=29500",
     ),
     (
         "MASTER_ADDR='worker 0'",
@@ -354,18 +354,50 @@ def test_host_accepts_names_and_ipv4(raw, value):
 
 
 @pytest.mark.parametrize(
-    ("raw", "ipv6"), [("::1", "::1"), ("[::1]", "::1"), ("fe80::1%eth0", "fe80::1%eth0")]
+    ("raw", "ipv6"),
+    [
+        ("::1", "::1"),
+        ("[::1]", "::1"),
+        ("fd00::2", "fd00::2"),
+        ("[fd00::2]", "fd00::2"),
+        ("FD00:0:0::2", "fd00::2"),
+        (" [2001:db8::7] ", "2001:db8::7"),
+        ("fe80::1%eth0", "fe80::1%eth0"),
+        ("[fe80::1%eth0]", "fe80::1%eth0"),
+        ("fe80::1%3", "fe80::1%3"),
+        ("::ffff:10.0.0.1", "10.0.0.1"),
+        ("[::ffff:10.0.0.1]", "10.0.0.1"),
+    ],
 )
-def test_host_reads_ipv6_with_or_without_brackets_where_allowed(raw, ipv6):
-    assert host("SKYPILOT_NODE_IPS", raw, ipv6=True) == ipv6
+def test_host_reads_ipv6_in_the_bare_form(raw, ipv6):
+    # The plan holds the bare form; launchers add brackets where they write host:port.
+    assert host("MASTER_ADDR", raw) == ipv6
+
+
+def test_a_link_local_without_zone_is_a_host_in_a_list_but_not_a_master():
+    assert host("SKYPILOT_NODE_IPS", "fe80::1", master=False) == "fe80::1"
+    with pytest.raises(ConfigError) as err:
+        host("MASTER_ADDR", "fe80::1")
+    assert err.value.line() == (
+        "MASTER_ADDR='fe80::1': a link-local address without its zone (the interface that "
+        "reaches it). Set MASTER_ADDR=fe80::1%eth0 (this node's interface towards node 0), "
+        "or give node 0's global or unique-local address"
+    )
 
 
 @pytest.mark.parametrize(
     ("raw", "words"),
     [
         ("10.0.0.1:29500", "Set MASTER_ADDR=10.0.0.1 and the port in MASTER_PORT=29500"),
+        ("[fd00::2]:29500", "Set MASTER_ADDR=fd00::2 and the port in MASTER_PORT=29500"),
         ("[fe80::1]:29500", "holds a port"),
-        ("::1", "IPv4 only"),
+        ("::1:29500", "not a valid IPv6 address"),
+        ("fd00::2::3", "not a valid IPv6 address"),
+        ("[fe80::1]", "without its zone"),
+        ("fd00::2%eth0", "Set MASTER_ADDR=fd00::2"),
+        ("fe80::1%", "a zone"),
+        ("fe80::1%" + "e" * 16, "a zone"),
+        ("[fd00::2", "not a valid IPv6"),
         ("worker 0", "space"),
         ("tcp://h:1", "a URL"),
         ("1.2.3.256", "not a valid IPv4"),

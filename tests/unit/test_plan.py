@@ -1,6 +1,7 @@
 """The plan as a pure function of (environment, facts): no probing, no os.environ."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -444,12 +445,49 @@ def test_jax_distributed_initialize_needs_no_arguments(launcher, env):
     assert plan.env["JAX_LOCAL_DEVICE_IDS"] == ("0,1,2,3,4,5,6,7" if launcher == "jax" else "1")
 
 
-def test_an_ipv6_master_is_refused_with_the_reason():
-    # The plan would bracket it for JAX ([fd00::1]:29500), but node 0's control channel
-    # listens on IPv4 only (entrypoint/control.py): the other nodes could never join.
-    env = SEED_004_WORKER_1 | {"ENTRYPOINT_LAUNCHER": "jax", "MASTER_ADDR": "fd00::1"}
-    with pytest.raises(ConfigError, match="listens on IPv4 only"):
-        make_plan(env, node(8), ["python", "t.py"])
+@pytest.mark.parametrize(
+    ("variable", "raw", "bare"),
+    [
+        ("MASTER_ADDR", "fd00::1", "fd00::1"),
+        ("MASTER_ADDR", "[fd00::1]", "fd00::1"),
+        ("MASTER_ADDR", "fe80::1%eth0", "fe80::1%eth0"),
+        ("ENTRYPOINT_MASTER_ADDR", "[FD00::1]", "fd00::1"),
+    ],
+)
+def test_an_ipv6_master_is_planned_bare_and_bracketed_where_a_port_follows(variable, raw, bare):
+    env = SEED_004_WORKER_1 | {"ENTRYPOINT_LAUNCHER": "jax", variable: raw}
+    plan = make_plan(env, node(8), ["python", "t.py"])
+    assert plan.master_addr == bare
+    assert plan.env["JAX_COORDINATOR_ADDRESS"] == f"[{bare}]:29500"
+
+
+def test_torchrun_and_accelerate_take_an_ipv6_master_bare():
+    # torchrun's --master-addr and accelerate's main_process_ip take the bare address; only a
+    # host:port (JAX_COORDINATOR_ADDRESS, the rendezvous shown) brackets it.
+    env = SEED_004_WORKER_1 | {"MASTER_ADDR": "[fd00::1]"}
+    plan = make_plan(env, node(8), ["python", "t.py"])
+    assert "--master-addr=fd00::1" in plan.command
+    accelerate = make_plan(env | {"ENTRYPOINT_LAUNCHER": "accelerate"}, node(8), ["t.py"])
+    (config,) = [text for path, text in accelerate.files.items() if path.endswith(".yaml")]
+    assert json.loads(config.split("\n", 1)[1])["main_process_ip"] == "fd00::1"
+
+
+@pytest.mark.parametrize(
+    ("master_ip", "env", "family", "source"),
+    [
+        ("fd00::1", {}, "AF_INET6", "the master's address is IPv6 (fd00::1)"),
+        ("fd00::1", {"NCCL_SOCKET_FAMILY": "AF_INET"}, "AF_INET", "set by you, kept"),
+        ("10.0.0.1", {}, None, None),
+    ],
+)
+def test_nccl_talks_ipv6_when_the_master_is_ipv6(master_ip, env, family, source):
+    facts = replace(node(8), master_ip=master_ip)
+    plan = make_plan(SEED_004_WORKER_1 | env, facts, ["python", "t.py"])
+    assert plan.env.get("NCCL_SOCKET_FAMILY", env.get("NCCL_SOCKET_FAMILY")) == family
+    if source is None:
+        assert "NCCL_SOCKET_FAMILY" not in plan.sources
+    else:
+        assert source in str(plan.sources["NCCL_SOCKET_FAMILY"])
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "accelerate", "jax"])

@@ -179,11 +179,12 @@ def test_master_derived_where_the_environment_says_it(env, master, source):
             "mpirun -x MASTER_ADDR=",
         ),
         (no_master(HYDRA_ONE_PER_NODE), "MASTER_ADDR", "mpiexec -genv MASTER_ADDR"),
-        # mpirun's host reachable over IPv6 only: node 0's control channel listens on IPv4.
+        # mpirun's host reachable over IPv6 only, its first address link-local: no zone says
+        # which interface reaches it.
         (
             OUTSIDE_SLURM | {mpi.HNP_URI: "1314521088.0;tcp6://[fe80::1,2620:10d::2]:43370"},
             mpi.HNP_URI,
-            "IPv4 only",
+            "link-local address without its zone",
         ),
         (
             OMPI_ONE_PER_NODE | {"OMPI_COMM_WORLD_RANK": "2"},

@@ -331,3 +331,22 @@ def test_the_plan_reads_what_was_rendered(target, shape):
         # One node with no MASTER_PORT in its environment: torchrun --standalone picks a port.
         standalone = nodes == 1 and "MASTER_PORT" not in env
         assert plan.master_port == (None if standalone else platform_port)
+
+
+@pytest.mark.parametrize("address", ["fd00::2", "[fd00::2]", "fe80::1%eth0"])
+def test_an_ipv6_machine_0_reaches_every_node_s_plan_bare(address):
+    request = build(
+        "docker",
+        nodes="2",
+        gpus_per_node="8",
+        image=IMAGE,
+        master_addr=address,
+        master_port="29400",
+    )
+    envs, _, _, master, _ = docker_nodes(render(request))
+    bare = address.strip("[]")
+    assert master == bare
+    for rank, env in enumerate(envs):
+        plan = make_plan(env | {"ENTRYPOINT_LAUNCHER": "jax"}, node(8), ["python", "t.py"])
+        assert plan.master_addr == bare and plan.node_rank == rank
+        assert plan.env["JAX_COORDINATOR_ADDRESS"] == f"[{bare}]:29400"
