@@ -49,6 +49,8 @@ _IMAGE_EXAMPLE = "ghcr.io/org/multinode:1.0"
 _RESERVED = {
     "NNODES",
     "NODE_RANK",
+    "ENTRYPOINT_SPARES",
+    "ENTRYPOINT_MIN_NODES",
     "MASTER_ADDR",
     "MASTER_PORT",
     "WORLD_SIZE",
@@ -100,7 +102,8 @@ def env_items(items: Sequence[str]) -> tuple[tuple[str, str | None], ...]:
                 "--env",
                 shown,
                 f"the rendered spec or the platform sets {key}",
-                "Drop it; --nodes, --gpus-per-node and --master-port say what you want instead",
+                "Drop it; --nodes, --spares, --min-nodes, --gpus-per-node and --master-port "
+                "say what you want instead",
             )
         if key in out:
             raise ConfigError("--env", shown, f"{key} is given twice", "Give each variable once")

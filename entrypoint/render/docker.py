@@ -26,13 +26,15 @@ ULIMITS = ("--ulimit memlock=-1", "--ulimit stack=67108864")
 def _command(request: Request, rank: int) -> list[str]:
     port = request.master_port or DEFAULT_PORT
     master = request.master_addr or "127.0.0.1"
-    lines = [f"docker run --rm --name {request.name}-node{rank}"]
+    # With spares, docker starts a failed node's container again: it rejoins as a standby.
+    again = "--restart on-failure" if request.elastic and rank else "--rm"
+    lines = [f"docker run {again} --name {request.name}-node{rank}"]
     lines.append(
         " ".join(["--gpus all"] * bool(request.gpus_per_node) + ["--network host", "--ipc host"])
     )
     lines.append(" ".join(ULIMITS))
     env = [
-        f"NNODES={request.nodes}",
+        f"NNODES={request.machines}",
         f"NODE_RANK={rank}",
         f"MASTER_ADDR={master}",
         f"MASTER_PORT={port}",
@@ -67,7 +69,7 @@ def render(request: Request) -> str:
                     ),
                     "(the entrypoints' own channel), so let them through its firewall.",
                 ]
-                if request.nodes > 1
+                if request.machines > 1
                 else []
             ),
             "--network host and --ipc host: NCCL uses the machine's interfaces and shared memory",
@@ -79,6 +81,9 @@ def render(request: Request) -> str:
                 "on every machine first,"
             ),
             f"  export {text.JOB_TOKEN}=<the output of `{text.TOKEN_COMMAND}`, run once>",
+            *text.when_a_node_dies(
+                request, "docker starts a failed node's container again, a standby then;"
+            ),
             *(
                 [
                     (
@@ -92,7 +97,13 @@ def render(request: Request) -> str:
         ],
     )
     blocks = []
-    for rank in range(request.nodes):
-        role = "node 0, the master" if rank == 0 else f"node {rank}"
+    for rank in range(request.machines):
+        role = (
+            "node 0, the master"
+            if rank == 0
+            else f"node {rank}, a spare"
+            if rank >= request.nodes
+            else f"node {rank}"
+        )
         blocks.append("\n".join([f"# Machine {rank} ({role})", *_command(request, rank)]))
     return text.comment(opening) + "\n" + "\n\n".join(blocks) + "\n"

@@ -51,7 +51,7 @@ def _service(request: Request) -> dict:
 
 
 def _job(request: Request) -> dict:
-    fixed = [(NNODES, str(request.nodes)), (MASTER_ADDR, master_addr(request))]
+    fixed = [(NNODES, str(request.machines)), (MASTER_ADDR, master_addr(request))]
     if request.master_port is not None:
         fixed.append((MASTER_PORT, str(request.master_port)))
     container = text.kube_container(request, "node", fixed)
@@ -61,12 +61,21 @@ def _job(request: Request) -> dict:
         "metadata": text.kube_metadata(request),
         "spec": {
             "completionMode": "Indexed",
-            "completions": request.nodes,
-            "parallelism": request.nodes,
-            "backoffLimit": 0,
+            "completions": request.machines,
+            "parallelism": request.machines,
+            # Kubernetes 1.29+: a failed pod is replaced for its index alone (beta in
+            # 1.29-1.32, on by default; GA in 1.33/1.34).
+            **(
+                {"backoffLimitPerIndex": RESTARTS_PER_INDEX, "podReplacementPolicy": "Failed"}
+                if request.elastic
+                else {"backoffLimit": 0}
+            ),
             "template": {"spec": text.kube_pod_spec(container, subdomain=request.name)},
         },
     }
+
+
+RESTARTS_PER_INDEX = 3
 
 
 def _opening(request: Request) -> list[str]:
@@ -80,6 +89,11 @@ def _opening(request: Request) -> list[str]:
             (
                 f"Logs: kubectl logs{' -n ' + request.namespace if request.namespace else ''} "
                 f"-f job/{request.name} (node 0)."
+            ),
+            *text.when_a_node_dies(
+                request,
+                f"the Job starts a new pod for the lost index (up to {RESTARTS_PER_INDEX} times "
+                "each; Kubernetes 1.29 or newer), which rejoins as a standby;",
             ),
         ],
     )
@@ -102,8 +116,13 @@ def _job_notes(request: Request) -> list:
             "host name <job>-<i>.",
         ),
         (
-            "backoffLimit:",
-            "A lost node breaks the rendezvous of all: fail the job rather than restart one pod.",
+            ("backoffLimitPerIndex:", "A lost pod is started again for its index alone.")
+            if request.elastic
+            else (
+                "backoffLimit:",
+                "A lost node breaks the rendezvous of all: fail the job rather than restart one "
+                "pod.",
+            )
         ),
         (
             "subdomain:",

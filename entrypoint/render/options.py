@@ -65,6 +65,21 @@ _COMMON: tuple[tuple[tuple[str, ...], dict], ...] = (
     ),
     (("--image",), {"metavar": "IMAGE", "help": "the image to run (required)"}),
     (
+        ("--spares",),
+        {
+            "metavar": "S",
+            "help": "standby nodes started beside the N (ENTRYPOINT_SPARES): a lost node's rank "
+            "goes to one, and the platform may replace the lost pod (default 0)",
+        },
+    ),
+    (
+        ("--min-nodes",),
+        {
+            "metavar": "M",
+            "help": "with no standby left, go on with M to N nodes (ENTRYPOINT_MIN_NODES)",
+        },
+    ),
+    (
         ("--name",),
         {"metavar": "NAME", "help": f"the job's name, lower case (default: {DEFAULT_NAME})"},
     ),
@@ -184,6 +199,8 @@ def cmd_render(args, env=None) -> int:
     request = build(
         args.platform,
         nodes=args.nodes,
+        spares=args.spares,
+        min_nodes=args.min_nodes,
         gpus_per_node=args.gpus_per_node,
         image=args.image,
         name=args.name,

@@ -28,6 +28,9 @@ def master_addr(request: Request) -> str:
     return f"{request.name}-master-0"
 
 
+RESTARTS = 10  # with spares: pod restarts in all before the job fails
+
+
 def _replica(request: Request, replicas: int) -> dict:
     ports = (
         [{"name": PORT_NAME, "containerPort": request.master_port}]
@@ -38,22 +41,23 @@ def _replica(request: Request, replicas: int) -> dict:
     # The operator copies the replica's restartPolicy into the pod.
     return {
         "replicas": replicas,
-        "restartPolicy": "Never",
+        # With spares: a failed pod's container starts again and rejoins as a standby.
+        "restartPolicy": "OnFailure" if request.elastic else "Never",
         "template": {"spec": text.kube_pod_spec(container, restart=None)},
     }
 
 
 def render(request: Request) -> str:
     replicas = {"Master": _replica(request, 1)}
-    if request.nodes > 1:
-        replicas["Worker"] = _replica(request, request.nodes - 1)
+    if request.machines > 1:
+        replicas["Worker"] = _replica(request, request.machines - 1)
     job = {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
         "metadata": text.kube_metadata(request),
         "spec": {
             "nprocPerNode": str(request.nproc_per_node),
-            "runPolicy": {"backoffLimit": 0},
+            "runPolicy": {"backoffLimit": RESTARTS if request.elastic else 0},
             "pytorchReplicaSpecs": replicas,
         },
     }
@@ -65,6 +69,11 @@ def render(request: Request) -> str:
             *text.kube_notes(request),
             f"Node 0 is the Master pod, {master_addr(request)}:{port}; Worker i is node i + 1.",
             "Needs training-operator v1.7 or later (PET_NNODES); the last v1 release is v1.9.",
+            *text.when_a_node_dies(
+                request,
+                f"the operator restarts the failed pod (OnFailure, {RESTARTS} times in all), "
+                "which rejoins as a standby;",
+            ),
         ],
     )
     notes = [

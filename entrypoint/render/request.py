@@ -5,7 +5,7 @@ renderer reads. Secret values never enter it: a secret variable is kept by name 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from entrypoint.errors import ConfigError
 from entrypoint.render import checks
@@ -42,6 +42,26 @@ class Request:
     account: str | None = None  # slurm only
     namespace: str | None = None  # Kubernetes platforms only
     secret_name: str | None = None  # Kubernetes platforms: the Secret holding secret --env names
+    spares: int = 0  # standby nodes started beside `nodes` (ENTRYPOINT_SPARES)
+    min_nodes: int | None = None  # ENTRYPOINT_MIN_NODES
+
+    @property
+    def machines(self) -> int:
+        """The nodes the platform starts: those that train, and the spares."""
+        return self.nodes + self.spares
+
+    @property
+    def elastic(self) -> bool:
+        """Whether a lost node is replaced or left out (the spec lets the platform replace
+        pods) rather than ending the job."""
+        return bool(self.spares) or self.min_nodes is not None
+
+    def elastic_env(self) -> list[tuple[str, str]]:
+        """The settings every node gets for spares and shrinking (only those given)."""
+        out = [("ENTRYPOINT_SPARES", str(self.spares))] if self.spares else []
+        if self.min_nodes is not None:
+            out.append(("ENTRYPOINT_MIN_NODES", str(self.min_nodes)))
+        return out
 
     @property
     def secret(self) -> str:
@@ -68,6 +88,8 @@ class Request:
             self.platform,
             "--nodes",
             str(self.nodes),
+            *(["--spares", str(self.spares)] if self.spares else []),
+            *(["--min-nodes", str(self.min_nodes)] if self.min_nodes is not None else []),
             "--gpus-per-node",
             str(self.gpus_per_node),
             "--image",
@@ -87,8 +109,10 @@ class Request:
         ):
             if value != default:
                 words += [option, str(value)]
+        elastic = dict(self.elastic_env())
         for key, value in self.env:
-            words += ["--env", key if value is None else f"{key}={value}"]
+            if key not in elastic:
+                words += ["--env", key if value is None else f"{key}={value}"]
         if self.command:
             words += ["--", *self.command]
         return shell_join(words)
@@ -100,6 +124,8 @@ def build(
     nodes: str | None,
     gpus_per_node: str | None,
     image: str | None,
+    spares: str | None = None,
+    min_nodes: str | None = None,
     name: str | None = None,
     trainer: Sequence[str] = (),
     master_port: str | None = None,
@@ -128,6 +154,7 @@ def build(
     )
     # Checked in this order: with several bad options, the first of them is named.
     count = checks.number("--nodes", nodes, 1, MAX_NODES, "the number of nodes", "2")
+    standby, least = _elastic(spares, min_nodes, count)
     gpus = checks.number("--gpus-per-node", gpus_per_node, 0, MAX_GPUS_PER_NODE, GPUS_WHAT, "8")
     checked_image, checked_runtime = checks.image(image, platform), _runtime(runtime)
     request = Request(
@@ -146,9 +173,24 @@ def build(
         account=checks.match("--account", account, checks.WORD, "an account name", "myproject"),
         namespace=_k8s_name("--namespace", namespace, NAMESPACE_WHAT, "ml"),
         secret_name=_k8s_name("--secret-name", secret_name, SECRET_WHAT, "train-secrets"),
+        spares=standby,
+        min_nodes=least,
     )
     _hand_started_need_master(request)
-    return request
+    return replace(request, env=(*request.env, *request.elastic_env()))  # as --env's, to all
+
+
+def _elastic(spares: str | None, min_nodes: str | None, count: int) -> tuple[int, int | None]:
+    """--spares (0 to the node limit less --nodes) and --min-nodes (1 to --nodes)."""
+    standby = (
+        checks.number("--spares", spares, 0, MAX_NODES - count, SPARES_WHAT, "1")
+        if spares is not None
+        else 0
+    )
+    if min_nodes is None:
+        return standby, None
+    least = checks.number("--min-nodes", min_nodes, 1, count, "the fewest nodes to go on", "1")
+    return standby, least
 
 
 def _hand_started_need_master(request: Request) -> None:
@@ -162,6 +204,7 @@ def _hand_started_need_master(request: Request) -> None:
 
 
 GPUS_WHAT = "the GPUs of each node (0: CPU only)"
+SPARES_WHAT = "the standby nodes (at most the job's node limit less --nodes)"
 
 
 def _platform_takes(platform: str, given: dict[str, str | None]) -> None:

@@ -44,7 +44,7 @@ def apptainer_image(image: str) -> str:
 def _directives(request: Request) -> list[str]:
     lines = [
         f"#SBATCH --job-name={request.name}",
-        f"#SBATCH --nodes={request.nodes}",
+        f"#SBATCH --nodes={request.machines}",
         "# One task per node: the entrypoint on each node starts its workers, one per GPU.",
         "#SBATCH --ntasks-per-node=1",
     ]
@@ -59,6 +59,11 @@ def _directives(request: Request) -> list[str]:
         f"#SBATCH --signal=TERM@{SIGNAL_AHEAD}",
         f"#SBATCH --output={SCRIPT_LOG}",
     ]
+    if request.elastic:
+        lines += [
+            "# A node that fails does not end the allocation: the others go on (spares, shrink).",
+            "#SBATCH --no-kill",
+        ]
     if request.partition:
         lines.append(f"#SBATCH --partition={request.partition}")
     if request.account:
@@ -158,6 +163,10 @@ def render(request: Request) -> str:
             f"Submit: sbatch FILE. Logs: {SCRIPT_LOG} (this script), {NODE_LOG} (each node).",
             "Each node's entrypoint reads SLURM_* (node list, node id, GPUs): node 0 is the first",
             "host, the port is derived from the job id unless MASTER_PORT is set.",
+            *text.when_a_node_dies(
+                request,
+                "SLURM cannot add a node to a running allocation: the spares are all there is;",
+            ),
         ],
     )
     lines = [

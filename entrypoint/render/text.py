@@ -30,10 +30,33 @@ def count(number: int, noun: str) -> str:
 
 
 def shape(request, noun: str = "node") -> str:
-    """`2 nodes x 8 GPUs`, or `2 CPU nodes`."""
+    """`2 nodes x 8 GPUs`, `2 CPU nodes`, `2 nodes + 1 spare x 8 GPUs`."""
+    spares = f" + {count(request.spares, 'spare')}" if request.spares else ""
     if request.gpus_per_node:
-        return f"{count(request.nodes, noun)} x {count(request.gpus_per_node, 'GPU')}"
-    return count(request.nodes, f"CPU {noun}")
+        return f"{count(request.nodes, noun)}{spares} x {count(request.gpus_per_node, 'GPU')}"
+    return count(request.nodes, f"CPU {noun}") + spares
+
+
+def when_a_node_dies(request, platform_part: str) -> list[str]:
+    """The header's lines on a lost node, with spares or a minimum (none without them)."""
+    if not request.elastic:
+        return []
+    lines = ["When a node dies:"]
+    if request.spares:
+        lines.append(
+            f"  a standby (of {request.spares}) takes its rank and every node's trainer "
+            "restarts from its last checkpoint;"
+        )
+    if request.min_nodes is not None:
+        lines.append(
+            f"  with no standby left, the job restarts on the survivors while {request.min_nodes} "
+            "or more are alive;"
+        )
+    return [
+        *lines,
+        f"  {platform_part}",
+        "  node 0's loss ends the job on every node (75): it holds the rendezvous.",
+    ]
 
 
 def header(request, title: str, lines: Sequence[str] = ()) -> list[str]:

@@ -38,7 +38,7 @@ def _trainer(request: Request) -> dict:
     trainer: dict = {
         "image": request.image,
         "args": request.entrypoint_args(),
-        "numNodes": request.nodes,
+        "numNodes": request.machines,
         "numProcPerNode": request.nproc_per_node,
     }
     if request.gpus_per_node:
@@ -92,6 +92,11 @@ def _opening(request: Request) -> list[str]:
             *text.kube_notes(request),
             f"Node 0 is pod {master_addr(request)}:{MASTER_PORT} (the Trainer fixes the port).",
             f"Needs Kubeflow Trainer v2.3 or later with the {RUNTIME} ClusterTrainingRuntime.",
+            *text.when_a_node_dies(
+                request,
+                "the runtime's JobSet decides pod restarts (its failurePolicy restarts the whole "
+                "job, which resumes from its checkpoint);",
+            ),
         ],
     )
 

@@ -38,22 +38,32 @@ def _task(request: Request, name: str, replicas: int, **more) -> dict:
     }
 
 
+def _tasks(request: Request) -> list[dict]:
+    """The master task (node 0) and the workers; with spares a failed worker restarts alone."""
+    tasks = [
+        _task(request, MASTER, 1, policies=[{"event": "TaskCompleted", "action": "CompleteJob"}])
+    ]
+    if request.machines > 1:
+        restart = [
+            {"event": event, "action": "RestartTask"} for event in ("PodFailed", "PodEvicted")
+        ]
+        more = {"policies": restart} if request.elastic else {}
+        tasks.append(_task(request, WORKER, request.machines - 1, **more))
+    return tasks
+
+
 def render(request: Request) -> str:
     pytorch = [f"--master={MASTER}", f"--worker={WORKER}"]
     if request.master_port is not None:
         pytorch.append(f"--port={request.master_port}")
-    tasks = [
-        _task(request, MASTER, 1, policies=[{"event": "TaskCompleted", "action": "CompleteJob"}])
-    ]
-    if request.nodes > 1:
-        tasks.append(_task(request, WORKER, request.nodes - 1))
+    tasks = _tasks(request)
     job = {
         "apiVersion": "batch.volcano.sh/v1alpha1",
         "kind": "Job",
         "metadata": text.kube_metadata(request),
         "spec": {
             "schedulerName": "volcano",
-            "minAvailable": request.nodes,
+            "minAvailable": request.machines,
             "plugins": {"pytorch": pytorch, "svc": [], "env": []},
             "policies": [
                 {"event": "PodEvicted", "action": "RestartJob"},
@@ -71,6 +81,9 @@ def render(request: Request) -> str:
             (
                 f"Node 0 is the master task's pod, {master_addr(request)}:{port}; worker i is node "
                 f"i + 1."
+            ),
+            *text.when_a_node_dies(
+                request, "Volcano starts a failed worker's pod again (RestartTask), a standby then;"
             ),
         ],
     )

@@ -80,6 +80,20 @@ GOLDEN: dict[str, tuple[str, dict]] = {
         },
     ),
 }
+# The same with one spare and a minimum: what each platform does when a node dies.
+SPARES = {"spares": "1", "min_nodes": "1"}
+GOLDEN |= {
+    f"{name}-spares.{suffix}": (platform, options | SPARES)
+    for name, suffix in (
+        ("kubernetes", "yaml"),
+        ("pytorchjob", "yaml"),
+        ("trainjob", "yaml"),
+        ("volcano", "yaml"),
+        ("slurm-pyxis", "sbatch"),
+        ("docker", "sh"),
+    )
+    for platform, options in [GOLDEN[f"{name}.{suffix}"]]
+}
 
 
 def rendered(case: str) -> str:
