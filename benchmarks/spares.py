@@ -95,8 +95,10 @@ def platform_restart(image: str, client) -> float:
         return down + first_step_after(second, nodes[0].name, 0.0)
 
 
-def goodput(image: str, client, minutes: float, every: float) -> tuple[float, int, float]:
-    kills = max(1, int(minutes * 60 // every))
+def goodput(image: str, client, minutes: float, every: float) -> tuple[float, int, float, list]:
+    """(goodput, kills, the undisturbed rate, each kill's seconds to the next step). The rate
+    is the best of the stretches between kills: the conservative reference."""
+    kills = max(1, int(minutes * 60 // every) - 1)  # the last kill comes before the end
     with FaultyCluster(image, client=client, shared=SHARED, output=OUTPUT) as c:
         node0 = c.hostname("node", 0)
         # the node to kill each time: the one in rank 1 then, which is the last spare seated
@@ -115,12 +117,26 @@ def goodput(image: str, client, minutes: float, every: float) -> tuple[float, in
         seen = steps_of(run, node0)
         if not seen:
             raise SystemExit(f"node 0 never trained:\n{run.log(60)}")
-        begin = seen[0][0]
-        before = [(t, s) for t, s in seen if t < run.faults["kill0"]]
-        rate = (before[-1][1] - before[0][1]) / (before[-1][0] - before[0][0])
-        end = run.faults["end"]
+        cuts = [run.faults[f"kill{k}"] for k in range(kills)] + [run.faults["end"]]
+        back = [first_step_after(run, node0, cut) for cut in cuts[:-1]]
+        rates = []
+        for start, stop in zip([seen[0][0], *back], cuts, strict=True):
+            part = [(t, s) for t, s in seen if start <= t < stop]
+            if len(part) > 1 and part[-1][0] > part[0][0]:
+                rates.append((part[-1][1] - part[0][1]) / (part[-1][0] - part[0][0]))
+        rate, end = max(rates), run.faults["end"]
         done = max(s for t, s in seen if t <= end)
-        return done / (rate * (end - begin)), kills, rate
+        downtime = [b - cut for b, cut in zip(back, cuts, strict=False)]
+        return done / (rate * (end - seen[0][0])), kills, rate, downtime
+
+
+def restarts(image: str, client) -> None:
+    spare = elastic(image, client, 3, ENTRYPOINT_SPARES="1")
+    print(f"spare takes the rank     {spare:6.1f} s from the kill to node 0's next step")
+    shrink = elastic(image, client, 3, ENTRYPOINT_MIN_NODES="2")
+    print(f"shrink onto 2 nodes      {shrink:6.1f} s")
+    whole = platform_restart(image, client)
+    print(f"platform restarts all    {whole:6.1f} s (containers started again, image local)")
 
 
 def main() -> None:
@@ -131,25 +147,21 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10)
     parser.add_argument("--every", type=float, default=120)
     parser.add_argument("--skip-goodput", action="store_true")
+    parser.add_argument("--only-goodput", action="store_true")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
     import docker
 
     client = docker.from_env(timeout=120)
-    spare = elastic(args.image, client, 3, ENTRYPOINT_SPARES="1")
-    print(
-        f"spare takes the rank     {spare:6.1f} s from the kill to node 0's next step", flush=True
-    )
-    shrink = elastic(args.image, client, 3, ENTRYPOINT_MIN_NODES="2")
-    print(f"shrink onto 2 nodes      {shrink:6.1f} s", flush=True)
-    whole = platform_restart(args.image, client)
-    print(f"platform restarts all    {whole:6.1f} s (containers started again, image local)")
+    if not args.only_goodput:
+        restarts(args.image, client)
     if not args.skip_goodput:
-        ratio, kills, rate = goodput(args.image, client, args.minutes, args.every)
+        ratio, kills, rate, downtime = goodput(args.image, client, args.minutes, args.every)
         print(
             f"goodput                  {ratio * 100:6.1f} % of {args.minutes:g} min, a node killed "
             f"every {args.every:g} s ({kills} kills, spares enough; {rate:.1f} steps/s undisturbed)"
         )
+        print("  each kill to the next step: " + ", ".join(f"{d:.1f} s" for d in downtime))
 
 
 if __name__ == "__main__":
