@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from entrypoint import files
-from entrypoint.errors import ConfigError
+from entrypoint.errors import ConfigError, clip
 from entrypoint.values import Source, derived, env_var
 
 SHIPPED = Path(__file__).parent
@@ -47,7 +47,9 @@ class Split:
 
 
 def _invalid(path: Path, field: str, value: object, problem: str, fix: str) -> ConfigError:
-    return ConfigError(VARIABLE, str(path.parent), f"{path.name}: {field}={value!r} {problem}", fix)
+    return ConfigError(
+        VARIABLE, str(path.parent), f"{path.name}: {field}={clip(repr(value))} {problem}", fix
+    )
 
 
 def _read_json(path: Path, *, required: bool) -> dict:
