@@ -165,3 +165,32 @@ def test_reader_gone_before_the_plan_is_printed_ends_quietly_with_141():
         os.close(write_end)
     assert out.returncode == 141
     assert out.stderr == b""
+
+
+@pytest.mark.parametrize("command", ["plan", "run"])
+@pytest.mark.parametrize("word", ["", " "])
+def test_empty_program_word_refused_in_one_line(command, word):
+    out = entrypoint(command, "--", word, "train.py")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines()[-1] == (
+        f"entrypoint: error: command={word!r}: the trainer's program is an empty word. "
+        "Give the trainer command after --, e.g. -- python train.py"
+    )
+
+
+def test_empty_program_word_refused_by_render():
+    out = entrypoint(
+        *RENDER_BIG[:2],
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "--image",
+        "x",
+        "--master-addr",
+        "h",
+        "--",
+        "",
+    )
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("entrypoint: error: CMD='': the trainer's program is an empty")
