@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import Sequence
 
 from entrypoint import __version__
@@ -177,7 +178,32 @@ def cmd_local(args, env: dict[str, str]) -> int:
     return run_local(args, env)
 
 
+# A reader that closed stdout (`entrypoint plan | head`) ends the command as it ends git or ls:
+# quietly, with the status the shell reports for a process killed by SIGPIPE.
+EXIT_BROKEN_PIPE = 128 + 13
+
+
+def _stdout_closed() -> int:
+    # Python flushes stdout again at exit; pointing it at devnull keeps that flush quiet.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is no file (a test's capture): nothing to flush
+        pass
+    return EXIT_BROKEN_PIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # a pipe closed after the last print shows here, not at exit
+    except BrokenPipeError:
+        return _stdout_closed()
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     env = dict(os.environ)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import resource
 import sys
 from collections import Counter
@@ -150,17 +151,35 @@ def look(plan, facts, settings) -> Findings:
 # -- the command ----------------------------------------------------------------------------
 
 
+MAX_SIZE_MIB = 65_536  # 64 GiB: an all-reduce tensor above the memory of any GPU sold today
+MAX_SIZES = 32
+MAX_ITERS = 10_000
+_SIZE = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6})?\Z")  # ASCII: float() takes nan, inf, 1_0, ١
+
+
+def _sizes(text: str | None) -> list[float]:
+    """--sizes as MiB figures, each above 0 and at most MAX_SIZE_MIB; else one line, exit 2."""
+    words = (text or "1").split(",")
+    sizes = [float(w) for w in words if _SIZE.match(w.strip())]
+    if len(sizes) == len(words) <= MAX_SIZES and 0 < min(sizes) and max(sizes) <= MAX_SIZE_MIB:
+        return sizes
+    raise ConfigError(
+        "--sizes",
+        text,
+        f"not a list of positive MiB figures (at most {MAX_SIZES}, each at most {MAX_SIZE_MIB:,})",
+        "Give --sizes 1,16,64, say",
+    )
+
+
 def allreduce_trainer(args) -> list[str]:
-    if args.iters is not None and args.iters < 1:
-        raise ConfigError("--iters", args.iters, "must be at least 1", "Give --iters 5, say")
-    try:
-        sizes = [float(x) for x in (args.sizes or "1").split(",")]
-    except ValueError:
-        sizes = [0.0]
-    if min(sizes) <= 0:
+    if args.iters is not None and not 1 <= args.iters <= MAX_ITERS:
         raise ConfigError(
-            "--sizes", args.sizes, "not a list of positive MiB figures", "Give --sizes 1,16,64, say"
+            "--iters",
+            args.iters,
+            f"must be at least 1 and at most {MAX_ITERS:,}",
+            "Give --iters 5, say",
         )
+    _sizes(args.sizes)
 
     trainer = [*ALLREDUCE, "--format", "none" if args.json else "table"]
     if args.sizes:

@@ -19,5 +19,21 @@ class ConfigError(Exception):
         super().__init__(self.line())
 
     def line(self) -> str:
-        shown = "(unset)" if self.value is None else repr(str(self.value))
+        shown = "(unset)" if self.value is None else shorten(str(self.value))
         return f"{self.variable}={shown}: {self.problem}. {self.fix}"
+
+
+SHOWN = 80  # characters of a long value a line shows: a 120 kB MASTER_ADDR must not fill the log
+
+
+def shorten(value: str) -> str:
+    """repr(value), or for a long one its start and its length: `'aaaa…' (120,000 characters)`."""
+    if len(value) <= SHOWN:
+        return repr(value)
+    start = repr(value[:SHOWN])
+    return f"{start[:-1]}…{start[-1]} ({len(value):,} characters)"
+
+
+def clip(text: str) -> str:
+    """text, or for a long one its start and its length: `{"a": [1, 2,… (90,000 characters)`."""
+    return text if len(text) <= SHOWN else f"{text[:SHOWN]}… ({len(text):,} characters)"

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from entrypoint import files
 from entrypoint.errors import ConfigError
 from entrypoint.messages import AUTH_HMAC, AUTH_NONE
 
@@ -76,15 +77,12 @@ def read_token(token: str | None, token_file: Path | None) -> bytes | None:
     variable, shown = TOKEN_VARIABLE, "***"
     if token_file is not None:
         variable, shown = TOKEN_FILE_VARIABLE, str(token_file)
+        fix = "Give every node the job's token file (a regular file), or unset it"
+        data = files.read_bounded(token_file, files.MAX_TOKEN, variable, fix)
         try:
-            token = token_file.read_text().strip()
-        except OSError as err:
-            raise ConfigError(
-                variable,
-                shown,
-                f"cannot be read ({err.strerror})",
-                "Give every node the job's token file, or unset it",
-            ) from None
+            token = data.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            raise ConfigError(variable, shown, "the token is not UTF-8 text", fix) from None
     if token is None:
         return None
     if len(token.strip()) < MIN_TOKEN:

@@ -169,6 +169,13 @@ def nproc(
 def trainer(
     command: Sequence[str] | None, settings: Settings, sources: dict[str, Source]
 ) -> tuple[str, ...]:
+    if command and not command[0].strip():
+        raise ConfigError(
+            "command",
+            command[0],
+            "the trainer's program is an empty word",
+            "Give the trainer command after --, e.g. -- python train.py",
+        )
     if command:
         sources["trainer"] = derived("command line after --")
         return tuple(command)

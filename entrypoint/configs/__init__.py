@@ -10,17 +10,18 @@ otherwise the nearest one with the config's micro batch, stated in the plan.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from entrypoint.errors import ConfigError
+from entrypoint import files
+from entrypoint.errors import ConfigError, clip
 from entrypoint.values import Source, derived, env_var
 
 SHIPPED = Path(__file__).parent
 VARIABLE = "ENTRYPOINT_CONFIG"
 DEVICES = ("cuda", "cpu")
+MAX_BATCH = 10**9  # samples in a batch field: far above any real batch, and it keeps the split fast
 
 
 @dataclass(frozen=True)
@@ -46,29 +47,20 @@ class Split:
 
 
 def _invalid(path: Path, field: str, value: object, problem: str, fix: str) -> ConfigError:
-    return ConfigError(VARIABLE, str(path.parent), f"{path.name}: {field}={value!r} {problem}", fix)
+    return ConfigError(
+        VARIABLE, str(path.parent), f"{path.name}: {field}={clip(repr(value))} {problem}", fix
+    )
 
 
 def _read_json(path: Path, *, required: bool) -> dict:
-    if not path.exists() and not required:
+    if not path.exists() and not path.is_symlink() and not required:
         return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as err:
-        why = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
-        raise ConfigError(
-            VARIABLE,
-            str(path.parent),
-            f"cannot read {path.name} ({why})",
-            "Point it at a directory with a readable deepspeed.json (and optional config.json)",
-        ) from None
-    except ValueError as err:
-        raise ConfigError(
-            VARIABLE,
-            str(path.parent),
-            f"{path.name} is not valid JSON ({err})",
-            f"Fix {path}: it must hold one JSON object",
-        ) from None
+    data = files.load_json(
+        path,
+        VARIABLE,
+        f"Make {path} a readable regular file holding one JSON object, at most 1 MiB",
+        value=str(path.parent),
+    )
     if not isinstance(data, dict):
         raise ConfigError(
             VARIABLE,
@@ -87,14 +79,14 @@ def _check_batch_fields(path: Path, ds: dict) -> None:
     ):
         value = ds.get(field, "auto")
         ok = value == "auto" or (
-            isinstance(value, int) and not isinstance(value, bool) and value > 0
+            isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_BATCH
         )
         if not ok:
             raise _invalid(
                 path,
                 field,
                 value,
-                'is not a positive whole number or "auto"',
+                f'is not a positive whole number up to {MAX_BATCH:,} or "auto"',
                 f'Set {field} in {path} to a positive integer or "auto"',
             )
 
@@ -203,7 +195,7 @@ def split(config: Config, world_size: int) -> Split | None:
         return Split(total, micro, fixed, total, f"{config.name}: fixed in deepspeed.json")
     if total % world_size == 0:
         per_rank = total // world_size
-        m = max(d for d in _divisors(per_rank) if d <= micro)
+        m = _largest_divisor(per_rank, micro)
         lowered = "" if m == micro else f", micro batch lowered from {micro}"
         return Split(
             total,
@@ -228,9 +220,13 @@ def split(config: Config, world_size: int) -> Split | None:
     )
 
 
-def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return small + [n // d for d in small]
+def _largest_divisor(n: int, most: int) -> int:
+    """The largest divisor of n not above most, trying at most min(most, sqrt(n)) numbers."""
+    best = 1
+    for d in range(1, min(most, math.isqrt(n)) + 1):
+        if n % d == 0:
+            best = max(best, d, n // d if n // d <= most else 1)
+    return best
 
 
 def derive_deepspeed(config: Config, world_size: int) -> dict:

@@ -218,6 +218,13 @@ def command(trainer: Sequence[str]) -> tuple[str, ...]:
             "comes without -- before it",
             "Put -- between the options and the trainer command, for example -- python train.py",
         )
+    if rest[1:] and not rest[1].strip():
+        raise ConfigError(
+            "CMD",
+            rest[1],
+            "the trainer's program is an empty word",
+            "Give the trainer command after --, e.g. -- python train.py",
+        )
     for word in rest[1:]:
         writable("CMD", word, word)
     return tuple(rest[1:])

@@ -127,3 +127,70 @@ def test_the_run_directory_never_shadows_the_package(tmp_path):
         timeout=60,
     )
     assert out.returncode == 0 and out.stdout.strip() == f"entrypoint {__version__}", out.stderr
+
+
+RENDER_BIG = ["render", "docker", "--nodes", "10000", "--gpus-per-node", "8", "--image", "x"]
+
+
+def test_reader_gone_after_a_few_bytes_ends_quietly_with_141():
+    """`entrypoint render ... | head -c 100`: as git and ls, no traceback, the shell's status
+    for SIGPIPE (128 + 13). 3 MB of spec: far more than a pipe holds, so the write meets it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "entrypoint", *RENDER_BIG, "--master-addr", "10.0.0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=BASE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(100).startswith(b"# train")
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 141
+    assert err == b""
+
+
+def test_reader_gone_before_the_plan_is_printed_ends_quietly_with_141():
+    """`entrypoint plan | head -c 0`: the reader left before the first write."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "entrypoint", "plan"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=BASE,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert out.returncode == 141
+    assert out.stderr == b""
+
+
+@pytest.mark.parametrize("command", ["plan", "run"])
+@pytest.mark.parametrize("word", ["", " "])
+def test_empty_program_word_refused_in_one_line(command, word):
+    out = entrypoint(command, "--", word, "train.py")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines()[-1] == (
+        f"entrypoint: error: command={word!r}: the trainer's program is an empty word. "
+        "Give the trainer command after --, e.g. -- python train.py"
+    )
+
+
+def test_empty_program_word_refused_by_render():
+    out = entrypoint(
+        *RENDER_BIG[:2],
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "--image",
+        "x",
+        "--master-addr",
+        "h",
+        "--",
+        "",
+    )
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("entrypoint: error: CMD='': the trainer's program is an empty")

@@ -18,7 +18,7 @@ GOOD_DS = {
 
 # (config.json text or None, deepspeed.json text or None, words the line must hold)
 BAD = [
-    (None, None, "cannot read deepspeed.json"),
+    (None, None, "deepspeed.json cannot be read"),
     (None, '{"train_batch_size": 32,', "deepspeed.json is not valid JSON"),
     (None, "[1, 2]", "deepspeed.json holds a JSON list, not an object"),
     (

@@ -231,11 +231,23 @@ def test_configuration_error_exits_2_with_the_same_line_as_run():
     [
         (["--sizes", "1,x"], "--sizes='1,x': not a list of positive MiB figures"),
         (["--iters", "0"], "--iters='0': must be at least 1"),
+        (["--iters", "10001"], "--iters='10001': must be at least 1 and at most 10,000"),
+        (["--sizes", "nan"], "--sizes='nan': not a list of positive MiB figures"),
+        (["--sizes", "inf"], "--sizes='inf': not a list of positive MiB figures"),
+        (["--sizes", "1,-inf"], "--sizes='1,-inf': not a list of positive MiB figures"),
+        (["--sizes", "95TiB"], "--sizes='95TiB': not a list of positive MiB figures"),
+        (["--sizes", "100000000"], "--sizes='100000000': not a list of positive MiB figures"),
+        (["--sizes", "65537"], "--sizes='65537': not a list of positive MiB figures"),
+        (["--sizes", "1_0"], "--sizes='1_0': not a list of positive MiB figures"),
+        (["--sizes", "١"], "--sizes='١': not a list of positive MiB figures"),
+        (["--sizes", ",".join("1" * 33)], "(at most 32, each at most 65,536)"),
     ],
 )
 def test_allreduce_options_checked_before_anything_starts(args, line):
     out = doctor("--allreduce", *args, env={})
-    assert out.returncode == 2 and out.stderr.startswith(f"entrypoint: error: {line}")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("entrypoint: error: --") and line in out.stderr
+    assert len(out.stderr.splitlines()) == 1
 
 
 @pytest.mark.parametrize(

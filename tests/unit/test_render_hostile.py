@@ -618,7 +618,13 @@ WORDS = st.one_of(
     st.sampled_from(NAMED),
     st.text(st.characters(codec="utf-8", exclude_characters="\0"), max_size=12),
 )
-COMMANDS = st.lists(WORDS, max_size=5)
+# The program word is not blank: render refuses `-- ''` (test_cli.py); the rest may be anything.
+COMMANDS = st.one_of(
+    st.just([]),
+    st.builds(
+        lambda first, rest: [first, *rest], WORDS.filter(str.strip), st.lists(WORDS, max_size=4)
+    ),
+)
 ENVS = st.dictionaries(
     st.from_regex(r"V_[A-Z0-9_]{0,6}", fullmatch=True).filter(lambda key: not is_secret(key)),
     WORDS,
