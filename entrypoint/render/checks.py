@@ -21,8 +21,9 @@ NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 # sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 TIME = re.compile(r"[0-9]+-[0-9]+(:[0-9]+){0,2}|[0-9]+(:[0-9]+){0,2}", re.ASCII)
-# SLURM partition and account names; a comma separates several partitions.
-WORD = re.compile(r"[A-Za-z0-9_.,-]+", re.ASCII)
+# SLURM partition names, a comma between several (none empty); an account is one name.
+WORD = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*", re.ASCII)
+ACCOUNT = re.compile(r"[A-Za-z0-9_.-]+", re.ASCII)
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", re.ASCII)
 _DIGITS = re.compile(r"[0-9]{1,6}", re.ASCII)
 
@@ -65,6 +66,12 @@ _RESERVED = {
     "ENTRYPOINT_MASTER_PORT",
 }
 _RESERVED_PREFIXES = ("PET_", "SLURM_", "VC_", "VK_")
+# Set by every rendered spec from an option of its own: the fix names that option.
+_SET_FROM = {
+    "ENTRYPOINT_JOB_ID": "the spec sets it from NAME, the job's name: give that instead",
+    "ENTRYPOINT_JOB_TOKEN": "the spec gives every node the job's token already (from the "
+    "Secret on Kubernetes, from the submitting shell elsewhere)",
+}
 
 
 def writable(option: str, value: str, shown: str) -> str:
@@ -96,6 +103,10 @@ def env_items(items: Sequence[str]) -> tuple[tuple[str, str | None], ...]:
                 shown,
                 "is not KEY=VALUE with a variable name as KEY",
                 "Give --env NAME=value, for example --env NCCL_DEBUG=INFO",
+            )
+        if key in _SET_FROM:
+            raise ConfigError(
+                "--env", shown, f"the rendered spec sets {key} itself", f"Drop it; {_SET_FROM[key]}"
             )
         if key in _RESERVED or key.startswith(_RESERVED_PREFIXES):
             raise ConfigError(
@@ -176,6 +187,13 @@ def host(raw: str | None) -> str | None:
     """machine 0's host name, IPv4 or IPv6 address (not host:port: --master-port says that)."""
     if raw is None:
         return None
+    if raw != raw.strip():  # a node would strip it; a spec is written as typed
+        raise ConfigError(
+            "--master-addr",
+            raw,
+            "is not a host name (white space around it)",
+            f"Give --master-addr {raw.strip() or '10.0.0.1'}",
+        )
     bare = raw[1:-1] if raw.startswith("[") and raw.endswith("]") else raw
     try:
         ipaddress.IPv6Address(bare.partition("%")[0])
@@ -191,8 +209,6 @@ def host(raw: str | None) -> str | None:
             "is [address]:port, not a host",
             f"Give --master-addr {address} --master-port {port_text}",
         )
-    if _HOST.fullmatch(raw):
-        return raw
     host, colon, port_text = raw.rpartition(":")
     if colon and _HOST.fullmatch(host) and _DIGITS.fullmatch(port_text):
         raise ConfigError(
@@ -201,12 +217,8 @@ def host(raw: str | None) -> str | None:
             "is host:port, not a host",
             f"Give --master-addr {host} --master-port {port_text}",
         )
-    raise ConfigError(
-        "--master-addr",
-        raw,
-        "is not a host name or IP address",
-        "Give --master-addr 10.0.0.1 (machine 0's address)",
-    )
+    # The nodes read MASTER_ADDR with this reader: render writes no address they refuse.
+    return values.host("--master-addr", raw)
 
 
 def command(trainer: Sequence[str]) -> tuple[str, ...]:

@@ -170,7 +170,7 @@ def build(
         env=checks.env_items(env),
         time=_time(time),
         partition=checks.match("--partition", partition, checks.WORD, PARTITION_WHAT, "gpu"),
-        account=checks.match("--account", account, checks.WORD, "an account name", "myproject"),
+        account=checks.match("--account", account, checks.ACCOUNT, "an account name", "myproject"),
         namespace=_k8s_name("--namespace", namespace, NAMESPACE_WHAT, "ml"),
         secret_name=_k8s_name("--secret-name", secret_name, SECRET_WHAT, "train-secrets"),
         spares=standby,
