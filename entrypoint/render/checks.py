@@ -192,7 +192,7 @@ def host(raw: str | None) -> str | None:
             "--master-addr",
             raw,
             "is not a host name (white space around it)",
-            f"Give --master-addr {raw.strip() or '10.0.0.1'}",
+            "Give --master-addr as one host name or IP address, such as 10.0.0.1",
         )
     bare = raw[1:-1] if raw.startswith("[") and raw.endswith("]") else raw
     try:

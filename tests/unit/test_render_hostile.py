@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import goyaml
+from entrypoint import values
 from entrypoint.cli import main
 from entrypoint.errors import ConfigError
 from entrypoint.render import render
@@ -712,10 +713,33 @@ def test_any_option_value_is_refused_in_one_line_or_changes_no_line(option, valu
         "master_port": "1",
         "runtime": value,
         "time": "1" * len(value),
-        "gpus_per_node": "0" if value == "0" else "1",
+        "gpus_per_node": "0" if value.isdigit() and int(value) == 0 else "1",
     }.get(option, "a" * len(value))
     twin = build(platform, **base | {option: plain})
     assert render(request).count("\n") == render(twin).count("\n")
+
+
+HOSTS = st.one_of(
+    st.from_regex(r"[a-z0-9._\[\]:%-]{1,24}", fullmatch=True),
+    st.ip_addresses().map(str),
+    st.ip_addresses(v=6).map(lambda a: f"[{a}]"),
+    st.builds(".".join, st.lists(st.integers(0, 999).map(str), min_size=1, max_size=5)),
+)
+
+
+@BOUNDED
+@given(raw=HOSTS)
+def test_any_master_addr_render_writes_is_one_the_nodes_accept(raw):
+    """Issue 27: render and the nodes read an address alike; render writes none they refuse."""
+    try:
+        request = build("docker", nodes="2", gpus_per_node="8", image=IMAGE, master_addr=raw)
+    except ConfigError as err:
+        assert "\n" not in err.line() and err.variable == "--master-addr"
+        return
+    written = next(
+        word.split("=", 1)[1] for word in render(request).split() if word.startswith("MASTER_ADDR=")
+    )
+    assert values.host("MASTER_ADDR", written) == written
 
 
 @pytest.mark.parametrize("target", ["kubernetes", "pytorchjob", "trainjob", "volcano"])
