@@ -11,6 +11,8 @@ Commands:
   doctor [--json] [--allreduce]
                               check this node (versions, GPUs, network, master), each problem
                               with its fix; --allreduce: measure bandwidth across all nodes
+  status [HOST[:PORT]] [--json]
+                              every node of a running job, live, from node 0's /metrics
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
 
     local.add_parser(sub)
     _add_doctor(sub)
+    from entrypoint import status  # stdlib only at import: prometheus-client loads when it runs
+
+    status.add_parser(sub)
     return parser
 
 
@@ -172,6 +177,12 @@ def cmd_doctor(args, env: dict[str, str]) -> int:
     return doctor(args, env)
 
 
+def cmd_status(args, env: dict[str, str]) -> int:
+    from entrypoint.status import cmd_status as status
+
+    return status(args, env)
+
+
 def cmd_local(args, env: dict[str, str]) -> int:
     from entrypoint.local import cmd_local as run_local
 
@@ -214,6 +225,7 @@ def _main(argv: Sequence[str] | None) -> int:
         "render": render_options.cmd_render,
         "local": cmd_local,
         "doctor": cmd_doctor,
+        "status": cmd_status,
     }
     if args.command is None:
         parser.print_help()

@@ -44,9 +44,11 @@ from entrypoint.conductor_terms import (
     signal_name,
 )
 from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
+from entrypoint.gpu_stats import STATS_EVERY
 from entrypoint.messages import Beat, Done, Exit, Hello, Restart, Signal, Stop
 from entrypoint.roster import Roster
 from entrypoint.seating import Seating
+from entrypoint.slow_nodes import slow_nodes
 
 
 class Conductor(Seating):
@@ -79,6 +81,13 @@ class Conductor(Seating):
         self.failures: dict[int, tuple[Exit, int, int]] = {}  # member: (message, code, order)
         self.decide_at: float | None = None  # when the failures reported so far are judged
         self.received: dict[int, int] = {}  # signal number: the member that received it first
+        # What `/metrics` and `entrypoint status` show (entrypoint.metrics): every member's last
+        # known state, across restarts; the members lost and why; the slow ones and why.
+        self.seen: dict[int, MemberState] = {}
+        self.lost: dict[int, str] = {}
+        self.slow: dict[int, str] = {}
+        self.training_since: float | None = None  # the first `go`
+        self._last_slow_check = now
 
     # -- names -----------------------------------------------------------------------------
 
@@ -139,13 +148,14 @@ class Conductor(Seating):
         if self.phase == END:
             code, reason = self.outcome or (EXIT_PEERS, "the job has ended")
             return [Send(member, self._stop_message(code, reason)), Close(member)]
-        self.members[member] = MemberState(
+        self.members[member] = self.seen[member] = MemberState(
             host=host,
             joined_at=now,
             last_seen=now,
             fingerprint=dict(message.fingerprint),
             clock_offset=message.time - wall_now,
         )
+        self.lost.pop(member, None)
         return self._maybe_go(now)
 
     def beat(self, member: int, message: Beat, now: float) -> list:
@@ -154,6 +164,7 @@ class Conductor(Seating):
             state.last_seen = now
             if message.stats:
                 state.stats = dict(message.stats)
+                state.history.append(state.stats.get("gpus") or [])
         return []
 
     def exited(self, member: int, message: Exit, now: float) -> list:
@@ -292,11 +303,41 @@ class Conductor(Seating):
                     bye = Stop(EXIT_PEERS, f"node 0 dropped this {self.unit}, {why}")
                     lose = self._lost if member in self.seats else self._standby_lost
                     return [Send(member, bye), Close(member), *lose(member, why, now)]
+            if now - self._last_slow_check >= STATS_EVERY:
+                self._last_slow_check = now
+                actions += self._check_slow()
             interval = self.limits.monitor_interval
             if interval > 0 and now - self._last_monitor >= interval:
                 self._last_monitor = now
                 actions.append(Log("info", monitor_table(self.members, now)))
         return actions
+
+    def _check_slow(self) -> list:
+        """Name a node whose GPUs lag the job's for the whole window, once; and once more when
+        it has caught up (entrypoint.slow_nodes)."""
+        samples = max(1, round(self.limits.slow_window / STATS_EVERY))
+        training = {m: s.history for m, s in self.members.items() if self._training(m)}
+        slow = slow_nodes(training, samples)
+        actions: list = [
+            Log(
+                "warning",
+                f"{self.name(m)} is slow: {why}, for {self.limits.slow_window:g} s "
+                "(ENTRYPOINT_SLOW_NODE_WINDOW). Every synchronous step waits for it: check its "
+                "GPUs (nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER), or replace the node",
+            )
+            for m, why in sorted(slow.items())
+            if m not in self.slow
+        ]
+        actions += [
+            Log("info", f"{self.name(m)} keeps pace with the job again")
+            for m in sorted(self.slow)
+            if m not in slow and m in training
+        ]
+        self.slow = slow
+        return actions
+
+    def _training(self, member: int) -> bool:
+        return not self.roster.elastic or member in self.seats
 
     # -- decisions -------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ summary). Pure values; entrypoint.conductor decides, entrypoint.control_server c
 from __future__ import annotations
 
 import signal
+from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -57,6 +58,7 @@ class Limits:
     max_clock_skew: float = 30.0
     monitor_interval: float = 300.0
     failure_window: float = 0.0  # seconds to wait for more failure reports before naming one
+    slow_window: float = 120.0  # seconds a node's GPUs must lag the job's before it is named
 
 
 def signal_name(number: int) -> str:
@@ -83,6 +85,9 @@ def failure_summary(failure: dict, where: str) -> str:
     return head + ("\n    " + "\n    ".join(tail) if tail else "")
 
 
+HISTORY = 64  # beats with figures kept per member: 10+ minutes at one every 10 s
+
+
 @dataclass
 class MemberState:
     """What node 0 knows of one member."""
@@ -95,6 +100,7 @@ class MemberState:
     clock_offset: float = 0.0
     exit_code: int | None = None
     stats: dict = field(default_factory=dict)
+    history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))  # GPU figures
 
 
 def monitor_table(members: dict[int, MemberState], now: float) -> str:

@@ -21,10 +21,9 @@ from entrypoint.control import (
     PeersError,
     Refused,
 )
+from entrypoint.gpu_stats import STATS_EVERY
 from entrypoint.identity import Identity
 from entrypoint.values import host_port
-
-STATS_EVERY = 10.0  # seconds: a beat carries the GPU figures at most this often (node 0's CPU)
 
 
 class Channel:

@@ -1,4 +1,6 @@
-"""The heartbeat's resource figures: GPU utilization and memory from NVML, else the CPU load."""
+"""The heartbeat's resource figures: each GPU's utilization, memory, temperature, power, SM
+clock, the reasons its clocks are held down, and its uncorrected ECC errors from NVML; else the
+CPU load. A figure NVML cannot give for a GPU (no sensor, no ECC, an older driver) is left out."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ import importlib
 import os
 from collections.abc import Sequence
 from typing import Any
+
+STATS_EVERY = 10.0  # seconds: a beat carries the GPU figures at most this often (node 0's CPU)
 
 
 def nvml_handle(nvml: Any, device: str) -> Any:
@@ -39,13 +43,30 @@ class Stats:
             try:
                 util = self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu
                 memory = self.nvml.nvmlDeviceGetMemoryInfo(handle)
-                gpus.append(
-                    {
-                        "util": util,
-                        "mem_used_mib": memory.used >> 20,
-                        "mem_total_mib": memory.total >> 20,
-                    }
-                )
             except Exception:
                 continue
+            figures = {
+                "util": util,
+                "mem_used_mib": memory.used >> 20,
+                "mem_total_mib": memory.total >> 20,
+            }
+            for key, read in self._extras.items():
+                try:
+                    figures[key] = int(read(self.nvml, handle))
+                except Exception:  # this GPU or driver has no such figure
+                    continue
+            gpus.append(figures)
         return {"gpus": gpus} if gpus else {"load": os.getloadavg()[0]}
+
+    # name: how NVML gives it (pynvml's constants: 0 is NVML_TEMPERATURE_GPU and
+    # NVML_VOLATILE_ECC, the count since the driver loaded; 1 is NVML_CLOCK_SM and
+    # NVML_MEMORY_ERROR_TYPE_UNCORRECTED). `throttle` is NVML's bit mask of clock event reasons
+    # (entrypoint.slow_nodes names them).
+    _extras = {
+        "temp_c": lambda nvml, h: nvml.nvmlDeviceGetTemperature(h, 0),
+        "power_w": lambda nvml, h: nvml.nvmlDeviceGetPowerUsage(h) // 1000,
+        "sm_mhz": lambda nvml, h: nvml.nvmlDeviceGetClockInfo(h, 1),
+        "sm_max_mhz": lambda nvml, h: nvml.nvmlDeviceGetMaxClockInfo(h, 1),
+        "throttle": lambda nvml, h: nvml.nvmlDeviceGetCurrentClocksThrottleReasons(h),
+        "ecc_uncorrected": lambda nvml, h: nvml.nvmlDeviceGetTotalEccErrors(h, 1, 0),
+    }

@@ -57,6 +57,7 @@ def serve(
         max_clock_skew=s.max_clock_skew,
         monitor_interval=s.monitor_interval,
         failure_window=FAILURE_WINDOW if expected > 1 else 0.0,
+        slow_window=s.slow_node_window,
     )
     bind = sockets.ANY if expected > 1 else "127.0.0.1"  # both families; one node: loopback
     roster = (
@@ -81,6 +82,14 @@ def serve(
         identity=identity,
     )
     server.start()
+    if plan.metrics_port:
+        from entrypoint import metrics  # node 0 only: prometheus-client loads here
+
+        name = identity.job.partition("=")[2] or "-"  # ENTRYPOINT_JOB_ID=train: train
+        job = metrics.Job(name, plan.platform, plan.nproc_per_node)
+        if metrics.serve(conductor, job, plan.metrics_port, bind, log):
+            where = host_port(host, plan.metrics_port)
+            log("info", f"metrics of every node at http://{where}/metrics (entrypoint status)")
     if port is None:
         host, port = "127.0.0.1", server.port
     return server, host, port

@@ -168,19 +168,33 @@ def check_stats(raw: Any) -> dict:
         gpus = raw["gpus"]
         if type(gpus) is not list or len(gpus) > 1024 or any(type(g) is not dict for g in gpus):
             raise BadMessage("stats.gpus must be a list of at most 1024 objects")
-        return {
-            "gpus": [
-                {
-                    "util": float_field(g, "util"),
-                    "mem_used_mib": int_field(g, "mem_used_mib", 0, 1 << 40),
-                    "mem_total_mib": int_field(g, "mem_total_mib", 0, 1 << 40),
-                }
-                for g in gpus
-            ]
-        }
+        return {"gpus": [_gpu_figures(g) for g in gpus]}
     if "load" in raw:
         return {"load": float_field(raw, "load")}
     return {}
+
+
+# The figures a GPU may lack (entrypoint.gpu_stats): name and bounds.
+GPU_EXTRAS = {
+    "temp_c": (0, 1000),
+    "power_w": (0, 100_000),
+    "sm_mhz": (0, 100_000),
+    "sm_max_mhz": (0, 100_000),
+    "throttle": (0, (1 << 64) - 1),
+    "ecc_uncorrected": (0, 1 << 62),
+}
+
+
+def _gpu_figures(g: dict) -> dict:
+    out = {
+        "util": float_field(g, "util"),
+        "mem_used_mib": int_field(g, "mem_used_mib", 0, 1 << 40),
+        "mem_total_mib": int_field(g, "mem_total_mib", 0, 1 << 40),
+    }
+    for key, (lo, hi) in GPU_EXTRAS.items():
+        if g.get(key) is not None:
+            out[key] = int_field(g, key, lo, hi)
+    return out
 
 
 def check_failure(raw: Any) -> dict | None:

@@ -70,6 +70,7 @@ class Plan:
     spares: int = 0
     min_nodes: int = 1
     standby: bool = False  # a spare: joins, beats, starts no trainer until node 0 seats it
+    metrics_port: int | None = None  # node 0's /metrics (entrypoint.metrics); None: off
 
     def __post_init__(self) -> None:
         for name in ("env", "files", "sources"):
@@ -128,6 +129,7 @@ def make_plan(
     nnodes, node_rank = reading.nnodes.value, reading.node_rank.value
     w = _workers(env, settings, reading, facts, command, out, member)
     launch, config = _environment(env, settings, facts, w, out)
+    control = steps.choose_control_port(settings, reading, w.layout, out.sources)
     return Plan(
         platform=platform_name,
         nnodes=nnodes,
@@ -136,7 +138,8 @@ def make_plan(
         world_size=w.layout.world_size,
         master_addr=w.master,
         master_port=launch.master_port,
-        control_port=steps.choose_control_port(settings, reading, w.layout, out.sources),
+        control_port=control,
+        metrics_port=steps.metrics_port(settings, launch.master_port, control, out.sources),
         spawn=w.layout.spawn,
         rank=w.layout.rank,
         local_rank=w.layout.local_rank,

@@ -43,6 +43,7 @@ def table(plan: Plan, secret_values: tuple[str, ...] = ()) -> str:
             f"{src.get('master_addr')}; {src.get('master_port')}",
         ),
         ("control port", plan.control_port or "auto", src.get("control_port")),
+        ("metrics port", plan.metrics_port or "off", src.get("metrics_port")),
         (
             "device",
             plan.device + (f" x {plan.gpus_per_node}" if plan.device == "cuda" else ""),

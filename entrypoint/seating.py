@@ -58,6 +58,8 @@ class Seating:
     generation: int
     received: dict[int, int]
     failures: dict
+    lost: dict[int, str]
+    training_since: float | None
     decide_at: float | None
     join_started: float
     join_deadline: float
@@ -110,6 +112,8 @@ class Seating:
         if len(seats) < self.roster.min_nodes or (self.generation == 0 and not self._full(seats)):
             return self._too_few(seats)
         self.phase = RUN
+        if self.training_since is None:
+            self.training_since = now
         for state in self.members.values():
             state.last_seen, state.exit_code = now, None
         took = now - self.join_started
@@ -139,6 +143,7 @@ class Seating:
 
     def _lost(self, member: int, why: str, now: float) -> list:
         reason = f"lost {self.name(member)}: {why}"
+        self.lost[member] = why
         if self.roster.elastic and not any(s in STOPPING for s in self.received):
             alive = [m for m, s in self.members.items() if s.connected and m != member]
             if len(seat(self.roster, self.seats, alive)) >= self.roster.min_nodes:
@@ -290,6 +295,7 @@ class Seating:
             return []
         self.members.pop(member, None)
         self.awaited.discard(member)
+        self.lost[member] = "its connection closed during a restart"
         return [
             Log("warning", f"lost {self.unit} {member} during the restart"),
             *self._maybe_go(now),
@@ -297,6 +303,7 @@ class Seating:
 
     def _standby_lost(self, member: int, why: str, now: float) -> list:
         state = self.members.pop(member)
+        self.lost[member] = why
         waiting = len([m for m in self.members if m not in self.seats])
         return [
             Log(

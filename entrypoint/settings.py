@@ -275,6 +275,25 @@ class Settings(BaseSettings):
             "never."
         ),
     )
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description=(
+            "Node 0 serves Prometheus metrics of every node at http://<node 0>:PORT/metrics "
+            "(`entrypoint status` reads them); default ENTRYPOINT_CONTROL_PORT + 1 (MASTER_PORT "
+            "+ 2) on a multi-node job, off on one node; 0: off."
+        ),
+    )
+    slow_node_window: float = Field(
+        120,
+        ge=10,
+        le=DAY,
+        description=(
+            "Seconds a node's GPUs must run below the job's median (utilization, or SM clock) "
+            "before node 0 names it as slow; GPU figures arrive every 10 s."
+        ),
+    )
     preflight_allreduce: bool = Field(
         False,
         description=(
