@@ -193,15 +193,21 @@ def cmd_doctor(args, env: Mapping[str, str]) -> int:
     plan, facts, settings = node.prepare(
         env, allreduce_trainer(args) if args.allreduce else None, always_probe_gpus=True
     )
-    launch.check_hardware(plan, env, facts)
+    # What `run` refuses (GPUs promised that the node does not see) is doctor's finding: a
+    # problem in the report with its fix, exit 1, not a refusal.
+    try:
+        launch.check_hardware(plan, env, facts)
+        unfit: list[str] = []
+    except ConfigError as err:
+        unfit = [err.line()]
     found = look(plan, facts, settings)
-    found_problems = problems(plan, facts, found, settings)
+    found_problems = unfit + problems(plan, facts, found, settings)
     values = secrets.secret_values(env)
     rep = report(plan, facts, found, settings, found_problems)
     if not args.json:
         print(secrets.mask(table(rep, plan_report.table(plan)), values), flush=True)
     code = 1 if found_problems else 0
-    if args.allreduce:
+    if args.allreduce and not unfit:
         result = Path(settings.run_dir) / f"node{plan.node_rank}" / "allreduce.json"
         result.unlink(missing_ok=True)
         ran = node.run_plan(plan, facts, env, settings)

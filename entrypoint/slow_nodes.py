@@ -47,10 +47,11 @@ def slow_nodes(history: Mapping[int, Sequence[Sequence[dict]]], samples: int) ->
     """{node: why} for each node slow in all of its last `samples` samples. `history`: per node,
     its samples oldest first, each a list of its GPUs' figures (empty for a node without GPUs,
     which is never compared)."""
+    recent = {node: list(series)[-samples:] for node, series in history.items()}
     windows = {
-        node: [_figures(s) for s in list(series)[-samples:]]
-        for node, series in history.items()
-        if len(series) >= samples and all(series[-samples:])
+        node: [_figures(s) for s in window]
+        for node, window in recent.items()
+        if len(window) >= samples and all(window)
     }
     if len(windows) < 2 or samples < 1:
         return {}

@@ -220,6 +220,20 @@ def test_table_on_a_single_node():
     assert (out.returncode == 0) == ("problems: none" in out.stdout)
 
 
+def test_gpus_promised_but_not_seen_is_a_problem_in_the_report_not_a_refusal():
+    """Issue 25: doctor is where a user finds out that the GPUs are missing; `run` refuses."""
+    out = doctor("--json", env={"ENTRYPOINT_GPUS_PER_NODE": "2"})
+    assert out.returncode == 1, out.stderr
+    rep = json.loads(out.stdout)
+    (problem,) = [p for p in rep["problems"] if "sees none" in p]
+    assert problem.startswith("ENTRYPOINT_GPUS_PER_NODE='2': promises 2 GPUs but this container")
+    assert "--gpus all" in problem and rep["ok"] is False
+    table_out = doctor(env={"ENTRYPOINT_GPUS_PER_NODE": "2"})
+    assert table_out.returncode == 1 and "promises 2 GPUs" in table_out.stdout
+    allreduce = doctor("--allreduce", env={"ENTRYPOINT_GPUS_PER_NODE": "2"})
+    assert allreduce.returncode == 1 and "promises 2 GPUs" in allreduce.stdout
+
+
 def test_configuration_error_exits_2_with_the_same_line_as_run():
     out = doctor(env={"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "m"})
     assert out.returncode == 2 and out.stdout == ""
