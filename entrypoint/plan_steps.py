@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from entrypoint import configs, jax_cluster, launchers, platforms
+from entrypoint import configs, jax_cluster, launchers, platforms, ports
 from entrypoint.errors import ConfigError
 from entrypoint.facts import Facts
 from entrypoint.launchers import Launcher, Layout
@@ -289,12 +289,10 @@ def metrics_port(
     if control is None:
         sources["metrics_port"] = derived(f"single node: off ({variable} unset)")
         return None
-    taken = {master_port, control}
-    port = next(
-        p for p in (control + 1, control - 1, control - 2) if 0 < p < 65536 and p not in taken
-    )
+    port = ports.metrics_after(master_port, control)
+    sign = "+" if port > control else "-"
     sources["metrics_port"] = derived(
-        f"control port {'+' if port > control else '-'} {abs(port - control)} ({variable} unset)"
+        f"control port {sign} {abs(port - control)} ({variable} unset)"
     )
     return port
 
@@ -401,7 +399,7 @@ def control_port(
         return stated, env_var(f"{PREFIX}CONTROL_PORT")
     if master_port is None or standalone:
         return None, derived("single node: any free port on loopback")
-    if master_port < 65535:
+    if ports.control_after(master_port) > master_port:
         return master_port + 1, derived(f"master port + 1 ({PREFIX}CONTROL_PORT unset)")
     return master_port - 1, derived(
         f"master port - 1, as 65535 is the last port ({PREFIX}CONTROL_PORT unset)"

@@ -17,7 +17,7 @@ import urllib.request
 from collections import defaultdict
 from collections.abc import Mapping
 
-from entrypoint import values
+from entrypoint import ports, values
 from entrypoint.errors import ConfigError
 
 HEALTHY, DEGRADED, UNREACHABLE = 0, 1, 2
@@ -71,18 +71,18 @@ def _split(address: str) -> tuple[str, int | None]:
 
 
 def _default_port(env: Mapping[str, str]) -> int:
-    for name in ("ENTRYPOINT_METRICS_PORT",):
-        if env.get(name):
-            return values.number(name, env[name], low=1, high=65535)
-    if env.get("ENTRYPOINT_CONTROL_PORT"):
-        control = values.number(
-            "ENTRYPOINT_CONTROL_PORT", env["ENTRYPOINT_CONTROL_PORT"], low=1, high=65535
-        )
-        return control + 1 if control < 65535 else control - 1
-    master = env.get("MASTER_PORT")
-    port = values.number("MASTER_PORT", master, low=1, high=65535) if master else None
-    port = port or DEFAULT_MASTER_PORT
-    return port + 2 if port < 65534 else port - 2
+    """As the job's nodes derive it (entrypoint.ports) from the variables they were given."""
+
+    def read(name: str) -> int | None:
+        raw = env.get(name)
+        return values.number(name, raw, low=1, high=65535) if raw else None
+
+    stated = read("ENTRYPOINT_METRICS_PORT")
+    if stated:
+        return stated
+    master = read("MASTER_PORT") or DEFAULT_MASTER_PORT
+    control = read("ENTRYPOINT_CONTROL_PORT") or ports.control_after(master)
+    return ports.metrics_after(master, control)
 
 
 def fetch(url: str) -> str:

@@ -10,7 +10,7 @@ Toolkit; --network host and --ipc host give NCCL the host's interfaces and share
 
 from __future__ import annotations
 
-from entrypoint.render import quote, text
+from entrypoint.render import quote, scrape, text
 from entrypoint.render.request import Request
 
 NAME = "docker"
@@ -84,6 +84,7 @@ def render(request: Request) -> str:
             *text.when_a_node_dies(
                 request, "docker starts a failed node's container again, a standby then;"
             ),
+            *scrape.script_lines(scrape.port(request, port), request.master_addr or "127.0.0.1"),
             *(
                 [
                     (

@@ -10,7 +10,7 @@ MASTER_ADDR, the variables entrypoint/platforms/indexedjob.py reads.
 
 from __future__ import annotations
 
-from entrypoint.render import text
+from entrypoint.render import scrape, text
 from entrypoint.render.request import Request
 
 NAME = "kubernetes"
@@ -24,6 +24,12 @@ MASTER_PORT = "MASTER_PORT"
 # The label the Job controller puts on its pods (every version; batch.kubernetes.io/job-name too
 # from 1.27).
 JOB_NAME_LABEL = "job-name"
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"  # on the Job's pods from 1.28
+DEFAULT_PORT = 29500  # torchrun's
+
+
+def metrics_port(request: Request) -> int | None:
+    return scrape.port(request, request.master_port or DEFAULT_PORT)
 
 
 def master_addr(request: Request) -> str:
@@ -54,7 +60,9 @@ def _job(request: Request) -> dict:
     fixed = [(NNODES, str(request.machines)), (MASTER_ADDR, master_addr(request))]
     if request.master_port is not None:
         fixed.append((MASTER_PORT, str(request.master_port)))
-    container = text.kube_container(request, "node", fixed)
+    container = text.kube_container(
+        request, "node", fixed, ports=scrape.container_port(metrics_port(request))
+    )
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -94,6 +102,21 @@ def _opening(request: Request) -> list[str]:
                 request,
                 f"the Job starts a new pod for the lost index (up to {RESTARTS_PER_INDEX} times "
                 "each; Kubernetes 1.29 or newer), which rejoins as a standby;",
+            ),
+            *scrape.kube_lines(
+                request,
+                metrics_port(request),
+                f"{request.name}-0",
+                {JOB_NAME_LABEL: request.name, INDEX_LABEL: "0"},
+            ),
+            *(
+                [
+                    "No prometheus.io annotations: every pod shares the template, and only pod 0 "
+                    "serves metrics (the PodMonitor selects it by its index label, Kubernetes "
+                    "1.28+)."
+                ]
+                if metrics_port(request)
+                else []
             ),
         ],
     )

@@ -11,7 +11,7 @@ states nothing but the replicas, nprocPerNode and, when asked, the port.
 
 from __future__ import annotations
 
-from entrypoint.render import text
+from entrypoint.render import scrape, text
 from entrypoint.render.request import Request
 
 NAME = "pytorchjob"
@@ -31,26 +31,36 @@ def master_addr(request: Request) -> str:
 RESTARTS = 10  # with spares: pod restarts in all before the job fails
 
 
-def _replica(request: Request, replicas: int) -> dict:
+def metrics_port(request: Request) -> int | None:
+    return scrape.port(request, request.master_port or DEFAULT_PORT)
+
+
+def _replica(request: Request, replicas: int, node0: bool) -> dict:
     ports = (
         [{"name": PORT_NAME, "containerPort": request.master_port}]
         if request.master_port is not None
         else []
     )
+    if node0:
+        ports += scrape.container_port(metrics_port(request))
     container = text.kube_container(request, CONTAINER, ports=ports)
+    template: dict = {"spec": text.kube_pod_spec(container, restart=None)}
+    annotations = scrape.annotations(metrics_port(request)) if node0 else {}
+    if annotations:
+        template = {"metadata": {"annotations": annotations}} | template
     # The operator copies the replica's restartPolicy into the pod.
     return {
         "replicas": replicas,
         # With spares: a failed pod's container starts again and rejoins as a standby.
         "restartPolicy": "OnFailure" if request.elastic else "Never",
-        "template": {"spec": text.kube_pod_spec(container, restart=None)},
+        "template": template,
     }
 
 
 def render(request: Request) -> str:
-    replicas = {"Master": _replica(request, 1)}
+    replicas = {"Master": _replica(request, 1, node0=True)}
     if request.machines > 1:
-        replicas["Worker"] = _replica(request, request.machines - 1)
+        replicas["Worker"] = _replica(request, request.machines - 1, node0=False)
     job = {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
@@ -73,6 +83,15 @@ def render(request: Request) -> str:
                 request,
                 f"the operator restarts the failed pod (OnFailure, {RESTARTS} times in all), "
                 "which rejoins as a standby;",
+            ),
+            *scrape.kube_lines(
+                request,
+                metrics_port(request),
+                master_addr(request),
+                {
+                    "training.kubeflow.org/job-name": request.name,
+                    "training.kubeflow.org/replica-type": "master",
+                },
             ),
         ],
     )

@@ -13,7 +13,7 @@ Three ways to run the image (--runtime):
 
 from __future__ import annotations
 
-from entrypoint.render import quote, text
+from entrypoint.render import quote, scrape, text
 from entrypoint.render.request import Request
 
 NAME = "slurm"
@@ -167,6 +167,7 @@ def render(request: Request) -> str:
                 request,
                 "SLURM cannot add a node to a running allocation: the spares are all there is;",
             ),
+            *scrape.script_lines(scrape.port(request, request.master_port), "<first node>"),
         ],
     )
     lines = [

@@ -12,7 +12,7 @@ it podTemplateOverrides).
 
 from __future__ import annotations
 
-from entrypoint.render import text
+from entrypoint.render import scrape, text
 from entrypoint.render.request import Request
 
 NAME = "trainjob"
@@ -50,10 +50,12 @@ def _trainer(request: Request) -> dict:
 
 
 def _job(request: Request) -> dict:
+    node: dict = {
+        "name": NODE,
+        "volumeMounts": [{"name": text.SHM_VOLUME, "mountPath": text.SHM_PATH}],
+    }
     pod = {
-        "containers": [
-            {"name": NODE, "volumeMounts": [{"name": text.SHM_VOLUME, "mountPath": text.SHM_PATH}]}
-        ],
+        "containers": [node],
         "volumes": [text.shm_volume()],
     }
     return {
@@ -96,6 +98,16 @@ def _opening(request: Request) -> list[str]:
                 request,
                 "the runtime's JobSet decides pod restarts (its failurePolicy restarts the whole "
                 "job, which resumes from its checkpoint);",
+            ),
+            *scrape.kube_lines(
+                request,
+                scrape.port(request, MASTER_PORT),
+                f"{request.name}-{NODE}-0-0",
+                {
+                    "jobset.sigs.k8s.io/jobset-name": request.name,
+                    "batch.kubernetes.io/job-completion-index": "0",
+                },
+                named=False,  # the runtime patch takes no container ports
             ),
         ],
     )

@@ -11,7 +11,7 @@ entrypoint/platforms/volcano.py reads.
 
 from __future__ import annotations
 
-from entrypoint.render import text
+from entrypoint.render import scrape, text
 from entrypoint.render.request import Request
 
 NAME = "volcano"
@@ -28,13 +28,23 @@ def master_addr(request: Request) -> str:
     return f"{request.name}-{MASTER}-0.{request.name}"
 
 
+def metrics_port(request: Request) -> int | None:
+    return scrape.port(request, request.master_port or DEFAULT_PORT)
+
+
 def _task(request: Request, name: str, replicas: int, **more) -> dict:
-    container = text.kube_container(request, "node")
+    node0 = name == MASTER
+    ports = scrape.container_port(metrics_port(request)) if node0 else []
+    container = text.kube_container(request, "node", ports=ports)
+    template: dict = {"spec": text.kube_pod_spec(container)}
+    annotations = scrape.annotations(metrics_port(request)) if node0 else {}
+    if annotations:
+        template = {"metadata": {"annotations": annotations}} | template
     return {
         "name": name,
         "replicas": replicas,
         **more,
-        "template": {"spec": text.kube_pod_spec(container)},
+        "template": template,
     }
 
 
@@ -84,6 +94,12 @@ def render(request: Request) -> str:
             ),
             *text.when_a_node_dies(
                 request, "Volcano starts a failed worker's pod again (RestartTask), a standby then;"
+            ),
+            *scrape.kube_lines(
+                request,
+                metrics_port(request),
+                f"{request.name}-{MASTER}-0",
+                {"volcano.sh/job-name": request.name, "volcano.sh/task-spec": MASTER},
             ),
         ],
     )

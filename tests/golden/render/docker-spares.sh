@@ -14,6 +14,7 @@
 #   with no standby left, the job restarts on the survivors while 1 or more are alive;
 #   docker starts a failed node's container again, a standby then;
 #   node 0's loss ends the job on every node (75): it holds the rendezvous.
+# Metrics: node 0 serves every node's health at http://10.0.0.1:29502/metrics. Live table: entrypoint status 10.0.0.1:29502; Prometheus: a static target.
 # HF_TOKEN: secret, never written here: docker takes it from the shell (export it there first).
 
 # Machine 0 (node 0, the master)

@@ -9,6 +9,7 @@
 # the entrypoint then finds the HCAs in /sys/class/infiniband and sets NCCL_IB_HCA.
 # Control token (only this job's machines can join node 0): export the same value on every machine first,
 #   export ENTRYPOINT_JOB_TOKEN=<the output of `openssl rand -hex 32`, run once>
+# Metrics: node 0 serves every node's health at http://10.0.0.1:29502/metrics. Live table: entrypoint status 10.0.0.1:29502; Prometheus: a static target.
 # HF_TOKEN: secret, never written here: docker takes it from the shell (export it there first).
 
 # Machine 0 (node 0, the master)
