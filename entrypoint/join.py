@@ -83,13 +83,23 @@ def serve(
     )
     server.start()
     if plan.metrics_port:
-        from entrypoint import metrics  # node 0 only: prometheus-client loads here
-
+        try:
+            from entrypoint import metrics  # node 0 only: prometheus-client loads here
+        except ImportError as err:  # an image that dropped it: the job goes on without metrics
+            log(
+                "warning",
+                f"no /metrics: {err}; install prometheus-client, or set ENTRYPOINT_METRICS_PORT=0",
+            )
+            return _started(server, host, port)
         name = identity.job.partition("=")[2] or "-"  # ENTRYPOINT_JOB_ID=train: train
         job = metrics.Job(name, plan.platform, plan.nproc_per_node)
         if metrics.serve(conductor, job, plan.metrics_port, bind, log):
             where = host_port(host, plan.metrics_port)
             log("info", f"metrics of every node at http://{where}/metrics (entrypoint status)")
+    return _started(server, host, port)
+
+
+def _started(server, host: str, port: int | None) -> tuple[control_server.Server, str, int | None]:
     if port is None:
         host, port = "127.0.0.1", server.port
     return server, host, port

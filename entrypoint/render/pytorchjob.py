@@ -45,7 +45,7 @@ def _replica(request: Request, replicas: int, node0: bool) -> dict:
         ports += scrape.container_port(metrics_port(request))
     container = text.kube_container(request, CONTAINER, ports=ports)
     template: dict = {"spec": text.kube_pod_spec(container, restart=None)}
-    annotations = scrape.annotations(metrics_port(request)) if node0 else {}
+    annotations = scrape.pod_annotations(metrics_port(request)) if node0 else {}
     if annotations:
         template = {"metadata": {"annotations": annotations}} | template
     # The operator copies the replica's restartPolicy into the pod.

@@ -33,7 +33,7 @@ def container_port(metrics_port: int | None) -> list[dict]:
     return [{"name": PORT_NAME, "containerPort": metrics_port}] if metrics_port else []
 
 
-def annotations(metrics_port: int | None) -> dict:
+def pod_annotations(metrics_port: int | None) -> dict:
     """The `prometheus.io/*` annotations that annotation-based scrape configs (the Prometheus
     Helm chart's, many clusters') read: for a template that only node 0's pod uses."""
     if not metrics_port:

@@ -37,7 +37,7 @@ def _task(request: Request, name: str, replicas: int, **more) -> dict:
     ports = scrape.container_port(metrics_port(request)) if node0 else []
     container = text.kube_container(request, "node", ports=ports)
     template: dict = {"spec": text.kube_pod_spec(container)}
-    annotations = scrape.annotations(metrics_port(request)) if node0 else {}
+    annotations = scrape.pod_annotations(metrics_port(request)) if node0 else {}
     if annotations:
         template = {"metadata": {"annotations": annotations}} | template
     return {
