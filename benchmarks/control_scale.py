@@ -11,6 +11,7 @@ node goes silent (its connection stays open, as a paused node's does) and the ti
 0 stops the job is measured. Prints figures; asserts nothing.
 
     python benchmarks/control_scale.py [--nodes 64,256,1024] [--steady 20] [--workers 4]
+                                       [--scrape 15]
 
 Figures (goals from issue 17):
 - join: from the last node's hello to the last node's `go` (goal: 1,024 within 5 s); and from
@@ -19,6 +20,10 @@ Figures (goals from issue 17):
   core).
 - detection: from the silent node's last heartbeat to `stop` reaching the nodes (goal: within
   10 s; the timeout plus up to one check interval).
+- metrics (issue 25): node 0 serves /metrics (entrypoint.metrics) as a job does, and this
+  process scrapes it every --scrape seconds through the steady window, as Prometheus would;
+  node 0's CPU above includes serving them (goal: under 5% of a core at 1,024 nodes, scraped
+  every 15 s). The size and time of one scrape are printed. --scrape 0: no metrics.
 """
 
 from __future__ import annotations
@@ -37,12 +42,24 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-GPUS = [{"util": 97, "mem_used_mib": 71_000, "mem_total_mib": 81_559}] * 8
+GPUS = [
+    {
+        "util": 97,
+        "mem_used_mib": 71_000,
+        "mem_total_mib": 81_559,
+        "temp_c": 64,
+        "power_w": 690,
+        "sm_mhz": 1980,
+        "sm_max_mhz": 1980,
+        "throttle": 0,
+        "ecc_uncorrected": 0,
+    }
+] * 8
 
 
-def node0(n: int, steady: float, settle: float) -> None:
+def node0(n: int, steady: float, settle: float, scrape: float) -> None:
     """Node 0's process: the real Server; prints its CPU use over the steady window."""
-    from entrypoint import control_server
+    from entrypoint import control_server, metrics
     from entrypoint.conductor import Conductor
     from entrypoint.conductor_terms import Limits
     from entrypoint.settings import Settings
@@ -62,9 +79,19 @@ def node0(n: int, steady: float, settle: float) -> None:
         bind="127.0.0.1",
     )
     server.start()
+    served = (
+        metrics.serve(conductor, metrics.Job("bench", "bench", 8), 0, "127.0.0.1", print)
+        if scrape
+        else None
+    )
     print(
         json.dumps(
-            {"port": server.port, "interval": s.heartbeat_interval, "timeout": s.heartbeat_timeout}
+            {
+                "port": server.port,
+                "interval": s.heartbeat_interval,
+                "timeout": s.heartbeat_timeout,
+                "metrics": served.server_port if served else None,  # type: ignore[attr-defined]
+            }
         ),
         flush=True,
     )
@@ -199,14 +226,41 @@ def nodes(
     )
 
 
-def once(n: int, workers: int, steady: float) -> dict:
+def scraper(port: int, every: float, until: float) -> tuple[int, float, int]:
+    """Prometheus' part: GET /metrics every `every` s until `until`; (scrapes, the slowest in
+    s, the last one's bytes)."""
+    import urllib.request
+
+    count, slowest, size = 0, 0.0, 0
+    while time.monotonic() < until:
+        began = time.monotonic()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            size = len(response.read())
+        slowest = max(slowest, time.monotonic() - began)
+        count += 1
+        time.sleep(max(0.0, every - (time.monotonic() - began)))
+    return count, slowest, size
+
+
+def once(n: int, workers: int, steady: float, scrape: float) -> dict:
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]),
     )
     settle = 3.0
     zero = subprocess.Popen(
-        [sys.executable, __file__, "--role", "node0", "--nodes", str(n), "--steady", str(steady)],
+        [
+            sys.executable,
+            __file__,
+            "--role",
+            "node0",
+            "--nodes",
+            str(n),
+            "--steady",
+            str(steady),
+            "--scrape",
+            str(scrape),
+        ],
         stdout=subprocess.PIPE,
         text=True,
         env=env,
@@ -249,6 +303,10 @@ def once(n: int, workers: int, steady: float) -> dict:
         for proc in procs:
             proc.stdin.write("go\n")
             proc.stdin.flush()
+        scrapes = (0, 0.0, 0)
+        if info["metrics"]:
+            # The steady window starts `settle` s after the last go (about a second from now).
+            scrapes = scraper(info["metrics"], scrape, time.monotonic() + settle + steady + 1)
         results = [json.loads(proc.stdout.readline()) for proc in procs]
         cpu = json.loads(zero.stdout.readline())["cpu_per_s"]
     finally:
@@ -270,6 +328,7 @@ def once(n: int, workers: int, steady: float) -> dict:
         "interval": interval,
         "timeout": info["timeout"],
         "hello_kb": None,
+        "scrapes": scrapes,
     }
 
 
@@ -285,6 +344,9 @@ def main() -> None:
         help="seconds of steady beats over which node 0's CPU is measured (%(default)s)",
     )
     parser.add_argument("--workers", type=int, default=4, help="processes simulating nodes")
+    parser.add_argument(
+        "--scrape", type=float, default=15, help="seconds between scrapes of /metrics; 0: none"
+    )
     parser.add_argument("--role", default="main", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--members", help=argparse.SUPPRESS)
@@ -293,7 +355,7 @@ def main() -> None:
     parser.add_argument("--silence-after", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "node0":
-        node0(int(args.nodes), args.steady, 3.0)
+        node0(int(args.nodes), args.steady, 3.0, args.scrape)
         return
     if args.role == "nodes":
         nodes(
@@ -313,13 +375,15 @@ def main() -> None:
     )
     print(
         f"{'nodes':>6} {'last hello->go':>15} {'connect->go':>12} {'node 0 CPU':>11} "
-        f"{'detection':>10}  (interval, timeout)"
+        f"{'detection':>10}  (interval, timeout)  scrapes: count, slowest, size"
     )
     for n in (int(x) for x in args.nodes.split(",")):
-        r = once(n, args.workers, args.steady)
+        r = once(n, args.workers, args.steady, args.scrape)
+        count, slowest, size = r["scrapes"]
         print(
             f"{n:>6} {r['join']:>13.2f} s {r['all']:>10.2f} s {r['cpu'] * 100:>9.1f} % "
-            f"{r['detect']:>8.1f} s  ({r['interval']:g} s, {r['timeout']:g} s)",
+            f"{r['detect']:>8.1f} s  ({r['interval']:g} s, {r['timeout']:g} s)  "
+            + (f"{count}, {slowest * 1000:.0f} ms, {size / 1024:.0f} KiB" if count else "none"),
             flush=True,
         )
 

@@ -14,7 +14,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections import defaultdict
 from collections.abc import Mapping
 
 from entrypoint import ports, values
@@ -94,19 +93,16 @@ def read(text: str) -> dict:
     """The job and its nodes from the metrics' text."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    nodes: dict[str, dict] = defaultdict(lambda: {"gpus": defaultdict(dict)})
+    nodes: dict[str, dict] = {}
     job: dict = {"phase": None, "nodes": {}}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name = sample.name.removeprefix("multinode_")
             labels, value = sample.labels, sample.value
             if "node" in labels:
-                node = nodes[labels["node"]]
+                node = nodes.setdefault(labels["node"], {"gpus": 0})
                 node["node"], node["host"] = int(labels["node"]), labels["host"]
-                if "gpu" in labels:
-                    if name != "gpu_clock_event":
-                        node["gpus"][labels["gpu"]][name] = value
-                elif name == "node_state":
+                if name == "node_state":
                     if value == 1:
                         node["state"] = labels["state"]
                 else:
@@ -120,17 +116,7 @@ def read(text: str) -> dict:
                 job["name"], job["platform"] = labels["job"], labels["platform"]
             elif name.startswith("job_"):
                 job[name.removeprefix("job_")] = value
-    rows = []
-    for node in sorted(nodes.values(), key=lambda n: n["node"]):
-        gpus = list(node.pop("gpus").values())
-        node["gpus"] = len(gpus)
-        if gpus:
-            node["gpu_util_percent"] = sum(g.get("gpu_utilization_percent", 0) for g in gpus) / len(
-                gpus
-            )
-            node["gpu_memory_used_bytes"] = sum(g.get("gpu_memory_used_bytes", 0) for g in gpus)
-            node["gpu_memory_total_bytes"] = sum(g.get("gpu_memory_total_bytes", 0) for g in gpus)
-        rows.append(node)
+    rows = sorted(nodes.values(), key=lambda n: n["node"])
     job["members"] = rows
     return job
 
@@ -171,7 +157,7 @@ def table(job: dict, url: str) -> str:
         rank = int(n.get("rank", -1))
         beat = n.get("last_heartbeat_seconds")
         if n["gpus"]:
-            util = f"{n['gpu_util_percent']:.0f}%"
+            util = f"{n['gpu_utilization_percent']:.0f}%"
             mem = (
                 f"{n['gpu_memory_used_bytes'] / 2**30:.1f}/"
                 f"{n['gpu_memory_total_bytes'] / 2**30:.0f} GiB"
