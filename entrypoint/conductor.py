@@ -44,11 +44,10 @@ from entrypoint.conductor_terms import (
     signal_name,
 )
 from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
-from entrypoint.gpu_stats import STATS_EVERY
 from entrypoint.messages import Beat, Done, Exit, Hello, Restart, Signal, Stop
 from entrypoint.roster import Roster
 from entrypoint.seating import Seating
-from entrypoint.slow_nodes import slow_nodes
+from entrypoint.slow_nodes import STATS_EVERY, news, slow_nodes
 
 
 class Conductor(Seating):
@@ -81,11 +80,10 @@ class Conductor(Seating):
         self.failures: dict[int, tuple[Exit, int, int]] = {}  # member: (message, code, order)
         self.decide_at: float | None = None  # when the failures reported so far are judged
         self.received: dict[int, int] = {}  # signal number: the member that received it first
-        # What `/metrics` and `entrypoint status` show (entrypoint.metrics): every member's last
-        # known state, across restarts; the members lost and why; the slow ones and why.
+        # For /metrics (entrypoint.metrics): each member's last state, across restarts; lost and
+        # slow members, with why.
         self.seen: dict[int, MemberState] = {}
-        self.lost: dict[int, str] = {}
-        self.slow: dict[int, str] = {}
+        self.lost, self.slow = {}, {}  # type: dict[int, str], dict[int, str]
         self.training_since: float | None = None  # the first `go`
         self._last_slow_check = now
 
@@ -313,31 +311,13 @@ class Conductor(Seating):
         return actions
 
     def _check_slow(self) -> list:
-        """Name a node whose GPUs lag the job's for the whole window, once; and once more when
-        it has caught up (entrypoint.slow_nodes)."""
-        samples = max(1, round(self.limits.slow_window / STATS_EVERY))
-        training = {m: s.history for m, s in self.members.items() if self._training(m)}
-        slow = slow_nodes(training, samples)
-        actions: list = [
-            Log(
-                "warning",
-                f"{self.name(m)} is slow: {why}, for {self.limits.slow_window:g} s "
-                "(ENTRYPOINT_SLOW_NODE_WINDOW). Every synchronous step waits for it: check its "
-                "GPUs (nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER), or replace the node",
-            )
-            for m, why in sorted(slow.items())
-            if m not in self.slow
-        ]
-        actions += [
-            Log("info", f"{self.name(m)} keeps pace with the job again")
-            for m in sorted(self.slow)
-            if m not in slow and m in training
-        ]
+        """Nodes whose GPUs lag the job's, named once, and once caught up (slow_nodes)."""
+        window, seated = self.limits.slow_window, not self.roster.elastic
+        training = {m: s.history for m, s in self.members.items() if seated or m in self.seats}
+        slow = slow_nodes(training, max(1, round(window / STATS_EVERY)))
+        said = news(self.slow, slow, training, window)
         self.slow = slow
-        return actions
-
-    def _training(self, member: int) -> bool:
-        return not self.roster.elastic or member in self.seats
+        return [Log(level, f"{self.name(m)} {text}") for level, m, text in said]
 
     # -- decisions -------------------------------------------------------------------------
 

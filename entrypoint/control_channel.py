@@ -21,8 +21,8 @@ from entrypoint.control import (
     PeersError,
     Refused,
 )
-from entrypoint.gpu_stats import STATS_EVERY
 from entrypoint.identity import Identity
+from entrypoint.slow_nodes import STATS_EVERY
 from entrypoint.values import host_port
 
 

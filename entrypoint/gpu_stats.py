@@ -9,8 +9,6 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-STATS_EVERY = 10.0  # seconds: a beat carries the GPU figures at most this often (node 0's CPU)
-
 
 def nvml_handle(nvml: Any, device: str) -> Any:
     """The NVML handle of one of the plan's devices: an index (NVML counts every GPU of the

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
-from entrypoint import configs, gpus, launchers, network
+from entrypoint import configs, gpus, launchers, network, ports
 from entrypoint import plan_steps as steps
 from entrypoint.facts import Facts
 from entrypoint.launchers import ALLREDUCE, Launcher, Layout
@@ -139,7 +139,7 @@ def make_plan(
         master_addr=w.master,
         master_port=launch.master_port,
         control_port=control,
-        metrics_port=steps.metrics_port(settings, launch.master_port, control, out.sources),
+        metrics_port=ports.metrics_port(settings, launch.master_port, control, out.sources),
         spawn=w.layout.spawn,
         rank=w.layout.rank,
         local_rank=w.layout.local_rank,

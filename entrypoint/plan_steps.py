@@ -263,40 +263,6 @@ def choose_control_port(
     return port
 
 
-def metrics_port(
-    settings: Settings, master_port: int | None, control: int | None, sources: dict[str, Source]
-) -> int | None:
-    """Node 0's /metrics port (entrypoint.metrics): ENTRYPOINT_METRICS_PORT (0: off), else the
-    port after the control port (before it, past 65534); off on one node unless set. Never
-    the rendezvous or the control port."""
-    stated = settings.metrics_port
-    variable = PREFIX + "METRICS_PORT"
-    if stated == 0:
-        sources["metrics_port"] = env_var(variable)
-        return None
-    if stated is not None:
-        if stated in (master_port, control):
-            raise ConfigError(
-                variable,
-                stated,
-                f"is the rendezvous or the control port too (MASTER_PORT={master_port}, "
-                f"{PREFIX}CONTROL_PORT={control})",
-                f"Pick another free port on node 0, or unset {variable} (default: the control "
-                "port + 1)",
-            )
-        sources["metrics_port"] = env_var(variable)
-        return stated
-    if control is None:
-        sources["metrics_port"] = derived(f"single node: off ({variable} unset)")
-        return None
-    port = ports.metrics_after(master_port, control)
-    sign = "+" if port > control else "-"
-    sources["metrics_port"] = derived(
-        f"control port {sign} {abs(port - control)} ({variable} unset)"
-    )
-    return port
-
-
 def placed(reading: Reading, sources: dict[str, Source]) -> tuple[int, int] | None:
     """(rank, local_rank) of this process when the platform started it, else None."""
     if reading.spawn.value:

@@ -4,6 +4,10 @@ by `entrypoint status` and by `entrypoint render`'s scrape wiring, so that they 
 
 from __future__ import annotations
 
+from entrypoint.errors import ConfigError
+from entrypoint.settings import PREFIX, Settings
+from entrypoint.values import Source, derived, env_var
+
 LAST = 65535
 
 
@@ -20,3 +24,37 @@ def metrics_after(master_port: int | None, control: int) -> int:
     return next(
         p for p in (control + 1, control - 1, control - 2) if 0 < p <= LAST and p not in taken
     )
+
+
+def metrics_port(
+    settings: Settings, master_port: int | None, control: int | None, sources: dict[str, Source]
+) -> int | None:
+    """Node 0's /metrics port (entrypoint.metrics): ENTRYPOINT_METRICS_PORT (0: off), else the
+    port after the control port (before it, past 65534); off on one node unless set. Never
+    the rendezvous or the control port."""
+    stated = settings.metrics_port
+    variable = PREFIX + "METRICS_PORT"
+    if stated == 0:
+        sources["metrics_port"] = env_var(variable)
+        return None
+    if stated is not None:
+        if stated in (master_port, control):
+            raise ConfigError(
+                variable,
+                stated,
+                f"is the rendezvous or the control port too (MASTER_PORT={master_port}, "
+                f"{PREFIX}CONTROL_PORT={control})",
+                f"Pick another free port on node 0, or unset {variable} (default: the control "
+                "port + 1)",
+            )
+        sources["metrics_port"] = env_var(variable)
+        return stated
+    if control is None:
+        sources["metrics_port"] = derived(f"single node: off ({variable} unset)")
+        return None
+    port = metrics_after(master_port, control)
+    sign = "+" if port > control else "-"
+    sources["metrics_port"] = derived(
+        f"control port {sign} {abs(port - control)} ({variable} unset)"
+    )
+    return port

@@ -11,7 +11,9 @@ gives (thermal, power brake, hardware slowdown) say why, when it knows.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+
+STATS_EVERY = 10.0  # seconds: a beat carries the GPU figures at most this often (node 0's CPU)
 
 # Below the job's median by this much, in every sample of the window.
 UTIL_GAP = 20.0  # percentage points of GPU utilization
@@ -26,6 +28,31 @@ REASONS = {
     0x40: "hardware thermal slowdown",
     0x80: "hardware power brake",
 }
+
+
+def news(
+    before: Mapping[int, str], now: Mapping[int, str], training: Iterable[int], window: float
+) -> list[tuple[str, int, str]]:
+    """(level, node, text) to log: a node newly slow, once, with why; a node slow before that
+    trains and keeps pace now, once."""
+    out = [
+        (
+            "warning",
+            node,
+            f"is slow: {why}, for {window:g} s (ENTRYPOINT_SLOW_NODE_WINDOW). Every synchronous "
+            "step waits for it: check its GPUs (nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER), "
+            "or replace the node",
+        )
+        for node, why in sorted(now.items())
+        if node not in before
+    ]
+    still = set(training)
+    out += [
+        ("info", node, "keeps pace with the job again")
+        for node in sorted(before)
+        if node not in now and node in still
+    ]
+    return out
 
 
 def reasons(mask: int) -> list[str]:

@@ -12,11 +12,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 
-from entrypoint import ports, values
 from entrypoint.errors import ConfigError
 
 HEALTHY, DEGRADED, UNREACHABLE = 0, 1, 2
@@ -46,6 +43,8 @@ def add_parser(sub) -> None:
 
 def target(address: str | None, env: Mapping[str, str]) -> str:
     """The URL of node 0's /metrics, from the argument or the job's own variables."""
+    from entrypoint import values  # not at import: the CLI builds its parser from this module
+
     if address:
         if address.startswith(("http://", "https://")):
             return address if address.rstrip("/").endswith("/metrics") else address + "/metrics"
@@ -60,6 +59,8 @@ def target(address: str | None, env: Mapping[str, str]) -> str:
 
 
 def _split(address: str) -> tuple[str, int | None]:
+    from entrypoint import values
+
     if address.startswith("[") and "]:" in address:
         host, _, port = address[1:].partition("]:")
     elif address.count(":") == 1:
@@ -71,6 +72,7 @@ def _split(address: str) -> tuple[str, int | None]:
 
 def _default_port(env: Mapping[str, str]) -> int:
     """As the job's nodes derive it (entrypoint.ports) from the variables they were given."""
+    from entrypoint import ports, values
 
     def read(name: str) -> int | None:
         raw = env.get(name)
@@ -85,6 +87,8 @@ def _default_port(env: Mapping[str, str]) -> int:
 
 
 def fetch(url: str) -> str:
+    import urllib.request  # here: its import costs every other command 40 ms
+
     with urllib.request.urlopen(url, timeout=TIMEOUT) as response:  # noqa: S310 - http only
         return response.read(16 << 20).decode()
 
@@ -180,7 +184,7 @@ def cmd_status(args, env: Mapping[str, str]) -> int:
     while True:
         try:
             job = read(fetch(url))
-        except (OSError, urllib.error.URLError, ValueError) as err:
+        except (OSError, ValueError) as err:  # urllib's URLError is an OSError
             reason = getattr(err, "reason", None) or err
             print(
                 f"entrypoint: status: node 0's metrics at {url} cannot be read ({reason}). "

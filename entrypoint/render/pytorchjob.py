@@ -71,8 +71,12 @@ def render(request: Request) -> str:
             "pytorchReplicaSpecs": replicas,
         },
     }
+    return text.yaml_documents([(job, _notes(request))], _opening(request))
+
+
+def _opening(request: Request) -> list[str]:
     port = request.master_port or DEFAULT_PORT
-    opening = text.header(
+    return text.header(
         request,
         (f"{request.name}: {text.shape(request)}, a Kubeflow PyTorchJob of {request.image}"),
         [
@@ -95,6 +99,9 @@ def render(request: Request) -> str:
             ),
         ],
     )
+
+
+def _notes(request: Request) -> list:
     notes = [
         (
             "nprocPerNode:",
@@ -119,4 +126,4 @@ def render(request: Request) -> str:
     if request.gpus_per_node:
         notes.append(("resources:", text.ENV_NOTES["gpu"]))
     notes.append(("volumes:", text.ENV_NOTES["shm"]))
-    return text.yaml_documents([(job, notes)], opening)
+    return notes

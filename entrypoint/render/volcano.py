@@ -82,8 +82,13 @@ def render(request: Request) -> str:
             "tasks": tasks,
         },
     }
+    opening = _opening(request)
+    return text.yaml_documents([(job, _notes(request))], opening)
+
+
+def _opening(request: Request) -> list[str]:
     port = request.master_port or DEFAULT_PORT
-    opening = text.header(
+    return text.header(
         request,
         (f"{request.name}: {text.shape(request)}, a Volcano Job of {request.image}"),
         [
@@ -103,6 +108,9 @@ def render(request: Request) -> str:
             ),
         ],
     )
+
+
+def _notes(request: Request) -> list:
     notes = [
         ("minAvailable:", "Gang scheduling: every node starts, or none does."),
         (
@@ -125,4 +133,4 @@ def render(request: Request) -> str:
     if request.gpus_per_node:
         notes.append(("resources:", text.ENV_NOTES["gpu"]))
     notes.append(("volumes:", text.ENV_NOTES["shm"]))
-    return text.yaml_documents([(job, notes)], opening)
+    return notes

@@ -9,9 +9,9 @@ import pytest
 from test_conductor import joined
 
 from entrypoint.conductor_terms import Limits, Log
-from entrypoint.gpu_stats import STATS_EVERY, Stats
+from entrypoint.gpu_stats import Stats
 from entrypoint.messages import Beat
-from entrypoint.slow_nodes import reasons, slow_nodes
+from entrypoint.slow_nodes import STATS_EVERY, reasons, slow_nodes
 
 MIB = 1 << 20
 HW_THERMAL, POWER_CAP, IDLE = 0x40, 0x4, 0x1
