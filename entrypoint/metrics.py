@@ -116,7 +116,7 @@ class JobCollector(Collector):
         seen, seats, slow = dict(c.seen), dict(c.seats), dict(c.slow)
         node = ["node", "host"]
         up = _gauge("node_up", "1 while node 0 hears the node, 0 once it is lost", node)
-        state_g = _gauge("node_state", "1 for the node's state", [*node, "state"])
+        state_g = _gauge("node_state", "The node's state, as its label, always 1", [*node, "state"])
         rank = _gauge("node_rank", "The node rank it trains in; -1 standing by or lost", node)
         beat = _gauge("node_last_heartbeat_seconds", "Seconds since its last heartbeat", node)
         slow_g = _gauge("node_slow", "1 while its GPUs lag the job's (node 0 logs why)", node)
@@ -127,8 +127,7 @@ class JobCollector(Collector):
             host = state.host if state else "?"
             labels = [str(m), host]
             up.add_metric(labels, 0 if st == "lost" else 1)
-            for name in STATES:
-                state_g.add_metric([*labels, name], 1 if name == st else 0)
+            state_g.add_metric([*labels, st], 1)  # one sample a node: 3,072 fewer at 1,024
             seat = seats.get(m, -1) if c.roster.elastic else m
             rank.add_metric(labels, seat if st == "training" else -1)
             slow_g.add_metric(labels, 1 if m in slow else 0)
