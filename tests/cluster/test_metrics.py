@@ -15,8 +15,6 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 from faulty_cluster import Fault
 
 from .test_spares import RESUMED, TIMEOUT, TRAINING, at_step, cluster, nodes
@@ -82,8 +80,9 @@ class Prometheus:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-@pytest.mark.skipif(PROMETHEUS is None, reason="needs prometheus (apt-get install prometheus)")
-def test_prometheus_scrapes_node_0_and_sees_a_killed_node_down(image, docker_client):
+def test_prometheus_scrapes_node_0_and_sees_a_killed_node_down(image, docker_client, unavailable):
+    if PROMETHEUS is None:
+        unavailable("needs prometheus (apt-get install prometheus)")
     seen: dict[str, object] = {}
     server: list[Prometheus] = []
 
