@@ -345,15 +345,84 @@ def test_job_identity_and_token_checked_both_ways(node0):
 
 
 def test_a_node_0_without_the_token_cannot_pass_as_node_0(node0):
-    """The node checks node 0 too: node 0's welcome carries its own proof."""
+    """The node checks node 0 too: a node 0 that says it uses no token gets no hello (and no
+    proof) from a node that holds one; the node stops, exit 2, naming both ends."""
     n = node0(identity=Identity("", None))
+    with pytest.raises(control.Refused) as refused:
+        control_channel.connect(
+            "127.0.0.1", n.port, timeout=5, log=print, identity=Identity("", TOKEN)
+        )
+    assert refused.value.exit_code == 2
+    assert str(refused.value) == (
+        f"node 0 at 127.0.0.1:{n.port} runs without a job token, this node has one "
+        "(ENTRYPOINT_JOB_TOKEN): give every node the same token, or none"
+    )
+
+
+def fake_node0(*lines: m.Message, auth: str = m.AUTH_HMAC, pause: float = 0.2):
+    """A listener that answers like node 0 without the token: its challenge (`auth`), then
+    `lines` once a hello came (each after `pause`). Returns its port and what it received."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    got = bytearray()
+
+    def serve():
+        conn, _ = listener.accept()
+        conn.sendall(m.encode(m.Challenge("a" * 32, "", auth)))
+        conn.settimeout(3)
+        try:
+            got.extend(conn.recv(65536))
+            for line in lines:
+                time.sleep(pause)
+                conn.sendall(m.encode(line))
+            time.sleep(3)
+        except OSError:
+            pass
+        conn.close()
+        listener.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener.getsockname()[1], got
+
+
+def test_go_without_node_0s_proof_is_refused_by_a_node_with_a_token():
+    """An impostor node 0 that skips the welcome: its `go` and `stop` are never acted on; the
+    node stops, exit 2, naming node 0's address."""
+    port, _ = fake_node0(m.Go(), m.Stop(0, "done"))
     channel = control_channel.connect(
-        "127.0.0.1", n.port, timeout=5, log=print, identity=Identity("", TOKEN)
+        "127.0.0.1", port, timeout=5, log=print, identity=Identity("", TOKEN)
     )
     channel.send(hello(1))
-    with pytest.raises(control.Refused, match="it has a job token .*, node 0 has none"):
-        while True:
-            channel.receive(1.0)
+    got: list[dict] = []
+    with pytest.raises(control.Refused) as refused:
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            got += channel.receive(0.5)
+    assert got == []
+    assert refused.value.exit_code == 2
+    assert f"node 0 at 127.0.0.1:{port} sent go before proving" in str(refused.value)
+    assert not channel.welcomed
+
+
+def test_a_welcome_with_no_proof_is_refused_by_a_node_with_a_token():
+    port, _ = fake_node0(m.Welcome(""), m.Go())
+    channel = control_channel.connect(
+        "127.0.0.1", port, timeout=5, log=print, identity=Identity("", TOKEN)
+    )
+    channel.send(hello(1))
+    with pytest.raises(control.Refused, match="could not prove that it holds"):
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            assert channel.receive(0.5) == []
+
+
+def test_a_node_with_a_token_sends_no_proof_to_a_challenge_without_one():
+    port, got = fake_node0(auth=m.AUTH_NONE)
+    with pytest.raises(control.Refused, match="runs without a job token, this node has one"):
+        control_channel.connect(
+            "127.0.0.1", port, timeout=5, log=print, identity=Identity("", TOKEN)
+        )
+    time.sleep(0.5)
+    assert bytes(got) == b""
 
 
 def test_a_forged_welcome_is_refused_by_the_node():

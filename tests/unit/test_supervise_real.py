@@ -584,3 +584,38 @@ def test_a_node_paused_and_replaced_during_training_joins_the_restart(nodes):
     assert [(r["restart"], r["last_step"]) for r in c.reports()] == [(1, 100)] * 4
     log0 = c.log(0)
     assert "started again while the job was running" in log0 and "did not join" not in log0
+
+
+def test_a_node_with_a_token_obeys_no_impostor_node_0(nodes, tmp_path):
+    """A fake node 0 with no token sends `go` without the welcome proof, then `stop` code 0:
+    node 1 starts no trainer and exits 2, naming node 0's address (issue 28)."""
+    import threading
+
+    from entrypoint import messages as m
+
+    c = nodes(ENTRYPOINT_JOB_TOKEN="0123456789abcdef0123456789abcdef", FAULT_STEPS="50")
+    listener = socket.create_server(("127.0.0.1", c.port + 1))
+
+    def impostor():
+        conn, _ = listener.accept()
+        conn.sendall(m.encode(m.Challenge("a" * 32, "", m.AUTH_HMAC)))
+        conn.settimeout(30)
+        try:
+            conn.recv(1 << 20)
+            conn.sendall(m.encode(m.Go()))
+            time.sleep(4)
+            conn.sendall(m.encode(m.Stop(0, "all done")))
+            time.sleep(3)
+        except OSError:
+            pass
+        conn.close()
+
+    threading.Thread(target=impostor, daemon=True).start()
+    c.start(1)
+    try:
+        assert c.wait(40) == {1: 2}, c.log(1)[-2000:]
+    finally:
+        listener.close()
+    assert not list((tmp_path / "out").glob("started*"))
+    assert f"node 0 at 127.0.0.1:{c.port + 1} sent go before proving" in c.log(1)
+
