@@ -22,6 +22,7 @@ from entrypoint.control import (
     Refused,
 )
 from entrypoint.identity import Identity
+from entrypoint.message_fields import shown
 from entrypoint.slow_nodes import STATS_EVERY
 from entrypoint.values import host_port
 
@@ -133,7 +134,7 @@ class Channel:
             except m.BadMessage:
                 continue  # node 0 is the same program: a line it did not mean is skipped
             if isinstance(message, m.Refuse):
-                raise Refused(message.reason)
+                raise Refused(shown(message.reason, 2000))  # node 0's word, not yet proven
             if isinstance(message, m.Welcome):
                 self._check_welcome(message)
                 continue

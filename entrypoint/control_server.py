@@ -4,6 +4,7 @@ never block: what a slow peer cannot take waits in its own buffer, up to MAX_OUT
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import selectors
 import socket
@@ -18,6 +19,7 @@ from entrypoint.conductor_terms import ALL, Close, Log, Send
 from entrypoint.control import NO_IDENTITY, PROTOCOL, Lines, raise_open_files_limit
 from entrypoint.errors import ConfigError
 from entrypoint.identity import Identity
+from entrypoint.message_fields import shown
 
 HELLO_TIMEOUT = 30.0  # seconds from connect to a valid hello; a node collects its fingerprint
 MAX_OUT = 4 << 20  # bytes waiting for one peer; a peer that takes none is stuck (or hostile)
@@ -244,6 +246,8 @@ class Server(threading.Thread):
             self._apply(self.conductor.signalled(peer.member, message, now))
 
     def _hello(self, peer: Peer, hello: m.Hello, now: float) -> None:
+        # The host is the peer's word, in every line logged about it from now on: escaped.
+        hello = dataclasses.replace(hello, host=shown(hello.host))
         why = self._refusal(peer, hello)
         if why:
             peer.hello = peer.hello or hello
@@ -286,7 +290,7 @@ class Server(threading.Thread):
             return f"it joined as node {peer.member} and now says it is node {hello.member}"
         if hello.job != self.identity.job:
             return (
-                f"it belongs to another job: {hello.job or 'no job identity'} there, "
+                f"it belongs to another job: {shown(hello.job) or 'no job identity'} there, "
                 f"{self.identity.job or 'no job identity'} on node 0. Start every node of "
                 "one job from one submission, or give them one ENTRYPOINT_JOB_ID"
             )

@@ -506,3 +506,49 @@ def test_the_layout_is_compared_and_the_odd_node_named(node0):
             "node 1 (node-1) plans another job shape: nnodes 4 vs 2 on node 0 (node-0); "
             "world_size 8 vs 4"
         ) in stops[0]["reason"]
+
+
+FAKE = "evil\n2026-11-25T03:00:00Z [error    ] node 0: stopping the job\x1b[2K\r\x1b]0;x\x07"
+
+
+def test_a_strangers_host_and_job_cannot_write_fake_log_lines(node0):
+    """An unauthenticated hello's host and job, with newlines and escape codes, are logged
+    escaped and bounded, on one line naming the stranger's address (issue 28)."""
+    n = node0(identity=Identity("SLURM_JOB_ID=7"))
+    sock = raw(n.port)
+    sock.sendall(m.encode(m.Hello(1, FAKE * 3, FP, time.time(), job=FAKE, nonce="c" * 32)))
+    line = n.logged("refused node 1")
+    port = sock.getsockname()[1]
+    assert not any(c in line for c in "\n\r\x1b\x07"), line
+    assert f", 127.0.0.1:{port}): it belongs to another job: 'evil\\n2026" in line
+    assert len(line) < 400
+    reply = json.loads(sock.recv(65536).split(b"\n")[0])
+    assert reply["t"] == "refuse" and "\n" not in reply["reason"]
+    sock.close()
+
+
+def test_a_member_with_a_hostile_host_is_named_escaped(node0):
+    """No token, same job: the hello passes, and every later line about the node names its
+    host escaped (here: two nodes claiming one rank)."""
+    n = node0()
+    first = n.node(1)
+    until(lambda: 1 in n.server.members)
+    sock = raw(n.port)
+    sock.sendall(m.encode(m.Hello(1, FAKE, FP, time.time(), nonce="c" * 32)))
+    line = n.logged("claimed by both")
+    assert not any(c in line for c in "\n\r\x1b\x07"), line
+    assert "'evil\\n2026" in line
+    first.close()
+    sock.close()
+
+
+def test_a_refusal_from_an_unproven_node_0_is_logged_escaped():
+    port, _ = fake_node0(m.Refuse(FAKE))
+    channel = control_channel.connect("127.0.0.1", port, timeout=5, log=print)
+    channel.send(hello(1))
+    with pytest.raises(control.Refused) as refused:
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            channel.receive(0.5)
+    assert str(refused.value).startswith("'evil\\n2026")
+    assert not any(c in str(refused.value) for c in "\n\r\x1b\x07")
