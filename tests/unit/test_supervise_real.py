@@ -619,3 +619,21 @@ def test_a_node_with_a_token_obeys_no_impostor_node_0(nodes, tmp_path):
     assert not list((tmp_path / "out").glob("started*"))
     assert f"node 0 at 127.0.0.1:{c.port + 1} sent go before proving" in c.log(1)
 
+
+def test_node_0_warns_once_when_the_job_has_no_token(nodes):
+    """Issue 28: without ENTRYPOINT_JOB_TOKEN(_FILE), node 0 says once at start who can stop
+    the job and how to set a token; the other nodes say nothing; with a token, no warning."""
+    c = nodes(FAULT_STEPS="5")
+    c.start(0), c.start(1)
+    assert c.wait() == {0: 0, 1: 0}, c.log(0)[-2000:]
+    warning = (
+        "no job token (ENTRYPOINT_JOB_TOKEN or ENTRYPOINT_JOB_TOKEN_FILE unset): anyone who "
+        f"can reach node 0's control port {c.port + 1} can join as a node and stop the job"
+    )
+    assert c.log(0).count(warning) == 1, c.log(0)[-3000:]
+    assert "od -An -tx1 -N32 /dev/urandom" in c.log(0)
+    assert "no job token" not in c.log(1)
+    c.start(0, ENTRYPOINT_JOB_TOKEN="0123456789abcdef0123456789abcdef")
+    c.start(1, ENTRYPOINT_JOB_TOKEN="0123456789abcdef0123456789abcdef")
+    assert c.wait() == {0: 0, 1: 0}, c.log(0)[-2000:]
+    assert "no job token" not in c.log(0)
