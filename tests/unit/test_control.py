@@ -552,3 +552,35 @@ def test_a_refusal_from_an_unproven_node_0_is_logged_escaped():
             channel.receive(0.5)
     assert str(refused.value).startswith("'evil\\n2026")
     assert not any(c in str(refused.value) for c in "\n\r\x1b\x07")
+
+
+def test_refusals_are_logged_a_few_per_address_then_counted(node0):
+    """Issue 28: a flood of hellos from one address (30,000 refusal lines in 8 s before):
+    at most 5 refusal lines per address per window, then one line with how many more; every
+    stranger is still refused, and real nodes still join."""
+    window = 3.0
+    n = node0(identity=Identity("SLURM_JOB_ID=7"), refusal_window=window)
+    began = time.monotonic()
+    sent = 0
+    for _ in range(4):
+        socks = [raw(n.port) for _ in range(50)]
+        for sock in socks:
+            sock.sendall(m.encode(m.Hello(1, "x", FP, time.time(), job="J", nonce="c" * 32)))
+        for sock in socks:
+            assert json.loads(sock.recv(65536).split(b"\n")[0])["t"] == "refuse"
+            sock.close()
+        sent += len(socks)
+    took = time.monotonic() - began
+    summary = n.logged("more refused from 127.0.0.1 in the last 3 s", timeout=window + 3)
+    time.sleep(max(0.0, began + took + window + 1 - time.monotonic()))  # every window said
+    lines = [t for _, t in n.lines if t.startswith("refused node 1")]
+    windows = int(took // window) + 1
+    assert 5 <= len(lines) <= 5 * windows, (len(lines), took)
+    counted = sum(
+        int(t.split(" more refused")[0].rsplit(" ", 1)[1].replace(",", ""))
+        for _, t in n.lines
+        if " more refused from " in t
+    )
+    assert len(lines) + counted == sent, (len(lines), counted, summary)
+    good = [n.node(0, Identity("SLURM_JOB_ID=7")), n.node(1, Identity("SLURM_JOB_ID=7"))]
+    goes(*good)
