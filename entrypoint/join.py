@@ -41,8 +41,9 @@ def identity(env: Mapping[str, str], plan: Plan, settings: Settings) -> Identity
 
 
 def without_token(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment less the job's token, which only the entrypoints need."""
-    return {k: v for k, v in env.items() if k != TOKEN_VARIABLE}
+    """The environment less the job's token and the name of its file, which only the
+    entrypoints need."""
+    return {k: v for k, v in env.items() if k not in (TOKEN_VARIABLE, TOKEN_FILE_VARIABLE)}
 
 
 def serve(

@@ -637,3 +637,23 @@ def test_node_0_warns_once_when_the_job_has_no_token(nodes):
     c.start(1, ENTRYPOINT_JOB_TOKEN="0123456789abcdef0123456789abcdef")
     assert c.wait() == {0: 0, 1: 0}, c.log(0)[-2000:]
     assert "no job token" not in c.log(0)
+
+
+def test_the_trainer_gets_no_token_and_a_token_from_a_file_is_masked(nodes, tmp_path):
+    """Issue 28: ENTRYPOINT_JOB_TOKEN_FILE is the entrypoints', not the trainer's: its
+    workers see neither variable; the token read from the file is masked in every log like
+    one from ENTRYPOINT_JOB_TOKEN (here quoted in a worker's error)."""
+    token = "5e0c9a71d2b84f36a1e7c0d95b2f48e3"
+    (tmp_path / "token").write_text(token + "\n")
+    c = nodes(
+        ENTRYPOINT_JOB_TOKEN_FILE=str(tmp_path / "token"),
+        FAULT_STEPS="20",
+        FAULT_CRASH="3:15",
+        FAULT_CRASH_SAY=f" (token={token})",
+    )
+    c.start(0), c.start(1)
+    assert c.wait() == {0: 1, 1: 1}, c.log(0)[-2000:]
+    assert "injected failure on rank 3 at step 15 (token=***)" in _summary(c.log(0))
+    assert token not in c.log(0) + c.log(1)
+    seen = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("token_env*")]
+    assert len(seen) == 4 and all(names == [] for names in seen), seen
