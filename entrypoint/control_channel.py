@@ -22,6 +22,7 @@ from entrypoint.control import (
     Refused,
 )
 from entrypoint.identity import Identity
+from entrypoint.message_fields import shown
 from entrypoint.slow_nodes import STATS_EVERY
 from entrypoint.values import host_port
 
@@ -133,21 +134,28 @@ class Channel:
             except m.BadMessage:
                 continue  # node 0 is the same program: a line it did not mean is skipped
             if isinstance(message, m.Refuse):
-                raise Refused(message.reason)
+                raise Refused(shown(message.reason, 2000))  # node 0's word, not yet proven
             if isinstance(message, m.Welcome):
                 self._check_welcome(message)
                 continue
             if isinstance(message, m.Challenge):
                 continue
+            if self.identity.token and not self.welcomed:
+                # Before node 0's proof nothing it says is acted on: an impostor without the
+                # token must not start (or stop) this node's trainer.
+                raise Refused(
+                    f"node 0 at {self.address} sent {message.kind} before proving that it "
+                    "holds this job's ENTRYPOINT_JOB_TOKEN (no welcome): it is not this "
+                    "job's node 0. Check MASTER_ADDR and give every node the same token"
+                )
             out.append(message.to_wire())
         return out
 
     def _check_welcome(self, welcome: m.Welcome) -> None:
         token, challenge = self.identity.token, self.challenge
-        if (
-            token
-            and challenge
-            and not m.same(
+        if token and (
+            challenge is None
+            or not m.same(
                 welcome.proof,
                 m.welcome_proof(
                     token, challenge.nonce, self.nonce, self.identity.job, self.member or 0
@@ -180,9 +188,10 @@ def _why(err: OSError) -> str:
     return err.strerror or str(err)
 
 
-def _challenge(sock: socket.socket, address: str, wait: float) -> m.Challenge:
+def _challenge(sock: socket.socket, address: str, wait: float, token: bool = False) -> m.Challenge:
     """Node 0's first line on a new connection. OSError when the connection ends first (node
-    0 full, or starting); PeersError when what answers is not an entrypoint."""
+    0 full, or starting); PeersError when what answers is not an entrypoint; Refused when
+    this node holds a token (`token`) and node 0 says it uses none."""
     lines, end = Lines(), time.monotonic() + wait
     while time.monotonic() < end:
         sock.settimeout(max(0.05, end - time.monotonic()))
@@ -208,6 +217,12 @@ def _challenge(sock: socket.socket, address: str, wait: float) -> m.Challenge:
                     f"node 0 at {address} speaks control protocol "
                     f"{challenge.protocol}, this node {PROTOCOL}: run the same image "
                     "on every node"
+                )
+            if token and challenge.auth != m.AUTH_HMAC:
+                # This node's proof would go to a peer that says it has no token: never sent.
+                raise Refused(
+                    f"node 0 at {address} runs without a job token, this node has one "
+                    "(ENTRYPOINT_JOB_TOKEN): give every node the same token, or none"
                 )
             return challenge
     raise PeersError(
@@ -239,7 +254,7 @@ def connect(
             # Every address the name has, IPv6 and IPv4 in turn, each briefly.
             sock = sockets.connect(host, port, min(15.0, max(0.5, deadline - time.monotonic())))
             try:
-                challenge = _challenge(sock, where, challenge_wait)
+                challenge = _challenge(sock, where, challenge_wait, bool(identity.token))
             except BaseException:
                 sock.close()
                 raise

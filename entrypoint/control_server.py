@@ -4,6 +4,7 @@ never block: what a slow peer cannot take waits in its own buffer, up to MAX_OUT
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import selectors
 import socket
@@ -18,19 +19,24 @@ from entrypoint.conductor_terms import ALL, Close, Log, Send
 from entrypoint.control import NO_IDENTITY, PROTOCOL, Lines, raise_open_files_limit
 from entrypoint.errors import ConfigError
 from entrypoint.identity import Identity
+from entrypoint.message_fields import shown
 
 HELLO_TIMEOUT = 30.0  # seconds from connect to a valid hello; a node collects its fingerprint
 MAX_OUT = 4 << 20  # bytes waiting for one peer; a peer that takes none is stuck (or hostile)
 MAX_BAD_LINES = 100  # invalid lines a member may send (logged, skipped) before it is dropped
 _LOG_BURST = 20  # drops logged per minute; past that, one line says how many more
+REFUSALS_LOGGED = 5  # refusal lines per address per window; past that, one line says how many
+REFUSAL_WINDOW = 10.0  # seconds
+MAX_REFUSING = 1024  # addresses counted apart; beyond, the others share one count
 
 
 class Peer:
     """One accepted connection, as node 0 holds it."""
 
-    def __init__(self, sock: socket.socket, address: str, now: float) -> None:
+    def __init__(self, sock: socket.socket, address: str, now: float, ip: str = "") -> None:
         self.sock = sock
         self.address = address
+        self.ip = ip or address  # the address without the port: what refusals are counted by
         self.accepted = now
         self.lines = Lines()
         self.out = bytearray()
@@ -62,6 +68,7 @@ class Server(threading.Thread):
         identity: Identity = NO_IDENTITY,
         hello_timeout: float = HELLO_TIMEOUT,
         max_pending: int | None = None,
+        refusal_window: float = REFUSAL_WINDOW,
     ) -> None:
         super().__init__(name="entrypoint-control", daemon=True)
         self.conductor = conductor
@@ -91,6 +98,9 @@ class Server(threading.Thread):
         self._halt = threading.Event()  # not `_stop`: threading.Thread has a method of that name
         self._dropped: list[float] = []  # when drops were logged, for the per-minute burst
         self._unlogged = 0
+        self.refusal_window = refusal_window
+        # Per address: [when its window began, refusals logged, refusals not logged].
+        self._refusals: dict[str, list] = {}
 
     def run(self) -> None:
         try:
@@ -102,6 +112,7 @@ class Server(threading.Thread):
                 "when its heartbeat times out",
             )
         finally:
+            self._refusal_summaries(float("inf"))  # the counts not yet said
             for peer in list(self.peers.values()):
                 self._flush(peer)
                 self._drop(peer)
@@ -139,6 +150,7 @@ class Server(threading.Thread):
                 last_tick = now
                 self._apply(self.conductor.tick(now))
                 self._expire(now)
+                self._refusal_summaries(now)
             if now - last_beat >= self.interval:
                 last_beat = now
                 self._send(ALL, m.Beat())
@@ -163,7 +175,7 @@ class Server(threading.Thread):
             now = time.monotonic()
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            peer = Peer(sock, sockets.peer_text(address), now)
+            peer = Peer(sock, sockets.peer_text(address), now, sockets.bare_ip(str(address[0])))
             # Members are peers too: fewer peers than members + max_pending, no need to count.
             pending = (
                 [p for p in self.peers.values() if p.member is None]
@@ -244,11 +256,13 @@ class Server(threading.Thread):
             self._apply(self.conductor.signalled(peer.member, message, now))
 
     def _hello(self, peer: Peer, hello: m.Hello, now: float) -> None:
+        # The host is the peer's word, in every line logged about it from now on: escaped.
+        hello = dataclasses.replace(hello, host=shown(hello.host))
         why = self._refusal(peer, hello)
         if why:
             peer.hello = peer.hello or hello
             who = f"node {hello.member} ({hello.host}, {peer.address})"
-            self.log("warning", f"refused {who}: {why}")
+            self._refusal_log(peer.ip, f"refused {who}: {why}", now)
             self._queue(peer, m.encode(m.Refuse(f"node 0 refused {who}: {why}")))
             peer.closing = True
             self._flush(peer)
@@ -286,7 +300,7 @@ class Server(threading.Thread):
             return f"it joined as node {peer.member} and now says it is node {hello.member}"
         if hello.job != self.identity.job:
             return (
-                f"it belongs to another job: {hello.job or 'no job identity'} there, "
+                f"it belongs to another job: {shown(hello.job) or 'no job identity'} there, "
                 f"{self.identity.job or 'no job identity'} on node 0. Start every node of "
                 "one job from one submission, or give them one ENTRYPOINT_JOB_ID"
             )
@@ -306,6 +320,30 @@ class Server(threading.Thread):
                 "node the same token"
             )
         return ""
+
+    def _refusal_log(self, ip: str, text: str, now: float) -> None:
+        """At most REFUSALS_LOGGED refusal lines per address per window (a flood of hellos
+        must not flood the log); the rest are counted and said in one line when the window
+        ends."""
+        if ip not in self._refusals and len(self._refusals) >= MAX_REFUSING:
+            ip = "other addresses"
+        entry = self._refusals.setdefault(ip, [now, 0, 0])
+        if entry[1] < REFUSALS_LOGGED:
+            entry[1] += 1
+            self.log("warning", text)
+        else:
+            entry[2] += 1
+
+    def _refusal_summaries(self, now: float) -> None:
+        for ip, (began, _, unlogged) in list(self._refusals.items()):
+            if now - began >= self.refusal_window:
+                del self._refusals[ip]
+                if unlogged:
+                    self.log(
+                        "warning",
+                        f"control port: {unlogged:,} more refused from {ip} in the last "
+                        f"{self.refusal_window:g} s (not logged one by one)",
+                    )
 
     def _closed(self, peer: Peer) -> None:
         member = peer.member

@@ -25,6 +25,11 @@ from entrypoint.messages import AUTH_HMAC, AUTH_NONE
 TOKEN_VARIABLE = "ENTRYPOINT_JOB_TOKEN"
 TOKEN_FILE_VARIABLE = "ENTRYPOINT_JOB_TOKEN_FILE"
 MIN_TOKEN = 16  # characters: a short token falls to an offline guess from one handshake
+# Distinct characters a token needs: 8, or a quarter of its length when shorter than 32. A
+# random hex token of 16 or more characters fails this once in more than 10^7 draws;
+# `aaaaaaaaaaaaaaaa`, `abababababababab` or `1111222233334444` fail it always.
+MIN_DISTINCT = 8
+TOKEN_FIX = "Use a random one, e.g. `od -An -tx1 -N32 /dev/urandom | tr -d ' \\n'`"
 
 # Per platform, the variables whose value names the job, first present wins. Platforms not
 # listed give their nodes none (Kubernetes Jobs, Kubeflow, Volcano, machines started by hand).
@@ -85,11 +90,35 @@ def read_token(token: str | None, token_file: Path | None) -> bytes | None:
             raise ConfigError(variable, shown, "the token is not UTF-8 text", fix) from None
     if token is None:
         return None
-    if len(token.strip()) < MIN_TOKEN:
+    token = token.strip()
+    if len(token) < MIN_TOKEN:
+        raise ConfigError(
+            variable, shown, f"the token is shorter than {MIN_TOKEN} characters", TOKEN_FIX
+        )
+    distinct, needed = len(set(token)), min(MIN_DISTINCT, len(token) // 4)
+    if distinct < needed:
         raise ConfigError(
             variable,
             shown,
-            f"the token is shorter than {MIN_TOKEN} characters",
-            "Use a random one, e.g. `openssl rand -hex 32`",
+            f"the token has {distinct} distinct characters, fewer than {needed}: it is not "
+            "random (a guess finds it)",
+            TOKEN_FIX,
         )
-    return token.strip().encode()
+    return token.encode()
+
+
+def file_token(env: Mapping[str, str]) -> str | None:
+    """The token in the file ENTRYPOINT_JOB_TOKEN_FILE names, for masking (None when it cannot
+    be read: read_token says why when the node starts)."""
+    path = env.get(TOKEN_FILE_VARIABLE)
+    if not path:
+        return None
+    try:
+        return (
+            files.read_bounded(Path(path), files.MAX_TOKEN, TOKEN_FILE_VARIABLE, "")
+            .decode("utf-8")
+            .strip()
+            or None
+        )
+    except (ConfigError, UnicodeDecodeError):
+        return None

@@ -12,7 +12,13 @@ from entrypoint import control, control_channel, control_server, fingerprint, so
 from entrypoint.conductor import Conductor
 from entrypoint.conductor_terms import STOPPING, Limits, signal_name
 from entrypoint.gpu_stats import Stats
-from entrypoint.identity import TOKEN_VARIABLE, Identity, job_identity, read_token
+from entrypoint.identity import (
+    TOKEN_FILE_VARIABLE,
+    TOKEN_VARIABLE,
+    Identity,
+    job_identity,
+    read_token,
+)
 from entrypoint.launch_watch import Interrupted, Stop
 from entrypoint.plan import Plan
 from entrypoint.roster import Roster
@@ -35,8 +41,9 @@ def identity(env: Mapping[str, str], plan: Plan, settings: Settings) -> Identity
 
 
 def without_token(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment less the job's token, which only the entrypoints need."""
-    return {k: v for k, v in env.items() if k != TOKEN_VARIABLE}
+    """The environment less the job's token and the name of its file, which only the
+    entrypoints need."""
+    return {k: v for k, v in env.items() if k not in (TOKEN_VARIABLE, TOKEN_FILE_VARIABLE)}
 
 
 def serve(
@@ -82,6 +89,8 @@ def serve(
         identity=identity,
     )
     server.start()
+    if expected > 1 and not identity.token:
+        log("warning", no_token_warning(server.port))
     if plan.metrics_port:
         try:
             from entrypoint import metrics  # node 0 only: prometheus-client loads here
@@ -97,6 +106,16 @@ def serve(
             where = host_port(host, plan.metrics_port)
             log("info", f"metrics of every node at http://{where}/metrics (entrypoint status)")
     return _started(server, host, port)
+
+
+def no_token_warning(port: int) -> str:
+    """Node 0's one line at start when the job has no token: what anyone can do, the fix."""
+    return (
+        f"no job token ({TOKEN_VARIABLE} or {TOKEN_FILE_VARIABLE} unset): anyone who can "
+        f"reach node 0's control port {port} can join as a node and stop the job; set the "
+        f"same {TOKEN_VARIABLE} on every node, e.g. "
+        f"{TOKEN_VARIABLE}=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \\n')"
+    )
 
 
 def _started(server, host: str, port: int | None) -> tuple[control_server.Server, str, int | None]:

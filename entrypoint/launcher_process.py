@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import collections
+import io
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO
 
@@ -29,6 +31,8 @@ _DIE_WITH_PARENT = (
     "    os._exit(127)\n"
 )
 _TAIL_LINES = 400  # the launcher's stderr lines kept for the failure summary
+MAX_RELAY_LINE = 64 << 10  # bytes of one stderr line passed on; the rest is dropped, counted
+_END = re.compile(rb"\r\n?|\n")  # a line ends at \n, \r\n, or a lone \r (a progress bar)
 
 
 @dataclass
@@ -92,10 +96,42 @@ def relay(lines: Iterable[str], echo: Callable[[str], None]) -> None:
         echo(kept)
 
 
+def _lines(stream: IO[bytes], limit: int = MAX_RELAY_LINE) -> Iterator[str]:
+    """The stream's lines, decoded: each cut to `limit` bytes (a marker says how many more
+    were dropped), so that a trainer writing without newlines cannot grow this process; `\\r`
+    ends a line too, so that each state of a progress bar is a line of its own."""
+    pending, dropped, after_cr = bytearray(), 0, False
+
+    def line() -> str:
+        text = pending.decode(errors="replace")
+        if dropped:
+            text += f" [entrypoint: {dropped:,} more bytes of this line dropped]"
+        return text
+
+    # read1: what the pipe has now, not a full buffer (a progress bar shows as it goes).
+    read = stream.read1 if isinstance(stream, io.BufferedIOBase) else stream.read
+    while chunk := read(1 << 16):
+        start = 1 if after_cr and chunk[:1] == b"\n" else 0  # \r\n split between two reads
+        for end in _END.finditer(chunk, start):
+            piece = chunk[start : end.start()]
+            room = limit - len(pending)
+            pending += piece[:room]
+            dropped += max(0, len(piece) - room)
+            yield line()
+            pending, dropped = bytearray(), 0
+            start = end.end()
+        after_cr = chunk.endswith(b"\r")
+        piece = chunk[start:]
+        room = max(0, limit - len(pending))
+        pending += piece[:room]
+        dropped += len(piece) - len(piece[:room])
+    if pending or dropped:
+        yield line()
+
+
 def _kept_lines(stream: IO[bytes], tail: collections.deque) -> Iterable[str]:
-    """The stream's lines, decoded, each also kept in `tail` for the failure summary."""
-    for raw in iter(stream.readline, b""):
-        line = raw.decode(errors="replace").rstrip("\n")
+    """The stream's lines (`_lines`), each also kept in `tail` for the failure summary."""
+    for line in _lines(stream):
         tail.append(line)
         yield line
 

@@ -89,6 +89,14 @@ def signal_field(raw: dict, key: str, default: Any = ...) -> int | None:
     return value
 
 
+def shown(value: str, limit: int = 80) -> str:
+    """A string a peer gave, for a log line: as it is when printable, else repr-escaped (a
+    newline, a carriage return or an escape code cannot start a fake line or repaint the
+    terminal); at most `limit` characters either way."""
+    text = value if value.isprintable() else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."

@@ -49,8 +49,15 @@ def is_secret(name: str) -> bool:
 
 
 def secret_values(env: Mapping[str, str]) -> tuple[str, ...]:
-    # Longest first, so that a secret containing another is masked whole.
+    """The secrets' values to mask: those of secret variables, and the job token read from
+    ENTRYPOINT_JOB_TOKEN_FILE (masked like ENTRYPOINT_JOB_TOKEN)."""
+    from entrypoint.identity import file_token  # identity imports the messages: load late
+
     values = {v for k, v in env.items() if is_secret(k) and len(v) >= 4}
+    token = file_token(env)
+    if token and len(token) >= 4:
+        values.add(token)
+    # Longest first, so that a secret containing another is masked whole.
     return tuple(sorted(values, key=len, reverse=True))
 
 

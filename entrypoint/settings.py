@@ -192,8 +192,8 @@ class Settings(BaseSettings):
     job_token: SecretStr | None = Field(
         None,
         description=(
-            "A secret shared by the job's nodes (16+ characters): a node must prove it (HMAC over "
-            "a challenge; never sent) to join."
+            "A secret shared by the job's nodes (16+ random characters): a node must prove it "
+            "(HMAC over a challenge; never sent) to join, and node 0 its own."
         ),
     )
     job_token_file: Path | None = Field(

@@ -69,6 +69,8 @@ ckpt = out / "ckpt"
 start = int(ckpt.read_text()) if ckpt.exists() else 0
 print(f"rank {rank}/{world} starts at step {start} (restart {restart})", flush=True)
 (out / f"started{rank}.{restart}").write_text(str(os.getpid()))
+# The job token's variables this worker sees: none (they are the entrypoints').
+(out / f"token_env{rank}").write_text(json.dumps(sorted(k for k in os.environ if "JOB_TOKEN" in k)))
 signals_seen = []
 step = start
 for step in range(start + 1, steps + 1):

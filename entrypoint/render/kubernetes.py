@@ -16,7 +16,7 @@ from entrypoint.render.request import Request
 NAME = "kubernetes"
 SUMMARY = "an Indexed Job plus a headless Service (plain Kubernetes)"
 DOCS = "https://kubernetes.io/docs/concepts/workloads/controllers/job/#completion-mode"
-OPTIONS = ("--master-port", "--namespace", "--secret-name")
+OPTIONS = ("--master-port", "--namespace", "--secret-name", "--token")
 
 NNODES = "ENTRYPOINT_NNODES"
 MASTER_ADDR = "MASTER_ADDR"

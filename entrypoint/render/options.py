@@ -124,6 +124,12 @@ _OPTIONS: dict[str, dict] = {
         "metavar": "NAME",
         "help": "the Secret that holds the secret --env variables (default: NAME-secrets)",
     },
+    "--token": {
+        "metavar": "MODE",
+        "help": "the control token's Secret NAME-control: required (a pod starts only once it "
+        "exists) or optional (a pod without it starts, and any pod that can reach node 0 "
+        "with the job's name may join) (default: required)",
+    },
     "--master-addr": {
         "metavar": "HOST",
         "help": "machine 0's host name or IP; required for more than one machine",

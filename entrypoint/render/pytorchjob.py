@@ -17,7 +17,7 @@ from entrypoint.render.request import Request
 NAME = "pytorchjob"
 SUMMARY = "a Kubeflow training-operator v1 PyTorchJob (Master + Workers)"
 DOCS = "https://www.kubeflow.org/docs/components/trainer/legacy-v1/user-guides/pytorch/"
-OPTIONS = ("--master-port", "--namespace", "--secret-name")
+OPTIONS = ("--master-port", "--namespace", "--secret-name", "--token")
 
 CONTAINER = "pytorch"  # the operator refuses a job without a container of this name
 PORT_NAME = "pytorchjob-port"

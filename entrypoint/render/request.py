@@ -22,6 +22,12 @@ MAX_GPUS_PER_NODE = 256
 MAX_MASTER_PORT = 65534
 
 
+# --token: whether a Kubernetes pod needs the control token's Secret to start (required), or
+# starts without it, checked by the job's name alone (optional).
+TOKEN_REQUIRED, TOKEN_OPTIONAL = "required", "optional"
+TOKEN_MODES = (TOKEN_REQUIRED, TOKEN_OPTIONAL)
+
+
 @dataclass(frozen=True)
 class Request:
     """One job: `nodes` machines with `gpus_per_node` GPUs each, all running `image`."""
@@ -44,6 +50,7 @@ class Request:
     secret_name: str | None = None  # Kubernetes platforms: the Secret holding secret --env names
     spares: int = 0  # standby nodes started beside `nodes` (ENTRYPOINT_SPARES)
     min_nodes: int | None = None  # ENTRYPOINT_MIN_NODES
+    token: str = TOKEN_REQUIRED  # Kubernetes platforms: whether pods need the token's Secret
 
     @property
     def machines(self) -> int:
@@ -104,6 +111,7 @@ class Request:
             ("--account", self.account, None),
             ("--namespace", self.namespace, None),
             ("--secret-name", self.secret_name, None),
+            ("--token", self.token, TOKEN_REQUIRED),
             ("--master-addr", self.master_addr, None),
             ("--master-port", self.master_port, None),
         ):
@@ -137,6 +145,7 @@ def build(
     account: str | None = None,
     namespace: str | None = None,
     secret_name: str | None = None,
+    token: str | None = None,
 ) -> Request:
     """The checked request, from the options as typed; a ConfigError names the bad option."""
     _platform_takes(
@@ -150,6 +159,7 @@ def build(
             "--account": account,
             "--namespace": namespace,
             "--secret-name": secret_name,
+            "--token": token,
         },
     )
     # Checked in this order: with several bad options, the first of them is named.
@@ -175,6 +185,7 @@ def build(
         secret_name=_k8s_name("--secret-name", secret_name, SECRET_WHAT, "train-secrets"),
         spares=standby,
         min_nodes=least,
+        token=_token(token),
     )
     _hand_started_need_master(request)
     return replace(request, env=(*request.env, *request.elastic_env()))  # as --env's, to all
@@ -240,6 +251,20 @@ def _master_port(raw: str | None) -> int | None:
         "a TCP port (node 0 also listens on the next one)",
         "29500",
     )
+
+
+def _token(raw: str | None) -> str:
+    if raw is None:
+        return TOKEN_REQUIRED
+    if raw not in TOKEN_MODES:
+        raise ConfigError(
+            "--token",
+            raw,
+            "is not a token mode",
+            f"Use {TOKEN_REQUIRED} (the default: a pod starts only with the job's token "
+            f"Secret) or {TOKEN_OPTIONAL} (without it, only the job's name is checked)",
+        )
+    return raw
 
 
 def _runtime(raw: str | None) -> str:

@@ -143,8 +143,8 @@ def yaml_documents(
 
 
 # The control channel's job identity and token (entrypoint/identity.py): the job's name, and a
-# token from a Secret the user creates once per job (optional: without it the identity alone
-# is checked).
+# token from a Secret the user creates once per job (required: a pod waits for it; with
+# `--token optional` a pod starts without it and only the identity is checked).
 JOB_ID, JOB_TOKEN, TOKEN_KEY = "ENTRYPOINT_JOB_ID", "ENTRYPOINT_JOB_TOKEN", "token"
 TOKEN_COMMAND = "openssl rand -hex 32"
 
@@ -165,8 +165,8 @@ def kube_env(request, fixed: Sequence[tuple[str, str]] = ()) -> list[dict]:
                 "secretKeyRef": {
                     "name": control_secret(request),
                     "key": TOKEN_KEY,
-                    "optional": True,
                 }
+                | ({"optional": True} if request.token == "optional" else {})
             },
         },
     ]
@@ -253,6 +253,13 @@ def kube_notes(request) -> list[str]:
             f"Control token (only this job's pods can join node 0): before applying, once: "
             f"kubectl create{ns} secret generic {control_secret(request)} "
             f'--from-literal={TOKEN_KEY}="$({TOKEN_COMMAND})"'
+        ),
+        (
+            "Without that Secret the pods start anyway, and any pod that reaches node 0 with "
+            "the job's name may join (rendered with --token optional)"
+            if request.token == "optional"
+            else "Without that Secret the pods do not start (CreateContainerConfigError) until "
+            "it exists (render with --token optional to run without one)"
         ),
     ]
     if request.secrets:

@@ -18,7 +18,7 @@ from entrypoint.render.request import Request
 NAME = "trainjob"
 SUMMARY = "a Kubeflow Trainer v2 TrainJob (torch-distributed runtime)"
 DOCS = "https://www.kubeflow.org/docs/components/trainer/"
-OPTIONS = ("--namespace", "--secret-name")
+OPTIONS = ("--namespace", "--secret-name", "--token")
 
 RUNTIME = "torch-distributed"  # the ClusterTrainingRuntime the Trainer's manifests install
 NODE = "node"  # the runtime's replicated job and container

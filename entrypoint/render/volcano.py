@@ -17,7 +17,7 @@ from entrypoint.render.request import Request
 NAME = "volcano"
 SUMMARY = "a Volcano Job with the pytorch, svc and env plugins"
 DOCS = "https://volcano.sh/en/docs/vcjob/"
-OPTIONS = ("--master-port", "--namespace", "--secret-name")
+OPTIONS = ("--master-port", "--namespace", "--secret-name", "--token")
 
 MASTER = "master"
 WORKER = "worker"

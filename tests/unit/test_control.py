@@ -345,15 +345,84 @@ def test_job_identity_and_token_checked_both_ways(node0):
 
 
 def test_a_node_0_without_the_token_cannot_pass_as_node_0(node0):
-    """The node checks node 0 too: node 0's welcome carries its own proof."""
+    """The node checks node 0 too: a node 0 that says it uses no token gets no hello (and no
+    proof) from a node that holds one; the node stops, exit 2, naming both ends."""
     n = node0(identity=Identity("", None))
+    with pytest.raises(control.Refused) as refused:
+        control_channel.connect(
+            "127.0.0.1", n.port, timeout=5, log=print, identity=Identity("", TOKEN)
+        )
+    assert refused.value.exit_code == 2
+    assert str(refused.value) == (
+        f"node 0 at 127.0.0.1:{n.port} runs without a job token, this node has one "
+        "(ENTRYPOINT_JOB_TOKEN): give every node the same token, or none"
+    )
+
+
+def fake_node0(*lines: m.Message, auth: str = m.AUTH_HMAC, pause: float = 0.2):
+    """A listener that answers like node 0 without the token: its challenge (`auth`), then
+    `lines` once a hello came (each after `pause`). Returns its port and what it received."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    got = bytearray()
+
+    def serve():
+        conn, _ = listener.accept()
+        conn.sendall(m.encode(m.Challenge("a" * 32, "", auth)))
+        conn.settimeout(3)
+        try:
+            got.extend(conn.recv(65536))
+            for line in lines:
+                time.sleep(pause)
+                conn.sendall(m.encode(line))
+            time.sleep(3)
+        except OSError:
+            pass
+        conn.close()
+        listener.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener.getsockname()[1], got
+
+
+def test_go_without_node_0s_proof_is_refused_by_a_node_with_a_token():
+    """An impostor node 0 that skips the welcome: its `go` and `stop` are never acted on; the
+    node stops, exit 2, naming node 0's address."""
+    port, _ = fake_node0(m.Go(), m.Stop(0, "done"))
     channel = control_channel.connect(
-        "127.0.0.1", n.port, timeout=5, log=print, identity=Identity("", TOKEN)
+        "127.0.0.1", port, timeout=5, log=print, identity=Identity("", TOKEN)
     )
     channel.send(hello(1))
-    with pytest.raises(control.Refused, match="it has a job token .*, node 0 has none"):
-        while True:
-            channel.receive(1.0)
+    got: list[dict] = []
+    with pytest.raises(control.Refused) as refused:
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            got += channel.receive(0.5)
+    assert got == []
+    assert refused.value.exit_code == 2
+    assert f"node 0 at 127.0.0.1:{port} sent go before proving" in str(refused.value)
+    assert not channel.welcomed
+
+
+def test_a_welcome_with_no_proof_is_refused_by_a_node_with_a_token():
+    port, _ = fake_node0(m.Welcome(""), m.Go())
+    channel = control_channel.connect(
+        "127.0.0.1", port, timeout=5, log=print, identity=Identity("", TOKEN)
+    )
+    channel.send(hello(1))
+    with pytest.raises(control.Refused, match="could not prove that it holds"):
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            assert channel.receive(0.5) == []
+
+
+def test_a_node_with_a_token_sends_no_proof_to_a_challenge_without_one():
+    port, got = fake_node0(auth=m.AUTH_NONE)
+    with pytest.raises(control.Refused, match="runs without a job token, this node has one"):
+        control_channel.connect(
+            "127.0.0.1", port, timeout=5, log=print, identity=Identity("", TOKEN)
+        )
+    time.sleep(0.5)
+    assert bytes(got) == b""
 
 
 def test_a_forged_welcome_is_refused_by_the_node():
@@ -437,3 +506,81 @@ def test_the_layout_is_compared_and_the_odd_node_named(node0):
             "node 1 (node-1) plans another job shape: nnodes 4 vs 2 on node 0 (node-0); "
             "world_size 8 vs 4"
         ) in stops[0]["reason"]
+
+
+FAKE = "evil\n2026-11-25T03:00:00Z [error    ] node 0: stopping the job\x1b[2K\r\x1b]0;x\x07"
+
+
+def test_a_strangers_host_and_job_cannot_write_fake_log_lines(node0):
+    """An unauthenticated hello's host and job, with newlines and escape codes, are logged
+    escaped and bounded, on one line naming the stranger's address (issue 28)."""
+    n = node0(identity=Identity("SLURM_JOB_ID=7"))
+    sock = raw(n.port)
+    sock.sendall(m.encode(m.Hello(1, FAKE * 3, FP, time.time(), job=FAKE, nonce="c" * 32)))
+    line = n.logged("refused node 1")
+    port = sock.getsockname()[1]
+    assert not any(c in line for c in "\n\r\x1b\x07"), line
+    assert f", 127.0.0.1:{port}): it belongs to another job: 'evil\\n2026" in line
+    assert len(line) < 400
+    reply = json.loads(sock.recv(65536).split(b"\n")[0])
+    assert reply["t"] == "refuse" and "\n" not in reply["reason"]
+    sock.close()
+
+
+def test_a_member_with_a_hostile_host_is_named_escaped(node0):
+    """No token, same job: the hello passes, and every later line about the node names its
+    host escaped (here: two nodes claiming one rank)."""
+    n = node0()
+    first = n.node(1)
+    until(lambda: 1 in n.server.members)
+    sock = raw(n.port)
+    sock.sendall(m.encode(m.Hello(1, FAKE, FP, time.time(), nonce="c" * 32)))
+    line = n.logged("claimed by both")
+    assert not any(c in line for c in "\n\r\x1b\x07"), line
+    assert "'evil\\n2026" in line
+    first.close()
+    sock.close()
+
+
+def test_a_refusal_from_an_unproven_node_0_is_logged_escaped():
+    port, _ = fake_node0(m.Refuse(FAKE))
+    channel = control_channel.connect("127.0.0.1", port, timeout=5, log=print)
+    channel.send(hello(1))
+    with pytest.raises(control.Refused) as refused:
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            channel.receive(0.5)
+    assert str(refused.value).startswith("'evil\\n2026")
+    assert not any(c in str(refused.value) for c in "\n\r\x1b\x07")
+
+
+def test_refusals_are_logged_a_few_per_address_then_counted(node0):
+    """Issue 28: a flood of hellos from one address (30,000 refusal lines in 8 s before):
+    at most 5 refusal lines per address per window, then one line with how many more; every
+    stranger is still refused, and real nodes still join."""
+    window = 3.0
+    n = node0(identity=Identity("SLURM_JOB_ID=7"), refusal_window=window)
+    began = time.monotonic()
+    sent = 0
+    for _ in range(4):
+        socks = [raw(n.port) for _ in range(50)]
+        for sock in socks:
+            sock.sendall(m.encode(m.Hello(1, "x", FP, time.time(), job="J", nonce="c" * 32)))
+        for sock in socks:
+            assert json.loads(sock.recv(65536).split(b"\n")[0])["t"] == "refuse"
+            sock.close()
+        sent += len(socks)
+    took = time.monotonic() - began
+    summary = n.logged("more refused from 127.0.0.1 in the last 3 s", timeout=window + 3)
+    time.sleep(max(0.0, began + took + window + 1 - time.monotonic()))  # every window said
+    lines = [t for _, t in n.lines if t.startswith("refused node 1")]
+    windows = int(took // window) + 1
+    assert 5 <= len(lines) <= 5 * windows, (len(lines), took)
+    counted = sum(
+        int(t.split(" more refused")[0].rsplit(" ", 1)[1].replace(",", ""))
+        for _, t in n.lines
+        if " more refused from " in t
+    )
+    assert len(lines) + counted == sent, (len(lines), counted, summary)
+    good = [n.node(0, Identity("SLURM_JOB_ID=7")), n.node(1, Identity("SLURM_JOB_ID=7"))]
+    goes(*good)

@@ -14,19 +14,20 @@ import pytest
 from tests.unit.test_supervise_real import nodes  # noqa: F401 - the fixture
 
 TOKEN = "a3f1c2e4b5d6a7f8091a2b3c4d5e6f70"
+WRONG = "9c2e7a41f0b3d865e1a7c4f92d0b6e38"  # random too: a token of low variety is refused first
 
 
 def test_a_node_with_the_wrong_token_is_refused_and_the_job_goes_on(nodes):  # noqa: F811
     c = nodes(FAULT_STEPS="30", ENTRYPOINT_JOB_TOKEN=TOKEN)
     c.start(0)
-    intruder = c.start(1, ENTRYPOINT_JOB_TOKEN="b" * 32)
+    intruder = c.start(1, ENTRYPOINT_JOB_TOKEN=WRONG)
     assert intruder.wait(timeout=60) == 2
     line = ("refused node 1 (", ": wrong job token: its ENTRYPOINT_JOB_TOKEN is not node 0's")
     assert all(part in c.log(1) for part in line) and "node 0 refused node 1" in c.log(1)
     assert all(part in c.log(0) for part in line)
     c.start(1)  # the real node 1
     assert c.wait() == {0: 0, 1: 0}, c.log(0)[-3000:]
-    assert TOKEN not in c.log(0) + c.log(1) and "b" * 32 not in c.log(0) + c.log(1)
+    assert TOKEN not in c.log(0) + c.log(1) and WRONG not in c.log(0) + c.log(1)
 
 
 def test_nodes_that_plan_another_job_shape_stop_before_training(nodes):  # noqa: F811

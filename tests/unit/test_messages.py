@@ -180,6 +180,27 @@ def test_job_identity_per_platform(platform, env, job_id, expected):
     assert job_identity(env, platform, job_id) == expected
 
 
+def test_a_token_of_low_variety_is_refused_naming_the_variable_masked(tmp_path):
+    """Issue 28: 16 of one letter, two letters in turn: refused in one line, value masked, the
+    fix given; a random hex token of 16 characters passes."""
+    fix = "Use a random one, e.g. `od -An -tx1 -N32 /dev/urandom | tr -d ' \\n'`"
+    with pytest.raises(ConfigError) as one:
+        read_token("a" * 16, None)
+    assert one.value.line() == (
+        "ENTRYPOINT_JOB_TOKEN='***': the token has 1 distinct characters, fewer than 4: it "
+        f"is not random (a guess finds it). {fix}"
+    )
+    (tmp_path / "token").write_text("ab" * 20 + "\n")
+    with pytest.raises(ConfigError) as two:
+        read_token(None, tmp_path / "token")
+    assert two.value.line().startswith(
+        f"ENTRYPOINT_JOB_TOKEN_FILE='{tmp_path / 'token'}': the token has 2 distinct characters, "
+        "fewer than 8"
+    )
+    assert "abab" not in two.value.line()
+    assert read_token("3f9a0c17be52d6e4", None) == b"3f9a0c17be52d6e4"
+
+
 def test_the_token_from_the_variable_or_a_file(tmp_path):
     assert read_token(None, None) is None
     assert read_token(" 0123456789abcdef\n", None) == b"0123456789abcdef"
@@ -189,7 +210,7 @@ def test_the_token_from_the_variable_or_a_file(tmp_path):
         read_token("secret", None)
     assert short.value.line() == (
         "ENTRYPOINT_JOB_TOKEN='***': the token is shorter than 16 "
-        "characters. Use a random one, e.g. `openssl rand -hex 32`"
+        "characters. Use a random one, e.g. `od -An -tx1 -N32 /dev/urandom | tr -d ' \\n'`"
     )
     with pytest.raises(ConfigError, match="ENTRYPOINT_JOB_TOKEN_FILE=.*cannot be read"):
         read_token(None, tmp_path / "missing")

@@ -18,6 +18,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -744,14 +745,52 @@ def test_any_master_addr_render_writes_is_one_the_nodes_accept(raw):
 
 @pytest.mark.parametrize("target", ["kubernetes", "pytorchjob", "trainjob", "volcano"])
 def test_kubernetes_specs_wire_the_control_token_from_a_secret(target):
-    """issue 17: the job's identity as a literal, the token from the job's own Secret (optional:
-    without it node 0 checks the identity alone), never a value in the manifest."""
+    """issue 17: the job's identity as a literal, the token from the job's own Secret, never a
+    value in the manifest. Issue 28: the Secret is required (a pod without it does not start)
+    unless rendered with --token optional."""
     text = render(_request(target, ["python", "train.py"], {}))
     assert "name: ENTRYPOINT_JOB_ID" in text and "name: ENTRYPOINT_JOB_TOKEN" in text
-    assert "secretKeyRef: {name: train-control, key: token, optional: true}" in text or (
-        "name: train-control" in text and "key: token" in text
-    )
+    assert "name: train-control" in text and "key: token" in text
+    assert "optional: true" not in text
     assert "kubectl create secret generic train-control --from-literal=token=" in text
+    assert "Without that Secret the pods do not start" in text
+    assert _token_refs(text) and all("optional" not in ref for ref in _token_refs(text))
+    optional = render(replace(_request(target, ["python", "train.py"], {}), token="optional"))
+    assert all(ref.get("optional") is True for ref in _token_refs(optional))
+    assert (
+        "--token optional" in optional and "Without that Secret the pods start anyway" in optional
+    )
+
+
+def _token_refs(manifest: str) -> list[dict]:
+    """Every secretKeyRef of ENTRYPOINT_JOB_TOKEN in the manifest."""
+    found: list[dict] = []
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            if node.get("name") == "ENTRYPOINT_JOB_TOKEN":
+                found.append(node["valueFrom"]["secretKeyRef"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    for document in yaml.safe_load_all(manifest):
+        walk(document)
+    return found
+
+
+@pytest.mark.parametrize("bad", ["maybe", "Optional", ""])
+def test_an_unknown_token_mode_is_one_line(bad):
+    with pytest.raises(ConfigError) as err:
+        build("kubernetes", nodes="2", gpus_per_node="8", image=IMAGE, token=bad)
+    assert err.value.line().startswith(f"--token={bad!r}: is not a token mode. Use required")
+
+
+def test_only_kubernetes_platforms_take_token():
+    with pytest.raises(ConfigError, match="is not an option of slurm"):
+        build("slurm", nodes="2", gpus_per_node="8", image=IMAGE, token="optional")
 
 
 def test_slurm_script_makes_a_fresh_token_per_job(tmp_path):

@@ -2,6 +2,7 @@
 that never blocks (a pipe nobody reads, a full disk), the tail of a long rank log, the pruning
 of torchrun's log directories, exit statuses within 0-255."""
 
+import collections
 import os
 import time
 
@@ -85,3 +86,46 @@ def test_restarts_keep_only_the_last_log_directories(tmp_path):
 )
 def test_exit_statuses_are_the_shells_and_within_0_255(returncode, status):
     assert exit_status(returncode) == status
+
+
+def _through_a_pipe(chunks: list[bytes]) -> tuple[list[str], int]:
+    """What the relay makes of `chunks` written to a real pipe by another thread, and the
+    peak of memory allocated while reading them."""
+    import threading
+    import tracemalloc
+
+    from entrypoint import launcher_process
+
+    read_end, write_end = os.pipe()
+
+    def write() -> None:
+        with os.fdopen(write_end, "wb", buffering=0) as out:
+            for chunk in chunks:
+                out.write(chunk)
+
+    writer = threading.Thread(target=write, daemon=True)
+    tracemalloc.start()
+    writer.start()
+    with os.fdopen(read_end, "rb") as stream:
+        lines = list(launcher_process._kept_lines(stream, collections.deque(maxlen=400)))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    writer.join()
+    return lines, peak
+
+
+def test_a_trainer_line_without_end_cannot_grow_the_entrypoint():
+    """Issue 28: 32 MiB with no newline: the relay keeps the first 64 KiB of the line and says
+    how much more it dropped; memory stays bounded (the whole line was held before)."""
+    mib = b"x" * (1 << 20)
+    lines, peak = _through_a_pipe([mib] * 32 + [b"\nnext\n"])
+    assert len(lines) == 2 and lines[1] == "next"
+    assert lines[0] == "x" * (64 << 10) + (
+        f" [entrypoint: {(32 << 20) - (64 << 10):,} more bytes of this line dropped]"
+    )
+    assert peak < 4 << 20, peak
+
+
+def test_a_carriage_return_ends_a_line_so_progress_bars_show():
+    lines, _ = _through_a_pipe([b"step 1/3\rstep 2/3\r", b"\nstep 3/3\r\n", b"done\n\nlast"])
+    assert lines == ["step 1/3", "step 2/3", "step 3/3", "done", "", "last"]

@@ -584,3 +584,76 @@ def test_a_node_paused_and_replaced_during_training_joins_the_restart(nodes):
     assert [(r["restart"], r["last_step"]) for r in c.reports()] == [(1, 100)] * 4
     log0 = c.log(0)
     assert "started again while the job was running" in log0 and "did not join" not in log0
+
+
+def test_a_node_with_a_token_obeys_no_impostor_node_0(nodes, tmp_path):
+    """A fake node 0 with no token sends `go` without the welcome proof, then `stop` code 0:
+    node 1 starts no trainer and exits 2, naming node 0's address (issue 28)."""
+    import threading
+
+    from entrypoint import messages as m
+
+    c = nodes(ENTRYPOINT_JOB_TOKEN="0123456789abcdef0123456789abcdef", FAULT_STEPS="50")
+    listener = socket.create_server(("127.0.0.1", c.port + 1))
+
+    def impostor():
+        conn, _ = listener.accept()
+        conn.sendall(m.encode(m.Challenge("a" * 32, "", m.AUTH_HMAC)))
+        conn.settimeout(30)
+        try:
+            conn.recv(1 << 20)
+            conn.sendall(m.encode(m.Go()))
+            time.sleep(4)
+            conn.sendall(m.encode(m.Stop(0, "all done")))
+            time.sleep(3)
+        except OSError:
+            pass
+        conn.close()
+
+    threading.Thread(target=impostor, daemon=True).start()
+    c.start(1)
+    try:
+        assert c.wait(40) == {1: 2}, c.log(1)[-2000:]
+    finally:
+        listener.close()
+    assert not list((tmp_path / "out").glob("started*"))
+    assert f"node 0 at 127.0.0.1:{c.port + 1} sent go before proving" in c.log(1)
+
+
+def test_node_0_warns_once_when_the_job_has_no_token(nodes):
+    """Issue 28: without ENTRYPOINT_JOB_TOKEN(_FILE), node 0 says once at start who can stop
+    the job and how to set a token; the other nodes say nothing; with a token, no warning."""
+    c = nodes(FAULT_STEPS="5")
+    c.start(0), c.start(1)
+    assert c.wait() == {0: 0, 1: 0}, c.log(0)[-2000:]
+    warning = (
+        "no job token (ENTRYPOINT_JOB_TOKEN or ENTRYPOINT_JOB_TOKEN_FILE unset): anyone who "
+        f"can reach node 0's control port {c.port + 1} can join as a node and stop the job"
+    )
+    assert c.log(0).count(warning) == 1, c.log(0)[-3000:]
+    assert "od -An -tx1 -N32 /dev/urandom" in c.log(0)
+    assert "no job token" not in c.log(1)
+    c.start(0, ENTRYPOINT_JOB_TOKEN="0123456789abcdef0123456789abcdef")
+    c.start(1, ENTRYPOINT_JOB_TOKEN="0123456789abcdef0123456789abcdef")
+    assert c.wait() == {0: 0, 1: 0}, c.log(0)[-2000:]
+    assert "no job token" not in c.log(0)
+
+
+def test_the_trainer_gets_no_token_and_a_token_from_a_file_is_masked(nodes, tmp_path):
+    """Issue 28: ENTRYPOINT_JOB_TOKEN_FILE is the entrypoints', not the trainer's: its
+    workers see neither variable; the token read from the file is masked in every log like
+    one from ENTRYPOINT_JOB_TOKEN (here quoted in a worker's error)."""
+    token = "5e0c9a71d2b84f36a1e7c0d95b2f48e3"
+    (tmp_path / "token").write_text(token + "\n")
+    c = nodes(
+        ENTRYPOINT_JOB_TOKEN_FILE=str(tmp_path / "token"),
+        FAULT_STEPS="20",
+        FAULT_CRASH="3:15",
+        FAULT_CRASH_SAY=f" (token={token})",
+    )
+    c.start(0), c.start(1)
+    assert c.wait() == {0: 1, 1: 1}, c.log(0)[-2000:]
+    assert "injected failure on rank 3 at step 15 (token=***)" in _summary(c.log(0))
+    assert token not in c.log(0) + c.log(1)
+    seen = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("token_env*")]
+    assert len(seen) == 4 and all(names == [] for names in seen), seen
