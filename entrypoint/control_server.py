@@ -16,7 +16,8 @@ from entrypoint import messages as m
 from entrypoint import sockets
 from entrypoint.conductor import Conductor
 from entrypoint.conductor_terms import ALL, Close, Log, Send
-from entrypoint.control import NO_IDENTITY, PROTOCOL, Lines, raise_open_files_limit
+from entrypoint.control import NO_IDENTITY, Lines, raise_open_files_limit
+from entrypoint.control_guard import REFUSAL_WINDOW, Pending, Warnings, refusal
 from entrypoint.errors import ConfigError
 from entrypoint.identity import Identity
 from entrypoint.message_fields import shown
@@ -24,10 +25,6 @@ from entrypoint.message_fields import shown
 HELLO_TIMEOUT = 30.0  # seconds from connect to a valid hello; a node collects its fingerprint
 MAX_OUT = 4 << 20  # bytes waiting for one peer; a peer that takes none is stuck (or hostile)
 MAX_BAD_LINES = 100  # invalid lines a member may send (logged, skipped) before it is dropped
-_LOG_BURST = 20  # drops logged per minute; past that, one line says how many more
-REFUSALS_LOGGED = 5  # refusal lines per address per window; past that, one line says how many
-REFUSAL_WINDOW = 10.0  # seconds
-MAX_REFUSING = 1024  # addresses counted apart; beyond, the others share one count
 
 
 class Peer:
@@ -94,13 +91,10 @@ class Server(threading.Thread):
         self.selector.register(self.listener, selectors.EVENT_READ, None)
         self.peers: dict[socket.socket, Peer] = {}
         self.members: dict[int, Peer] = {}
+        self.pending: Pending[Peer] = Pending()  # the peers not yet through their hello
         self.finished = threading.Event()
         self._halt = threading.Event()  # not `_stop`: threading.Thread has a method of that name
-        self._dropped: list[float] = []  # when drops were logged, for the per-minute burst
-        self._unlogged = 0
-        self.refusal_window = refusal_window
-        # Per address: [when its window began, refusals logged, refusals not logged].
-        self._refusals: dict[str, list] = {}
+        self.warnings = Warnings(log, refusal_window)
 
     def run(self) -> None:
         try:
@@ -112,7 +106,7 @@ class Server(threading.Thread):
                 "when its heartbeat times out",
             )
         finally:
-            self._refusal_summaries(float("inf"))  # the counts not yet said
+            self.warnings.summaries(float("inf"))  # the counts not yet said
             for peer in list(self.peers.values()):
                 self._flush(peer)
                 self._drop(peer)
@@ -150,7 +144,7 @@ class Server(threading.Thread):
                 last_tick = now
                 self._apply(self.conductor.tick(now))
                 self._expire(now)
-                self._refusal_summaries(now)
+                self.warnings.summaries(now)
             if now - last_beat >= self.interval:
                 last_beat = now
                 self._send(ALL, m.Beat())
@@ -176,30 +170,33 @@ class Server(threading.Thread):
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             peer = Peer(sock, sockets.peer_text(address), now, sockets.bare_ip(str(address[0])))
-            # Members are peers too: fewer peers than members + max_pending, no need to count.
-            pending = (
-                [p for p in self.peers.values() if p.member is None]
-                if len(self.peers) - len(self.members) >= self.max_pending
-                else []
-            )
-            if len(pending) >= self.max_pending:
-                # Full of connections that have not said hello: the oldest goes, so that a
-                # flood delays a real node's join but cannot lock it out.
-                oldest = min(pending, key=lambda p: p.accepted)
-                self._dropped_log(
-                    f"dropped {oldest.name()}: more than {self.max_pending} "
-                    "connections waiting for their hello"
-                )
-                self._drop(oldest)
+            if len(self.pending) >= self.max_pending:
+                self._make_room()
             self.peers[sock] = peer
+            self.pending.add(peer)
             self.selector.register(sock, selectors.EVENT_READ, None)
             self._queue(
                 peer, m.encode(m.Challenge(peer.nonce, self.identity.job, self.identity.auth))
             )
 
+    def _make_room(self) -> None:
+        """Full of connections that have not said hello: the oldest of the address holding
+        the most goes, once what it sent is read (a hello already there is served, not
+        dropped), so that a flood delays a real node's join but cannot lock it out."""
+        for peer in self.pending.crowded():
+            self._read(peer)
+            if peer.sock in self.peers and peer.member is None:
+                self._dropped_log(
+                    f"dropped {peer.name()}: more than {self.max_pending} connections "
+                    f"waiting for their hello (the most from {peer.ip})"
+                )
+                self._drop(peer)
+            if len(self.pending) < self.max_pending:
+                return
+
     def _expire(self, now: float) -> None:
-        for peer in [p for p in self.peers.values() if p.member is None]:
-            if now - peer.accepted > self.hello_timeout:
+        for peer in list(self.pending.older_than(now - self.hello_timeout)):
+            if peer.sock in self.peers:
                 self._dropped_log(
                     f"dropped {peer.name()}: no hello within {self.hello_timeout:g} s"
                 )
@@ -258,11 +255,11 @@ class Server(threading.Thread):
     def _hello(self, peer: Peer, hello: m.Hello, now: float) -> None:
         # The host is the peer's word, in every line logged about it from now on: escaped.
         hello = dataclasses.replace(hello, host=shown(hello.host))
-        why = self._refusal(peer, hello)
+        why = refusal(self.identity, hello, peer.member, peer.nonce)
         if why:
             peer.hello = peer.hello or hello
             who = f"node {hello.member} ({hello.host}, {peer.address})"
-            self._refusal_log(peer.ip, f"refused {who}: {why}", now)
+            self.warnings.refused(peer.ip, f"refused {who}: {why}", now)
             self._queue(peer, m.encode(m.Refuse(f"node 0 refused {who}: {why}")))
             peer.closing = True
             self._flush(peer)
@@ -271,6 +268,7 @@ class Server(threading.Thread):
             return
         first = peer.member is None
         peer.member, peer.hello = hello.member, hello
+        self.pending.discard(peer)
         if first:
             welcome = (
                 m.welcome_proof(
@@ -286,64 +284,13 @@ class Server(threading.Thread):
             # The same member again on a new connection: the Conductor decides (a node whose
             # platform restarted it, or two nodes claiming one rank). The older connection is
             # only forgotten, not closed, so that its verdict still reaches it.
-            old.member = None
+            self._forget(old)
         self._apply(self.conductor.hello(hello.member, hello, now, time.time()))
 
-    def _refusal(self, peer: Peer, hello: m.Hello) -> str:
-        """Why this hello does not come from a node of this job ('' when it does)."""
-        if hello.protocol != PROTOCOL:
-            return (
-                f"it speaks control protocol {hello.protocol}, node 0 speaks {PROTOCOL}: "
-                "run the same image on every node"
-            )
-        if peer.member is not None and hello.member != peer.member:
-            return f"it joined as node {peer.member} and now says it is node {hello.member}"
-        if hello.job != self.identity.job:
-            return (
-                f"it belongs to another job: {shown(hello.job) or 'no job identity'} there, "
-                f"{self.identity.job or 'no job identity'} on node 0. Start every node of "
-                "one job from one submission, or give them one ENTRYPOINT_JOB_ID"
-            )
-        token = self.identity.token
-        if hello.auth != self.identity.auth:
-            has, lacks = ("it", "node 0") if token is None else ("node 0", "it")
-            return (
-                f"{has} has a job token (ENTRYPOINT_JOB_TOKEN), {lacks} has none: give "
-                "every node the same token, or none"
-            )
-        if token is not None and not m.same(
-            hello.proof,
-            m.hello_proof(token, peer.nonce, hello.nonce, self.identity.job, hello.member),
-        ):
-            return (
-                "wrong job token: its ENTRYPOINT_JOB_TOKEN is not node 0's. Give every "
-                "node the same token"
-            )
-        return ""
-
-    def _refusal_log(self, ip: str, text: str, now: float) -> None:
-        """At most REFUSALS_LOGGED refusal lines per address per window (a flood of hellos
-        must not flood the log); the rest are counted and said in one line when the window
-        ends."""
-        if ip not in self._refusals and len(self._refusals) >= MAX_REFUSING:
-            ip = "other addresses"
-        entry = self._refusals.setdefault(ip, [now, 0, 0])
-        if entry[1] < REFUSALS_LOGGED:
-            entry[1] += 1
-            self.log("warning", text)
-        else:
-            entry[2] += 1
-
-    def _refusal_summaries(self, now: float) -> None:
-        for ip, (began, _, unlogged) in list(self._refusals.items()):
-            if now - began >= self.refusal_window:
-                del self._refusals[ip]
-                if unlogged:
-                    self.log(
-                        "warning",
-                        f"control port: {unlogged:,} more refused from {ip} in the last "
-                        f"{self.refusal_window:g} s (not logged one by one)",
-                    )
+    def _forget(self, peer: Peer) -> None:
+        """No longer a member: waits like a new connection (its verdict, then its close)."""
+        peer.member = None
+        self.pending.add(peer)
 
     def _closed(self, peer: Peer) -> None:
         member = peer.member
@@ -353,6 +300,7 @@ class Server(threading.Thread):
             self._apply(self.conductor.closed(member, time.monotonic()))
 
     def _drop(self, peer: Peer) -> None:
+        self.pending.discard(peer)
         if self.peers.pop(peer.sock, None) is None:
             return
         try:
@@ -365,16 +313,7 @@ class Server(threading.Thread):
             pass
 
     def _dropped_log(self, text: str) -> None:
-        now = time.monotonic()
-        self._dropped = [t for t in self._dropped if now - t < 60]
-        if len(self._dropped) < _LOG_BURST:
-            if self._unlogged:
-                text += f" ({self._unlogged} more not logged in the last minute)"
-                self._unlogged = 0
-            self._dropped.append(now)
-            self.log("warning", f"control port: {text}")
-        else:
-            self._unlogged += 1
+        self.warnings.dropped(text, time.monotonic())
 
     # -- actions and writes ---------------------------------------------------------------
 
@@ -387,7 +326,7 @@ class Server(threading.Thread):
             elif isinstance(action, Close):
                 peer = self.members.pop(action.member, None)
                 if peer is not None:
-                    peer.member = None
+                    self._forget(peer)
                     peer.closing = True
                     self._flush(peer)
                     if not peer.out:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -11,6 +12,7 @@ from typing import Any
 from entrypoint import control, control_channel, control_server, fingerprint, sockets
 from entrypoint.conductor import Conductor
 from entrypoint.conductor_terms import STOPPING, Limits, signal_name
+from entrypoint.errors import EXIT_PEERS
 from entrypoint.gpu_stats import Stats
 from entrypoint.identity import (
     TOKEN_FILE_VARIABLE,
@@ -174,6 +176,12 @@ class Joining:
     server: control_server.Server | None
     channel: control_channel.Channel | None
     _connecting: bool
+    # the join in progress: node 0's address, when the join times out, this node's
+    # fingerprint, and how many times node 0 closed the connection before its welcome
+    _node0_at: tuple[str, int]
+    _join_deadline: float
+    _fp: dict
+    _rejoins: int
 
     @property
     def node0(self) -> control_channel.Channel:
@@ -202,18 +210,23 @@ class Joining:
             )
         if port is None:  # the plan leaves it open only for a single node, which serves it
             raise RuntimeError("no control port to connect to: node 0 did not serve one")
-        waiting = "while waiting for node 0" if self.member != 0 else "before the nodes joined"
         # Collected before connecting: node 0 drops a connection silent for 30 s, and counting
         # a large data directory on a network filesystem can take longer.
-        fp = collect_fingerprint(self.plan, self.settings)
+        self._fp = collect_fingerprint(self.plan, self.settings)
+        self._node0_at, self._rejoins = (host, port), 0
+        self._join_deadline = time.monotonic() + self.settings.join_timeout
+        self._connect()
+        self._hello(self._fp)
+
+    def _connect(self) -> None:
+        waiting = "while waiting for node 0" if self.member != 0 else "before the nodes joined"
         try:
             self._connecting = True
             for sig in [x for x in self.signals.received if x in STOPPING][:1]:
                 raise Interrupted(sig)
             self.channel = control_channel.connect(
-                host,
-                port,
-                timeout=self.settings.join_timeout,
+                *self._node0_at,
+                timeout=max(1.0, self._join_deadline - time.monotonic()),
                 log=lambda line: self.log.warning(line),
                 identity=self.identity,
             )
@@ -224,7 +237,41 @@ class Joining:
             ) from None
         finally:
             self._connecting = False
-        self._hello(fp)
+
+    def _receive_joining(self, timeout: float) -> list[dict]:
+        """Node 0's messages; before its welcome, a closed connection is node 0 making room
+        (a flood of connections, or more joining at once than it holds): this node joins
+        again, with backoff, until its join timeout (issue 28)."""
+        channel = self.node0
+        if channel.welcomed:
+            return self._receive(timeout)
+        messages = channel.receive(timeout)
+        if not channel.closed:
+            return messages
+        if channel.welcomed:
+            return self._receive(0)  # closed after the welcome: node 0 is lost
+        self._rejoins += 1
+        left = self._join_deadline - time.monotonic()
+        if left <= 0:
+            raise Stop(
+                EXIT_PEERS,
+                f"node 0 at {channel.address} closed this node's connection before answering "
+                f"its hello, {self._rejoins} times in ENTRYPOINT_JOIN_TIMEOUT="
+                f"{self.settings.join_timeout:g} s: its control port is flooded or overloaded "
+                "(node 0's log names what it dropped: 'connections waiting for their hello'). "
+                "Find what floods the port; give the job a token and a network policy",
+            )
+        delay = min(left, 5.0, 0.25 * 2 ** min(self._rejoins - 1, 5)) * random.uniform(0.5, 1)
+        self.log.warning(
+            f"node 0 at {channel.address} closed the connection before answering this node's "
+            f"hello (node 0 busy, or its control port flooded): joining again in {delay:.1f} s",
+            tries=self._rejoins,
+        )
+        channel.close()
+        time.sleep(delay)
+        self._connect()
+        self.node0.send(hello(self.plan, self.member, self.generation, self._fp))
+        return []
 
     def _hello(self, fp: dict | None = None) -> None:
         fp = fp or collect_fingerprint(self.plan, self.settings)
@@ -261,7 +308,7 @@ class Joining:
         deadline_silent = self.settings.heartbeat_timeout
         while True:
             self._stop_before_start()
-            for message in self._receive(0.5):
+            for message in self._receive_joining(0.5):
                 kind = message.get("t")
                 if kind == "go":
                     for warning in message.get("warnings", []):

@@ -147,7 +147,7 @@ def build(
     secret_name: str | None = None,
     token: str | None = None,
 ) -> Request:
-    """The checked request, from the options as typed; a ConfigError names the bad option."""
+    """The checked request; a ConfigError names the first bad option, in the order below."""
     _platform_takes(
         platform,
         {
@@ -162,17 +162,14 @@ def build(
             "--token": token,
         },
     )
-    # Checked in this order: with several bad options, the first of them is named.
     count = checks.number("--nodes", nodes, 1, MAX_NODES, "the number of nodes", "2")
     standby, least = _elastic(spares, min_nodes, count)
-    gpus = checks.number("--gpus-per-node", gpus_per_node, 0, MAX_GPUS_PER_NODE, GPUS_WHAT, "8")
-    checked_image, checked_runtime = checks.image(image, platform), _runtime(runtime)
     request = Request(
         platform=platform,
         nodes=count,
-        gpus_per_node=gpus,
-        image=checked_image,
-        runtime=checked_runtime,
+        gpus_per_node=_gpus(gpus_per_node),
+        image=checks.image(image, platform),
+        runtime=_runtime(runtime),
         name=_name(name),
         command=checks.command(trainer),
         master_port=_master_port(master_port),
@@ -189,6 +186,10 @@ def build(
     )
     _hand_started_need_master(request)
     return replace(request, env=(*request.env, *request.elastic_env()))  # as --env's, to all
+
+
+def _gpus(gpus_per_node: str | None) -> int:
+    return checks.number("--gpus-per-node", gpus_per_node, 0, MAX_GPUS_PER_NODE, GPUS_WHAT, "8")
 
 
 def _elastic(spares: str | None, min_nodes: str | None, count: int) -> tuple[int, int | None]:

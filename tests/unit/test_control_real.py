@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 import time
 
 import pytest
@@ -73,3 +74,68 @@ def test_two_nodes_join_and_train_over_ipv6_loopback(nodes):  # noqa: F811
     c.start(0), c.start(1)
     assert c.wait() == {0: 0, 1: 0}, c.log(0)[-3000:] + c.log(1)[-3000:]
     assert "[::1]:" in c.log(0), c.log(0)[-3000:]
+
+
+class Shedding(threading.Thread):
+    """A relay in front of node 0's control port that does what node 0 does to the oldest
+    connections under a flood: the first `shed` connections are closed once their hello has
+    arrived, before any welcome; the later ones are relayed both ways."""
+
+    def __init__(self, upstream: int, shed: int) -> None:
+        super().__init__(daemon=True)
+        self.upstream, self.shed = upstream, shed
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+
+    def run(self) -> None:
+        while True:
+            try:
+                node, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                up = socket.create_connection(("127.0.0.1", self.upstream))
+            except OSError:
+                node.close()  # node 0 not listening yet: the node retries, as it would
+                continue
+            if self.shed:
+                self.shed -= 1
+                node.sendall(up.recv(65536))  # node 0's challenge
+                got = b""
+                while b"\n" not in got:
+                    got += node.recv(65536) or b"\n"
+                node.close(), up.close()
+                continue
+            for a, b in ((node, up), (up, node)):
+                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+
+
+def _pipe(a: socket.socket, b: socket.socket) -> None:
+    try:
+        while data := a.recv(65536):
+            b.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def test_a_node_whose_connection_node_0_sheds_before_its_welcome_joins_again(nodes):  # noqa: F811
+    """Issue 28: under a flood node 0 drops connections that wait for their hello, and a node
+    whose hello was dropped never tried again (exit 75, 'container killed'). Now a connection
+    closed before node 0's welcome is joined again, with backoff, within the join timeout;
+    with a token, both nodes train and finish."""
+    c = nodes(FAULT_STEPS="20", ENTRYPOINT_JOB_TOKEN=TOKEN)
+    relay = Shedding(c.port + 1, shed=3)
+    relay.start()
+    c.start(0)
+    c.start(1, ENTRYPOINT_CONTROL_PORT=str(relay.port))
+    assert c.wait() == {0: 0, 1: 0}, c.log(1)[-3000:]
+    log1 = c.log(1)
+    assert log1.count("closed the connection before answering this node's hello") == 3, log1
+    assert "joining again in" in log1 and TOKEN not in log1
+    relay.listener.close()
