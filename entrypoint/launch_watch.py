@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 PEER_STOP_GRACE = 10.0  # seconds for workers to exit after another node failed
 # After a lost node the workers hang in their next collective: no checkpoint can complete, so
-# they get a moment to flush logs, then are killed (the 10 s bound from fault to exit).
+# they get a moment to flush logs, then are killed (the 10 s bound from fault to exit); the
+# same before a restart, whose cause (a lost node, a failed trainer) broke the collectives.
 LOST_PEER_GRACE = 2.0
 
 

@@ -200,7 +200,9 @@ class Supervisor(join.Joining):
             self.launched.stop(5)
             return True, 0 if watch.code == 0 else (watch.code or 0)
         if kind == "restart":
-            self._end_launch(PEER_STOP_GRACE)
+            # A restart follows a lost node or a failed trainer: the workers' collectives are
+            # broken, no checkpoint can complete, and every second here is every GPU's.
+            self._end_launch(LOST_PEER_GRACE)
             self.generation = int(message["generation"])
             if self.member != 0 and self.stop_signal is None:
                 # node 0's conductor has said it already
