@@ -232,6 +232,9 @@ def _challenge(sock: socket.socket, address: str, wait: float, token: bool = Fal
     )
 
 
+QUICK_RETRY, QUICK_FOR = 0.1, 5.0  # seconds between tries at first, and for how long
+
+
 def connect(
     host: str,
     port: int,
@@ -247,7 +250,7 @@ def connect(
     take its challenge."""
     start = time.monotonic()
     deadline = start + timeout
-    delay, next_progress, why = 0.25, start + progress_every, "not tried"
+    delay, next_progress, why = QUICK_RETRY, start + progress_every, "not tried"
     where = host_port(host, port)
     while True:
         try:
@@ -276,4 +279,6 @@ def connect(
             )
             next_progress = now + progress_every
         sleep(min(delay, max(0.0, deadline - now)))
-        delay = min(delay * 2, 5.0)
+        # Every 0.1 s while the nodes start together (node 0 listens within a second or two
+        # of its start: each try later is time lost by every node), then backing off.
+        delay = QUICK_RETRY if now - start < QUICK_FOR else min(max(delay * 2, 0.25), 5.0)
