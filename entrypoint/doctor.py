@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 
-from entrypoint import fingerprint, launch, node, probe, secrets
+from entrypoint import cuda_kernels, fingerprint, launch, node, probe, secrets
 from entrypoint import report as plan_report
 from entrypoint.doctor_checks import CONNECT_TIMEOUT, Findings, Port, problems
 from entrypoint.doctor_report import report, table
@@ -77,6 +77,15 @@ def _torch(found: dict, has_gpus: bool) -> None:
     available = bool(has_gpus and torch.version.cuda and torch.cuda.is_available())
     found["torch_gpus"] = torch.cuda.device_count() if available else 0
     if available:
+        found["gpu_capabilities"] = tuple(
+            sorted(
+                {
+                    "{}.{}".format(*torch.cuda.get_device_capability(i))
+                    for i in range(found["torch_gpus"])
+                },
+                key=cuda_kernels.capability_arch,
+            )
+        )
         version = torch.cuda.nccl.version()
         found["nccl"] = (
             ".".join(str(v) for v in version) if isinstance(version, tuple) else str(version)
@@ -112,6 +121,7 @@ def look(plan, facts, settings) -> Findings:
         "image_lock": _read(fingerprint.IMAGE_DIR / "lock.sha256"),
         "image_revision": _read(fingerprint.IMAGE_DIR / "revision"),
         "deepspeed": _dist_version("deepspeed"),
+        "cuda_ops": cuda_kernels.deepspeed_ops(),
     }
     _torch(found, has_gpus)
     if found.get("nccl") is None:

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 
 from entrypoint import network
+from entrypoint.cuda_kernels import Kernels, coverage
 from entrypoint.values import Kind
 
 SHM_MIN = 512 << 20  # below: NCCL and DataLoader workers fail ("Bus error"); Docker's is 64 MiB
@@ -42,6 +43,8 @@ class Findings:
     jax_devices: str | None = None  # "gpu x8", "cpu x1"
     jax_error: str | None = None
     deepspeed: str | None = None
+    gpu_capabilities: tuple[str, ...] = ()  # this node's GPUs' compute capabilities, "9.0"
+    cuda_ops: tuple[Kernels, ...] = ()  # DeepSpeed's prebuilt CUDA ops and their archs
     driver: str | None = None  # NVIDIA driver version
     driver_cuda: str | None = None  # the newest CUDA the driver supports, "12.4"
     shm_bytes: int | None = None
@@ -134,6 +137,7 @@ def software_problems(facts, found: Findings) -> list[str]:
                 "(NVIDIA_DRIVER_CAPABILITIES=compute,utility, --gpus all) and check that "
                 "CUDA_VISIBLE_DEVICES does not hide them"
             )
+        out += kernel_problems(found)
         if found.jax and found.jax_devices and not found.jax_devices.startswith(("gpu", "cuda")):
             out.append(
                 f"JAX {found.jax}: sees only {found.jax_devices} although the driver lists "
@@ -141,6 +145,18 @@ def software_problems(facts, found: Findings) -> list[str]:
                 "JAX_PLATFORMS unset"
             )
     return out
+
+
+def kernel_problems(found: Findings) -> list[str]:
+    """A prebuilt CUDA op with neither a cubin nor PTX for one of this node's GPUs."""
+    return [
+        f"DeepSpeed's {ops.op}: no kernel for this node's GPUs (compute capability {cap}); "
+        f"the image's holds {ops.text()}, so a config that selects it fails on every rank. "
+        f'Rebuild the image with {cap} in its list: make image TORCH_CUDA_ARCH_LIST="...;{cap}"'
+        for cap in found.gpu_capabilities
+        for ops in found.cuda_ops
+        if coverage(cap, ops) == "none"
+    ]
 
 
 def node_problems(plan, facts, found: Findings, settings) -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from entrypoint import network
+from entrypoint.cuda_kernels import coverage
 from entrypoint.doctor_checks import Findings, Port, mib, port_meaning
 
 
@@ -31,6 +32,7 @@ def report(plan, facts, found: Findings, settings, found_problems: list[str]) ->
             "image_revision": found.image_revision,
         },
         "software": _software(found),
+        "kernels": _kernels(found),
         "gpus": {
             "driver": found.driver,
             "driver_cuda": found.driver_cuda,
@@ -73,6 +75,19 @@ def _software(found: Findings) -> dict:
     }
 
 
+def _kernels(found: Findings) -> list[dict]:
+    """Each prebuilt CUDA op: its cubins and PTX, and what that means on this node's GPUs."""
+    return [
+        {
+            "op": ops.op,
+            "cubins": [f"sm_{a}" for a in ops.cubins],
+            "ptx": [f"compute_{a}" for a in ops.ptx],
+            "gpus": {cap: coverage(cap, ops) for cap in found.gpu_capabilities},
+        }
+        for ops in found.cuda_ops
+    ]
+
+
 def _port(port: Port, node0: bool) -> dict:
     meaning, bad = port_meaning(port, node0)
     return {
@@ -89,6 +104,7 @@ def table(rep: dict, plan_table: str) -> str:
     """The report for a terminal: sections of `name  value` lines, the plan, the problems."""
     node = rep["node"]
     rows = _machine_rows(rep["system"], rep["software"], rep["gpus"])
+    rows += _kernel_rows(rep["kernels"])
     rows += _network_rows(rep["network"], rep["master"], node["nnodes"])
     width = max(len(name) for name, _ in rows)
     lines = [
@@ -176,4 +192,22 @@ def _network_rows(net: dict, m: dict, nnodes: int) -> list[tuple[str, str]]:
             rows.append((f"{port['name']} port", f"{port['port']}: {port['meaning']}"))
     else:
         rows.append(("address", f"{m['address']} (single node: nothing to reach)"))
+    return rows
+
+
+_VERDICT = {
+    "native": "native kernels",
+    "ptx": "PTX only: the driver compiles it at the op's first load",
+    "none": "no kernel: the op cannot run here",
+}
+
+
+def _kernel_rows(kernels: list[dict]) -> list[tuple[str, str]]:
+    """DeepSpeed's prebuilt CUDA ops: what they hold, what this node's GPUs get."""
+    rows: list[tuple[str, str]] = [("CUDA kernels", "")] if kernels else []
+    for k in kernels:
+        held = " ".join(k["cubins"]) + (" + PTX " + " ".join(k["ptx"]) if k["ptx"] else "")
+        rows.append((k["op"], held))
+        for cap, verdict in k["gpus"].items():
+            rows.append((f"  on {cap}", _VERDICT[verdict]))
     return rows

@@ -11,10 +11,17 @@ compiler is in the image (test_image.py)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+
+from entrypoint import cuda_kernels
 
 from .image_helpers import REPO
 
@@ -253,3 +260,63 @@ def test_hf_trainer_deepspeed_zero2_adamw_on_cpu(image, no_build, tmp_path):
         ), log
     assert re.search(r"hf_trainer: done, loss \d+\.\d+", log), log
     assert "ninja stub" not in log, log
+
+
+def _promised() -> tuple[set[int], set[int]]:
+    """(cubin archs, PTX archs) the Makefile's TORCH_CUDA_ARCH_LIST promises: '9.0+PTX' both."""
+    text = (REPO / "Makefile").read_text()
+    listed = re.search(r"^TORCH_CUDA_ARCH_LIST\s*\?=\s*(\S+)", text, re.M)[1].split(";")
+    arch = [(int(a.split("+")[0].replace(".", "")), a.endswith("+PTX")) for a in listed]
+    return {a for a, _ in arch}, {a for a, ptx in arch if ptx}
+
+
+@pytest.fixture(scope="module")
+def cuda_ops(image, tmp_path_factory) -> list:
+    """The image's DeepSpeed .so files that hold GPU code, copied out of it."""
+    out = tmp_path_factory.mktemp("ops")
+    site = "/opt/venv/lib/python3.13/site-packages/deepspeed"
+    found = image.run(site, "-name", "*.so", entrypoint="find").stdout.split()
+    copied = []
+    for path in found:
+        data = image.run(path, entrypoint="base64").stdout
+        local = out / path.rsplit("/", 1)[1]
+        local.write_bytes(base64.b64decode(data))
+        if cuda_kernels.elf_section(local, b".nv_fatbin"):
+            copied.append(local)
+    return copied
+
+
+def test_every_prebuilt_cuda_op_has_a_kernel_for_every_promised_architecture(cuda_ops, unavailable):
+    """Issue 23: cubins for sm_80, sm_90, sm_100 and sm_120 and compute_90 PTX, listed by
+    NVIDIA's cuobjdump (the nvidia-cuda-cuobjdump wheel) and by the entrypoint's own reader,
+    which `entrypoint doctor` uses."""
+    cuobjdump = shutil.which("cuobjdump") or next(
+        (
+            str(p)
+            for p in Path(sys.prefix).glob("lib/python*/site-packages/nvidia/cu*/bin/cuobjdump")
+        ),
+        None,
+    )
+    if cuobjdump is None:
+        unavailable("cuobjdump not found: pip install nvidia-cuda-cuobjdump (make dev does)")
+    cubins, ptx = _promised()
+    assert {80, 90, 100, 120} <= cubins and 90 in ptx, (cubins, ptx)
+    assert any(so.name.startswith("fused_adam_op") for so in cuda_ops), cuda_ops
+    for so in cuda_ops:
+        listing = subprocess.run(
+            [cuobjdump, "--list-elf", "--list-ptx", str(so)],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        elf = {int(a) for a in re.findall(r"^ELF file.*\.sm_(\d+)\.cubin", listing, re.M)}
+        ptx_seen = {int(a) for a in re.findall(r"^PTX file.*\.sm_(\d+)\.ptx", listing, re.M)}
+        assert (elf, ptx_seen) == (cubins, ptx), (so.name, listing)
+        ours = cuda_kernels.fatbin_archs(cuda_kernels.elf_section(so, b".nv_fatbin"))
+        assert ours == (tuple(sorted(cubins)), tuple(sorted(ptx))), (so.name, ours)
+
+
+def test_doctor_says_what_the_ops_hold(image):
+    """On a node without a GPU doctor lists the ops' architectures (no verdict without GPUs)."""
+    report = json.loads(image.run("doctor", "--json", check=False).stdout)
+    ops = {k["op"]: k for k in report["kernels"]}
+    assert ops["fused_adam_op"]["cubins"] == ["sm_80", "sm_90", "sm_100", "sm_120"], ops
+    assert ops["fused_adam_op"]["ptx"] == ["compute_90"] and ops["fused_adam_op"]["gpus"] == {}
