@@ -3,6 +3,7 @@
     python venv_layers.py split-lock LOCK OUTDIR       # OUTDIR/<group>.lock, hashes kept
     python venv_layers.py snapshot VENV LIST            # what VENV holds now
     python venv_layers.py move-new VENV LIST OUT        # move what is new since LIST to OUT
+    python venv_layers.py split-parts GROUP OUT PARTS   # OUT's files by layer: PARTS/<part>/...
 
 Each group's locked wheels are installed in a stage of their own, into the same empty venv
 at the same path, with `uv pip install --require-hashes --no-deps`; `move-new` then moves
@@ -34,6 +35,24 @@ GROUPS: list[tuple[str, str]] = [
 ]
 # Not "rest", although it is the catch-all: each group's pattern is tried in this order.
 MATCH_ORDER = ["nvidia", "torch", "jax", "deepspeed", "rest"]
+# A group shipped as several layers, split by path under site-packages: the CUDA wheels are
+# 4.8 GB, 54% of the image in one layer, and a cold pull waits for its largest layer. Its
+# wheels move together (one CUDA line, with torch), so one stage installs them all; the
+# layers are cut by library, largest lowest: cuDNN, cuBLAS, NCCL with NVSHMEM, the math
+# libraries, then the runtime, compilers and bindings (the catch-all).
+PARTS: dict[str, list[tuple[str, str]]] = {
+    "nvidia": [
+        ("cudnn", r"nvidia/cudnn/|nvidia_cudnn_"),
+        ("cublas", r"nvidia/cublas/|nvidia_cublas_"),
+        ("nccl", r"nvidia/(nccl|nvshmem)/|nvidia_(nccl|nvshmem)_"),
+        (
+            "math",
+            r"nvidia/(cusparselt|cusolver|cusparse|cufft|curand)/"
+            r"|nvidia_(cusparselt|cusolver|cusparse|cufft|curand)_",
+        ),
+        ("cuda", r""),
+    ],
+}
 
 SITE = "lib/python3.13/site-packages"
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==")
@@ -128,7 +147,51 @@ def cmd_move_new(venv: str, listing: str, dest: str) -> None:
     print(f"moved {moved} new entries of {venv} to {dest}")
 
 
+def part_of(group: str, path: str) -> str:
+    """The layer of `group` a file of its /out tree goes to, by its path under site-packages
+    (files elsewhere in the venv go to the catch-all)."""
+    relative = path.split(f"/{SITE}/", 1)[1] if f"/{SITE}/" in path else ""
+    return next(name for name, rule in PARTS[group] if re.match(rule, relative))
+
+
+def cmd_split_parts(group: str, out: str, parts: str) -> None:
+    """Hard-link every file of OUT (a group's moved files) to PARTS/<part>/<its path>, one
+    tree per layer; OUT stays whole for the stages that build against the group."""
+    counts = dict.fromkeys((name for name, _ in PARTS[group]), 0)
+    for name in counts:
+        os.makedirs(os.path.join(parts, name))
+    for root, dirs, files in os.walk(out):
+        names = files + [d for d in dirs if os.path.islink(os.path.join(root, d))]
+        for name in names:
+            path = os.path.join(root, name)
+            part = part_of(group, path[len(out) :])
+            target = os.path.join(parts, part) + path[len(out) :]
+            _parents(out, os.path.dirname(path), os.path.join(parts, part))
+            if os.path.islink(path):
+                os.symlink(os.readlink(path), target)
+            else:
+                os.link(path, target)
+            counts[part] += 1
+    empty = [name for name, n in counts.items() if not n]
+    if empty:
+        sys.exit(f"{group}: no file falls in part(s) {empty}; fix PARTS in docker/venv_layers.py")
+    print(", ".join(f"{name}: {n} files" for name, n in counts.items()))
+
+
+def _parents(out: str, directory: str, dest: str) -> None:
+    """DEST/<directory below OUT> and its parents, with their modes and times from OUT."""
+    missing = []
+    while not os.path.isdir(dest + directory[len(out) :]):
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    for d in reversed(missing):
+        st = os.stat(d)
+        os.mkdir(dest + d[len(out) :], st.st_mode & 0o7777)
+        os.utime(dest + d[len(out) :], ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
 COMMANDS = {
+    "split-parts": cmd_split_parts,
     "split-lock": cmd_split_lock,
     "snapshot": cmd_snapshot,
     "move-new": cmd_move_new,

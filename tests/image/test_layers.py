@@ -170,3 +170,17 @@ def test_no_ca_bundle_and_no_secret_in_any_layer(image, docker):
         [docker, "history", "--no-trunc", image.tag], capture_output=True, text=True, check=True
     ).stdout
     assert not [b for b in own if b.decode() in history]
+
+
+def test_no_layer_holds_40_percent_of_the_image(image, docker):
+    """A cold pull waits for its largest layer: the CUDA wheels were one layer, 54% (issue 23)."""
+    sizes = [
+        int(size)
+        for size in subprocess.run(
+            [docker, "history", "--human=false", "--format", "{{.Size}}", image.tag],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+    ]
+    assert max(sizes) <= 0.40 * sum(sizes), sorted(sizes, reverse=True)[:4]

@@ -24,9 +24,14 @@ import pytest
 
 from .image_helpers import REPO
 
-# A file of each group, bottom to top; the lock and the project above them.
+# A file of each group (of each part, for a group in parts), bottom to top; the lock and the
+# project above them.
 MARKERS = {
-    "nvidia": "lib/python3.13/site-packages/nvidia/nccl/lib/libnccl.so.2",
+    "nvidia-cudnn": "lib/python3.13/site-packages/nvidia/cudnn/__init__.py",
+    "nvidia-cublas": "lib/python3.13/site-packages/nvidia/cublas/__init__.py",
+    "nvidia-nccl": "lib/python3.13/site-packages/nvidia/nccl/lib/libnccl.so.2",
+    "nvidia-math": "lib/python3.13/site-packages/nvidia/cufft/__init__.py",
+    "nvidia-cuda": "lib/python3.13/site-packages/nvidia/cuda_runtime/__init__.py",
     "torch": "lib/python3.13/site-packages/torch/__init__.py",
     "jax": "lib/python3.13/site-packages/jaxlib/__init__.py",
     "rest": "lib/python3.13/site-packages/transformers/__init__.py",
@@ -38,7 +43,9 @@ MARKERS = {
 MORE = {
     "torch": ["lib/python3.13/site-packages/triton/__init__.py", "bin/torchrun"],
     "jax": ["lib/python3.13/site-packages/jax/__init__.py"],
-    "nvidia": ["lib/python3.13/site-packages/nvidia/cudnn"],
+    "nvidia-nccl": ["lib/python3.13/site-packages/nvidia/nvshmem"],
+    "nvidia-math": ["lib/python3.13/site-packages/nvidia/cusparselt"],
+    "nvidia-cuda": ["lib/python3.13/site-packages/nvidia/cuda_nvcc/bin/ptxas"],
     "rest": ["lib/python3.13/site-packages/numpy/__init__.py", "bin/accelerate"],
     "deepspeed": ["share/torch_extensions", "bin/ds_report"],
     "project": ["bin/entrypoint"],
@@ -100,7 +107,11 @@ def test_containerd_pulls_the_split_image_and_runs_it(pushed, image):
         }
         # each group's marker in exactly one layer, the groups in docker/venv_layers.py's order
         assert all(len(where) == 1 for where in found.values()), found
-        order = [name for name, _ in venv_layers.GROUPS] + ["lock", "project"]
+        order = [
+            f"{name}-{part}" if name in venv_layers.PARTS else name
+            for name, _ in venv_layers.GROUPS
+            for part, _ in venv_layers.PARTS.get(name, [("", "")])
+        ] + ["lock", "project"]
         assert [found[g][0] for g in order] == sorted(found[g][0] for g in order), found
         assert len({found[g][0] for g in order}) == len(order), found
         for group, paths in MORE.items():

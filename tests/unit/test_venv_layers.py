@@ -53,3 +53,53 @@ def test_every_pin_in_exactly_one_group_with_its_hashes():
 )
 def test_group_of(name, group):
     assert venv_layers.group_of(name) == group
+
+
+SITE = "/opt/venv/lib/python3.13/site-packages/"
+
+
+@pytest.mark.parametrize(
+    ("path", "part"),
+    [
+        (SITE + "nvidia/cudnn/lib/libcudnn.so.9", "cudnn"),
+        (SITE + "nvidia_cudnn_cu12-9.10.2.21.dist-info/RECORD", "cudnn"),
+        (SITE + "nvidia/cublas/lib/libcublasLt.so.12", "cublas"),
+        (SITE + "nvidia/nccl/lib/libnccl.so.2", "nccl"),
+        (SITE + "nvidia/nvshmem/lib/libnvshmem_host.so.3", "nccl"),
+        (SITE + "nvidia_nvshmem_cu12-3.4.5.dist-info/METADATA", "nccl"),
+        (SITE + "nvidia/cusparselt/lib/libcusparseLt.so.0", "math"),
+        (SITE + "nvidia/cufft/lib/libcufft.so.11", "math"),
+        (SITE + "nvidia/cuda_runtime/lib/libcudart.so.12", "cuda"),
+        (SITE + "nvidia/cuda_nvcc/bin/ptxas", "cuda"),
+        (SITE + "nvidia/__init__.py", "cuda"),
+        (SITE + "cuda/bindings/driver.py", "cuda"),
+        ("/opt/venv/bin/something", "cuda"),
+    ],
+)
+def test_the_cuda_wheels_split_into_layers_by_library(path, part):
+    assert venv_layers.part_of("nvidia", path) == part
+
+
+def test_split_parts_links_every_file_into_one_part(tmp_path):
+    out = tmp_path / "out"
+    files = [
+        "nvidia/cudnn/lib/a.so",
+        "nvidia/cublas/lib/b.so",
+        "nvidia/nccl/lib/c.so",
+        "nvidia/cufft/lib/d.so",
+        "nvidia/cuda_runtime/lib/e.so",
+    ]
+    for name in files:
+        path = out / SITE.strip("/") / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(name)
+    (out / SITE.strip("/") / "nvidia/cudnn/lib/a.so.9").symlink_to("a.so")
+    venv_layers.cmd_split_parts("nvidia", str(out), str(tmp_path / "parts"))
+    linked = sorted(
+        str(p.relative_to(tmp_path / "parts"))
+        for p in (tmp_path / "parts").rglob("*")
+        if p.is_file() or p.is_symlink()
+    )
+    assert len(linked) == len(files) + 1, linked
+    assert (tmp_path / "parts/cudnn" / SITE.strip("/") / "nvidia/cudnn/lib/a.so.9").is_symlink()
+    assert (out / SITE.strip("/") / "nvidia/cudnn/lib/a.so").exists()  # OUT stays whole
