@@ -5,11 +5,11 @@ SHELL := /bin/bash
 IMAGE                ?= multinode:dev
 BASE_IMAGE           ?= debian:trixie-slim
 OFFLINE_BASE_IMAGE   ?= multinode-base:trixie-slim
-TORCH_CUDA_ARCH_LIST ?= 8.0;9.0
+TORCH_CUDA_ARCH_LIST ?= 8.0;9.0+PTX;10.0;12.0
 PYTHON               ?= python3
 VENV                 ?= .venv
 DEV_TORCH            ?= torch==2.13.0
-UV_COMPILE           := --generate-hashes --python-version 3.13 --python-platform x86_64-manylinux_2_28 --custom-compile-command "make lock"
+UV_COMPILE           := --generate-hashes --python-version 3.13 --custom-compile-command "make lock"
 
 export IMAGE BASE_IMAGE OFFLINE_BASE_IMAGE TORCH_CUDA_ARCH_LIST
 
@@ -37,10 +37,12 @@ push: ## Push IMAGE to DEST=registry/repo:tag with skopeo (COMPRESSION=zstd: zst
 base: ## Build the offline base OFFLINE_BASE_IMAGE from Debian packages (debootstrap)
 	docker/base/build-base.sh $(OFFLINE_BASE_IMAGE) trixie
 
-lock: $(VENV)/.done ## Re-resolve docker/requirements.lock and build-tools.lock, hashes for every wheel (UPGRADE=1: newest allowed)
-	$(VENV)/bin/uv pip compile -q $(UV_COMPILE) $(if $(UPGRADE),--upgrade) pyproject.toml docker/requirements.in -o docker/requirements.lock
-	$(VENV)/bin/uv pip compile -q $(UV_COMPILE) $(if $(UPGRADE),--upgrade) docker/build-tools.in -o docker/build-tools.lock
-	@echo "lock sha256: $$(sha256sum docker/requirements.lock | cut -d' ' -f1)"
+lock: $(VENV)/.done ## Re-resolve the amd64 and arm64 locks (the same pins where both have them) and build-tools.lock, hashes for every wheel (UPGRADE=1: newest allowed)
+	$(VENV)/bin/uv pip compile -q $(UV_COMPILE) --python-platform x86_64-manylinux_2_28 $(if $(UPGRADE),--upgrade) pyproject.toml docker/requirements.in -o docker/requirements.lock
+	sed -n 's/^\([A-Za-z0-9._-]*==[^ ]*\).*/\1/p' docker/requirements.lock >$(VENV)/amd64-pins.txt
+	$(VENV)/bin/uv pip compile -q $(UV_COMPILE) --python-platform aarch64-manylinux_2_28 -c $(VENV)/amd64-pins.txt pyproject.toml docker/requirements.in -o docker/requirements-arm64.lock
+	$(VENV)/bin/uv pip compile -q $(UV_COMPILE) --python-platform x86_64-manylinux_2_28 $(if $(UPGRADE),--upgrade) docker/build-tools.in -o docker/build-tools.lock
+	@echo "lock sha256: amd64 $$(sha256sum docker/requirements.lock | cut -d' ' -f1), arm64 $$(sha256sum docker/requirements-arm64.lock | cut -d' ' -f1)"
 
 lint: $(VENV)/.done ## hadolint the Dockerfiles, shellcheck the scripts, ruff check and ruff format --check the Python, mypy entrypoint/
 	$(VENV)/bin/hadolint docker/Dockerfile tests/slurm/Dockerfile tests/preflight/Dockerfile \

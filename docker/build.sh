@@ -14,7 +14,9 @@
 #   DEBIAN_MIRROR         mirror for the offline base        (http://deb.debian.org/debian)
 #   CA_BUNDLE             CA bundle to trust in the build, or "none"
 #                         (default: PIP_CERT, SSL_CERT_FILE, REQUESTS_CA_BUNDLE, system bundle)
-#   TORCH_CUDA_ARCH_LIST  GPU archs DeepSpeed's ops are built for ("8.0;9.0")
+#   ARCH                  amd64 (x86-64 nodes) or arm64 (Grace nodes: GH200, GB200),
+#                         built under QEMU on an amd64 machine       (this machine's)
+#   TORCH_CUDA_ARCH_LIST  GPU archs DeepSpeed's ops are built for ("8.0;9.0+PTX;10.0;12.0")
 #   MAX_JOBS              parallel compile jobs for those ops  (4)
 #   PROGRESS              BuildKit progress: auto, plain, tty  (auto)
 #   DOCKER                docker client with BuildKit          (found below)
@@ -22,10 +24,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-IMAGE=${IMAGE:-multinode:dev}
+host_arch=$(dpkg --print-architecture 2>/dev/null || { [ "$(uname -m)" = aarch64 ] && echo arm64 || echo amd64; })
+ARCH=${ARCH:-$host_arch}
+case $ARCH in amd64|arm64) ;; *) echo "make image: ARCH=$ARCH: amd64 or arm64." >&2; exit 2;; esac
+suffix=$([ "$ARCH" = "$host_arch" ] || echo "-$ARCH")
+IMAGE=${IMAGE:-multinode:dev$suffix}
 BASE_IMAGE=${BASE_IMAGE:-debian:trixie-slim}
-OFFLINE_BASE_IMAGE=${OFFLINE_BASE_IMAGE:-multinode-base:trixie-slim}
-TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-8.0;9.0}
+OFFLINE_BASE_IMAGE=${OFFLINE_BASE_IMAGE:-multinode-base:trixie-slim$suffix}
+TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-8.0;9.0+PTX;10.0;12.0}
 MAX_JOBS=${MAX_JOBS:-4}
 PROGRESS=${PROGRESS:-auto}
 
@@ -47,9 +53,9 @@ if [ "${1:-}" = --check-engine ]; then exec "$DOCKER" info >/dev/null 2>&1; fi
 base=$BASE_IMAGE
 if [ "${OFFLINE_BASE:-0}" = 1 ]; then
   base=$OFFLINE_BASE_IMAGE
-elif "$DOCKER" image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+elif [ -z "$suffix" ] && "$DOCKER" image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
   say "base $BASE_IMAGE: present locally"
-elif "$DOCKER" pull "$BASE_IMAGE" >/dev/null 2>&1; then
+elif "$DOCKER" pull --platform "linux/$ARCH" "$BASE_IMAGE" >/dev/null 2>&1; then
   say "base $BASE_IMAGE: pulled"
 else
   case $BASE_IMAGE in
@@ -64,7 +70,7 @@ if [ "$base" = "$OFFLINE_BASE_IMAGE" ]; then
     say "base $OFFLINE_BASE_IMAGE: present locally (make base rebuilds it)"
   else
     say "building $OFFLINE_BASE_IMAGE with debootstrap (docker/base/build-base.sh)"
-    docker/base/build-base.sh "$OFFLINE_BASE_IMAGE" trixie "${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+    ARCH=$ARCH docker/base/build-base.sh "$OFFLINE_BASE_IMAGE" trixie "${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
   fi
 fi
 
@@ -83,7 +89,20 @@ if [ -n "$ca" ] && [ "$ca" != none ]; then
   secret=(--secret "id=ca,src=$ca")
 fi
 
-lock_sha=$(sha256sum docker/requirements.lock | cut -d' ' -f1)
+lock=docker/requirements.lock
+# Per architecture: the CPU code DeepSpeed's ops are compiled for (any x86-64 server since
+# 2013-2015; any Arm server core from Neoverse N1 and Graviton 2 up, Grace included), and on
+# arm64 no CUDA toolkit or CUDA op: PyPI's torch 2.10 for aarch64 is a CPU build.
+arch_args=()
+if [ "$ARCH" = arm64 ]; then
+  lock=docker/requirements-arm64.lock
+  arch_args=(--platform linux/arm64 --build-arg CUDA_TOOLKIT= --build-arg DS_CUDA_OPS=0
+             --build-arg "DS_CPU_ARCH=${DS_CPU_ARCH:--march=armv8.2-a}"
+             --build-arg "DS_SIMD_WIDTH=${DS_SIMD_WIDTH:--D__SCALAR__}")
+elif [ -n "$suffix" ]; then
+  arch_args=(--platform linux/amd64)
+fi
+lock_sha=$(sha256sum "$lock" | cut -d' ' -f1)
 version=$(sed -n 's/^__version__ *= *["'\'']\([^"'\'']*\)["'\''].*/\1/p' entrypoint/__init__.py)
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 if [ "$revision" != unknown ] && [ -n "$(git status --porcelain -- entrypoint docker pyproject.toml 2>/dev/null)" ]; then
@@ -93,7 +112,7 @@ source_url=$(git config --get remote.origin.url 2>/dev/null || true)
 case $source_url in git@github.com:*) source_url="https://github.com/${source_url#git@github.com:}";; esac
 source_url=${source_url%.git}
 
-say "building $IMAGE on $base (lock sha256 ${lock_sha:0:12}, CUDA archs $TORCH_CUDA_ARCH_LIST)"
+say "building $IMAGE for $ARCH on $base (lock sha256 ${lock_sha:0:12}, CUDA archs $TORCH_CUDA_ARCH_LIST)"
 # shellcheck disable=SC2086
 "$DOCKER" build \
   --progress="$PROGRESS" \
@@ -107,6 +126,7 @@ say "building $IMAGE on $base (lock sha256 ${lock_sha:0:12}, CUDA archs $TORCH_C
   ${source_url:+--build-arg SOURCE="$source_url"} \
   --build-arg TORCH_CUDA_ARCH_LIST="$TORCH_CUDA_ARCH_LIST" \
   --build-arg MAX_JOBS="$MAX_JOBS" \
+  "${arch_args[@]}" \
   ${BUILD_ARGS:-} \
   -t "$IMAGE" .
 say "built $IMAGE"

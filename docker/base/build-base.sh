@@ -8,6 +8,8 @@
 # official image, so both paths give the same packages.
 #
 # usage: build-base.sh TAG [SUITE] [MIRROR]
+#        ARCH=arm64 build-base.sh ...   another Debian architecture (Grace nodes): its
+#                                        programs run under QEMU (qemu-user-static, binfmt-support)
 set -euo pipefail
 
 tag=${1:?usage: build-base.sh TAG [SUITE] [MIRROR]}
@@ -16,6 +18,8 @@ mirror=${3:-http://deb.debian.org/debian}
 security_mirror=${SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 docker=${DOCKER:-docker}
 here=$(cd "$(dirname "$0")" && pwd)
+host_arch=$(dpkg --print-architecture 2>/dev/null || echo amd64)
+arch=${ARCH:-$host_arch}
 
 if [ "$(id -u)" != 0 ]; then
   echo "build-base.sh: debootstrap needs root; run it as root (sudo make base)." >&2
@@ -30,8 +34,23 @@ work=$(mktemp -d /var/tmp/base-rootfs.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 root=$work/rootfs
 
-echo "==> debootstrap --variant=minbase $suite from $mirror"
-debootstrap --variant=minbase "$suite" "$root" "$mirror" >"$work/debootstrap.log" 2>&1 \
+qemu=qemu-${arch/arm64/aarch64}
+if [ "$arch" != "$host_arch" ] && [ ! -e "/proc/sys/fs/binfmt_misc/$qemu" ] \
+    && command -v update-binfmts >/dev/null; then
+  # binfmt-support registers QEMU at boot where systemd runs; in a container or a bare VM
+  # the kernel's binfmt_misc may need mounting first.
+  [ -e /proc/sys/fs/binfmt_misc/register ] \
+    || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc 2>/dev/null || true
+  update-binfmts --enable "$qemu" 2>/dev/null || true
+fi
+if [ "$arch" != "$host_arch" ] && [ ! -e "/proc/sys/fs/binfmt_misc/$qemu" ]; then
+  echo "build-base.sh: ARCH=$arch: this $host_arch machine cannot run $arch programs. Install" \
+    "qemu-user-static and binfmt-support (apt-get install -y qemu-user-static binfmt-support)." >&2
+  exit 2
+fi
+
+echo "==> debootstrap --arch=$arch --variant=minbase $suite from $mirror"
+debootstrap --arch="$arch" --variant=minbase "$suite" "$root" "$mirror" >"$work/debootstrap.log" 2>&1 \
   || { tail -30 "$work/debootstrap.log" >&2; exit 1; }
 
 # The official image's apt and dpkg settings (debuerreotype-minimizing-config, slimify).
@@ -99,6 +118,7 @@ fi
 echo "==> docker import $tag"
 tar --numeric-owner --xattrs -C "$root" -c . \
   | "$docker" import \
+      --platform "linux/$arch" \
       --change 'CMD ["bash"]' \
       --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
       --message "debootstrap --variant=minbase $suite, slim, built offline by docker/base/build-base.sh" \

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# usage: smoke.sh IMAGE [ARCH]
+#
+# A smoke test of a built image, meant for one built for another architecture and run
+# under QEMU here (`make smoke ARCH=arm64`): the frameworks import, `entrypoint plan`
+# plans a 2-node job, DeepSpeed's CPU Adam op loads prebuilt (no compiler in the image)
+# and takes a step. Prints what it ran and how long each took; exits 1 on the first failure.
+set -euo pipefail
+image=${1:?usage: smoke.sh IMAGE [ARCH]}
+arch=${2:-$(dpkg --print-architecture 2>/dev/null || echo amd64)}
+docker=${DOCKER:-docker}
+
+run() {
+  local what=$1; shift
+  local start=$SECONDS
+  if out=$("$docker" run --rm --platform "linux/$arch" "$@" 2>&1); then
+    printf '%-34s ok  (%3d s)  %s\n' "$what" $((SECONDS - start)) "$(tail -1 <<<"$out")"
+  else
+    printf '%-34s FAILED (%d s)\n%s\n' "$what" $((SECONDS - start)) "$out" >&2
+    exit 1
+  fi
+}
+
+echo "==> smoke test of $image ($arch)"
+run "architecture" --entrypoint uname "$image" -m
+run "import torch, jax, deepspeed" --entrypoint python "$image" -c \
+  "import torch, jax, deepspeed; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| jax', jax.__version__, '| deepspeed', deepspeed.__version__)"
+run "entrypoint plan (2 nodes)" -e NNODES=2 -e NODE_RANK=1 -e MASTER_ADDR=10.0.0.1 \
+  -e MASTER_PORT=29500 "$image" plan
+run "DeepSpeed's CPU Adam, prebuilt" -e DS_ACCELERATOR=cpu --entrypoint python "$image" -c "
+import torch
+from deepspeed.ops.adam import DeepSpeedCPUAdam
+p = torch.nn.Parameter(torch.ones(4))
+opt = DeepSpeedCPUAdam([p], lr=0.1)
+p.grad = torch.ones(4)
+opt.step()
+print('CPU Adam step: weights', p.data.tolist())"
+echo "==> $image ($arch): smoke test passed"
