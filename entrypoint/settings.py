@@ -1,6 +1,6 @@
 """The entrypoint's own settings: ENTRYPOINT_* variables, validated, each documented.
 
-The README's settings table is generated from these fields (`entrypoint settings --markdown`).
+docs/settings.md's table is generated from these fields (`entrypoint settings --markdown`).
 """
 
 from __future__ import annotations
@@ -280,7 +280,7 @@ class Settings(BaseSettings):
         ge=0,
         le=65535,
         description=(
-            "Node 0 serves Prometheus metrics of every node at http://<node 0>:PORT/metrics "
+            "Node 0 serves Prometheus metrics of every node at `http://<node 0>:PORT/metrics` "
             "(`entrypoint status` reads them); default ENTRYPOINT_CONTROL_PORT + 1 (MASTER_PORT "
             "+ 2) on a multi-node job, off on one node; 0: off."
         ),

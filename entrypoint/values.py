@@ -94,7 +94,7 @@ class Limit:
     high: int
 
 
-# The bounds (README, "Errors"). Far above any job run today, low enough that nothing built
+# The bounds (docs/errors.md). Far above any job run today, low enough that nothing built
 # from them (host lists, device lists, rank tables) can take memory or time.
 NODES = Limit("nodes", 65536)
 PROCESSES = Limit("processes", 1 << 20)  # a world size; global ranks are below it

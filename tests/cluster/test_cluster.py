@@ -5,7 +5,7 @@ workers per node). What is checked is what the workers themselves wrote in
 and both containers' exit codes.
 
 Each platform's variable set is the one its unit test cites (tests/unit/test_platforms_*.py)
-and the README's platform table lists.
+and docs/platforms.md's table lists.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Each case is 2 node containers x 2 CPU workers of the image training the built-i
 (hand-started nodes: NNODES, NODE_RANK, MASTER_ADDR), with the fault injected once rank 0 logs
 step 10, and asserts exit codes, the time the other nodes took (the product's bound is 60 s;
 asserted with margin, as CI machines are slow and shared) and the message. `pytest -s` prints
-the measured times (lines `MEASURED ...`): the README's table of faults comes from them. The
+the measured times (lines `MEASURED ...`): docs/failures.md's table of faults comes from them. The
 same faults with processes on loopback, without Docker, are in tests/unit/test_supervise_real.py.
 
 Every case runs with the default settings (ENTRYPOINT_HEARTBEAT_TIMEOUT=5 s,

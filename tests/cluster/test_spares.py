@@ -5,7 +5,7 @@ the job trains. A lost node costs a restart from the last checkpoint, not the jo
 
 The same with processes on loopback, without Docker: tests/unit/test_spares_real.py. The times
 of a takeover and a shrink are printed (`MEASURED ...`, with -s); `benchmarks/spares.py` takes
-the README's figures.
+the figures.
 """
 
 from __future__ import annotations

@@ -160,11 +160,10 @@ def test_option_of_another_platform_is_refused():
     assert out.returncode == 2 and "unrecognized arguments: --master-port" in out.stderr
 
 
-def _readme_examples() -> list[tuple[list[str], list[str]]]:
-    """(the render command's arguments, the lines shown as its output) from the README."""
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    section = readme.split("## Run it on your platform\n", 1)[1].split("\n## ", 1)[0]
-    blocks = [block.split("\n", 1)[1] for block in section.split("```")[1::2]]
+def _docs_examples() -> list[tuple[list[str], list[str]]]:
+    """(the render command's arguments, the lines shown as its output) from docs/render.md."""
+    page = (Path(__file__).parents[2] / "docs" / "render.md").read_text()
+    blocks = [block.split("\n", 1)[1] for block in page.split("```")[1::2]]
     examples = []
     for command, shown in zip(blocks[::2], blocks[1::2], strict=True):
         words = shlex.split(command.replace("\\\n", " "))
@@ -175,15 +174,15 @@ def _readme_examples() -> list[tuple[list[str], list[str]]]:
     return examples
 
 
-def test_readme_shows_every_platform():
-    assert sorted({args[0] for args, _ in _readme_examples()}) == sorted(PLATFORMS)
+def test_docs_show_every_platform():
+    assert sorted({args[0] for args, _ in _docs_examples()}) == sorted(PLATFORMS)
 
 
-@pytest.mark.parametrize(("args", "shown"), _readme_examples(), ids=lambda x: str(x[0])[:12])
-def test_readme_output_is_what_render_writes(args, shown, capsys):
+@pytest.mark.parametrize(("args", "shown"), _docs_examples(), ids=lambda x: str(x[0])[:12])
+def test_docs_output_is_what_render_writes(args, shown, capsys):
     from entrypoint.cli import main
 
     assert main(["render", *args]) == 0
     lines = iter(capsys.readouterr().out.splitlines())
     for line in shown:  # in order, each one a whole line of the output
-        assert any(line == out for out in lines), f"README line not in the output: {line!r}"
+        assert any(line == out for out in lines), f"docs/render.md line not in the output: {line!r}"

@@ -341,7 +341,7 @@ def _signals_seen(c: Nodes, rank: int) -> list[int]:
 
 
 def measured(case: str, seconds: float) -> None:
-    """`pytest -s` prints these: the README's fault table (loopback rows) comes from them."""
+    """`pytest -s` prints these: docs/failures.md's fault table (loopback rows) comes from them."""
     print(f"MEASURED {case}: {seconds:.1f} s")
 
 
