@@ -9,12 +9,13 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from entrypoint import configs, jax_cluster, launchers, platforms, ports
+from entrypoint import configs, launchers, platforms, ports
 from entrypoint.errors import ConfigError
 from entrypoint.facts import Facts
 from entrypoint.launchers import Launcher, Layout
 from entrypoint.platforms.base import Reading
 from entrypoint.settings import PREFIX, Settings
+from entrypoint.trainer_side import jax_cluster
 from entrypoint.values import Source, Sourced, below, by_default, derived, env_var, host
 
 # The image's built-in jobs (entrypoint/job), run when no trainer command is given.
@@ -242,14 +243,14 @@ def device_env(
 
 
 def site_hook(env: Mapping[str, str], out: Out) -> None:
-    """The trainer's interpreter starts with entrypoint/site-hook first on its path."""
+    """The trainer's interpreter starts with entrypoint/trainer_side/site-hook first on its path."""
     out.env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(jax_cluster.SITE_HOOK), env.get("PYTHONPATH")) if p
     )
     out.sources["PYTHONPATH"] = derived(
         "the entrypoint's site hook first: jax.distributed.initialize() with no arguments reads "
-        "the plan (entrypoint/jax_cluster.py); accelerate on CPU nodes gets gloo "
-        "(entrypoint/accelerate_cpu.py)"
+        "the plan (entrypoint/trainer_side/jax_cluster.py); accelerate on CPU nodes gets gloo "
+        "(entrypoint/trainer_side/accelerate_cpu.py)"
     )
 
 

@@ -203,7 +203,7 @@ def test_hf_trainer_deepspeed_zero2_adamw_on_cpu(image, no_build, tmp_path):
 
     Two workers: accelerate 1.15 alone picks no process-group backend for DeepSpeed on CPU
     (the Trainer would count a world of 1 and DeepSpeed's batch check stop it); the site hook
-    gives it gloo on CPU nodes (entrypoint/accelerate_cpu.py), as nccl on GPUs."""
+    gives it gloo on CPU nodes (entrypoint/trainer_side/accelerate_cpu.py), as nccl on GPUs."""
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     out_dir.chmod(0o777)

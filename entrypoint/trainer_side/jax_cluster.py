@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from entrypoint.after_import import when_imported
+from entrypoint.trainer_side.after_import import when_imported
 
 TARGET = "jax._src.clusters"  # the package that defines ClusterEnv and imports JAX's own
 NUM_PROCESSES = "JAX_NUM_PROCESSES"

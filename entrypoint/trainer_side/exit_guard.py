@@ -31,7 +31,7 @@ import threading
 import time
 from types import ModuleType
 
-from entrypoint import after_import
+from entrypoint.trainer_side import after_import
 
 SETTLE_SECONDS = 0.5
 _TASKS = "/proc/self/task"

@@ -19,7 +19,7 @@ import os
 import sys
 from types import ModuleType
 
-from entrypoint.after_import import when_imported
+from entrypoint.trainer_side.after_import import when_imported
 
 TARGET = "accelerate.state"
 MARK = "DS_ACCELERATOR"  # the plan sets it to cpu on CPU nodes
