@@ -62,7 +62,7 @@ def node0(n: int, steady: float, settle: float, scrape: float) -> None:
     from entrypoint import control_server, metrics
     from entrypoint.conductor import Conductor
     from entrypoint.conductor_terms import Limits
-    from entrypoint.settings import Settings
+    from entrypoint.plan.settings import Settings
 
     s = Settings.from_env({})
     conductor = Conductor(

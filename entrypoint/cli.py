@@ -24,7 +24,7 @@ import sys
 from collections.abc import Sequence
 
 from entrypoint import __version__
-from entrypoint.errors import EXIT_CONFIG, ConfigError
+from entrypoint.plan.errors import EXIT_CONFIG, ConfigError
 from entrypoint.render import options as render_options
 
 _EPILOG = """Every value comes from, in order: ENTRYPOINT_* settings, the platform's own variables
@@ -141,7 +141,8 @@ def _trainer(args) -> list[str] | None:
 
 
 def cmd_plan(args, env: dict[str, str]) -> int:
-    from entrypoint import node, report, secrets
+    from entrypoint import node, report
+    from entrypoint.plan import secrets
 
     plan, _, _ = node.prepare(env, _trainer(args), always_probe_gpus=False)
     values = secrets.secret_values(env)
@@ -160,7 +161,7 @@ def cmd_run(args, env: dict[str, str]) -> int:
 
 
 def cmd_settings(args, env) -> int:
-    from entrypoint.settings import Settings, markdown_table
+    from entrypoint.plan.settings import Settings, markdown_table
 
     if args.markdown:
         print(markdown_table())

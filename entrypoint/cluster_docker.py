@@ -10,7 +10,7 @@ import sys
 import tarfile
 from collections.abc import Callable
 
-from entrypoint.errors import ConfigError
+from entrypoint.plan.errors import ConfigError
 
 # Where the built-in job writes when ENTRYPOINT_JOB_OUTPUT is unset (entrypoint/job/common.py).
 DEFAULT_OUTPUT = "/tmp/entrypoint-job"

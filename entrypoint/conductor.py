@@ -43,8 +43,8 @@ from entrypoint.conductor_terms import (
     monitor_table,
     signal_name,
 )
-from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
 from entrypoint.messages import Beat, Done, Exit, Hello, Restart, Signal, Stop
+from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
 from entrypoint.roster import Roster
 from entrypoint.seating import Seating
 from entrypoint.slow_nodes import STATS_EVERY, news, slow_nodes

@@ -22,8 +22,8 @@ from __future__ import annotations
 import resource
 
 from entrypoint import messages as m
-from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
 from entrypoint.identity import Identity
+from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
 
 PROTOCOL = m.PROTOCOL
 MAX_LINE = m.MAX_LINE

@@ -23,8 +23,8 @@ from entrypoint.control import (
 )
 from entrypoint.identity import Identity
 from entrypoint.message_fields import shown
+from entrypoint.plan.values import host_port
 from entrypoint.slow_nodes import STATS_EVERY
-from entrypoint.values import host_port
 
 
 class Channel:

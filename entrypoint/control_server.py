@@ -18,9 +18,9 @@ from entrypoint.conductor import Conductor
 from entrypoint.conductor_terms import ALL, Close, Log, Send
 from entrypoint.control import NO_IDENTITY, Lines, raise_open_files_limit
 from entrypoint.control_guard import REFUSAL_WINDOW, Pending, Warnings, refusal
-from entrypoint.errors import ConfigError
 from entrypoint.identity import Identity
 from entrypoint.message_fields import shown
+from entrypoint.plan.errors import ConfigError
 
 HELLO_TIMEOUT = 30.0  # seconds from connect to a valid hello; a node collects its fingerprint
 MAX_OUT = 4 << 20  # bytes waiting for one peer; a peer that takes none is stuck (or hostile)

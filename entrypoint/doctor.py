@@ -26,12 +26,13 @@ from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 
-from entrypoint import fingerprint, launch, node, probe, secrets
+from entrypoint import fingerprint, launch, node, probe
 from entrypoint import report as plan_report
 from entrypoint.doctor_checks import CONNECT_TIMEOUT, Findings, Port, problems
 from entrypoint.doctor_report import report, table
-from entrypoint.errors import ConfigError
-from entrypoint.plan import ALLREDUCE
+from entrypoint.plan import secrets
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.plan import ALLREDUCE
 
 # -- the edge -------------------------------------------------------------------------------
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from entrypoint import network
-from entrypoint.values import Kind
+from entrypoint.plan import network
+from entrypoint.plan.values import Kind
 
 SHM_MIN = 512 << 20  # below: NCCL and DataLoader workers fail ("Bus error"); Docker's is 64 MiB
 CONNECT_TIMEOUT = 2.0  # seconds per port check

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from entrypoint import network
 from entrypoint.doctor_checks import Findings, Port, mib, port_meaning
+from entrypoint.plan import network
 
 
 def report(plan, facts, found: Findings, settings, found_problems: list[str]) -> dict:

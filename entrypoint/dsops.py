@@ -29,8 +29,8 @@ from pathlib import Path
 
 import yaml
 
-from entrypoint.errors import ConfigError
-from entrypoint.plan import BUILTIN_JOBS
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.plan import BUILTIN_JOBS
 
 # deepspeed/runtime/config.py's optimizer names; engine._configure_basic_optimizer picks the op.
 _ADAM = ("adam", "adamw", "muon")  # muon's auxiliary Adam is FusedAdam or CPUAdam too

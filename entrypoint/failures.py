@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from entrypoint.launcher_process import Launch, exit_status
-from entrypoint.plan import Plan
+from entrypoint.plan.plan import Plan
 
 KEEP_LOG_RUNS = 3  # torchrun log directories kept: this start's and the two before
 TAIL_BYTES = 64 << 10  # the failure summary reads at most this much of a rank's log

@@ -219,7 +219,7 @@ LAYOUT = (
 
 
 def layout(plan) -> dict:
-    """This node's view of the job's shape (an entrypoint.plan.Plan), as node 0 compares it."""
+    """This node's view of the job's shape (an entrypoint.plan.plan.Plan), as node 0 compares it."""
     return {  # as the platform counts them: a spare's seat is node 0's to give
         "nnodes": plan.members,
         "node_rank": plan.member,

@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from entrypoint import files
-from entrypoint.errors import ConfigError
 from entrypoint.messages import AUTH_HMAC, AUTH_NONE
+from entrypoint.plan import files
+from entrypoint.plan.errors import ConfigError
 
 TOKEN_VARIABLE = "ENTRYPOINT_JOB_TOKEN"
 TOKEN_FILE_VARIABLE = "ENTRYPOINT_JOB_TOKEN_FILE"

@@ -12,7 +12,6 @@ from typing import Any
 from entrypoint import control, control_channel, control_server, fingerprint, sockets
 from entrypoint.conductor import Conductor
 from entrypoint.conductor_terms import STOPPING, Limits, signal_name
-from entrypoint.errors import EXIT_PEERS
 from entrypoint.gpu_stats import Stats
 from entrypoint.identity import (
     TOKEN_FILE_VARIABLE,
@@ -22,10 +21,11 @@ from entrypoint.identity import (
     read_token,
 )
 from entrypoint.launch_watch import Interrupted, Stop
-from entrypoint.plan import Plan
+from entrypoint.plan.errors import EXIT_PEERS
+from entrypoint.plan.plan import Plan
+from entrypoint.plan.settings import Settings
+from entrypoint.plan.values import host_port
 from entrypoint.roster import Roster
-from entrypoint.settings import Settings
-from entrypoint.values import host_port
 from entrypoint.worker_signals import SignalRelay
 
 # A crash breaks its peers' collectives a moment later: node 0 waits this long for every

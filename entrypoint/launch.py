@@ -9,11 +9,11 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from entrypoint.errors import ConfigError
-from entrypoint.facts import Facts
-from entrypoint.gpus import visible_ids
-from entrypoint.plan import Plan
-from entrypoint.values import Kind
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.facts import Facts
+from entrypoint.plan.gpus import visible_ids
+from entrypoint.plan.plan import Plan
+from entrypoint.plan.values import Kind
 
 _FIX_NO_GPU = (
     "Start the container with --gpus all (Docker) or the NVIDIA runtime "

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from entrypoint import procs
-from entrypoint.plan import Plan
+from entrypoint.plan.plan import Plan
 
 # The launcher is exec'd through this: it gets SIGTERM when the entrypoint dies, however it
 # dies (PR_SET_PDEATHSIG survives exec). A wrapper, not preexec_fn: node 0 has threads.

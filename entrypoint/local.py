@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from entrypoint import local_report
-from entrypoint.errors import EXIT_CONFIG, ConfigError
+from entrypoint.plan.errors import EXIT_CONFIG, ConfigError
 
 if TYPE_CHECKING:  # the CLI imports this module at every start: entrypoint.cluster only when run
     from entrypoint.cluster_run import Node

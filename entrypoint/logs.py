@@ -22,7 +22,7 @@ from pathlib import Path
 
 import structlog
 
-from entrypoint import secrets
+from entrypoint.plan import secrets
 
 _LEVELS = {
     "debug": logging.DEBUG,

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from entrypoint import sockets
-from entrypoint.facts import Facts, Gpu, Interface
+from entrypoint.plan.facts import Facts, Gpu, Interface
 
 _SIOCGIFADDR = 0x8915
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import shlex
 
-from entrypoint import secrets
-from entrypoint.plan import Plan
-from entrypoint.values import host_port
+from entrypoint.plan import secrets
+from entrypoint.plan.plan import Plan
+from entrypoint.plan.values import host_port
 
 
 def rank_line(plan: Plan) -> str:

@@ -31,7 +31,6 @@ from entrypoint.conductor_terms import (
     Phase,
     Send,
 )
-from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
 from entrypoint.fingerprint import (
     Member,
     clock_problems,
@@ -40,6 +39,7 @@ from entrypoint.fingerprint import (
     mismatches,
 )
 from entrypoint.messages import Go, Hello, Restart, Stop
+from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
 from entrypoint.roster import Roster, changes, seat
 
 

@@ -9,7 +9,7 @@ import ipaddress
 import socket
 import time
 
-from entrypoint.values import host_port
+from entrypoint.plan.values import host_port
 
 ANY = "::"  # every address of both families; 0.0.0.0 where the host has no IPv6
 ANY_IPV4 = "0.0.0.0"

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Mapping
 
-from entrypoint.errors import ConfigError
+from entrypoint.plan.errors import ConfigError
 
 HEALTHY, DEGRADED, UNREACHABLE = 0, 1, 2
 DEFAULT_MASTER_PORT = 29500
@@ -43,7 +43,7 @@ def add_parser(sub) -> None:
 
 def target(address: str | None, env: Mapping[str, str]) -> str:
     """The URL of node 0's /metrics, from the argument or the job's own variables."""
-    from entrypoint import values  # not at import: the CLI builds its parser from this module
+    from entrypoint.plan import values  # not at import: the CLI builds its parser from this module
 
     if address:
         if address.startswith(("http://", "https://")):
@@ -59,7 +59,7 @@ def target(address: str | None, env: Mapping[str, str]) -> str:
 
 
 def _split(address: str) -> tuple[str, int | None]:
-    from entrypoint import values
+    from entrypoint.plan import values
 
     if address.startswith("[") and "]:" in address:
         host, _, port = address[1:].partition("]:")
@@ -71,8 +71,8 @@ def _split(address: str) -> tuple[str, int | None]:
 
 
 def _default_port(env: Mapping[str, str]) -> int:
-    """As the job's nodes derive it (entrypoint.ports) from the variables they were given."""
-    from entrypoint import ports, values
+    """As the job's nodes derive it (entrypoint.plan.ports) from the variables they were given."""
+    from entrypoint.plan import ports, values
 
     def read(name: str) -> int | None:
         raw = env.get(name)

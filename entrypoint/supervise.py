@@ -26,15 +26,16 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from entrypoint import control_channel, control_server, failures, join, logs, procs, secrets
+from entrypoint import control_channel, control_server, failures, join, logs, procs
 from entrypoint.conductor_terms import STOPPING, signal_name
 from entrypoint.control import PeersError
-from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
 from entrypoint.gpu_stats import Stats
 from entrypoint.launch_watch import LOST_PEER_GRACE, PEER_STOP_GRACE, Interrupted, Stop, Watch
 from entrypoint.launcher_process import Launch, exit_status, start
-from entrypoint.plan import Plan
-from entrypoint.settings import Settings
+from entrypoint.plan import secrets
+from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
+from entrypoint.plan.plan import Plan
+from entrypoint.plan.settings import Settings
 from entrypoint.worker_signals import FORWARDED, SignalRelay
 
 

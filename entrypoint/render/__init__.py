@@ -9,7 +9,7 @@ One small module per platform, all with the same face:
     def render(request) -> str         # pure: the whole spec as text, produced in one place
 
 Each spec sets only what the entrypoint cannot derive on the node; the platform modules under
-entrypoint/platforms read what it leads to (tests/unit/test_render_roundtrip.py checks that).
+entrypoint/plan/platforms read what it leads to (tests/unit/test_render_roundtrip.py checks that).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from entrypoint.errors import ConfigError
+from entrypoint.plan.errors import ConfigError
 from entrypoint.render import checks
 from entrypoint.render.quote import shell_join
 

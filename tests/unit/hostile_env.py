@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 
-from entrypoint import platforms, report, secrets
-from entrypoint.errors import ConfigError
-from entrypoint.facts import Facts, Gpu, Interface
+from entrypoint import report
 from entrypoint.launch import check_hardware
-from entrypoint.plan import Plan, gpus_stated, make_plan, read_platform
-from entrypoint.settings import Settings
-from entrypoint.values import GPUS, NODES, PER_NODE, host
+from entrypoint.plan import platforms, secrets
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.facts import Facts, Gpu, Interface
+from entrypoint.plan.plan import Plan, gpus_stated, make_plan, read_platform
+from entrypoint.plan.settings import Settings
+from entrypoint.plan.values import GPUS, NODES, PER_NODE, host
 
 Pick = Callable[[Sequence], object]
 

@@ -4,8 +4,8 @@ import pytest
 
 from entrypoint.conductor import Conductor
 from entrypoint.conductor_terms import ALL, Limits, Log, Send
-from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
 from entrypoint.messages import Beat, Done, Exit, Go, Hello, Restart, Signal, Stop
+from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
 
 FP = {
     "image_lock": "abc",

@@ -9,8 +9,8 @@ import pytest
 
 from entrypoint.conductor import Conductor
 from entrypoint.conductor_terms import Limits, Log, Send
-from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
 from entrypoint.messages import KINDS, Hello
+from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
 
 FP = {"image_lock": "abc", "torch": "2.10.0", "packages": {"torch": "2.10.0"}}
 LIMITS = Limits(

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 from conftest import node
 from entrypoint.gpu_stats import Stats
-from entrypoint.plan import make_plan
+from entrypoint.plan.plan import make_plan
 
 MIB = 1 << 20
 

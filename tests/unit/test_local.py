@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from entrypoint.errors import ConfigError
 from entrypoint.local import Layout, layout, nodes
+from entrypoint.plan.errors import ConfigError
 
 NONE = "probe: no NVIDIA driver found"
 

@@ -11,8 +11,8 @@ import pytest
 
 from entrypoint import message_fields
 from entrypoint import messages as m
-from entrypoint.errors import ConfigError
 from entrypoint.identity import job_identity, read_token
+from entrypoint.plan.errors import ConfigError
 
 FP = {
     "image_lock": "abc",
@@ -148,7 +148,7 @@ def test_proofs_bind_both_nonces_the_job_and_the_member():
 # AWS Batch multi-node: https://docs.aws.amazon.com/batch/latest/userguide/job_env_vars.html
 # SageMaker: TRAINING_JOB_NAME (sagemaker-training-toolkit's environment)
 # SkyPilot: https://docs.skypilot.co/en/latest/running-jobs/environment-variables.html
-# JobSet: JOBSET_NAME, mapped in by the pod template (see entrypoint/platforms/jobset.py)
+# JobSet: JOBSET_NAME, mapped in by the pod template (see entrypoint/plan/platforms/jobset.py)
 @pytest.mark.parametrize(
     "platform, env, job_id, expected",
     [

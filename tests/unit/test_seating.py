@@ -5,8 +5,8 @@ import pytest
 
 from entrypoint.conductor import Conductor
 from entrypoint.conductor_terms import ALL, Close, Limits, Log, Send
-from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
 from entrypoint.messages import Beat, Done, Exit, Go, Hello, Restart, Signal, Stop
+from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
 from entrypoint.roster import Roster, changes, seat
 
 FP = {"image_lock": "abc", "torch": "2.10.0", "gpus_per_node": 8, "packages": {}, "data": None}
@@ -264,8 +264,8 @@ def test_a_node_lost_during_the_restart_is_left_out():
 # -- the plan: what a node trains as, and the settings refused ------------------------------
 
 from conftest import node  # noqa: E402
-from entrypoint.errors import ConfigError  # noqa: E402
-from entrypoint.plan import make_plan  # noqa: E402
+from entrypoint.plan.errors import ConfigError  # noqa: E402
+from entrypoint.plan.plan import make_plan  # noqa: E402
 
 # A container platform's variables: WORLD_SIZE counts every node, the spares too.
 PLATFORM = {"WORLD_SIZE": "3", "MASTER_ADDR": "node-0", "MASTER_PORT": "29500"}

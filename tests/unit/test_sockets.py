@@ -14,7 +14,7 @@ import pytest
 from entrypoint import control_channel, control_server, sockets
 from entrypoint.conductor import Conductor
 from entrypoint.conductor_terms import Limits
-from entrypoint.values import host_port
+from entrypoint.plan.values import host_port
 from tests.unit.test_control import goes, hello
 
 

@@ -14,7 +14,7 @@ import os
 import stat
 from pathlib import Path
 
-from entrypoint.errors import ConfigError
+from entrypoint.plan.errors import ConfigError
 
 MAX_JSON = 1 << 20  # bytes of a JSON config file: the shipped ones hold under 2 kB
 MAX_TOKEN = 4096  # bytes of a token file: a token is 16 to a few hundred characters

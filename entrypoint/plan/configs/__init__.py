@@ -14,9 +14,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from entrypoint import files
-from entrypoint.errors import ConfigError, clip
-from entrypoint.values import Source, derived, env_var
+from entrypoint.plan import files
+from entrypoint.plan.errors import ConfigError, clip
+from entrypoint.plan.values import Source, derived, env_var
 
 SHIPPED = Path(__file__).parent
 VARIABLE = "ENTRYPOINT_CONFIG"

@@ -17,10 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from entrypoint.configs import Config
-from entrypoint.errors import ConfigError
-from entrypoint.settings import PREFIX, Settings
-from entrypoint.values import Source, by_default, derived, env_var
+from entrypoint.plan.configs import Config
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.settings import PREFIX, Settings
+from entrypoint.plan.values import Source, by_default, derived, env_var
 
 
 class Launcher(StrEnum):

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from entrypoint.errors import ConfigError
-from entrypoint.platforms.base import (
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.platforms.base import (
     Reading,
     node_reading,
     read_addr,
@@ -27,7 +27,7 @@ from entrypoint.platforms.base import (
     read_port,
     require,
 )
-from entrypoint.values import NODES
+from entrypoint.plan.values import NODES
 
 NAME = "trainjob"
 DOCS = (

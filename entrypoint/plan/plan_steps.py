@@ -1,4 +1,4 @@
-"""The steps of `make_plan` (entrypoint.plan), each a pure function of the settings, the
+"""The steps of `make_plan` (entrypoint.plan.plan), each a pure function of the settings, the
 platform's reading and the facts. Each records in `sources` what decided its values; `Out`
 collects what the steps add to the plan as they go (variables, files, notes, warnings)."""
 
@@ -9,14 +9,14 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from entrypoint import configs, launchers, platforms, ports
-from entrypoint.errors import ConfigError
-from entrypoint.facts import Facts
-from entrypoint.launchers import Launcher, Layout
-from entrypoint.platforms.base import Reading
-from entrypoint.settings import PREFIX, Settings
+from entrypoint.plan import configs, launchers, platforms, ports
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.facts import Facts
+from entrypoint.plan.launchers import Launcher, Layout
+from entrypoint.plan.platforms.base import Reading
+from entrypoint.plan.settings import PREFIX, Settings
+from entrypoint.plan.values import Source, Sourced, below, by_default, derived, env_var, host
 from entrypoint.trainer_side import jax_cluster
-from entrypoint.values import Source, Sourced, below, by_default, derived, env_var, host
 
 # The image's built-in jobs (entrypoint/job), run when no trainer command is given.
 BUILTIN_JOBS = {
@@ -257,7 +257,7 @@ def site_hook(env: Mapping[str, str], out: Out) -> None:
 def choose_control_port(
     settings: Settings, reading: Reading, layout: Layout, sources: dict[str, Source]
 ) -> int | None:
-    """Never the rendezvous port, never past 65535 (entrypoint.settings.control_port)."""
+    """Never the rendezvous port, never past 65535 (entrypoint.plan.settings.control_port)."""
     port, sources["control_port"] = control_port(
         settings, layout.master_port, reading.master_port.source, layout.standalone
     )

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from entrypoint.errors import ConfigError
-from entrypoint.values import (
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.values import (
     NODES,
     PER_NODE,
     Limit,
@@ -54,8 +54,8 @@ class Reading:
 
 
 class Platform(Protocol):
-    """A platform module (entrypoint/platforms/<name>.py); a type checker holds each to it
-    through the typed ORDER in entrypoint/platforms/__init__.py."""
+    """A platform module (entrypoint/plan/platforms/<name>.py); a type checker holds each to it
+    through the typed ORDER in entrypoint/plan/platforms/__init__.py."""
 
     NAME: str  # the name users pass to ENTRYPOINT_PLATFORM
     DOCS: str  # where the platform documents its variables
@@ -69,7 +69,7 @@ class Platform(Protocol):
         ...
 
 
-# Every number, host and port a platform reads goes through entrypoint.values: ASCII digits,
+# Every number, host and port a platform reads goes through entrypoint.plan.values: ASCII digits,
 # bounded by the Limit of what it counts; one host per address: a name, IPv4 or IPv6.
 
 

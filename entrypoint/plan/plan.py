@@ -1,5 +1,5 @@
 """The launch plan: a frozen value computed by pure code from (environment, hardware facts).
-`make_plan` runs the steps in entrypoint.plan_steps in order; this module is their sequence.
+`make_plan` runs the steps in entrypoint.plan.plan_steps in order; this module is their sequence.
 
 Precedence for every value: explicit ENTRYPOINT_* settings beat the platform's variables,
 which beat probes, which beat defaults; `sources` records which one decided.
@@ -12,14 +12,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
-from entrypoint import configs, gpus, launchers, network, ports
-from entrypoint import plan_steps as steps
-from entrypoint.facts import Facts
-from entrypoint.launchers import ALLREDUCE, Launcher, Layout
-from entrypoint.plan_steps import BUILTIN_JOB, BUILTIN_JOBS, Out, gpus_stated, read_platform
-from entrypoint.platforms.base import Reading
-from entrypoint.settings import Settings
-from entrypoint.values import Source, derived
+from entrypoint.plan import configs, gpus, launchers, network, ports
+from entrypoint.plan import plan_steps as steps
+from entrypoint.plan.facts import Facts
+from entrypoint.plan.launchers import ALLREDUCE, Launcher, Layout
+from entrypoint.plan.plan_steps import BUILTIN_JOB, BUILTIN_JOBS, Out, gpus_stated, read_platform
+from entrypoint.plan.platforms.base import Reading
+from entrypoint.plan.settings import Settings
+from entrypoint.plan.values import Source, derived
 
 __all__ = [
     "ALLREDUCE",

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from entrypoint.errors import ConfigError
-from entrypoint.platforms.base import Reading, node_reading, read_count, read_hosts, read_port
-from entrypoint.values import GPUS, Sourced, derived, first
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.platforms.base import Reading, node_reading, read_count, read_hosts, read_port
+from entrypoint.plan.values import GPUS, Sourced, derived, first
 
 NAME = "sagemaker"
 DOCS = "https://github.com/aws/sagemaker-training-toolkit/blob/master/ENVIRONMENT_VARIABLES.md"

@@ -13,8 +13,8 @@ import functools
 import re
 from collections.abc import Mapping
 
-from entrypoint.errors import ConfigError
-from entrypoint.platforms import (
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.platforms import (
     awsbatch,
     commercial,
     indexedjob,
@@ -29,7 +29,7 @@ from entrypoint.platforms import (
     trainjob,
     volcano,
 )
-from entrypoint.platforms.base import Platform
+from entrypoint.plan.platforms.base import Platform
 
 # Typed: a module that lacks NAME, DOCS, detect or read fails the type check here.
 PLATFORMS: tuple[Platform, ...] = (

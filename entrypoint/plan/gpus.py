@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from entrypoint.errors import ConfigError
-from entrypoint.facts import Facts
-from entrypoint.platforms.base import Reading
-from entrypoint.settings import PREFIX, Settings
-from entrypoint.values import (
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.facts import Facts
+from entrypoint.plan.platforms.base import Reading
+from entrypoint.plan.settings import PREFIX, Settings
+from entrypoint.plan.values import (
     Kind,
     Source,
     Sourced,

@@ -14,8 +14,8 @@ from __future__ import annotations
 import itertools
 import math
 
-from entrypoint.errors import ConfigError
-from entrypoint.values import NODES
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.values import NODES
 
 _HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 _MAX_DIGITS = 9  # SLURM's own numeric suffixes are far shorter

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from entrypoint.facts import Facts, is_local_only
-from entrypoint.settings import PREFIX, Settings
-from entrypoint.values import Kind, Source, by_default, env_var, probed
+from entrypoint.plan.facts import Facts, is_local_only
+from entrypoint.plan.settings import PREFIX, Settings
+from entrypoint.plan.values import Kind, Source, by_default, env_var, probed
 
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from entrypoint.errors import ConfigError
-from entrypoint.hostlist import expand_var
-from entrypoint.platforms.base import Reading, node_reading, read_count, read_index, read_port
-from entrypoint.values import (
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.hostlist import expand_var
+from entrypoint.plan.platforms.base import Reading, node_reading, read_count, read_index, read_port
+from entrypoint.plan.values import (
     GPUS,
     NODES,
     PER_NODE,

@@ -4,9 +4,9 @@ by `entrypoint status` and by `entrypoint render`'s scrape wiring, so that they 
 
 from __future__ import annotations
 
-from entrypoint.errors import ConfigError
-from entrypoint.settings import PREFIX, Settings
-from entrypoint.values import Source, derived, env_var
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.settings import PREFIX, Settings
+from entrypoint.plan.values import Source, derived, env_var
 
 LAST = 65535
 

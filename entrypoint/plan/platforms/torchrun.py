@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from entrypoint.platforms.base import (
+from entrypoint.plan.platforms.base import (
     Reading,
     node_reading,
     read_addr,
@@ -19,7 +19,7 @@ from entrypoint.platforms.base import (
     read_port,
     require,
 )
-from entrypoint.values import GPUS, NODES, Sourced, by_default
+from entrypoint.plan.values import GPUS, NODES, Sourced, by_default
 
 NAME = "torchrun"
 DOCS = "https://pytorch.org/docs/stable/elastic/run.html"

@@ -24,9 +24,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from entrypoint.errors import ConfigError
-from entrypoint.hostlist import expand_var
-from entrypoint.platforms.base import (
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.hostlist import expand_var
+from entrypoint.plan.platforms.base import (
     Reading,
     node_reading,
     read_addr,
@@ -35,7 +35,7 @@ from entrypoint.platforms.base import (
     read_port,
     require,
 )
-from entrypoint.values import (
+from entrypoint.plan.values import (
     PER_NODE,
     PROCESSES,
     Sourced,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from entrypoint.platforms.base import Reading, read_addr, read_port
-from entrypoint.values import Sourced, by_default
+from entrypoint.plan.platforms.base import Reading, read_addr, read_port
+from entrypoint.plan.values import Sourced, by_default
 
 NAME = "local"
 DOCS = "https://pytorch.org/docs/stable/elastic/run.html#single-node-multi-worker"

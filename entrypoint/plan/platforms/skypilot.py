@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from entrypoint.errors import ConfigError
-from entrypoint.platforms.base import (
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.platforms.base import (
     Reading,
     node_reading,
     read_count,
@@ -19,7 +19,7 @@ from entrypoint.platforms.base import (
     read_port,
     require,
 )
-from entrypoint.values import GPUS, NODES, Sourced, derived
+from entrypoint.plan.values import GPUS, NODES, Sourced, derived
 
 NAME = "skypilot"
 DOCS = "https://docs.skypilot.co/en/latest/running-jobs/environment-variables.html"

@@ -18,8 +18,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from entrypoint.errors import ConfigError
-from entrypoint.platforms.base import (
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.platforms.base import (
     Reading,
     node_reading,
     read_addr,
@@ -29,7 +29,7 @@ from entrypoint.platforms.base import (
     read_port,
     require,
 )
-from entrypoint.values import NODES, Sourced, below, derived, env_var
+from entrypoint.plan.values import NODES, Sourced, below, derived, env_var
 
 NAME = "volcano"
 DOCS = "https://github.com/volcano-sh/volcano/tree/master/pkg/controllers/job/plugins"

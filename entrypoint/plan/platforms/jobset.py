@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from entrypoint.errors import ConfigError
-from entrypoint.platforms.base import (
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.platforms.base import (
     Reading,
     node_reading,
     read_addr,
@@ -31,7 +31,7 @@ from entrypoint.platforms.base import (
     read_port,
     require,
 )
-from entrypoint.values import NODES, Sourced, below, by_default, derived, host
+from entrypoint.plan.values import NODES, Sourced, below, by_default, derived, host
 
 NAME = "jobset"
 DOCS = "https://jobset.sigs.k8s.io/docs/concepts/"

@@ -11,8 +11,8 @@ from typing import get_args
 import annotated_types
 from pydantic.fields import FieldInfo
 
-from entrypoint.errors import ConfigError
-from entrypoint.values import host, number
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.values import host, number
 
 # Settings that name a file or directory (ENTRYPOINT_CONFIG may be a shipped name or a path).
 _PATHS = ("config", "run_dir", "log_dir", "data_dir", "job_token_file")

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from entrypoint.errors import ConfigError
-from entrypoint.platforms.base import (
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.platforms.base import (
     Reading,
     node_reading,
     read_addr,
@@ -28,7 +28,7 @@ from entrypoint.platforms.base import (
     read_port,
     require,
 )
-from entrypoint.values import NODES, Sourced, below, by_default, derived, env_var
+from entrypoint.plan.values import NODES, Sourced, below, by_default, derived, env_var
 
 NAME = "awsbatch"
 DOCS = "https://docs.aws.amazon.com/batch/latest/userguide/mnp-env-vars.html"

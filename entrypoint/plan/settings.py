@@ -19,9 +19,9 @@ from pydantic_settings import (
 )
 from pydantic_settings.sources.utils import parse_env_vars
 
-from entrypoint.errors import ConfigError
-from entrypoint.settings_text import check_text
-from entrypoint.values import GPUS, NODES, PER_NODE
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.settings_text import check_text
+from entrypoint.plan.values import GPUS, NODES, PER_NODE
 
 PREFIX = "ENTRYPOINT_"
 HOUR, DAY, WEEK = 3600, 86400, 7 * 86400
@@ -318,7 +318,7 @@ class Settings(BaseSettings):
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
         """The settings in `env`, each stripped; an empty ENTRYPOINT_* variable is unset. Numbers
-        and the master's address go through entrypoint.values' readers; the rest through
+        and the master's address go through entrypoint.plan.values' readers; the rest through
         pydantic."""
         given = {name: str(raw) for name, raw in GivenEnv(cls, env)().items()}
         for name, raw in given.items():

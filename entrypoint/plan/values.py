@@ -1,6 +1,6 @@
 """Values that remember where they came from, and the one strict reader for each kind of value
 the entrypoint takes from its environment or command line: numbers, host addresses, device
-lists (hostlists: entrypoint.hostlist). Every refusal is one ConfigError line:
+lists (hostlists: entrypoint.plan.hostlist). Every refusal is one ConfigError line:
 `VARIABLE=value: what is wrong. What to do.`
 
 Numbers are ASCII digits only (no sign, no `²`, no `1_000`), bounded by a stated limit checked
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Generic, NoReturn, TypeVar
 
-from entrypoint.errors import ConfigError
+from entrypoint.plan.errors import ConfigError
 
 T = TypeVar("T")
 
@@ -181,7 +181,7 @@ def port(name: str, raw: str | None) -> int:
 def first(env: Mapping[str, str], *names: str) -> tuple[str, str] | None:
     """The first of `names` that is set, as (name, stripped value). A platform's variable set
     but empty is refused (WORLD_SIZE='' is not "unset"); an empty ENTRYPOINT_* setting is unset,
-    as in entrypoint.settings."""
+    as in entrypoint.plan.settings."""
     for name in names:
         raw = env.get(name)
         if raw is None:

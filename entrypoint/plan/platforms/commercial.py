@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from entrypoint.errors import ConfigError
-from entrypoint.platforms.base import (
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.platforms.base import (
     Reading,
     node_reading,
     read_addr,
@@ -20,7 +20,7 @@ from entrypoint.platforms.base import (
     read_port,
     require,
 )
-from entrypoint.values import (
+from entrypoint.plan.values import (
     NODES,
     PER_NODE,
     PROCESSES,
