@@ -21,9 +21,8 @@ from pathlib import Path
 from entrypoint.messages import AUTH_HMAC, AUTH_NONE
 from entrypoint.plan import files
 from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.secrets import TOKEN_FILE_VARIABLE, TOKEN_VARIABLE
 
-TOKEN_VARIABLE = "ENTRYPOINT_JOB_TOKEN"
-TOKEN_FILE_VARIABLE = "ENTRYPOINT_JOB_TOKEN_FILE"
 MIN_TOKEN = 16  # characters: a short token falls to an offline guess from one handshake
 # Distinct characters a token needs: 8, or a quarter of its length when shorter than 32. A
 # random hex token of 16 or more characters fails this once in more than 10^7 draws;
@@ -105,20 +104,3 @@ def read_token(token: str | None, token_file: Path | None) -> bytes | None:
             TOKEN_FIX,
         )
     return token.encode()
-
-
-def file_token(env: Mapping[str, str]) -> str | None:
-    """The token in the file ENTRYPOINT_JOB_TOKEN_FILE names, for masking (None when it cannot
-    be read: read_token says why when the node starts)."""
-    path = env.get(TOKEN_FILE_VARIABLE)
-    if not path:
-        return None
-    try:
-        return (
-            files.read_bounded(Path(path), files.MAX_TOKEN, TOKEN_FILE_VARIABLE, "")
-            .decode("utf-8")
-            .strip()
-            or None
-        )
-    except (ConfigError, UnicodeDecodeError):
-        return None

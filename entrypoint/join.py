@@ -13,16 +13,11 @@ from entrypoint import control, control_channel, control_server, fingerprint, so
 from entrypoint.conductor import Conductor
 from entrypoint.conductor_terms import STOPPING, Limits, signal_name
 from entrypoint.gpu_stats import Stats
-from entrypoint.identity import (
-    TOKEN_FILE_VARIABLE,
-    TOKEN_VARIABLE,
-    Identity,
-    job_identity,
-    read_token,
-)
+from entrypoint.identity import Identity, job_identity, read_token
 from entrypoint.launch_watch import Interrupted, Stop
 from entrypoint.plan.errors import EXIT_PEERS
 from entrypoint.plan.plan import Plan
+from entrypoint.plan.secrets import TOKEN_FILE_VARIABLE, TOKEN_VARIABLE
 from entrypoint.plan.settings import Settings
 from entrypoint.plan.values import host_port
 from entrypoint.roster import Roster

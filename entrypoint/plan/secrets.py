@@ -11,7 +11,15 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+from entrypoint.plan import files
+from entrypoint.plan.errors import ConfigError
+
+# The job's token (entrypoint.identity reads it for the handshake); masked like a secret.
+TOKEN_VARIABLE = "ENTRYPOINT_JOB_TOKEN"
+TOKEN_FILE_VARIABLE = "ENTRYPOINT_JOB_TOKEN_FILE"
 
 _SUFFIXES = ("_TOKEN", "_KEY", "_SECRET", "_PASSWORD", "_PASSWD", "_APIKEY", "_ACCESS_KEY")
 # Credentials whose names do not end in a marker, and bare markers used as names.
@@ -51,8 +59,6 @@ def is_secret(name: str) -> bool:
 def secret_values(env: Mapping[str, str]) -> tuple[str, ...]:
     """The secrets' values to mask: those of secret variables, and the job token read from
     ENTRYPOINT_JOB_TOKEN_FILE (masked like ENTRYPOINT_JOB_TOKEN)."""
-    from entrypoint.identity import file_token  # identity imports the messages: load late
-
     values = {v for k, v in env.items() if is_secret(k) and len(v) >= 4}
     token = file_token(env)
     if token and len(token) >= 4:
@@ -95,3 +101,20 @@ def mask_data(data: Any, values: tuple[str, ...]) -> Any:
     if isinstance(data, (list, tuple)):
         return [mask_data(v, values) for v in data]
     return data
+
+
+def file_token(env: Mapping[str, str]) -> str | None:
+    """The token in the file ENTRYPOINT_JOB_TOKEN_FILE names, for masking (None when it cannot
+    be read: read_token says why when the node starts)."""
+    path = env.get(TOKEN_FILE_VARIABLE)
+    if not path:
+        return None
+    try:
+        return (
+            files.read_bounded(Path(path), files.MAX_TOKEN, TOKEN_FILE_VARIABLE, "")
+            .decode("utf-8")
+            .strip()
+            or None
+        )
+    except (ConfigError, UnicodeDecodeError):
+        return None
