@@ -22,7 +22,7 @@ import time
 
 def node(member: int, port: int, n: int) -> None:
     """One simulated node: ready, wait for the start line, then join as the supervisor does."""
-    from entrypoint import control_channel, fingerprint
+    from entrypoint.control import control_channel, fingerprint
 
     print("ready", flush=True)
     sys.stdin.readline()
@@ -68,9 +68,9 @@ def node(member: int, port: int, n: int) -> None:
 
 
 def once(n: int) -> dict:
-    from entrypoint import control_server
-    from entrypoint.conductor import Conductor
-    from entrypoint.conductor_terms import Limits
+    from entrypoint.control import control_server
+    from entrypoint.control.conductor import Conductor
+    from entrypoint.control.conductor_terms import Limits
 
     conductor = Conductor(n, Limits(join_timeout=120), time.monotonic(), address="bench")
     server = control_server.Server(

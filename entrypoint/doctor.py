@@ -26,8 +26,9 @@ from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 
-from entrypoint import fingerprint, launch, node, probe
+from entrypoint import launch, node, probe
 from entrypoint import report as plan_report
+from entrypoint.control import fingerprint
 from entrypoint.doctor_checks import CONNECT_TIMEOUT, Findings, Port, problems
 from entrypoint.doctor_report import report, table
 from entrypoint.plan import secrets

@@ -9,18 +9,18 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from entrypoint import control, control_channel, control_server, fingerprint, sockets
-from entrypoint.conductor import Conductor
-from entrypoint.conductor_terms import STOPPING, Limits, signal_name
+from entrypoint.control import control, control_channel, control_server, fingerprint, sockets
+from entrypoint.control.conductor import Conductor
+from entrypoint.control.conductor_terms import STOPPING, Limits, signal_name
+from entrypoint.control.identity import Identity, job_identity, read_token
+from entrypoint.control.roster import Roster
 from entrypoint.gpu_stats import Stats
-from entrypoint.identity import Identity, job_identity, read_token
 from entrypoint.launch_watch import Interrupted, Stop
 from entrypoint.plan.errors import EXIT_PEERS
 from entrypoint.plan.plan import Plan
 from entrypoint.plan.secrets import TOKEN_FILE_VARIABLE, TOKEN_VARIABLE
 from entrypoint.plan.settings import Settings
 from entrypoint.plan.values import host_port
-from entrypoint.roster import Roster
 from entrypoint.worker_signals import SignalRelay
 
 # A crash breaks its peers' collectives a moment later: node 0 waits this long for every
@@ -90,7 +90,7 @@ def serve(
         log("warning", no_token_warning(server.port))
     if plan.metrics_port:
         try:
-            from entrypoint import metrics  # node 0 only: prometheus-client loads here
+            from entrypoint.control import metrics  # node 0 only: prometheus-client loads here
         except ImportError as err:  # an image that dropped it: the job goes on without metrics
             log(
                 "warning",
@@ -151,8 +151,8 @@ Replan = Callable[[int, int], tuple[Plan, dict[str, str]]]
 
 
 class Joining:
-    """A node's join, the first time and at every restart: reach node 0 (serve it, on node 0),
-    say hello, wait for `go` and the seat node 0 gives (entrypoint.seating), or stand by. The
+    """A node's join, the first time and at every restart: reach node 0 (serve it, on node 0), say
+    hello, wait for `go` and the seat node 0 gives (entrypoint.control.seating), or stand by. The
     base of entrypoint.supervise's Supervisor, whose state it shares."""
 
     plan: Plan

@@ -141,7 +141,7 @@ def nodes(
 ) -> list[Node]:
     """The node containers: `name(i)` is node i's host name; node 0 is the master. `env` (the
     user's -e) wins over what is set here. The job is named after node 0 and, with `token`
-    (a fresh one per run), its nodes prove it at the join (entrypoint.control)."""
+    (a fresh one per run), its nodes prove it at the join (entrypoint.control.control)."""
     from entrypoint.cluster_run import Node
 
     master = name(0)

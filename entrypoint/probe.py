@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from entrypoint import sockets
+from entrypoint.control import sockets
 from entrypoint.plan.facts import Facts, Gpu, Interface
 
 _SIOCGIFADDR = 0x8915

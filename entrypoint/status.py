@@ -1,4 +1,5 @@
-"""`entrypoint status`: every node of a running job, from node 0's `/metrics` (entrypoint.metrics).
+"""`entrypoint status`: every node of a running job, from node 0's `/metrics`
+(entrypoint.control.metrics).
 
 Works from any machine that reaches node 0's metrics port: a login node, a laptop through a
 port-forward, or a pod of the job (`kubectl exec job-0 -- entrypoint status`). In a terminal the

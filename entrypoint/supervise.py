@@ -26,9 +26,10 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from entrypoint import control_channel, control_server, failures, join, logs, procs
-from entrypoint.conductor_terms import STOPPING, signal_name
-from entrypoint.control import PeersError
+from entrypoint import failures, join, logs, procs
+from entrypoint.control import control_channel, control_server
+from entrypoint.control.conductor_terms import STOPPING, signal_name
+from entrypoint.control.control import PeersError
 from entrypoint.gpu_stats import Stats
 from entrypoint.launch_watch import LOST_PEER_GRACE, PEER_STOP_GRACE, Interrupted, Stop, Watch
 from entrypoint.launcher_process import Launch, exit_status, start

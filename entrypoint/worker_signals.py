@@ -6,7 +6,7 @@ import collections
 import signal
 
 from entrypoint import procs
-from entrypoint.conductor_terms import STOPPING, signal_name
+from entrypoint.control.conductor_terms import STOPPING, signal_name
 from entrypoint.launcher_process import Launch
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)

@@ -53,7 +53,7 @@ def seated(
     """(the reading with the node count and rank this node trains with, whether it stands by).
     ENTRYPOINT_SPARES=S: the platform's N+S nodes train on N, the last S stand by (planned as
     the last seat, never launched so). `seat` (node rank, nnodes): node 0 seated this node
-    after a loss (entrypoint.roster)."""
+    after a loss (entrypoint.control.roster)."""
     below(
         reading.node_rank.source.names("node_rank"),
         reading.node_rank.value,

@@ -17,7 +17,7 @@ from typing import Any
 from entrypoint.plan import files
 from entrypoint.plan.errors import ConfigError
 
-# The job's token (entrypoint.identity reads it for the handshake); masked like a secret.
+# The job's token (entrypoint.control.identity reads it for the handshake); masked like a secret.
 TOKEN_VARIABLE = "ENTRYPOINT_JOB_TOKEN"
 TOKEN_FILE_VARIABLE = "ENTRYPOINT_JOB_TOKEN_FILE"
 

@@ -1,6 +1,6 @@
-"""The control channel's messages (entrypoint/messages.py): every kind round-trips through the
-wire, and what the schema refuses, with the reason it gives. The job identity each platform
-gives its nodes (entrypoint/identity.py), and the token's rules."""
+"""The control channel's messages (entrypoint/control/messages.py): every kind round-trips through
+the wire, and what the schema refuses, with the reason it gives. The job identity each platform
+gives its nodes (entrypoint/control/identity.py), and the token's rules."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import signal
 
 import pytest
 
-from entrypoint import message_fields
-from entrypoint import messages as m
-from entrypoint.identity import job_identity, read_token
+from entrypoint.control import message_fields
+from entrypoint.control import messages as m
+from entrypoint.control.identity import job_identity, read_token
 from entrypoint.plan.errors import ConfigError
 
 FP = {

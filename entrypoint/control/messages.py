@@ -1,10 +1,10 @@
 """The control channel's messages: one frozen dataclass each, and the one place that knows the
 wire format (JSON, one object per line).
 
-`decode` turns one line into a typed message or raises `BadMessage` with what is wrong: every
-field is checked for its type and range (entrypoint.message_fields: exit codes 0-255, signals
-this system knows, finite numbers, bounded strings and lists) before node 0's Conductor or a
-node's supervisor sees it. Nothing that arrives from the network is trusted further than this.
+`decode` turns one line into a typed message or raises `BadMessage` with what is wrong: every field
+is checked for its type and range (entrypoint.control.message_fields: exit codes 0-255, signals this
+system knows, finite numbers, bounded strings and lists) before node 0's Conductor or a node's
+supervisor sees it. Nothing that arrives from the network is trusted further than this.
 
     node -> node 0:  hello, beat, exit, signal
     node 0 -> node:  challenge, welcome, refuse, go, stop, restart, signal, beat, done
@@ -24,7 +24,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from entrypoint.message_fields import (
+from entrypoint.control.message_fields import (
     MAX_MEMBER,
     BadMessage,
     check_failure,
@@ -189,8 +189,8 @@ class Refuse(Message):
 
 @dataclass(frozen=True)
 class Go(Message):
-    """Start the trainer. With spares or shrinking (entrypoint.roster), node 0 seats each node:
-    `nnodes` is the job's size for this start and `seat` this node's rank in it; a node given
+    """Start the trainer. With spares or shrinking (entrypoint.control.roster), node 0 seats each
+    node: `nnodes` is the job's size for this start and `seat` this node's rank in it; a node given
     `nnodes` and no `seat` stands by. Neither: train as the node's own plan says."""
 
     kind: ClassVar[str] = "go"

@@ -1,16 +1,16 @@
 """The entrypoints' own channel between nodes: JSON lines over TCP to node 0's control port.
 
-Node 0 runs a `Server` (entrypoint.control_server: a thread carrying out the pure `Conductor`'s
-actions); every node, node 0 included, is a client with a `Channel` (entrypoint.control_channel).
-This module holds what both sides share: the errors, the line framing, the open-files limit.
-`connect` is how a node waits for node 0 in any
-start order: it retries name resolution and connection with backoff, prints progress, and gives
-up after ENTRYPOINT_JOIN_TIMEOUT with a message naming the address, the port, the time waited
-and the likely causes.
+Node 0 runs a `Server` (entrypoint.control.control_server: a thread carrying out the pure
+`Conductor`'s actions); every node, node 0 included, is a client with a `Channel`
+(entrypoint.control.control_channel). This module holds what both sides share: the errors, the line
+framing, the open-files limit. `connect` is how a node waits for node 0 in any start order: it
+retries name resolution and connection with backoff, prints progress, and gives up after
+ENTRYPOINT_JOIN_TIMEOUT with a message naming the address, the port, the time waited and the likely
+causes.
 
 Anything that can reach the port can connect (a port scanner, a health probe, a node of another
 job), so the server trusts nothing: every line is decoded into a typed message and checked
-(entrypoint.messages) before the Conductor sees it; a connection counts as a node only after
+(entrypoint.control.messages) before the Conductor sees it; a connection counts as a node only after
 the handshake (its job identity and, with ENTRYPOINT_JOB_TOKEN, an HMAC over node 0's
 challenge); one that sends garbage, a line longer than MAX_LINE, nothing within HELLO_TIMEOUT,
 or that is one too many, is dropped and logged with its address, and the job goes on. Writes
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import resource
 
-from entrypoint import messages as m
-from entrypoint.identity import Identity
+from entrypoint.control import messages as m
+from entrypoint.control.identity import Identity
 from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
 
 PROTOCOL = m.PROTOCOL

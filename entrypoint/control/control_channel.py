@@ -12,19 +12,19 @@ import socket
 import time
 from collections.abc import Callable
 
-from entrypoint import messages as m
-from entrypoint import sockets
-from entrypoint.control import (
+from entrypoint.control import messages as m
+from entrypoint.control import sockets
+from entrypoint.control.control import (
     NO_IDENTITY,
     PROTOCOL,
     Lines,
     PeersError,
     Refused,
 )
-from entrypoint.identity import Identity
-from entrypoint.message_fields import shown
+from entrypoint.control.identity import Identity
+from entrypoint.control.message_fields import shown
+from entrypoint.control.slow_nodes import STATS_EVERY
 from entrypoint.plan.values import host_port
-from entrypoint.slow_nodes import STATS_EVERY
 
 
 class Channel:

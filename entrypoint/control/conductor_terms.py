@@ -1,6 +1,6 @@
-"""What node 0's Conductor shares with its caller: the actions it returns (`Send`, `Log`,
-`Close`), its `Phase`, its `Limits`, and the texts it builds (a signal's name, a failure's
-summary). Pure values; entrypoint.conductor decides, entrypoint.control_server carries out."""
+"""What node 0's Conductor shares with its caller: the actions it returns (`Send`, `Log`, `Close`),
+its `Phase`, its `Limits`, and the texts it builds (a signal's name, a failure's summary). Pure
+values; entrypoint.control.conductor decides, entrypoint.control.control_server carries out."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from entrypoint.messages import Message
+from entrypoint.control.messages import Message
 
 ALL = -1  # Send.to: every connected member
 STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # these end the job; USR1/2 do not

@@ -1,12 +1,12 @@
 """Node 0's view of the job, as a pure state machine: events in, actions out.
 
-The actions, phases and limits it shares with its caller are in entrypoint.conductor_terms.
+The actions, phases and limits it shares with its caller are in entrypoint.control.conductor_terms.
 
-The entrypoints of all nodes talk over their own small channel (entrypoint.control), which
+The entrypoints of all nodes talk over their own small channel (entrypoint.control.control), which
 does not depend on NCCL, gloo or the trainer. Node 0 runs the Conductor; it decides:
 
 - join: every node says hello with its fingerprint; when all have come, they are compared
-  (entrypoint.fingerprint) and every node gets `go`, or `stop` with the reason. Nodes that
+  (entrypoint.control.fingerprint) and every node gets `go`, or `stop` with the reason. Nodes that
   never come stop the others after ENTRYPOINT_JOIN_TIMEOUT.
 - run: heartbeats both ways. A node whose connection closes without an exit report (killed,
   crashed) or that stays silent past ENTRYPOINT_HEARTBEAT_TIMEOUT (paused, hung, cut off)
@@ -27,7 +27,7 @@ returned actions. That is what makes every rule above a unit test.
 
 from __future__ import annotations
 
-from entrypoint.conductor_terms import (
+from entrypoint.control.conductor_terms import (
     ALL,
     END,
     JOIN,
@@ -43,11 +43,11 @@ from entrypoint.conductor_terms import (
     monitor_table,
     signal_name,
 )
-from entrypoint.messages import Beat, Done, Exit, Hello, Restart, Signal, Stop
+from entrypoint.control.messages import Beat, Done, Exit, Hello, Restart, Signal, Stop
+from entrypoint.control.roster import Roster
+from entrypoint.control.seating import Seating
+from entrypoint.control.slow_nodes import STATS_EVERY, news, slow_nodes
 from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
-from entrypoint.roster import Roster
-from entrypoint.seating import Seating
-from entrypoint.slow_nodes import STATS_EVERY, news, slow_nodes
 
 
 class Conductor(Seating):
@@ -63,7 +63,7 @@ class Conductor(Seating):
     ) -> None:
         self.expected = expected  # members the platform started, spares included
         self.roster = roster or Roster(expected, expected, expected)
-        self.seats = self.roster.first()  # member: node rank, this start (entrypoint.roster)
+        self.seats = self.roster.first()  # member: node rank, this start (control/roster.py)
         self.awaited = set(range(expected))  # the members the next `go` waits for
         self.limits = limits
         self.unit = unit  # "node", or "process" when the platform started one per GPU
@@ -80,8 +80,8 @@ class Conductor(Seating):
         self.failures: dict[int, tuple[Exit, int, int]] = {}  # member: (message, code, order)
         self.decide_at: float | None = None  # when the failures reported so far are judged
         self.received: dict[int, int] = {}  # signal number: the member that received it first
-        # For /metrics (entrypoint.metrics): each member's last state, across restarts; lost and
-        # slow members, with why.
+        # For /metrics (entrypoint.control.metrics): each member's last state, across restarts; lost
+        # and slow members, with why.
         self.seen: dict[int, MemberState] = {}
         self.lost, self.slow = {}, {}  # type: dict[int, str], dict[int, str]
         self.training_since: float | None = None  # the first `go`

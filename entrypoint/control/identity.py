@@ -1,5 +1,5 @@
 """Which job a node belongs to, and the job's shared secret: what the control channel's
-handshake checks before a connection counts as a node of this job (entrypoint.control).
+handshake checks before a connection counts as a node of this job (entrypoint.control.control).
 
 The job identity comes from the platform, the same value on every node of one job and a
 different one for the next job: SLURM's job id, the MPI launcher's job namespace, AWS Batch's
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from entrypoint.messages import AUTH_HMAC, AUTH_NONE
+from entrypoint.control.messages import AUTH_HMAC, AUTH_NONE
 from entrypoint.plan import files
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.secrets import TOKEN_FILE_VARIABLE, TOKEN_VARIABLE

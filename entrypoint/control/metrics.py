@@ -1,10 +1,10 @@
 """Node 0's `/metrics`: what it knows of every node, in Prometheus' text format.
 
-Read at scrape time from node 0's Conductor (entrypoint.conductor): nothing is computed between
-scrapes, so a job nobody scrapes pays only for an idle listening socket. The HTTP server is
-prometheus-client's, in a daemon thread; it reads copies of the conductor's dictionaries (a
-`dict()` copy is atomic under the GIL) and never changes them. Labels hold node numbers, host
-names and the job's name: no secret is ever a label.
+Read at scrape time from node 0's Conductor (entrypoint.control.conductor): nothing is computed
+between scrapes, so a job nobody scrapes pays only for an idle listening socket. The HTTP server is
+prometheus-client's, in a daemon thread; it reads copies of the conductor's dictionaries (a `dict()`
+copy is atomic under the GIL) and never changes them. Labels hold node numbers, host names and the
+job's name: no secret is ever a label.
 
 Per node (labels `node`, the member the platform started, and `host`): up, state, rank, seconds
 since its last heartbeat, slow, and its GPUs' figures, each combined over the node's GPUs
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from entrypoint.conductor import Conductor
-from entrypoint.conductor_terms import JOIN, RUN
+from entrypoint.control.conductor import Conductor
+from entrypoint.control.conductor_terms import JOIN, RUN
 
 PREFIX = "multinode_"
 STATES = ("joining", "training", "standby", "lost")
@@ -181,7 +181,7 @@ def serve(
     stop the job. Returns the server (its `shutdown()` stops it), or None."""
     from prometheus_client import start_http_server  # at the edge: node 0 only
 
-    # "::" takes both families; a host without IPv6 has only 0.0.0.0 (entrypoint.sockets).
+    # "::" takes both families; a host without IPv6 has only 0.0.0.0 (entrypoint.control.sockets).
     binds = [bind, "0.0.0.0"] if bind == "::" else [bind]
     for address in binds:
         try:

@@ -1,10 +1,10 @@
 """What must be the same on every node, and the pure checks that compare nodes.
 
-Each node sends its fingerprint to node 0 before launch (entrypoint.control). Node 0 compares
-them all: one mismatch stops every node before any training step, with one message naming the
-odd node(s) and each field that differs (seed 000's check_environment, made automatic).
-Clocks and a shared data directory ride along (seed 004: synchronized clocks, the same dataset
-path on every machine).
+Each node sends its fingerprint to node 0 before launch (entrypoint.control.control). Node 0
+compares them all: one mismatch stops every node before any training step, with one message naming
+the odd node(s) and each field that differs (seed 000's check_environment, made automatic). Clocks
+and a shared data directory ride along (seed 004: synchronized clocks, the same dataset path on
+every machine).
 
 `collect` is the edge (files, package metadata, NVML); everything else is pure.
 """

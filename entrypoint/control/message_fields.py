@@ -1,4 +1,4 @@
-"""The field checks behind entrypoint.messages: every value that arrives from the network is
+"""The field checks behind entrypoint.control.messages: every value that arrives from the network is
 checked for its type and range here (exit codes 0-255, signals this system knows, finite
 numbers, bounded strings and lists), and the nested fingerprint, stats and failure objects
 are shape-checked, before anything else reads them. A bad field raises `BadMessage` saying
@@ -10,7 +10,7 @@ import math
 import signal
 from typing import Any, overload
 
-from entrypoint.fingerprint import MATCHED
+from entrypoint.control.fingerprint import MATCHED
 
 MAX_MEMBER = 1 << 20  # absolute bound; the job's own range is the Conductor's to check
 KNOWN_SIGNALS = frozenset(int(s) for s in signal.valid_signals() if 0 < int(s) < 128)
@@ -118,7 +118,8 @@ LAYOUT_FIELDS = (
 
 
 def check_fingerprint(raw: Any) -> dict:
-    """A node's fingerprint as node 0 compares it (entrypoint.fingerprint), shape-checked."""
+    """A node's fingerprint as node 0 compares it (entrypoint.control.fingerprint),
+    shape-checked."""
     if type(raw) is not dict:
         raise BadMessage("fingerprint must be an object")
     fp: dict = {key: str_field(raw, key, 512) for key in FP_TEXT}

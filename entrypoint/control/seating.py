@@ -1,10 +1,10 @@
 """Node 0's start of each generation: wait for the members the start needs, compare them, seat
 them, say `go`; and what a lost node means for the next start.
 
-The `Conductor` (entrypoint.conductor) is this class plus the events of a running job. Without
-spares or shrinking every member trains in its own node rank and a lost node ends the job (or,
-with ENTRYPOINT_MAX_RESTARTS, waits for the platform to start it again). With them
-(entrypoint.roster):
+The `Conductor` (entrypoint.control.conductor) is this class plus the events of a running job.
+Without spares or shrinking every member trains in its own node rank and a lost node ends the job
+(or, with ENTRYPOINT_MAX_RESTARTS, waits for the platform to start it again). With them
+(entrypoint.control.roster):
 - spares: the last ENTRYPOINT_SPARES members stand by: they join, are compared like the others,
   beat, and start no trainer. A lost node's seat goes to a standby and every node's trainer
   starts again (from its checkpoint); a lost standby is logged and the job goes on;
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from entrypoint.conductor_terms import (
+from entrypoint.control.conductor_terms import (
     ALL,
     JOIN,
     RUN,
@@ -31,16 +31,16 @@ from entrypoint.conductor_terms import (
     Phase,
     Send,
 )
-from entrypoint.fingerprint import (
+from entrypoint.control.fingerprint import (
     Member,
     clock_problems,
     data_mismatches,
     layout_mismatches,
     mismatches,
 )
-from entrypoint.messages import Go, Hello, Restart, Stop
+from entrypoint.control.messages import Go, Hello, Restart, Stop
+from entrypoint.control.roster import Roster, changes, seat
 from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
-from entrypoint.roster import Roster, changes, seat
 
 
 class Seating:
@@ -161,7 +161,7 @@ class Seating:
         self.join_started = now
         self.join_deadline = self.join_started + self.limits.join_timeout
 
-    # -- spares and shrinking (entrypoint.roster) -------------------------------------------
+    # -- spares and shrinking (entrypoint.control.roster) -----------------------------------
 
     def _restart(self, reason: str, alive: list[int], now: float) -> list:
         """A node lost with a standby to take its seat, or enough nodes left to shrink: every

@@ -1,6 +1,6 @@
 """Node 0's control port against strangers and floods (issue 28): why a hello is refused,
 which connection still waiting for its hello gives way when too many wait, and warnings that
-a flood cannot turn into a flood of log lines. Used by entrypoint.control_server."""
+a flood cannot turn into a flood of log lines. Used by entrypoint.control.control_server."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import Generic, Protocol, TypeVar
 
-from entrypoint import messages as m
-from entrypoint.control import PROTOCOL
-from entrypoint.identity import Identity
-from entrypoint.message_fields import shown
+from entrypoint.control import messages as m
+from entrypoint.control.control import PROTOCOL
+from entrypoint.control.identity import Identity
+from entrypoint.control.message_fields import shown
 
 DROPS_LOGGED = 20  # drop lines per minute; past that, the next one says how many more
 REFUSALS_LOGGED = 5  # refusal lines per address per window; past that, one line says how many

@@ -1,6 +1,6 @@
-"""Node 0's side of the control channel: the `Server` thread accepts every node's connection,
-checks each line (entrypoint.messages) and carries out the pure `Conductor`'s actions. Writes
-never block: what a slow peer cannot take waits in its own buffer, up to MAX_OUT."""
+"""Node 0's side of the control channel: the `Server` thread accepts every node's connection, checks
+each line (entrypoint.control.messages) and carries out the pure `Conductor`'s actions. Writes never
+block: what a slow peer cannot take waits in its own buffer, up to MAX_OUT."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import threading
 import time
 from collections.abc import Callable
 
-from entrypoint import messages as m
-from entrypoint import sockets
-from entrypoint.conductor import Conductor
-from entrypoint.conductor_terms import ALL, Close, Log, Send
-from entrypoint.control import NO_IDENTITY, Lines, raise_open_files_limit
-from entrypoint.control_guard import REFUSAL_WINDOW, Pending, Warnings, refusal
-from entrypoint.identity import Identity
-from entrypoint.message_fields import shown
+from entrypoint.control import messages as m
+from entrypoint.control import sockets
+from entrypoint.control.conductor import Conductor
+from entrypoint.control.conductor_terms import ALL, Close, Log, Send
+from entrypoint.control.control import NO_IDENTITY, Lines, raise_open_files_limit
+from entrypoint.control.control_guard import REFUSAL_WINDOW, Pending, Warnings, refusal
+from entrypoint.control.identity import Identity
+from entrypoint.control.message_fields import shown
 from entrypoint.plan.errors import ConfigError
 
 HELLO_TIMEOUT = 30.0  # seconds from connect to a valid hello; a node collects its fingerprint
