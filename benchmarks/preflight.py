@@ -1,5 +1,6 @@
 """What the preflight costs before the first training step: every node joins node 0 over the
-entrypoints' channel and node 0 compares their fingerprints (entrypoint/join.py and supervise.py).
+entrypoints' channel and node 0 compares their fingerprints (entrypoint/supervise/join.py and
+supervise.py).
 
 Simulated nodes are processes on loopback. Each does what a node's entrypoint does before
 launch: fingerprint.collect() (files, package metadata), connect to node 0's control_server.Server,

@@ -141,8 +141,8 @@ def _trainer(args) -> list[str] | None:
 
 
 def cmd_plan(args, env: dict[str, str]) -> int:
-    from entrypoint import node, report
     from entrypoint.plan import secrets
+    from entrypoint.supervise import node, report
 
     plan, _, _ = node.prepare(env, _trainer(args), always_probe_gpus=False)
     values = secrets.secret_values(env)
@@ -154,7 +154,7 @@ def cmd_plan(args, env: dict[str, str]) -> int:
 
 
 def cmd_run(args, env: dict[str, str]) -> int:
-    from entrypoint import node
+    from entrypoint.supervise import node
 
     plan, facts, settings = node.prepare(env, _trainer(args), always_probe_gpus=True)
     return node.run_plan(plan, facts, env, settings)
@@ -234,7 +234,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         return handlers[args.command](args, env)
     except ConfigError as err:
-        from entrypoint import logs
+        from entrypoint.supervise import logs
 
         logs.last_word(f"entrypoint: error: {err.line()}")
         return EXIT_CONFIG

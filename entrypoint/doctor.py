@@ -26,14 +26,14 @@ from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 
-from entrypoint import launch, node, probe
-from entrypoint import report as plan_report
 from entrypoint.control import fingerprint
 from entrypoint.doctor_checks import CONNECT_TIMEOUT, Findings, Port, problems
 from entrypoint.doctor_report import report, table
 from entrypoint.plan import secrets
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.plan import ALLREDUCE
+from entrypoint.supervise import launch, node, probe
+from entrypoint.supervise import report as plan_report
 
 # -- the edge -------------------------------------------------------------------------------
 

@@ -296,9 +296,9 @@ def _layout_of(args, host_gpus: int, gpu_probe: str) -> Layout:
 
 def cmd_local(args, env: Mapping[str, str]) -> int:
     """The edge: probe, check, talk to Docker, run, report. Returns the exit code."""
-    from entrypoint import probe  # when run only, like entrypoint.cluster (see the top)
     from entrypoint.cluster import Cluster
     from entrypoint.cluster_docker import DEFAULT_OUTPUT
+    from entrypoint.supervise import probe  # when run only, like entrypoint.cluster (see the top)
 
     command = list(args.trainer or [])
     command = command[1:] if command[:1] == ["--"] else command

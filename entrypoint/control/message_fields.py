@@ -183,7 +183,7 @@ def check_stats(raw: Any) -> dict:
     return {}
 
 
-# The figures a GPU may lack (entrypoint.gpu_stats): name and bounds.
+# The figures a GPU may lack (entrypoint.supervise.gpu_stats): name and bounds.
 GPU_EXTRAS = {
     "temp_c": (0, 1000),
     "power_w": (0, 100_000),
@@ -207,7 +207,7 @@ def _gpu_figures(g: dict) -> dict:
 
 
 def check_failure(raw: Any) -> dict | None:
-    """What a node says about its failing rank (entrypoint.failures.failure)."""
+    """What a node says about its failing rank (entrypoint.supervise.failures.failure)."""
     if raw is None:
         return None
     if type(raw) is not dict:

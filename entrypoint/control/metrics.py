@@ -92,8 +92,8 @@ NODE_GPUS: dict[str, tuple[str, str, Callable, float]] = {
 
 
 def node_gpus(gpus: list[dict]) -> dict[str, float]:
-    """A node's NODE_GPUS figures from its GPUs' (entrypoint.gpu_stats); a figure no GPU gave
-    is left out."""
+    """A node's NODE_GPUS figures from its GPUs' (entrypoint.supervise.gpu_stats); a figure no GPU
+    gave is left out."""
     out = {}
     for name, (_, key, combine, scale) in NODE_GPUS.items():
         figures = [g[key] for g in gpus if key in g]

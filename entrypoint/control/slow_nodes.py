@@ -1,11 +1,11 @@
 """Slow nodes, named: one throttled or starved node slows every synchronous step of the job.
 
-A pure function over the GPU figures the nodes' heartbeats carried (entrypoint.gpu_stats), a
-few samples per node (one every 10 s): a node is slow when, in every one of its last `samples`
-figures, its GPUs run well below the job's median, by utilization or by SM clock. A node is
-compared with the others, never with a fixed figure: when every node is equally slow (a small
-model, a data-bound job, every GPU power-capped), nobody is named. The clock event reasons NVML
-gives (thermal, power brake, hardware slowdown) say why, when it knows.
+A pure function over the GPU figures the nodes' heartbeats carried (entrypoint.supervise.gpu_stats),
+a few samples per node (one every 10 s): a node is slow when, in every one of its last `samples`
+figures, its GPUs run well below the job's median, by utilization or by SM clock. A node is compared
+with the others, never with a fixed figure: when every node is equally slow (a small model, a
+data-bound job, every GPU power-capped), nobody is named. The clock event reasons NVML gives
+(thermal, power brake, hardware slowdown) say why, when it knows.
 """
 
 from __future__ import annotations

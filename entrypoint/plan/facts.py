@@ -1,4 +1,4 @@
-"""Hardware and network facts about this node: plain values, gathered by entrypoint.probe.
+"""Hardware and network facts about this node: plain values, gathered by entrypoint.supervise.probe.
 
 Tests build these by hand; nothing here touches the machine.
 """

@@ -1,6 +1,6 @@
 """NCCL and gloo settings for this node: which interface, InfiniBand, error handling.
 
-Pure: the facts come from entrypoint.probe. Anything NCCL_*/GLOO_* the user set wins.
+Pure: the facts come from entrypoint.supervise.probe. Anything NCCL_*/GLOO_* the user set wins.
 """
 
 from __future__ import annotations

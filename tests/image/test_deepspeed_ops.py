@@ -60,7 +60,7 @@ def test_ds_report_cuda_lists_the_standard_ops_installed(image):
 def test_entrypoint_sees_the_ops_deepspeed_sees(image):
     """The check before launch reads the same record ds_report does, plus the CPU cache."""
     out = image.python(
-        "import json, os; from entrypoint import dsops;"
+        "import json, os; from entrypoint.supervise import dsops;"
         "print(json.dumps({k: sorted(v) for k, v in "
         "dsops.installed_ops(dict(os.environ)).items()}))"
     )

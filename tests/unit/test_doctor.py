@@ -17,7 +17,7 @@ from entrypoint.doctor_report import report, table
 from entrypoint.plan.facts import Facts, Interface
 from entrypoint.plan.plan import make_plan
 from entrypoint.plan.settings import Settings
-from entrypoint.report import table as plan_table
+from entrypoint.supervise.report import table as plan_table
 
 WORKER = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "node-0", "MASTER_PORT": "29500"}
 MASTER = WORKER | {"NODE_RANK": "0"}

@@ -10,7 +10,7 @@ from test_slow_nodes import Nvml
 from entrypoint import status
 from entrypoint.control import metrics
 from entrypoint.control.messages import Beat
-from entrypoint.gpu_stats import Stats
+from entrypoint.supervise.gpu_stats import Stats
 
 JOB = metrics.Job("train", "kubernetes", 8)
 

@@ -11,7 +11,7 @@ from test_conductor import joined
 from entrypoint.control.conductor_terms import Limits, Log
 from entrypoint.control.messages import Beat
 from entrypoint.control.slow_nodes import STATS_EVERY, reasons, slow_nodes
-from entrypoint.gpu_stats import Stats
+from entrypoint.supervise.gpu_stats import Stats
 
 MIB = 1 << 20
 HW_THERMAL, POWER_CAP, IDLE = 0x40, 0x4, 0x1

@@ -115,7 +115,7 @@ def _summary(log: str) -> str:
 
 
 def _tree(pid: int) -> list[int]:
-    from entrypoint.procs import descendants
+    from entrypoint.supervise.procs import descendants
 
     return [pid, *descendants(pid)]
 

@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from entrypoint.launcher_process import Launch, exit_status
 from entrypoint.plan.plan import Plan
+from entrypoint.supervise.launcher_process import Launch, exit_status
 
 KEEP_LOG_RUNS = 3  # torchrun log directories kept: this start's and the two before
 TAIL_BYTES = 64 << 10  # the failure summary reads at most this much of a rank's log

@@ -26,18 +26,24 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from entrypoint import failures, join, logs, procs
 from entrypoint.control import control_channel, control_server
 from entrypoint.control.conductor_terms import STOPPING, signal_name
 from entrypoint.control.control import PeersError
-from entrypoint.gpu_stats import Stats
-from entrypoint.launch_watch import LOST_PEER_GRACE, PEER_STOP_GRACE, Interrupted, Stop, Watch
-from entrypoint.launcher_process import Launch, exit_status, start
 from entrypoint.plan import secrets
 from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
 from entrypoint.plan.plan import Plan
 from entrypoint.plan.settings import Settings
-from entrypoint.worker_signals import FORWARDED, SignalRelay
+from entrypoint.supervise import failures, join, logs, procs
+from entrypoint.supervise.gpu_stats import Stats
+from entrypoint.supervise.launch_watch import (
+    LOST_PEER_GRACE,
+    PEER_STOP_GRACE,
+    Interrupted,
+    Stop,
+    Watch,
+)
+from entrypoint.supervise.launcher_process import Launch, exit_status, start
+from entrypoint.supervise.worker_signals import FORWARDED, SignalRelay
 
 
 class Supervisor(join.Joining):

@@ -14,14 +14,14 @@ from entrypoint.control.conductor import Conductor
 from entrypoint.control.conductor_terms import STOPPING, Limits, signal_name
 from entrypoint.control.identity import Identity, job_identity, read_token
 from entrypoint.control.roster import Roster
-from entrypoint.gpu_stats import Stats
-from entrypoint.launch_watch import Interrupted, Stop
 from entrypoint.plan.errors import EXIT_PEERS
 from entrypoint.plan.plan import Plan
 from entrypoint.plan.secrets import TOKEN_FILE_VARIABLE, TOKEN_VARIABLE
 from entrypoint.plan.settings import Settings
 from entrypoint.plan.values import host_port
-from entrypoint.worker_signals import SignalRelay
+from entrypoint.supervise.gpu_stats import Stats
+from entrypoint.supervise.launch_watch import Interrupted, Stop
+from entrypoint.supervise.worker_signals import SignalRelay
 
 # A crash breaks its peers' collectives a moment later: node 0 waits this long for every
 # node's report before it names the first failure as the cause.
@@ -146,14 +146,14 @@ def hello(plan: Plan, member: int | None, generation: int, fp: dict) -> dict:
 
 
 # Node 0 seated this node anew (node rank, nnodes): the plan for that seat and the trainer's
-# environment with it (entrypoint.node).
+# environment with it (entrypoint.supervise.node).
 Replan = Callable[[int, int], tuple[Plan, dict[str, str]]]
 
 
 class Joining:
     """A node's join, the first time and at every restart: reach node 0 (serve it, on node 0), say
     hello, wait for `go` and the seat node 0 gives (entrypoint.control.seating), or stand by. The
-    base of entrypoint.supervise's Supervisor, whose state it shares."""
+    base of entrypoint.supervise.supervise's Supervisor, whose state it shares."""
 
     plan: Plan
     settings: Settings

@@ -5,9 +5,9 @@ from __future__ import annotations
 import collections
 import signal
 
-from entrypoint import procs
 from entrypoint.control.conductor_terms import STOPPING, signal_name
-from entrypoint.launcher_process import Launch
+from entrypoint.supervise import procs
+from entrypoint.supervise.launcher_process import Launch
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 

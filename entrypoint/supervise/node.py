@@ -9,13 +9,13 @@ import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from entrypoint import dsops, launch, logs, probe, report, supervise
 from entrypoint.plan import secrets
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.facts import Facts
 from entrypoint.plan.plan import BUILTIN_JOBS, Plan, gpus_stated, make_plan, read_platform
 from entrypoint.plan.settings import Settings
 from entrypoint.plan.values import host_port
+from entrypoint.supervise import dsops, launch, logs, probe, report, supervise
 
 
 def prepare(

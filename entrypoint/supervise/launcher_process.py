@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO
 
-from entrypoint import procs
 from entrypoint.plan.plan import Plan
+from entrypoint.supervise import procs
 
 # The launcher is exec'd through this: it gets SIGTERM when the entrypoint dies, however it
 # dies (PR_SET_PDEATHSIG survives exec). A wrapper, not preexec_fn: node 0 has threads.
