@@ -48,11 +48,11 @@ def _parser() -> argparse.ArgumentParser:
     _add_plan_run_settings(sub)
     render_options.add_parser(sub)  # entrypoint/render: one sub-command per platform
 
-    from entrypoint import local  # stdlib only at import: the Docker SDK loads when it runs
+    from entrypoint.local import local  # stdlib only at import: the Docker SDK loads when it runs
 
     local.add_parser(sub)
     _add_doctor(sub)
-    from entrypoint import status  # stdlib only at import: prometheus-client loads when it runs
+    from entrypoint.doctor import status  # stdlib only at import: prometheus-client when run
 
     status.add_parser(sub)
     return parser
@@ -97,7 +97,7 @@ def _add_plan_run_settings(sub) -> None:
 
 
 def _add_doctor(sub) -> None:
-    doctor = sub.add_parser(  # entrypoint/doctor.py, imported when it runs
+    doctor = sub.add_parser(  # entrypoint/doctor/doctor.py, imported when it runs
         "doctor",
         help="check this node: versions, GPUs, plan, network, master; each problem with its fix",
         description="Report this node's OS, Python, torch, JAX, DeepSpeed, CUDA, NCCL and driver "
@@ -173,19 +173,19 @@ def cmd_settings(args, env) -> int:
 
 
 def cmd_doctor(args, env: dict[str, str]) -> int:
-    from entrypoint.doctor import cmd_doctor as doctor
+    from entrypoint.doctor.doctor import cmd_doctor as doctor
 
     return doctor(args, env)
 
 
 def cmd_status(args, env: dict[str, str]) -> int:
-    from entrypoint.status import cmd_status as status
+    from entrypoint.doctor.status import cmd_status as status
 
     return status(args, env)
 
 
 def cmd_local(args, env: dict[str, str]) -> int:
-    from entrypoint.local import cmd_local as run_local
+    from entrypoint.local.local import cmd_local as run_local
 
     return run_local(args, env)
 

@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 
 from conftest import node
-from entrypoint.doctor_checks import Findings, Port, port_meaning, problems
-from entrypoint.doctor_report import report, table
+from entrypoint.doctor.doctor_checks import Findings, Port, port_meaning, problems
+from entrypoint.doctor.doctor_report import report, table
 from entrypoint.plan.facts import Facts, Interface
 from entrypoint.plan.plan import make_plan
 from entrypoint.plan.settings import Settings

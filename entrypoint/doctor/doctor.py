@@ -27,8 +27,8 @@ from importlib import metadata
 from pathlib import Path
 
 from entrypoint.control import fingerprint
-from entrypoint.doctor_checks import CONNECT_TIMEOUT, Findings, Port, problems
-from entrypoint.doctor_report import report, table
+from entrypoint.doctor.doctor_checks import CONNECT_TIMEOUT, Findings, Port, problems
+from entrypoint.doctor.doctor_report import report, table
 from entrypoint.plan import secrets
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.plan import ALLREDUCE

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from entrypoint.doctor_checks import Findings, Port, mib, port_meaning
+from entrypoint.doctor.doctor_checks import Findings, Port, mib, port_meaning
 from entrypoint.plan import network
 
 

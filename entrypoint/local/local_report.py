@@ -1,5 +1,5 @@
 """What `entrypoint local` says at the end: every worker's report, saved and summed up, and
-its exit code (entrypoint.local)."""
+its exit code (entrypoint.local.local)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from entrypoint.local import Layout
+    from entrypoint.local.local import Layout
 
 
 def summary(results: list[dict], nnodes: int, seconds: float) -> list[str]:

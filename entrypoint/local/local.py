@@ -1,9 +1,9 @@
 """`entrypoint local`: a multi-node job on this one machine, to try it before submitting it.
 
-N containers of the image on a private Docker network, started as hand-started nodes are
-(NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT), each with its own share of this machine's GPUs
-(node i gets GPUs i*G..i*G+G-1, by Docker device request) or W CPU workers. Logs stream as they
-come, prefixed by node; everything is removed on finish, failure or Ctrl-C (entrypoint.cluster).
+N containers of the image on a private Docker network, started as hand-started nodes are (NNODES,
+NODE_RANK, MASTER_ADDR, MASTER_PORT), each with its own share of this machine's GPUs (node i gets
+GPUs i*G..i*G+G-1, by Docker device request) or W CPU workers. Logs stream as they come, prefixed by
+node; everything is removed on finish, failure or Ctrl-C (entrypoint.local.cluster).
 
 What the nodes get is decided by pure functions of plain values (`layout`, `nodes`), so a test
 checks it without Docker; the GPU probe, the Docker engine and the containers are the edges.
@@ -19,11 +19,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from entrypoint import local_report
+from entrypoint.local import local_report
 from entrypoint.plan.errors import EXIT_CONFIG, ConfigError
 
-if TYPE_CHECKING:  # the CLI imports this module at every start: entrypoint.cluster only when run
-    from entrypoint.cluster_run import Node
+# The CLI imports this module at every start: entrypoint.local.cluster only when run.
+if TYPE_CHECKING:
+    from entrypoint.local.cluster_run import Node
 
 MASTER_PORT = "29500"  # a private network per run: the usual port never collides
 CPU_WORKERS = 2  # CPU nodes: more than the entrypoint's default of 1, so each node is multi-worker
@@ -125,7 +126,7 @@ def _within(option: str, value: int, low: int, high: int, fix: str) -> None:
 
 def _option(option: str, raw: str | None, low: int, high: int, what: str) -> int | None:
     """A number option, refused in one line (argparse's int() reads `²`, prints its usage)."""
-    from entrypoint.render import checks  # when run only, like entrypoint.cluster
+    from entrypoint.render import checks  # when run only, like entrypoint.local.cluster
 
     return None if raw is None else checks.number(option, raw, low, high, what, str(low + 1))
 
@@ -142,7 +143,7 @@ def nodes(
     """The node containers: `name(i)` is node i's host name; node 0 is the master. `env` (the
     user's -e) wins over what is set here. The job is named after node 0 and, with `token`
     (a fresh one per run), its nodes prove it at the join (entrypoint.control.control)."""
-    from entrypoint.cluster_run import Node
+    from entrypoint.local.cluster_run import Node
 
     master = name(0)
     common = {
@@ -296,9 +297,9 @@ def _layout_of(args, host_gpus: int, gpu_probe: str) -> Layout:
 
 def cmd_local(args, env: Mapping[str, str]) -> int:
     """The edge: probe, check, talk to Docker, run, report. Returns the exit code."""
-    from entrypoint.cluster import Cluster
-    from entrypoint.cluster_docker import DEFAULT_OUTPUT
-    from entrypoint.supervise import probe  # when run only, like entrypoint.cluster (see the top)
+    from entrypoint.local.cluster import Cluster
+    from entrypoint.local.cluster_docker import DEFAULT_OUTPUT
+    from entrypoint.supervise import probe  # when run only, like the cluster (see the top)
 
     command = list(args.trainer or [])
     command = command[1:] if command[:1] == ["--"] else command
@@ -372,7 +373,7 @@ def _announce(echo, plan: Layout, network: str, image: str, specs: list[Node]) -
 
 def _engine(env: Mapping[str, str], image: str):
     """(the Docker SDK, a client of an engine that answers and has `image`)."""
-    from entrypoint.cluster_docker import sdk  # when run only, as entrypoint.cluster above
+    from entrypoint.local.cluster_docker import sdk  # when run only, as the cluster above
 
     docker = sdk()
     try:

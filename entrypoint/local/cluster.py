@@ -31,8 +31,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Self
 
-from entrypoint.cluster_docker import DEFAULT_OUTPUT, read_results, remove_quietly, sdk
-from entrypoint.cluster_run import ClusterRun, Node, NodeRun
+from entrypoint.local.cluster_docker import DEFAULT_OUTPUT, read_results, remove_quietly, sdk
+from entrypoint.local.cluster_run import ClusterRun, Node, NodeRun
 
 if TYPE_CHECKING:
     from types import FrameType
