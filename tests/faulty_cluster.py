@@ -21,9 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from entrypoint.local.cluster import LABEL, Cluster
+from entrypoint.local.cluster import LABEL, Cluster, ClusterRun, Node, NodeRun
 from entrypoint.local.cluster_docker import DEFAULT_OUTPUT, remove_quietly
-from entrypoint.local.cluster_run import ClusterRun, Node, NodeRun
 
 
 @dataclass(frozen=True)

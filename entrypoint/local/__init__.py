@@ -1,7 +1,6 @@
-"""`entrypoint local`: a multi-node job as node containers on this one machine (`local`, its
-report in `local_report`), and the cluster of containers it shares with `make demo` and the
-cluster tests (`cluster`, the Docker SDK's use in `cluster_docker`, what a run is given and gives
-back in `cluster_run`).
+"""`entrypoint local`: a multi-node job as node containers on this one machine (`local`), and
+the cluster of containers it shares with `make demo` and the cluster tests (`cluster`: a run's
+nodes, the containers, what comes back; the Docker SDK's use in `cluster_docker`).
 
 Imports `plan`, `supervise` (the GPU probe) and `render` (its option checks); never `doctor`,
 `job` or `cli`. Importing this package imports nothing; the Docker SDK loads only when a cluster

@@ -4,7 +4,7 @@ tests/cluster/test_faults.py)."""
 
 import pytest
 
-from entrypoint.local.cluster_run import ClusterRun, NodeRun
+from entrypoint.local.cluster import ClusterRun, NodeRun
 from faulty_cluster import Fault, triggered
 
 STEP_10 = "[job] step 10/"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "entrypoint"
-MAX_MODULE_LINES = 400
+MAX_MODULE_LINES = 500  # 400 until issue 26 folded settings_text, cluster_run, local_report back
 MAX_FUNCTION_LINES = 60
 
 # The built-in jobs' training loops: one straight story each, read top to bottom.
