@@ -15,7 +15,6 @@ MAX_FUNCTION_LINES = 60
 TRAINING_LOOPS = {
     ("job/deepspeed_train.py", "main"),
     ("job/jax_train.py", "main"),
-    ("job/allreduce.py", "measure"),  # the all-reduce job's timed loop
 }
 
 
