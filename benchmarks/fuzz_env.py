@@ -24,7 +24,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests" / "unit")]
 
 from hostile_env import draw, plan_once, violations  # noqa: E402 - found through sys.path above
 
-from entrypoint.errors import ConfigError  # noqa: E402 - the repository, put on sys.path above
+from entrypoint.plan.errors import ConfigError  # noqa: E402 - the repository, put on sys.path above
 
 
 def main() -> int:

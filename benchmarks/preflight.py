@@ -1,5 +1,6 @@
 """What the preflight costs before the first training step: every node joins node 0 over the
-entrypoints' channel and node 0 compares their fingerprints (entrypoint/join.py and supervise.py).
+entrypoints' channel and node 0 compares their fingerprints (entrypoint/supervise/join.py and
+supervise.py).
 
 Simulated nodes are processes on loopback. Each does what a node's entrypoint does before
 launch: fingerprint.collect() (files, package metadata), connect to node 0's control_server.Server,
@@ -22,7 +23,7 @@ import time
 
 def node(member: int, port: int, n: int) -> None:
     """One simulated node: ready, wait for the start line, then join as the supervisor does."""
-    from entrypoint import control_channel, fingerprint
+    from entrypoint.control import control_channel, fingerprint
 
     print("ready", flush=True)
     sys.stdin.readline()
@@ -68,9 +69,9 @@ def node(member: int, port: int, n: int) -> None:
 
 
 def once(n: int) -> dict:
-    from entrypoint import control_server
-    from entrypoint.conductor import Conductor
-    from entrypoint.conductor_terms import Limits
+    from entrypoint.control import control_server
+    from entrypoint.control.conductor import Conductor
+    from entrypoint.control.conductor_terms import Limits
 
     conductor = Conductor(n, Limits(join_timeout=120), time.monotonic(), address="bench")
     server = control_server.Server(

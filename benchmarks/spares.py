@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 
-from entrypoint.cluster import Node  # noqa: E402
+from entrypoint.local.cluster import Node  # noqa: E402
 from faulty_cluster import Fault, FaultyCluster  # noqa: E402
 
 SHARED, OUTPUT = "/shared", "/shared/job"

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Sequence
 
 from entrypoint import __version__
-from entrypoint.errors import EXIT_CONFIG, ConfigError
+from entrypoint.plan.errors import EXIT_CONFIG, ConfigError
 from entrypoint.render import options as render_options
 
 _EPILOG = """Every value comes from, in order: ENTRYPOINT_* settings, the platform's own variables
@@ -48,11 +48,11 @@ def _parser() -> argparse.ArgumentParser:
     _add_plan_run_settings(sub)
     render_options.add_parser(sub)  # entrypoint/render: one sub-command per platform
 
-    from entrypoint import local  # stdlib only at import: the Docker SDK loads when it runs
+    from entrypoint.local import local  # stdlib only at import: the Docker SDK loads when it runs
 
     local.add_parser(sub)
     _add_doctor(sub)
-    from entrypoint import status  # stdlib only at import: prometheus-client loads when it runs
+    from entrypoint.doctor import status  # stdlib only at import: prometheus-client when run
 
     status.add_parser(sub)
     return parser
@@ -97,7 +97,7 @@ def _add_plan_run_settings(sub) -> None:
 
 
 def _add_doctor(sub) -> None:
-    doctor = sub.add_parser(  # entrypoint/doctor.py, imported when it runs
+    doctor = sub.add_parser(  # entrypoint/doctor/doctor.py, imported when it runs
         "doctor",
         help="check this node: versions, GPUs, plan, network, master; each problem with its fix",
         description="Report this node's OS, Python, torch, JAX, DeepSpeed, CUDA, NCCL and driver "
@@ -141,7 +141,8 @@ def _trainer(args) -> list[str] | None:
 
 
 def cmd_plan(args, env: dict[str, str]) -> int:
-    from entrypoint import node, report, secrets
+    from entrypoint.plan import secrets
+    from entrypoint.supervise import node, report
 
     plan, _, _ = node.prepare(env, _trainer(args), always_probe_gpus=False)
     values = secrets.secret_values(env)
@@ -153,14 +154,14 @@ def cmd_plan(args, env: dict[str, str]) -> int:
 
 
 def cmd_run(args, env: dict[str, str]) -> int:
-    from entrypoint import node
+    from entrypoint.supervise import node
 
     plan, facts, settings = node.prepare(env, _trainer(args), always_probe_gpus=True)
     return node.run_plan(plan, facts, env, settings)
 
 
 def cmd_settings(args, env) -> int:
-    from entrypoint.settings import Settings, markdown_table
+    from entrypoint.plan.settings import Settings, markdown_table
 
     if args.markdown:
         print(markdown_table())
@@ -172,19 +173,19 @@ def cmd_settings(args, env) -> int:
 
 
 def cmd_doctor(args, env: dict[str, str]) -> int:
-    from entrypoint.doctor import cmd_doctor as doctor
+    from entrypoint.doctor.doctor import cmd_doctor as doctor
 
     return doctor(args, env)
 
 
 def cmd_status(args, env: dict[str, str]) -> int:
-    from entrypoint.status import cmd_status as status
+    from entrypoint.doctor.status import cmd_status as status
 
     return status(args, env)
 
 
 def cmd_local(args, env: dict[str, str]) -> int:
-    from entrypoint.local import cmd_local as run_local
+    from entrypoint.local.local import cmd_local as run_local
 
     return run_local(args, env)
 
@@ -233,7 +234,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         return handlers[args.command](args, env)
     except ConfigError as err:
-        from entrypoint import logs
+        from entrypoint.supervise import logs
 
         logs.last_word(f"entrypoint: error: {err.line()}")
         return EXIT_CONFIG

@@ -1,4 +1,5 @@
-"""The cluster helper of the failure tests: entrypoint.cluster.Cluster, plus what only tests use.
+"""The cluster helper of the failure tests: entrypoint.local.cluster.Cluster, plus what only tests
+use.
 
 Faults: `run(nodes, faults=[Fault(...)])` carries out an action while it collects (kill with a
 signal, `docker stop`, pause, unpause, disconnect from the network, exec), at a time, once a
@@ -20,9 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from entrypoint.cluster import LABEL, Cluster
-from entrypoint.cluster_docker import DEFAULT_OUTPUT, remove_quietly
-from entrypoint.cluster_run import ClusterRun, Node, NodeRun
+from entrypoint.local.cluster import LABEL, Cluster, ClusterRun, Node, NodeRun
+from entrypoint.local.cluster_docker import DEFAULT_OUTPUT, remove_quietly
 
 
 @dataclass(frozen=True)

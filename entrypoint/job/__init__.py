@@ -13,5 +13,7 @@ Both take the same settings (`--help`), resume from the last checkpoint in the o
 directory, and end with one results file per worker: `<output>/results/rank<R>.json`.
 
 This package stays import-light: the entrypoint looks its modules up on the launch path, so
-nothing here imports torch, deepspeed or jax at package import.
+nothing here imports torch, deepspeed or jax at package import. It runs in the trainer's
+interpreter and imports `plan.configs` only (the shipped configs); never `control`,
+`supervise`, `render`, `local`, `doctor` or `cli`.
 """

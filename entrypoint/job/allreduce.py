@@ -182,6 +182,28 @@ def measure(sizes_mib: list[float], warmup: int, iters: int) -> dict:
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+    _init_group(backend, rank, world)
+    mine = [_time_size(mib, rank, world, device, warmup, iters) for mib in sizes_mib]
+    measured = _every_rank(mine, world, device)
+    dist.destroy_process_group()
+    if cuda:
+        torch.cuda.empty_cache()
+    return summary(
+        backend=backend,
+        device=device.type,
+        world=world,
+        nnodes=max(1, world // max(1, local_world)),
+        warmup=warmup,
+        iters=iters,
+        measured=measured,
+    )
+
+
+def _init_group(backend: str, rank: int, world: int) -> None:
+    """The measurement's own process group, on a store under its own prefix per restart."""
+    import torch.distributed as dist
+
+    env = os.environ
     timeout = timedelta(seconds=int(env.get("ENTRYPOINT_COLLECTIVE_TIMEOUT", "600")))
     # torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE); else rank 0 does, as in
     # torch's own env:// rendezvous.
@@ -198,53 +220,57 @@ def measure(sizes_mib: list[float], warmup: int, iters: int) -> dict:
     store = dist.PrefixStore(f"{STORE_PREFIX}/{attempt}", base)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize(device)
 
-    expected = world * (world + 1) / 2
-    mine: list[tuple[int, float, int]] = []
-    for mib in sizes_mib:
-        count = max(1, int(mib * (1 << 20)) // 4)
-        tensor = torch.full((count,), float(rank + 1), dtype=torch.float32, device=device)
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_size(
+    mib: float, rank: int, world: int, device, warmup: int, iters: int
+) -> tuple[int, float, int]:
+    """One size on this rank: (bytes, seconds per call, elements the checked call got wrong)."""
+    import torch
+    import torch.distributed as dist
+
+    count = max(1, int(mib * (1 << 20)) // 4)
+    tensor = torch.full((count,), float(rank + 1), dtype=torch.float32, device=device)
+    dist.all_reduce(tensor)
+    wrong = int((tensor != world * (world + 1) / 2).sum().item())
+    tensor.zero_()  # the timed calls sum zeros: no overflow, same work
+    for _ in range(warmup):
         dist.all_reduce(tensor)
-        wrong = int((tensor != expected).sum().item())
-        tensor.zero_()  # the timed calls sum zeros: no overflow, same work
-        for _ in range(warmup):
-            dist.all_reduce(tensor)
-        sync()
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(tensor)
-        sync()
-        mine.append((count * 4, (time.perf_counter() - start) / iters, wrong))
-        del tensor
+    _sync(device)
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(tensor)
+    _sync(device)
+    return count * 4, (time.perf_counter() - start) / iters, wrong
+
+
+def _every_rank(
+    mine: list[tuple[int, float, int]], world: int, device
+) -> list[tuple[int, float, float, int]]:
+    """Each size over every rank: (bytes, mean seconds per call, the slowest rank's, wrong)."""
+    import torch
+    import torch.distributed as dist
+
     times = torch.tensor([m[1] for m in mine], dtype=torch.float64, device=device)
     slowest = times.clone()
     wrongs = torch.tensor([float(m[2]) for m in mine], dtype=torch.float64, device=device)
     dist.all_reduce(times)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     dist.all_reduce(wrongs)
-    sync()
-    measured = [
+    _sync(device)
+    return [
         (nbytes, t / world, s, int(w))
         for (nbytes, _, _), t, s, w in zip(
             mine, times.tolist(), slowest.tolist(), wrongs.tolist(), strict=True
         )
     ]
-    dist.destroy_process_group()
-    if cuda:
-        torch.cuda.empty_cache()
-    return summary(
-        backend=backend,
-        device=device.type,
-        world=world,
-        nnodes=max(1, world // max(1, local_world)),
-        warmup=warmup,
-        iters=iters,
-        measured=measured,
-    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from entrypoint import configs
+from entrypoint.plan import configs
 
 ENV = "ENTRYPOINT_JOB_"
 DEFAULT_OUTPUT = "/tmp/entrypoint-job"

@@ -9,15 +9,22 @@ One small module per platform, all with the same face:
     def render(request) -> str         # pure: the whole spec as text, produced in one place
 
 Each spec sets only what the entrypoint cannot derive on the node; the platform modules under
-entrypoint/platforms read what it leads to (tests/unit/test_render_roundtrip.py checks that).
+entrypoint/plan/platforms read what it leads to (tests/unit/test_render_roundtrip.py checks that).
+
+Owns the `Request` (`request`, its options checked in `checks`, parsed from the command line in
+`options`), the quoting (`quote`, `text`) and each spec's /metrics wiring (`scrape`). Imports
+`plan` only (ports, values, secrets, errors): never `control`, `supervise` or pydantic, so that
+`entrypoint render` starts fast. This file imports none of the package's modules; they import it.
 """
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import TYPE_CHECKING
 
-from entrypoint.render.request import Request
+if TYPE_CHECKING:  # the platform modules and request.py import this package, never the reverse
+    from entrypoint.render.request import Request
 
 # The order `entrypoint render --help` lists them in.
 PLATFORMS: tuple[str, ...] = ("slurm", "kubernetes", "pytorchjob", "trainjob", "volcano", "docker")

@@ -8,10 +8,10 @@ import ipaddress
 import re
 from collections.abc import Sequence
 
-from entrypoint import values
-from entrypoint.errors import ConfigError
+from entrypoint.plan import values
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.secrets import MASK, is_secret
 from entrypoint.render.quote import shell_join
-from entrypoint.secrets import MASK, is_secret
 
 # Kubernetes object names (RFC 1035 label); 40 leaves room for `-worker-<i>` and `-node-0-<i>`
 # inside the 63-character pod host names the platforms derive from the job's name.

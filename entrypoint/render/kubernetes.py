@@ -5,7 +5,7 @@ spec.template.spec.subdomain naming a headless Service that selects the pods, no
 <job>-0.<service> (https://kubernetes.io/docs/concepts/workloads/controllers/job/#completion-mode,
 https://kubernetes.io/docs/tasks/job/job-with-pod-to-pod-communication/). The pod count and the
 master are not in the pod's environment, so the template states them as ENTRYPOINT_NNODES and
-MASTER_ADDR, the variables entrypoint/platforms/indexedjob.py reads.
+MASTER_ADDR, the variables entrypoint/plan/platforms/indexedjob.py reads.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from entrypoint.errors import ConfigError
+from entrypoint.plan.errors import ConfigError
 from entrypoint.render import PLATFORMS, module, render
 from entrypoint.render.request import (
     DEFAULT_NAME,

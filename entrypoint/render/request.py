@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from entrypoint.errors import ConfigError
-from entrypoint.render import checks
+from entrypoint.plan.errors import ConfigError
+from entrypoint.render import PLATFORMS, checks, module
 from entrypoint.render.quote import shell_join
 
 DEFAULT_NAME = "train"
@@ -221,8 +221,6 @@ SPARES_WHAT = "the standby nodes (at most the job's node limit less --nodes)"
 
 def _platform_takes(platform: str, given: dict[str, str | None]) -> None:
     """A platform render knows, and only options it takes."""
-    from entrypoint.render import PLATFORMS, module  # the package imports this module
-
     if platform not in PLATFORMS:
         raise ConfigError(
             "PLATFORM",

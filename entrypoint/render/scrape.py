@@ -1,12 +1,12 @@
-"""What each spec says of node 0's /metrics (entrypoint.metrics): the port, a named container
-port and scrape annotations where a pod template is node 0's alone, a prometheus-operator
-PodMonitor (in a comment: it needs the operator's CRDs) that selects node 0's pod, and how to
-read it with `entrypoint status`. The port is the one the nodes derive (entrypoint.ports), or
-the ENTRYPOINT_METRICS_PORT given with --env (0: off, nothing is wired)."""
+"""What each spec says of node 0's /metrics (entrypoint.control.metrics): the port, a named
+container port and scrape annotations where a pod template is node 0's alone, a prometheus-operator
+PodMonitor (in a comment: it needs the operator's CRDs) that selects node 0's pod, and how to read
+it with `entrypoint status`. The port is the one the nodes derive (entrypoint.plan.ports), or the
+ENTRYPOINT_METRICS_PORT given with --env (0: off, nothing is wired)."""
 
 from __future__ import annotations
 
-from entrypoint import ports, values
+from entrypoint.plan import ports, values
 
 PORT_NAME = "metrics"
 VARIABLE = "ENTRYPOINT_METRICS_PORT"

@@ -1,8 +1,8 @@
 """SLURM: an sbatch script with one task per node, started by srun, the entrypoint in each.
 
-srun gives every task SLURM_JOB_ID, the node list, SLURM_NODEID and, with --gres, the node's
-GPU count (https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES), which is
-all entrypoint/platforms/slurm.py needs: node 0 is the first host, the port comes from the job id.
+srun gives every task SLURM_JOB_ID, the node list, SLURM_NODEID and, with --gres, the node's GPU
+count (https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES), which is all
+entrypoint/plan/platforms/slurm.py needs: node 0 is the first host, the port comes from the job id.
 Three ways to run the image (--runtime):
 
 - pyxis: `srun --container-image` (NVIDIA pyxis and enroot, https://github.com/NVIDIA/pyxis);

@@ -142,9 +142,9 @@ def yaml_documents(
     return comment(opening) + "---\n".join(parts)
 
 
-# The control channel's job identity and token (entrypoint/identity.py): the job's name, and a
-# token from a Secret the user creates once per job (required: a pod waits for it; with
-# `--token optional` a pod starts without it and only the identity is checked).
+# The control channel's job identity and token (entrypoint/control/identity.py): the job's name, and
+# a token from a Secret the user creates once per job (required: a pod waits for it; with `--token
+# optional` a pod starts without it and only the identity is checked).
 JOB_ID, JOB_TOKEN, TOKEN_KEY = "ENTRYPOINT_JOB_ID", "ENTRYPOINT_JOB_TOKEN", "token"
 TOKEN_COMMAND = "openssl rand -hex 32"
 

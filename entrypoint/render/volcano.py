@@ -6,7 +6,7 @@ https://volcano.sh/en/docs/vcjob/): pytorch sets MASTER_ADDR=<job>-master-0.<job
 (its --port, 23456 unless stated), WORLD_SIZE (master + worker pods) and RANK (master 0, worker
 i -> i + 1); svc gives each pod the host name <job>-<task>-<i> under a headless Service named
 after the job, and VC_<TASK>_HOSTS/VC_<TASK>_NUM; env sets VC_TASK_INDEX. That is what
-entrypoint/platforms/volcano.py reads.
+entrypoint/plan/platforms/volcano.py reads.
 """
 
 from __future__ import annotations

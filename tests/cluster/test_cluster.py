@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from entrypoint.cluster import Cluster, Node
+from entrypoint.local.cluster import Cluster, Node
 
 STEPS = 40  # enough for the loss to fall clearly (~4.3 -> ~1.9), a few seconds of training
 TIMEOUT = 240  # per cluster; a run takes ~30-60 s on 2 cores, more while others build

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from entrypoint.cluster import Node
+from entrypoint.local.cluster import Node
 from faulty_cluster import Fault, FaultyCluster, hand_started
 
 TIMEOUT = 360  # per cluster run: a start takes ~30 s on 2 idle cores, minutes when shared

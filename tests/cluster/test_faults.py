@@ -21,7 +21,7 @@ from datetime import datetime
 
 import pytest
 
-from entrypoint.cluster import LABEL, Node
+from entrypoint.local.cluster import LABEL, Node
 from faulty_cluster import Fault, FaultyCluster, FaultyRun, hand_started
 
 STEPS = 5000  # never reached (~6 steps/s here): every case but the restart ends by its fault

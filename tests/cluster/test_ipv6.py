@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from entrypoint.cluster import Node
+from entrypoint.local.cluster import Node
 from faulty_cluster import Fault, FaultyCluster
 
 from .test_faults import HEARTBEAT_TIMEOUT, LOST, measured, took

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from entrypoint.cluster import LABEL
+from entrypoint.local.cluster import LABEL
 
 STEPS = 40
 WORKERS = 2

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.cluster import LABEL, Cluster, Node
+from entrypoint.local.cluster import LABEL, Cluster, Node
 
 from .test_cluster import STEPS, TIMEOUT, assert_trained, torchrun, with_job
 from .test_slurm import _ca_bundle, _docker_cli

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.cluster import LABEL, Cluster, Node, read_results
+from entrypoint.local.cluster import LABEL, Cluster, Node, read_results
 
 ROOT = Path(__file__).parents[2]
 SLURM = ROOT / "tests" / "slurm"

@@ -10,7 +10,7 @@ the figures.
 
 from __future__ import annotations
 
-from entrypoint.cluster import Node
+from entrypoint.local.cluster import Node
 from faulty_cluster import Fault, FaultyCluster, FaultyRun
 
 from .test_preflight import TwoImages, odd_image  # noqa: F401 - a fixture

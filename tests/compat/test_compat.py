@@ -30,7 +30,7 @@ import pytest
 
 from cluster.test_cluster import STYLES, TWO_WORKERS
 from cluster.test_slurm import _ca_bundle, _docker_cli
-from entrypoint.cluster import LABEL, ClusterRun, Node
+from entrypoint.local.cluster import LABEL, ClusterRun, Node
 from faulty_cluster import FaultyCluster
 
 ROOT = Path(__file__).parents[2]

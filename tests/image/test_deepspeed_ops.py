@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import cuda_kernels
+from entrypoint.doctor import cuda_kernels
 
 from .image_helpers import REPO
 
@@ -67,7 +67,7 @@ def test_ds_report_cuda_lists_the_standard_ops_installed(image):
 def test_entrypoint_sees_the_ops_deepspeed_sees(image):
     """The check before launch reads the same record ds_report does, plus the CPU cache."""
     out = image.python(
-        "import json, os; from entrypoint import dsops;"
+        "import json, os; from entrypoint.supervise import dsops;"
         "print(json.dumps({k: sorted(v) for k, v in "
         "dsops.installed_ops(dict(os.environ)).items()}))"
     )
@@ -210,7 +210,7 @@ def test_hf_trainer_deepspeed_zero2_adamw_on_cpu(image, no_build, tmp_path):
 
     Two workers: accelerate 1.15 alone picks no process-group backend for DeepSpeed on CPU
     (the Trainer would count a world of 1 and DeepSpeed's batch check stop it); the site hook
-    gives it gloo on CPU nodes (entrypoint/accelerate_cpu.py), as nccl on GPUs."""
+    gives it gloo on CPU nodes (entrypoint/trainer_side/accelerate_cpu.py), as nccl on GPUs."""
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     out_dir.chmod(0o777)

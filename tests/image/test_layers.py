@@ -1,5 +1,5 @@
 """What is in the image's layers: one copy of each NVIDIA library, no build secret, no
-credential and no variable named like a secret (entrypoint/secrets.py)."""
+credential and no variable named like a secret (entrypoint/plan/secrets.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from entrypoint.secrets import is_secret
+from entrypoint.plan.secrets import is_secret
 
 # The CUDA user-space libraries torch and JAX load; each must exist exactly once.
 CUDA_LIB = re.compile(

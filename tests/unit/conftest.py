@@ -1,6 +1,6 @@
 import pytest
 
-from entrypoint.facts import Facts, Gpu, Interface
+from entrypoint.plan.facts import Facts, Gpu, Interface
 
 
 def gpus(n, name="NVIDIA H100 80GB HBM3"):

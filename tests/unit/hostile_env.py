@@ -5,9 +5,9 @@ or replaced by a value from a pool of what adversarial users and broken platform
 stray variables and settings. `pick(sequence)` is the only source of choices, so both drawers
 share every case.
 
-`plan_once` runs what `entrypoint plan` and `run` run before launching anything (entrypoint.node
-report.table, plan --json, launch.check_hardware); `violations` lists the plan invariants a
-plan breaks.
+`plan_once` runs what `entrypoint plan` and `run` run before launching anything
+(entrypoint.supervise.node report.table, plan --json, launch.check_hardware); `violations` lists the
+plan invariants a plan breaks.
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 
-from entrypoint import platforms, report, secrets
-from entrypoint.errors import ConfigError
-from entrypoint.facts import Facts, Gpu, Interface
-from entrypoint.launch import check_hardware
-from entrypoint.plan import Plan, gpus_stated, make_plan, read_platform
-from entrypoint.settings import Settings
-from entrypoint.values import GPUS, NODES, PER_NODE, host
+from entrypoint.plan import platforms, secrets
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.facts import Facts, Gpu, Interface
+from entrypoint.plan.plan import Plan, gpus_stated, make_plan, read_platform
+from entrypoint.plan.settings import Settings
+from entrypoint.plan.values import GPUS, NODES, PER_NODE, host
+from entrypoint.supervise import report
+from entrypoint.supervise.launch import check_hardware
 
 Pick = Callable[[Sequence], object]
 
@@ -376,8 +377,8 @@ def draw(pick: Pick, template: str | None = None):
 
 
 def plan_once(env: dict[str, str], node: Facts, command) -> Plan:
-    """What `plan` and `run` do before anything starts, in process (cli._prepare with the
-    probes' facts given: entrypoint.node.prepare; the printed table and JSON; run's hardware
+    """What `plan` and `run` do before anything starts, in process (cli._prepare with the probes'
+    facts given: entrypoint.supervise.node.prepare; the printed table and JSON; run's hardware
     check)."""
     settings = Settings.from_env(env)
     read = read_platform(env, settings)

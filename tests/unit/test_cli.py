@@ -114,7 +114,7 @@ def test_settings_markdown():
 def test_the_run_directory_never_shadows_the_package(tmp_path):
     """The default run directory lives in /tmp; `python -m entrypoint` started there must still
     import the package, not a namespace package made of the run directory."""
-    from entrypoint.settings import Settings
+    from entrypoint.plan.settings import Settings
 
     run_dir = Settings.model_fields["run_dir"].default
     (tmp_path / run_dir.name / "node0").mkdir(parents=True)

@@ -4,7 +4,7 @@ tests/cluster/test_faults.py)."""
 
 import pytest
 
-from entrypoint.cluster_run import ClusterRun, NodeRun
+from entrypoint.local.cluster import ClusterRun, NodeRun
 from faulty_cluster import Fault, triggered
 
 STEP_10 = "[job] step 10/"
@@ -44,7 +44,7 @@ def test_a_fault_fires_on_its_trigger(fault, now, state, fires):
 
 
 def test_nodes_of_a_shared_cluster_mount_one_volume_at_the_same_path():
-    from entrypoint.cluster import Cluster, Node
+    from entrypoint.local.cluster import Cluster, Node
     from faulty_cluster import FaultyCluster
 
     class Containers:

@@ -1,11 +1,11 @@
-"""Node 0's decisions as a table of events: no sockets, no clocks (entrypoint.conductor)."""
+"""Node 0's decisions as a table of events: no sockets, no clocks (entrypoint.control.conductor)."""
 
 import pytest
 
-from entrypoint.conductor import Conductor
-from entrypoint.conductor_terms import ALL, Limits, Log, Send
-from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
-from entrypoint.messages import Beat, Done, Exit, Go, Hello, Restart, Signal, Stop
+from entrypoint.control.conductor import Conductor
+from entrypoint.control.conductor_terms import ALL, Limits, Log, Send
+from entrypoint.control.messages import Beat, Done, Exit, Go, Hello, Restart, Signal, Stop
+from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
 
 FP = {
     "image_lock": "abc",

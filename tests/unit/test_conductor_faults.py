@@ -7,10 +7,10 @@ import signal
 
 import pytest
 
-from entrypoint.conductor import Conductor
-from entrypoint.conductor_terms import Limits, Log, Send
-from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
-from entrypoint.messages import KINDS, Hello
+from entrypoint.control.conductor import Conductor
+from entrypoint.control.conductor_terms import Limits, Log, Send
+from entrypoint.control.messages import KINDS, Hello
+from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
 
 FP = {"image_lock": "abc", "torch": "2.10.0", "packages": {"torch": "2.10.0"}}
 LIMITS = Limits(
@@ -36,7 +36,8 @@ def hello(member, host=None, time=1000.0):
 
 
 def typed(raw):
-    """The Conductor takes typed messages (entrypoint.messages), as the server decodes them."""
+    """The Conductor takes typed messages (entrypoint.control.messages), as the server decodes
+    them."""
     return KINDS[raw["t"]](**{k: v for k, v in raw.items() if k != "t"})
 
 
@@ -176,7 +177,7 @@ def test_an_old_connections_late_beats_and_close_are_not_the_new_nodes():
     counted as the new node's, and its close later loses nobody."""
     import time
 
-    from entrypoint import control_channel, control_server
+    from entrypoint.control import control_channel, control_server
     from tests.unit.test_control import hello as wire_hello
 
     c = Conductor(2, RESTARTS, now=time.monotonic())

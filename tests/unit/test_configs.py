@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from entrypoint import configs
-from entrypoint.errors import ConfigError
+from entrypoint.plan import configs
+from entrypoint.plan.errors import ConfigError
 
 GOOD_DS = {
     "train_batch_size": 32,

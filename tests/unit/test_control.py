@@ -14,11 +14,11 @@ import time
 
 import pytest
 
-from entrypoint import control, control_channel, control_server
-from entrypoint import messages as m
-from entrypoint.conductor import Conductor
-from entrypoint.conductor_terms import Limits
-from entrypoint.identity import Identity
+from entrypoint.control import control, control_channel, control_server
+from entrypoint.control import messages as m
+from entrypoint.control.conductor import Conductor
+from entrypoint.control.conductor_terms import Limits
+from entrypoint.control.identity import Identity
 
 FP = {
     "image_lock": "abc",

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import cuda_kernels as ck
-from entrypoint.doctor_checks import Findings, kernel_problems
+from entrypoint.doctor import cuda_kernels as ck
+from entrypoint.doctor.doctor_checks import Findings, kernel_problems
 
 
 def entry(kind: int, arch: int, payload: bytes) -> bytes:

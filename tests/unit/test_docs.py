@@ -5,8 +5,8 @@ from pathlib import Path
 
 import yaml
 
-from entrypoint import platforms
-from entrypoint.settings import Settings, markdown_table
+from entrypoint.plan import platforms
+from entrypoint.plan.settings import Settings, markdown_table
 
 ROOT = Path(__file__).parents[2]
 DOCS = ROOT / "docs"

@@ -12,12 +12,12 @@ from dataclasses import replace
 import pytest
 
 from conftest import node
-from entrypoint.doctor_checks import Findings, Port, port_meaning, problems
-from entrypoint.doctor_report import report, table
-from entrypoint.facts import Facts, Interface
-from entrypoint.plan import make_plan
-from entrypoint.report import table as plan_table
-from entrypoint.settings import Settings
+from entrypoint.doctor.doctor_checks import Findings, Port, port_meaning, problems
+from entrypoint.doctor.doctor_report import report, table
+from entrypoint.plan.facts import Facts, Interface
+from entrypoint.plan.plan import make_plan
+from entrypoint.plan.settings import Settings
+from entrypoint.supervise.report import table as plan_table
 
 WORKER = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "node-0", "MASTER_PORT": "29500"}
 MASTER = WORKER | {"NODE_RANK": "0"}

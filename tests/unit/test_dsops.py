@@ -1,7 +1,7 @@
-"""The DeepSpeed op check before launch (entrypoint/dsops.py): which op a config selects, as
-DeepSpeed 0.19.8's engine does (deepspeed/runtime/engine.py: _configure_basic_optimizer,
-get_optimizer_configuration, zero_use_cpu_optimizer; swap_tensor/* load async_io), which
-configs a job uses, and the one line `entrypoint run` prints, through a real subprocess."""
+"""The DeepSpeed op check before launch (entrypoint/supervise/dsops.py): which op a config selects,
+as DeepSpeed 0.19.8's engine does (deepspeed/runtime/engine.py: _configure_basic_optimizer,
+get_optimizer_configuration, zero_use_cpu_optimizer; swap_tensor/* load async_io), which configs a
+job uses, and the one line `entrypoint run` prints, through a real subprocess."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import dsops
-from entrypoint.dsops import Need
+from entrypoint.supervise import dsops
+from entrypoint.supervise.dsops import Need
 
 ADAMW = {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}}
 OFF_CPU = {"stage": 2, "offload_optimizer": {"device": "cpu"}}
@@ -215,7 +215,7 @@ def _fake_deepspeed(root: Path, accelerator: str, ops: dict[str, int]) -> Path:
 
 def _probe(root: Path, env: dict[str, str]) -> dict:
     code = (
-        "import json, os; from entrypoint import dsops; "
+        "import json, os; from entrypoint.supervise import dsops; "
         "r = dsops.installed_ops(dict(os.environ)); "
         "print(json.dumps(r and {k: sorted(v) for k, v in r.items()}))"
     )

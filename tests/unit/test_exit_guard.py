@@ -1,5 +1,6 @@
-"""entrypoint/exit_guard.py in a real interpreter with a real gloo process group: the site hook
-is what a trainer's interpreter loads, the trainer's own exit handlers and exit code stand."""
+"""entrypoint/trainer_side/exit_guard.py in a real interpreter with a real gloo process group: the
+site hook is what a trainer's interpreter loads, the trainer's own exit handlers and exit code
+stand."""
 
 import os
 import socket
@@ -7,11 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-SITE_HOOK = Path(__file__).resolve().parents[2] / "entrypoint" / "site-hook"
+SITE_HOOK = Path(__file__).resolve().parents[2] / "entrypoint" / "trainer_side" / "site-hook"
 
 TRAINER = """
 import atexit, sys, time
-from entrypoint import exit_guard
+from entrypoint.trainer_side import exit_guard
 if sys.argv[1] == "python":
     atexit.register(lambda: print("trainer's own exit handler", flush=True))
     sys.exit(3)

@@ -4,8 +4,8 @@ here: a stand-in for the pynvml module (the one place a fake is needed)."""
 from types import SimpleNamespace
 
 from conftest import node
-from entrypoint.gpu_stats import Stats
-from entrypoint.plan import make_plan
+from entrypoint.plan.plan import make_plan
+from entrypoint.supervise.gpu_stats import Stats
 
 MIB = 1 << 20
 

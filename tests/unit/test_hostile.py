@@ -21,11 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import node
-from entrypoint import platforms
-from entrypoint.errors import ConfigError
-from entrypoint.hostlist import HostlistError, expand
-from entrypoint.plan import make_plan
-from entrypoint.values import NODES, device_list, host, number
+from entrypoint.plan import platforms
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.hostlist import HostlistError, expand
+from entrypoint.plan.plan import make_plan
+from entrypoint.plan.values import NODES, device_list, host, number
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASE = {

@@ -2,7 +2,7 @@
 config.json (ENTRYPOINT_CONFIG=<dir>) and the job's token file (ENTRYPOINT_JOB_TOKEN_FILE).
 Each shape through the real CLI in a subprocess with a timeout, since some of them hung: exit 2,
 one line naming the variable, the file and the fix, no traceback. Then the reader's own
-limits, at their edges (entrypoint/files.py)."""
+limits, at their edges (entrypoint/plan/files.py)."""
 
 import json
 import os
@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from entrypoint import files
-from entrypoint.errors import ConfigError
+from entrypoint.plan import files
+from entrypoint.plan.errors import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASE = {

@@ -1,5 +1,5 @@
 """Long values in a refusal (issue 15): the one line shows a value's start and its length, never
-120 kB of it (entrypoint/errors.py), through the real CLI."""
+120 kB of it (entrypoint/plan/errors.py), through the real CLI."""
 
 import os
 import subprocess
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from entrypoint.errors import SHOWN, ConfigError, shorten
+from entrypoint.plan.errors import SHOWN, ConfigError, shorten
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASE = {

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from entrypoint.errors import ConfigError
-from entrypoint.hostlist import HostlistError, expand, expand_var
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.hostlist import HostlistError, expand, expand_var
 
 CASES = [
     ("node1", ["node1"]),

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from entrypoint.errors import ConfigError
-from entrypoint.local import Layout, layout, nodes
+from entrypoint.local.local import Layout, layout, nodes
+from entrypoint.plan.errors import ConfigError
 
 NONE = "probe: no NVIDIA driver found"
 
@@ -197,7 +197,7 @@ def test_cli_no_engine_is_one_line():
 
 
 def test_missing_sdk_is_one_line(tmp_path):
-    """Without the `local` extra: the one-line error of entrypoint.cluster.sdk()."""
+    """Without the `local` extra: the one-line error of entrypoint.local.cluster.sdk()."""
     (tmp_path / "docker").mkdir()
     (tmp_path / "docker" / "__init__.py").write_text("raise ImportError('no docker here')\n")
     env = BAD_DOCKER | {"PYTHONPATH": str(tmp_path)}
@@ -216,7 +216,7 @@ def test_missing_sdk_is_one_line(tmp_path):
 
 def test_gpu_nodes_become_device_requests_with_explicit_ids():
     """What Docker is asked for (no engine: a client that records the call)."""
-    from entrypoint.cluster import Cluster
+    from entrypoint.local.cluster import Cluster
 
     class Containers:
         def create(self, image, **kwargs):

@@ -1,6 +1,6 @@
-"""The control channel's messages (entrypoint/messages.py): every kind round-trips through the
-wire, and what the schema refuses, with the reason it gives. The job identity each platform
-gives its nodes (entrypoint/identity.py), and the token's rules."""
+"""The control channel's messages (entrypoint/control/messages.py): every kind round-trips through
+the wire, and what the schema refuses, with the reason it gives. The job identity each platform
+gives its nodes (entrypoint/control/identity.py), and the token's rules."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import signal
 
 import pytest
 
-from entrypoint import message_fields
-from entrypoint import messages as m
-from entrypoint.errors import ConfigError
-from entrypoint.identity import job_identity, read_token
+from entrypoint.control import message_fields
+from entrypoint.control import messages as m
+from entrypoint.control.identity import job_identity, read_token
+from entrypoint.plan.errors import ConfigError
 
 FP = {
     "image_lock": "abc",
@@ -148,7 +148,7 @@ def test_proofs_bind_both_nonces_the_job_and_the_member():
 # AWS Batch multi-node: https://docs.aws.amazon.com/batch/latest/userguide/job_env_vars.html
 # SageMaker: TRAINING_JOB_NAME (sagemaker-training-toolkit's environment)
 # SkyPilot: https://docs.skypilot.co/en/latest/running-jobs/environment-variables.html
-# JobSet: JOBSET_NAME, mapped in by the pod template (see entrypoint/platforms/jobset.py)
+# JobSet: JOBSET_NAME, mapped in by the pod template (see entrypoint/plan/platforms/jobset.py)
 @pytest.mark.parametrize(
     "platform, env, job_id, expected",
     [

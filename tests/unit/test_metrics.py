@@ -1,15 +1,16 @@
-"""Node 0's /metrics text from a Conductor's state (entrypoint.metrics), and `entrypoint status`
-reading it back (entrypoint.status): per-node GPU figures combined over the node's GPUs, states,
-the job's series, no secret; the real servers are in test_status_real.py and
+"""Node 0's /metrics text from a Conductor's state (entrypoint.control.metrics), and `entrypoint
+status` reading it back (entrypoint.doctor.status): per-node GPU figures combined over the node's
+GPUs, states, the job's series, no secret; the real servers are in test_status_real.py and
 tests/cluster/test_metrics.py."""
 
 from prometheus_client import generate_latest
 from test_conductor import joined
 from test_slow_nodes import Nvml
 
-from entrypoint import metrics, status
-from entrypoint.gpu_stats import Stats
-from entrypoint.messages import Beat
+from entrypoint.control import metrics
+from entrypoint.control.messages import Beat
+from entrypoint.doctor import status
+from entrypoint.supervise.gpu_stats import Stats
 
 JOB = metrics.Job("train", "kubernetes", 8)
 

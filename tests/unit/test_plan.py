@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from conftest import node
-from entrypoint.errors import ConfigError
-from entrypoint.launch import check_hardware
-from entrypoint.plan import BUILTIN_JOB, make_plan
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.plan import BUILTIN_JOB, make_plan
+from entrypoint.supervise.launch import check_hardware
 
 SEED_004_WORKER_1 = {
     "MASTER_ADDR": "jo-dbxfe2k2l635222i-worker-0",
@@ -438,7 +438,7 @@ def test_jax_distributed_initialize_needs_no_arguments(launcher, env):
     plan = make_plan(base | env | {"PYTHONPATH": "/mine"}, node(8), ["python", "t.py"])
     assert plan.launcher == launcher
     hook, mine = plan.env["PYTHONPATH"].split(":")
-    assert hook.endswith("entrypoint/site-hook") and mine == "/mine"
+    assert hook.endswith("entrypoint/trainer_side/site-hook") and mine == "/mine"
     assert (Path(hook) / "sitecustomize.py").is_file()
     world, rank = (2, "1") if launcher == "jax" else (16, "9")
     assert plan.env["JAX_NUM_PROCESSES"] == str(world) and plan.env["JAX_PROCESS_ID"] == rank
@@ -494,5 +494,5 @@ def test_nccl_talks_ipv6_when_the_master_is_ipv6(master_ip, env, family, source)
 def test_every_trainer_starts_with_the_site_hook(launcher):
     env = SEED_004_WORKER_1 | {"ENTRYPOINT_LAUNCHER": launcher}
     plan = make_plan(env, node(0), ["python", "t.py"])
-    assert plan.env["PYTHONPATH"].endswith("entrypoint/site-hook")
+    assert plan.env["PYTHONPATH"].endswith("entrypoint/trainer_side/site-hook")
     assert plan.env["DS_ACCELERATOR"] == "cpu"  # what accelerate_cpu keys on

@@ -4,9 +4,9 @@ The other AWS_BATCH_* below are the standard job variables, shown for realism, n
 
 import pytest
 
-from entrypoint import platforms
-from entrypoint.errors import ConfigError
-from entrypoint.platforms import awsbatch
+from entrypoint.plan import platforms
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.platforms import awsbatch
 
 MAIN = {
     "AWS_BATCH_JOB_ID": "b2a9#0",

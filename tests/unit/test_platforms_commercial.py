@@ -5,8 +5,8 @@ https://pytorch.org/docs/stable/elastic/run.html#environment-variables)."""
 
 import pytest
 
-from entrypoint.errors import ConfigError
-from entrypoint.platforms import commercial
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.platforms import commercial
 
 SEED_002 = {
     "WORLD_SIZE": "2",

@@ -1,10 +1,10 @@
 """Every platform module is in the detection order and has the Platform face; the type
-checker holds each to the Protocol (entrypoint/platforms/__init__.py), this test to the file
+checker holds each to the Protocol (entrypoint/plan/platforms/__init__.py), this test to the file
 list, so a new platform cannot be written and forgotten."""
 
 from pathlib import Path
 
-from entrypoint import platforms
+from entrypoint.plan import platforms
 
 HERE = Path(platforms.__file__).parent
 

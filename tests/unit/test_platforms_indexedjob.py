@@ -5,9 +5,9 @@ master are the pod template's own ENTRYPOINT_NNODES and MASTER_ADDR."""
 
 import pytest
 
-from entrypoint import platforms
-from entrypoint.errors import ConfigError
-from entrypoint.platforms import indexedjob
+from entrypoint.plan import platforms
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.platforms import indexedjob
 
 # Job "train", completions=parallelism=4, subdomain "train" with a headless Service: pod index 3.
 POD_3 = {

@@ -7,9 +7,9 @@ Indexed Job adds JOB_COMPLETION_INDEX (KEP-2214). Pod DNS: <jobset>-<replicatedj
 
 import pytest
 
-from entrypoint import platforms
-from entrypoint.errors import ConfigError
-from entrypoint.platforms import jobset
+from entrypoint.plan import platforms
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.platforms import jobset
 
 # JobSet "pytorch", replicatedJob "workers" with replicas 2, parallelism 2 (4 nodes):
 # pod pytorch-workers-1-0, the downward-API names mapped in the pod template.

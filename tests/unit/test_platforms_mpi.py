@@ -7,9 +7,9 @@ jax/_src/clusters/ompi_cluster.py for the form of OMPI_MCA_orte_hnp_uri."""
 
 import pytest
 
-from entrypoint import platforms
-from entrypoint.errors import ConfigError
-from entrypoint.platforms import mpi
+from entrypoint.plan import platforms
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.platforms import mpi
 
 # What the SLURM batch step leaves in the environment of everything mpirun starts.
 SLURM_ALLOCATION = {

@@ -5,9 +5,9 @@ pkg/apis/kubeflow.org/v1/pytorch_types.go)."""
 
 import pytest
 
-from entrypoint import platforms
-from entrypoint.errors import ConfigError
-from entrypoint.platforms import pytorchjob
+from entrypoint.plan import platforms
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.platforms import pytorchjob
 
 MASTER = {
     "MASTER_ADDR": "train-master-0",

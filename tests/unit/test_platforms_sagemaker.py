@@ -5,9 +5,9 @@ environment.py get_master_hostname, torch_distributed.py --node_rank)."""
 
 import pytest
 
-from entrypoint import platforms
-from entrypoint.errors import ConfigError
-from entrypoint.platforms import sagemaker
+from entrypoint.plan import platforms
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.platforms import sagemaker
 
 ALGO_2 = {
     "SM_HOSTS": '["algo-1","algo-2"]',

@@ -5,9 +5,9 @@ distributed-jobs.html (MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | head -n1))."""
 
 import pytest
 
-from entrypoint import platforms
-from entrypoint.errors import ConfigError
-from entrypoint.platforms import skypilot
+from entrypoint.plan import platforms
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.platforms import skypilot
 
 # num_nodes: 2, accelerators: A100:8; the second node.
 WORKER = {

@@ -4,8 +4,8 @@ https://slurm.schedmd.com/sbatch.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES (SLUR
 
 import pytest
 
-from entrypoint.errors import ConfigError
-from entrypoint.platforms import slurm
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.platforms import slurm
 
 # sbatch -N2 --ntasks-per-node=1 --gres=gpu:8, then `srun entrypoint run`: task on the 2nd node.
 ONE_TASK_PER_NODE = {

@@ -4,8 +4,8 @@ seeds 001, 003 and 004 (NNODES, NODE_RANK, GPUS_PER_NODE, MASTER_ADDR, MASTER_PO
 
 import pytest
 
-from entrypoint.errors import ConfigError
-from entrypoint.platforms import torchrun
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.platforms import torchrun
 
 WORKER_1 = {
     "NNODES": "2",

@@ -5,9 +5,9 @@ JOB_COMPLETION_INDEX is added by the Kubernetes Job controller to Indexed Job po
 
 import pytest
 
-from entrypoint import platforms
-from entrypoint.errors import ConfigError
-from entrypoint.platforms import trainjob
+from entrypoint.plan import platforms
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.platforms import trainjob
 
 # TrainJob "llm" with numNodes 2, numProcPerNode 8: pod llm-node-0-1.
 NODE_1 = {

@@ -7,9 +7,9 @@ pkg/webhooks/admission/jobs/mutate/mutate_job.go)."""
 
 import pytest
 
-from entrypoint import platforms
-from entrypoint.errors import ConfigError
-from entrypoint.platforms import volcano
+from entrypoint.plan import platforms
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.platforms import volcano
 
 # plugins: {pytorch: ["--master=master", "--worker=worker", "--port=23456"]}, master x1, worker x1;
 # the worker pod ddp-worker-0 (env plugin off).

@@ -5,7 +5,7 @@ import socket
 import pynvml
 import pytest
 
-from entrypoint import probe
+from entrypoint.supervise import probe
 
 
 @pytest.mark.parametrize(

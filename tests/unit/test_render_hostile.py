@@ -27,12 +27,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import goyaml
-from entrypoint import values
 from entrypoint.cli import main
-from entrypoint.errors import ConfigError
+from entrypoint.plan import values
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.secrets import is_secret
 from entrypoint.render import render
 from entrypoint.render.request import build
-from entrypoint.secrets import is_secret
 
 IMAGE = "ghcr.io/example/multinode:1.0"
 MANIFESTS = ("kubernetes", "pytorchjob", "trainjob", "volcano")

@@ -7,7 +7,7 @@ import pytest
 from render_cases import GOLDEN, rendered
 
 from entrypoint.cli import main
-from entrypoint.errors import ConfigError
+from entrypoint.plan.errors import ConfigError
 from entrypoint.render import PLATFORMS, render
 from entrypoint.render.request import build
 from entrypoint.render.slurm import apptainer_image, pyxis_image

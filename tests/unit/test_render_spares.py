@@ -10,8 +10,8 @@ from test_render_roundtrip import PLATFORMS
 from test_render_schemas import CASES, crd_validator
 
 from conftest import node
-from entrypoint.errors import ConfigError
-from entrypoint.plan import make_plan
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.plan import make_plan
 from entrypoint.render import render
 from entrypoint.render.request import build
 

@@ -1,13 +1,13 @@
-"""Spares, shrinking and growing back as tables of events (entrypoint.roster, .seating): who
+"""Spares, shrinking and growing back as tables of events (entrypoint.control.roster, .seating): who
 sits in which node rank after each loss, what node 0 says, and when the job ends instead."""
 
 import pytest
 
-from entrypoint.conductor import Conductor
-from entrypoint.conductor_terms import ALL, Close, Limits, Log, Send
-from entrypoint.errors import EXIT_CONFIG, EXIT_PEERS
-from entrypoint.messages import Beat, Done, Exit, Go, Hello, Restart, Signal, Stop
-from entrypoint.roster import Roster, changes, seat
+from entrypoint.control.conductor import Conductor
+from entrypoint.control.conductor_terms import ALL, Close, Limits, Log, Send
+from entrypoint.control.messages import Beat, Done, Exit, Go, Hello, Restart, Signal, Stop
+from entrypoint.control.roster import Roster, changes, seat
+from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
 
 FP = {"image_lock": "abc", "torch": "2.10.0", "gpus_per_node": 8, "packages": {}, "data": None}
 LIMITS = Limits(
@@ -264,8 +264,8 @@ def test_a_node_lost_during_the_restart_is_left_out():
 # -- the plan: what a node trains as, and the settings refused ------------------------------
 
 from conftest import node  # noqa: E402
-from entrypoint.errors import ConfigError  # noqa: E402
-from entrypoint.plan import make_plan  # noqa: E402
+from entrypoint.plan.errors import ConfigError  # noqa: E402
+from entrypoint.plan.plan import make_plan  # noqa: E402
 
 # A container platform's variables: WORLD_SIZE counts every node, the spares too.
 PLATFORM = {"WORLD_SIZE": "3", "MASTER_ADDR": "node-0", "MASTER_PORT": "29500"}
@@ -297,7 +297,7 @@ def test_a_seat_given_by_node_0_plans_the_new_size_and_config():
 
 
 def test_the_fingerprint_layout_counts_nodes_as_the_platform_does():
-    from entrypoint.fingerprint import layout
+    from entrypoint.control.fingerprint import layout
 
     trainer, spare = plan_of(1, ENTRYPOINT_SPARES="1"), plan_of(2, ENTRYPOINT_SPARES="1")
     shrunk = plan_of(1, seat=(1, 2), ENTRYPOINT_SPARES="1")

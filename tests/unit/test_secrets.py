@@ -3,7 +3,7 @@
 
 import pytest
 
-from entrypoint.secrets import is_secret, mask, secret_values
+from entrypoint.plan.secrets import is_secret, mask, secret_values
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from entrypoint.secrets import MASK, mask, secret_values
+from entrypoint.plan.secrets import MASK, mask, secret_values
 
 SECRETS = [
     "sëcret-value",

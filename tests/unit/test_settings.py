@@ -1,7 +1,7 @@
 import pytest
 
-from entrypoint.errors import ConfigError
-from entrypoint.settings import GivenEnv, Settings, markdown_table
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.settings import GivenEnv, Settings, markdown_table
 
 
 def test_reads_only_the_given_mapping(monkeypatch):

@@ -1,21 +1,38 @@
-"""The package's shape (issue 14): no module over 400 lines, no function over 60 lines outside
-the built-in jobs' training loops, no import cycle between its modules, and no private
-(`_name`) import from one module into another."""
+"""The package's shape (issues 14 and 26): at most 12 entries at its top level, each subpackage
+saying what it owns and light to import, no module over 500 lines, no function over 60 lines
+outside the built-in jobs' training loops, no import cycle between its modules (a package and its
+own modules included), and no private (`_name`) import from one module into another. Which
+subpackage may import which is import-linter's contract in pyproject.toml (`make lint`)."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "entrypoint"
-MAX_MODULE_LINES = 400
+MAX_MODULE_LINES = 500  # 400 until issue 26 folded settings_text, cluster_run, local_report back
 MAX_FUNCTION_LINES = 60
+MAX_TOP_LEVEL = 12
+SUBPACKAGES = ("plan", "control", "supervise", "doctor", "local", "render", "job", "trainer_side")
+# What no subpackage may load on import: `entrypoint --help` and `render` start without them,
+# and the trainer's interpreter imports trainer_side and job.
+HEAVY = (
+    "torch",
+    "jax",
+    "deepspeed",
+    "docker",
+    "pydantic",
+    "pydantic_settings",
+    "prometheus_client",
+    "yaml",
+)
 
 # The built-in jobs' training loops: one straight story each, read top to bottom.
 TRAINING_LOOPS = {
     ("job/deepspeed_train.py", "main"),
     ("job/jax_train.py", "main"),
-    ("job/allreduce.py", "measure"),  # the all-reduce job's timed loop
 }
 
 
@@ -29,6 +46,29 @@ def modules() -> dict[str, ast.Module]:
 def module_name(relative: str) -> str:
     parts = ["entrypoint", *relative.removesuffix(".py").split("/")]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_top_level_small():
+    entries = {p.name for p in PACKAGE.iterdir() if p.name != "__pycache__"}
+    assert len(entries) <= MAX_TOP_LEVEL, sorted(entries)
+    assert set(SUBPACKAGES) <= entries, set(SUBPACKAGES) - entries
+
+
+@pytest.mark.parametrize("name", SUBPACKAGES)
+def test_subpackage_says_what_it_owns(name):
+    tree = ast.parse((PACKAGE / name / "__init__.py").read_text())
+    doc = ast.get_docstring(tree) or ""
+    assert "import" in doc, f"entrypoint/{name}/__init__.py: say what it owns and may import"
+
+
+def test_subpackages_light_to_import():
+    code = (
+        "import sys\n"
+        + "".join(f"import entrypoint.{name}\n" for name in SUBPACKAGES)
+        + f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_modules_short():
@@ -82,7 +122,7 @@ def graph() -> tuple[dict[str, set[str]], list[str]]:
     private = []
     for name, tree in trees.items():
         for target, names in _imports(tree, name, known):
-            if target != name and not name.startswith(target + "."):
+            if target != name:  # a module importing its own package counts: render/ had one
                 edges[name].add(target)
             private += [
                 f"{name} imports {target}.{n}"

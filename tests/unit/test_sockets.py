@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from entrypoint import control_channel, control_server, sockets
-from entrypoint.conductor import Conductor
-from entrypoint.conductor_terms import Limits
-from entrypoint.values import host_port
+from entrypoint.control import control_channel, control_server, sockets
+from entrypoint.control.conductor import Conductor
+from entrypoint.control.conductor_terms import Limits
+from entrypoint.plan.values import host_port
 from tests.unit.test_control import goes, hello
 
 

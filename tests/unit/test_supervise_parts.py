@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from entrypoint import failures, logs
-from entrypoint.launcher_process import exit_status
+from entrypoint.supervise import failures, logs
+from entrypoint.supervise.launcher_process import exit_status
 
 
 def test_the_log_writer_never_blocks_on_a_pipe_nobody_reads_and_counts_what_it_drops():
@@ -94,7 +94,7 @@ def _through_a_pipe(chunks: list[bytes]) -> tuple[list[str], int]:
     import threading
     import tracemalloc
 
-    from entrypoint import launcher_process
+    from entrypoint.supervise import launcher_process
 
     read_end, write_end = os.pipe()
 

@@ -115,7 +115,7 @@ def _summary(log: str) -> str:
 
 
 def _tree(pid: int) -> list[int]:
-    from entrypoint.procs import descendants
+    from entrypoint.supervise.procs import descendants
 
     return [pid, *descendants(pid)]
 
@@ -591,7 +591,7 @@ def test_a_node_with_a_token_obeys_no_impostor_node_0(nodes, tmp_path):
     node 1 starts no trainer and exits 2, naming node 0's address (issue 28)."""
     import threading
 
-    from entrypoint import messages as m
+    from entrypoint.control import messages as m
 
     c = nodes(ENTRYPOINT_JOB_TOKEN="0123456789abcdef0123456789abcdef", FAULT_STEPS="50")
     listener = socket.create_server(("127.0.0.1", c.port + 1))

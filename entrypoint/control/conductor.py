@@ -1,0 +1,396 @@
+"""Node 0's view of the job, as a pure state machine: events in, actions out.
+
+The actions, phases and limits it shares with its caller are in entrypoint.control.conductor_terms.
+
+The entrypoints of all nodes talk over their own small channel (entrypoint.control.control), which
+does not depend on NCCL, gloo or the trainer. Node 0 runs the Conductor; it decides:
+
+- join: every node says hello with its fingerprint; when all have come, they are compared
+  (entrypoint.control.fingerprint) and every node gets `go`, or `stop` with the reason. Nodes that
+  never come stop the others after ENTRYPOINT_JOIN_TIMEOUT.
+- run: heartbeats both ways. A node whose connection closes without an exit report (killed,
+  crashed) or that stays silent past ENTRYPOINT_HEARTBEAT_TIMEOUT (paused, hung, cut off)
+  is lost: every node stops with EXIT_PEERS, and node 0's log names the lost node.
+- exit: a node whose trainer failed stops every node with the trainer's exit code (or, while
+  ENTRYPOINT_MAX_RESTARTS allows, restarts every node's trainer together). The first failure
+  is the cause: failures reported within `failure_window` seconds of each other (a worker's
+  crash breaks its peers' collectives a moment later) are ordered by when each rank failed, on
+  node 0's clock, and only that one is shown. When all exit 0, all are done.
+- signals: a node that receives SIGTERM, SIGINT or SIGHUP (preemption of one pod, a cancelled
+  job) says so at once, and node 0 passes the signal on to every node's workers, so that all
+  checkpoint together within the grace period; the job ends with 128 + the signal, naming the
+  node that received it.
+
+No sockets, no clock reads: the caller passes `now` (monotonic seconds) and carries out the
+returned actions. That is what makes every rule above a unit test.
+"""
+
+from __future__ import annotations
+
+from entrypoint.control.conductor_terms import (
+    ALL,
+    END,
+    JOIN,
+    RUN,
+    STOPPING,
+    Close,
+    Limits,
+    Log,
+    MemberState,
+    Phase,
+    Send,
+    failure_summary,
+    monitor_table,
+    signal_name,
+)
+from entrypoint.control.messages import Beat, Done, Exit, Hello, Restart, Signal, Stop
+from entrypoint.control.roster import Roster
+from entrypoint.control.seating import Seating
+from entrypoint.control.slow_nodes import STATS_EVERY, news, slow_nodes
+from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
+
+
+class Conductor(Seating):
+    def __init__(
+        self,
+        expected: int,
+        limits: Limits,
+        now: float,
+        *,
+        unit: str = "node",
+        address: str = "?",
+        roster: Roster | None = None,
+    ) -> None:
+        self.expected = expected  # members the platform started, spares included
+        self.roster = roster or Roster(expected, expected, expected)
+        self.seats = self.roster.first()  # member: node rank, this start (control/roster.py)
+        self.awaited = set(range(expected))  # the members the next `go` waits for
+        self.limits = limits
+        self.unit = unit  # "node", or "process" when the platform started one per GPU
+        self.units = "processes" if unit == "process" else f"{unit}s"
+        self.address = address  # where node 0 listens, for messages
+        self.members: dict[int, MemberState] = {}
+        self.phase: Phase = JOIN
+        self.generation = 0
+        self.restarts_left = limits.max_restarts
+        self.join_deadline = now + limits.join_timeout
+        self.join_started = now
+        self.outcome: tuple[int, str] | None = None  # (exit code, reason) once the job ended
+        self._last_monitor = now
+        self.failures: dict[int, tuple[Exit, int, int]] = {}  # member: (message, code, order)
+        self.decide_at: float | None = None  # when the failures reported so far are judged
+        self.received: dict[int, int] = {}  # signal number: the member that received it first
+        # For /metrics (entrypoint.control.metrics): each member's last state, across restarts; lost
+        # and slow members, with why.
+        self.seen: dict[int, MemberState] = {}
+        self.lost, self.slow = {}, {}  # type: dict[int, str], dict[int, str]
+        self.training_since: float | None = None  # the first `go`
+        self._last_slow_check = now
+
+    # -- names -----------------------------------------------------------------------------
+
+    def name(self, member: int) -> str:
+        state = self.members.get(member)
+        return f"{self.unit} {member}" + (f" ({state.host})" if state else "")
+
+    # -- events ----------------------------------------------------------------------------
+
+    def hello(self, member: int, message: Hello, now: float, wall_now: float) -> list:
+        """A node of this job (the handshake passed) says hello: join, or join again."""
+        host = message.host
+        if not 0 <= member < self.expected:
+            reason = (
+                f"{self.unit} {member} ({host}) joined, but node 0 plans {self.expected} "
+                f"{self.units} (0-{self.expected - 1}): every node needs the same node "
+                "count; check NNODES/WORLD_SIZE on each"
+            )
+            if self.phase == JOIN:  # a node of this job that disagrees: nothing may start
+                return [
+                    Send(member, self._stop_message(EXIT_CONFIG, reason)),
+                    Close(member),
+                    *self._end(EXIT_CONFIG, reason),
+                ]
+            return [Send(member, self._stop_message(EXIT_CONFIG, reason)), Close(member)]
+        old = self.members.get(member)
+        if (
+            old is not None
+            and old.connected
+            and old.host != host
+            and self.phase == JOIN
+            and self.generation == 0
+        ):
+            # Two nodes at the first start with one rank. Later, a new host is a replacement
+            # (the platform started the node elsewhere) and takes the rank over.
+            reason = (
+                f"{self.unit} {member} claimed by both {old.host} and {host}: give each node "
+                "its own node rank (NODE_RANK, RANK or the platform's index)"
+            )
+            return self._end(EXIT_CONFIG, reason)
+        if self.phase == RUN and self.roster.elastic:
+            return self._hello_while_running(member, message, now, wall_now)
+        if self.phase == RUN:
+            # A node that comes back while the job runs was restarted by its platform: the job it
+            # belonged to is gone on that node. With restarts left, the newcomer is the first
+            # member of the next start, whatever became of its old connection.
+            actions = self._failure(
+                member,
+                None,
+                f"{self.name(member)} started again while the "
+                "job was running (its container or pod was restarted)",
+                EXIT_PEERS,
+                now,
+            )
+            if self.phase == JOIN:
+                actions += self.hello(member, message, now, wall_now)
+            return actions
+        if self.phase == END:
+            code, reason = self.outcome or (EXIT_PEERS, "the job has ended")
+            return [Send(member, self._stop_message(code, reason)), Close(member)]
+        self.members[member] = self.seen[member] = MemberState(
+            host=host,
+            joined_at=now,
+            last_seen=now,
+            fingerprint=dict(message.fingerprint),
+            clock_offset=message.time - wall_now,
+        )
+        self.lost.pop(member, None)
+        return self._maybe_go(now)
+
+    def beat(self, member: int, message: Beat, now: float) -> list:
+        state = self.members.get(member)
+        if state is not None:
+            state.last_seen = now
+            if message.stats:
+                state.stats = dict(message.stats)
+                state.history.append(state.stats.get("gpus") or [])
+        return []
+
+    def exited(self, member: int, message: Exit, now: float) -> list:
+        state = self.members.get(member)
+        code = message.code
+        # A stop is a signal's only when a node received that signal (the exit message says so,
+        # or another node's signal is known here): a trainer that exits 134 (abort), 139 or 130
+        # by itself has failed, and its peers get SIGTERM, never SIGABRT.
+        sig = (message.signal or 0) or (
+            code - 128 if code > 128 and code - 128 in self.received else 0
+        )
+        if state is not None and member not in self.seats and self.phase == RUN:
+            return self._standby_lost(member, f"it exited with code {code}", now)
+        if sig and self.phase != END and 0 <= member < self.expected:
+            who = self.name(self.received.get(sig, member))
+            return self._end(
+                128 + sig,
+                f"stopped on {signal_name(sig)}, which {who} received "
+                "(preemption, or the job was cancelled): every node checkpoints and "
+                "stops",
+                sig=sig,
+            )
+        if state is None or self.phase == END:
+            return []
+        state.last_seen = now
+        state.exit_code = code
+        if code == 0:
+            seated = [self.members.get(m) for m in self.seats]
+            if self.phase == RUN and all(s is not None and s.exit_code == 0 for s in seated):
+                self.phase, self.outcome = END, (0, "every node finished")
+                done = [Send(ALL, Done())]
+                return (
+                    done
+                    if self.expected == 1
+                    else [Log("info", f"all {len(seated)} {self.units} finished"), *done]
+                )
+            return []
+        self.failures[member] = (message, code, len(self.failures))
+        if self.decide_at is None:
+            self.decide_at = now + self.limits.failure_window
+        everyone = all(
+            s.exit_code is not None or not s.connected
+            for m, s in self.members.items()
+            if m in self.seats
+        )
+        return self._judge(now) if now >= self.decide_at or everyone else []
+
+    def signalled(self, member: int, message: Signal, now: float) -> list:
+        """A node received a signal and passed it to its workers; a stopping one goes to every
+        node's workers too (one pod preempted: its peers must checkpoint with it)."""
+        sig = message.signal
+        if member not in self.members or self.phase != RUN or sig in self.received:
+            return []
+        if member not in self.seats:  # a standby's pod is going away: the job goes on
+            return [Log("info", f"standby {self.name(member)} received {signal_name(sig)}")]
+        self.received[sig] = member
+        if sig not in STOPPING:
+            return [
+                Log(
+                    "info",
+                    f"{self.name(member)} received {signal_name(sig)}: passed to its workers",
+                )
+            ]
+        if self.failures:  # a failure awaits its verdict: the signal ends the job, no restart
+            return self._judge(now)
+        reason = f"{self.name(member)} received {signal_name(sig)}"
+        return [
+            Log("warning", f"{reason}: passing it to every {self.unit}'s workers"),
+            Send(ALL, Signal(sig, reason)),
+        ]
+
+    def closed(self, member: int, now: float) -> list:
+        state = self.members.get(member)
+        if self.phase == JOIN and self.generation and self.roster.elastic:
+            return self._lost_in_restart(member, now)
+        if state is None:
+            return []
+        state.connected = False
+        if self.phase == JOIN:
+            del self.members[member]  # it may come back before the deadline
+            return [
+                Log(
+                    "warning",
+                    f"{self.unit} {member} ({state.host}) left before the job "
+                    "started; waiting for it to come back",
+                )
+            ]
+        if self.phase == RUN and member not in self.seats:
+            return self._standby_lost(member, "its connection closed", now)
+        if self.phase == RUN and state.exit_code is None:
+            return self._lost(
+                member,
+                "its connection closed without an exit report (container "
+                "killed, node crashed or rebooted)",
+                now,
+            )
+        return []
+
+    def tick(self, now: float) -> list:
+        if self.phase == JOIN and now > self.join_deadline and self._late_go_allowed():
+            missing = sorted(self.awaited - self.members.keys())
+            self.awaited -= set(missing)
+            return [
+                Log(
+                    "warning",
+                    f"{self._list(missing)} did not join within "
+                    f"{now - self.join_started:.0f} s: going on without them",
+                ),
+                *self._maybe_go(now),
+            ]
+        if self.phase == JOIN and now > self.join_deadline:
+            missing = [m for m in sorted(self.awaited) if m not in self.members]
+            waited = now - self.join_started
+            reason = (
+                f"{self._list(missing)} did not join within {waited:.0f} s "
+                f"(ENTRYPOINT_JOIN_TIMEOUT={self.limits.join_timeout:g}); node 0 listens at "
+                f"{self.address}. Check that they started, that their MASTER_ADDR is node "
+                "0's address, and that the port is open between nodes"
+            )
+            return self._end(EXIT_PEERS, reason)
+        actions: list = []
+        if self.phase == RUN and self.decide_at is not None and now >= self.decide_at:
+            return self._judge(now)
+        if self.phase == RUN:
+            for member, state in sorted(self.members.items()):
+                silent = now - state.last_seen
+                if state.exit_code is None and silent > self.limits.heartbeat_timeout:
+                    why = (
+                        f"silent for {silent:.0f} s (no heartbeat within "
+                        f"ENTRYPOINT_HEARTBEAT_TIMEOUT={self.limits.heartbeat_timeout:g} s): "
+                        "it hangs, is paused or is cut off from the network"
+                    )
+                    if not self.roster.elastic:
+                        return self._lost(member, why, now)
+                    # The job goes on without it: what it reads if it ever runs again.
+                    bye = Stop(EXIT_PEERS, f"node 0 dropped this {self.unit}, {why}")
+                    lose = self._lost if member in self.seats else self._standby_lost
+                    return [Send(member, bye), Close(member), *lose(member, why, now)]
+            if now - self._last_slow_check >= STATS_EVERY:
+                self._last_slow_check = now
+                actions += self._check_slow()
+            interval = self.limits.monitor_interval
+            if interval > 0 and now - self._last_monitor >= interval:
+                self._last_monitor = now
+                actions.append(Log("info", monitor_table(self.members, now)))
+        return actions
+
+    def _check_slow(self) -> list:
+        """Nodes whose GPUs lag the job's, named once, and once caught up (slow_nodes)."""
+        window, seated = self.limits.slow_window, not self.roster.elastic
+        training = {m: s.history for m, s in self.members.items() if seated or m in self.seats}
+        slow = slow_nodes(training, max(1, round(window / STATS_EVERY)))
+        said = news(self.slow, slow, training, window)
+        self.slow = slow
+        return [Log(level, f"{self.name(m)} {text}") for level, m, text in said]
+
+    # -- decisions -------------------------------------------------------------------------
+
+    def _judge(self, now: float) -> list:
+        """The failure that came first, by the failing rank's own time on node 0's clock (the
+        report's order when a time is missing), is the one shown and acted on."""
+
+        def first(item):
+            member, (message, _code, order) = item
+            when = (message.failure or {}).get("time")
+            offset = self.members[member].clock_offset if member in self.members else 0.0
+            return (float(when) - offset if when is not None else float("inf"), order)
+
+        member, (message, code, _) = min(self.failures.items(), key=first)
+        self.failures, self.decide_at = {}, None
+        return self._failure(
+            member,
+            message.failure,
+            message.reason or f"{self.name(member)}'s trainer exited with code {code}",
+            code,
+            now,
+        )
+
+    def _failure(
+        self, member: int, failure: dict | None, reason: str, code: int, now: float
+    ) -> list:
+        summary = failure_summary(failure, self.name(member)) if failure else ""
+        stopping = next((sig for sig in self.received if sig in STOPPING), None)
+        if stopping is not None:
+            # The job is being stopped (preemption, scancel): a failure on the way out is no
+            # reason to start it again.
+            who = self.name(self.received[stopping])
+            return self._end(
+                128 + stopping,
+                f"{reason}; no restart: {who} received {signal_name(stopping)}",
+                summary,
+                sig=stopping,
+            )
+        if self.restarts_left > 0 and code != EXIT_CONFIG:
+            self.restarts_left -= 1
+            alive = [m for m, s in self.members.items() if s.connected]
+            self._next_start(alive if self.roster.elastic else range(self.expected), now)
+            used = self.limits.max_restarts - self.restarts_left
+            actions: list = [Log("error", summary)] if summary else []
+            actions += [
+                Log(
+                    "warning",
+                    f"{reason}; restarting every {self.unit}'s trainer "
+                    f"(restart {used} of {self.limits.max_restarts})",
+                ),
+                Send(ALL, Restart(self.generation, reason)),
+            ]
+            return actions
+        return self._end(code, reason, summary)
+
+    def _end(self, code: int, reason: str, summary: str = "", sig: int | None = None) -> list:
+        self.phase, self.outcome = END, (code, reason)
+        self.failures, self.decide_at = {}, None
+        actions: list = [Log("error", summary)] if summary else []
+        actions += [
+            Log("error", f"stopping every {self.unit} (exit {code}): {reason}"),
+            Send(ALL, self._stop_message(code, reason, sig)),
+        ]
+        return actions
+
+    @staticmethod
+    def _stop_message(code: int, reason: str, sig: int | None = None) -> Stop:
+        """`sig`: the job stops because a node received it; the other nodes pass it to
+        their workers. Without it, the workers get SIGTERM whatever the code."""
+        return Stop(code, reason, sig or None)
+
+    def _list(self, members: list[int]) -> str:
+        if len(members) == 1:
+            return f"{self.unit} {members[0]}"
+        shown = ", ".join(str(m) for m in members[:10]) + (" ..." if len(members) > 10 else "")
+        return f"{len(members)} {self.units} ({shown})"

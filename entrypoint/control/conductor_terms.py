@@ -1,0 +1,122 @@
+"""What node 0's Conductor shares with its caller: the actions it returns (`Send`, `Log`, `Close`),
+its `Phase`, its `Limits`, and the texts it builds (a signal's name, a failure's summary). Pure
+values; entrypoint.control.conductor decides, entrypoint.control.control_server carries out."""
+
+from __future__ import annotations
+
+import signal
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from entrypoint.control.messages import Message
+
+ALL = -1  # Send.to: every connected member
+STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # these end the job; USR1/2 do not
+
+
+class Phase(StrEnum):
+    """Node 0's phase of the job (torch elastic's WorkerState is the model). Transitions:
+
+    JOIN -> RUN   every node said hello and the fingerprints and layouts agree (`go`)
+    JOIN -> END   a node disagrees, another job's node, or the join timeout ran out
+    RUN  -> JOIN  a trainer failed with restarts left, or a node rejoined: the next generation
+    RUN  -> END   every node finished, a trainer failed for good, a node was lost, a signal
+    END           final: the outcome is decided and every node is told
+    """
+
+    JOIN = "join"
+    RUN = "run"
+    END = "end"
+
+
+JOIN, RUN, END = Phase.JOIN, Phase.RUN, Phase.END
+
+
+@dataclass(frozen=True)
+class Send:
+    to: int  # member id, or ALL
+    message: Message
+
+
+@dataclass(frozen=True)
+class Log:
+    level: str  # "info" | "warning" | "error"
+    text: str
+
+
+@dataclass(frozen=True)
+class Close:
+    member: int
+
+
+@dataclass(frozen=True)
+class Limits:
+    join_timeout: float = 300.0
+    heartbeat_timeout: float = 30.0
+    max_restarts: int = 0
+    max_clock_skew: float = 30.0
+    monitor_interval: float = 300.0
+    failure_window: float = 0.0  # seconds to wait for more failure reports before naming one
+    slow_window: float = 120.0  # seconds a node's GPUs must lag the job's before it is named
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def failure_summary(failure: dict, where: str) -> str:
+    """The failing rank's error, once: rank, node, exit code, the last lines of its traceback."""
+    rank = failure.get("rank")
+    head = (
+        (f"worker failed: rank {rank}" if rank is not None else "worker failed")
+        + f" on {where}"
+        + (
+            f" (local rank {failure['local_rank']})"
+            if failure.get("local_rank") is not None
+            else ""
+        )
+        + f", exit code {failure.get('exitcode', '?')}"
+    )
+    tail = failure.get("tail") or []
+    return head + ("\n    " + "\n    ".join(tail) if tail else "")
+
+
+HISTORY = 64  # beats with figures kept per member: 10+ minutes at one every 10 s
+
+
+@dataclass
+class MemberState:
+    """What node 0 knows of one member."""
+
+    host: str
+    connected: bool = True
+    joined_at: float = 0.0
+    last_seen: float = 0.0
+    fingerprint: dict = field(default_factory=dict)
+    clock_offset: float = 0.0
+    exit_code: int | None = None
+    stats: dict = field(default_factory=dict)
+    history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))  # GPU figures
+
+
+def monitor_table(members: dict[int, MemberState], now: float) -> str:
+    """The per-node table node 0 logs every ENTRYPOINT_MONITOR_INTERVAL."""
+    rows = [f"{'node':<6}{'host':<28}{'last beat':<11}{'devices':<44}"]
+    for member, state in sorted(members.items()):
+        stats = state.stats
+        gpus = stats.get("gpus") or []
+        if gpus:
+            util = sum(g["util"] for g in gpus) / len(gpus)
+            used = sum(g["mem_used_mib"] for g in gpus) / 1024
+            total = sum(g["mem_total_mib"] for g in gpus) / 1024
+            devices = f"{len(gpus)} GPU, util {util:.0f}%, mem {used:.1f}/{total:.0f} GiB"
+        else:
+            devices = f"CPU, load {stats.get('load', 0):.1f}" if stats else "-"
+        rows.append(
+            f"{member:<6}{state.host[:27]:<28}{now - state.last_seen:>5.0f} s ago {devices}"
+        )
+    return "nodes:\n  " + "\n  ".join(rows)

@@ -1,0 +1,307 @@
+"""What must be the same on every node, and the pure checks that compare nodes.
+
+Each node sends its fingerprint to node 0 before launch (entrypoint.control.control). Node 0
+compares them all: one mismatch stops every node before any training step, with one message naming
+the odd node(s) and each field that differs (seed 000's check_environment, made automatic). Clocks
+and a shared data directory ride along (seed 004: synchronized clocks, the same dataset path on
+every machine).
+
+`collect` is the edge (files, package metadata, NVML); everything else is pure.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+# Written by docker/Dockerfile; absent outside the image.
+IMAGE_DIR = Path(os.environ.get("ENTRYPOINT_IMAGE_DIR", "/opt/venv/share/entrypoint"))
+CLOCK_WARN_SECONDS = 2.0
+
+# Fields compared across nodes, in the order a mismatch names them.
+MATCHED = (
+    "image_lock",
+    "image_revision",
+    "python",
+    "torch",
+    "jax",
+    "deepspeed",
+    "nccl",
+    "cuda_driver",
+    "gpu_model",
+    "gpus_per_node",
+    "packages",
+)
+_HEADLINE = {"torch": "torch", "jax": "jax", "deepspeed": "deepspeed", "nccl": "nvidia-nccl-cu12"}
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _headers(path: str) -> tuple[str, str]:
+    """(Name, Version) from a METADATA or PKG-INFO file's header lines."""
+    name = version = ""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the headers end at the first blank line; the description follows
+                if line.startswith("Name:"):
+                    name = line[5:].strip()
+                elif line.startswith("Version:"):
+                    version = line[8:].strip()
+                if name and version:
+                    break
+    except OSError:
+        pass
+    return name, version
+
+
+def packages(paths: list[str] | None = None) -> dict[str, str]:
+    """name -> version of every installed distribution: the Name and Version headers of each
+    *.dist-info/METADATA and *.egg-info on sys.path, first found wins, as importlib.metadata
+    finds them. No imports, and no email parser (importlib.metadata's was 90% of the join's
+    time: 80 ms a node, seconds when 32 nodes share a machine)."""
+    found: dict[str, str] = {}
+    for entry in sys.path if paths is None else paths:
+        try:
+            items = sorted(os.listdir(entry or "."))
+        except OSError:
+            continue
+        for item in items:
+            where = os.path.join(entry or ".", item)
+            if item.endswith(".dist-info"):
+                meta = os.path.join(where, "METADATA")
+            elif item.endswith(".egg-info"):
+                meta = where if os.path.isfile(where) else os.path.join(where, "PKG-INFO")
+            else:
+                continue
+            name, version = _headers(meta)
+            key = name.lower().replace("_", "-")
+            if key and key not in found:
+                found[key] = version
+    return dict(sorted(found.items()))
+
+
+def cuda_driver_major() -> str | None:
+    """The driver's CUDA major version (NVML), or None without a driver."""
+    try:
+        import pynvml  # present only where an NVIDIA driver may be; failing is the answer
+
+        pynvml.nvmlInit()
+        try:
+            return str(pynvml.nvmlSystemGetCudaDriverVersion() // 1000)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver library or no device: nothing to compare
+        return None
+
+
+def data_summary(path: Path | None, *, limit: int = 200_000) -> dict | None:
+    """File count and total size of a dataset directory (None when none is configured)."""
+    if path is None:
+        return None
+    if not path.is_dir():
+        return {"path": str(path), "exists": False}
+    files = size = 0
+    for root, _dirs, names in os.walk(path):
+        for name in names:
+            try:
+                size += os.stat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+            files += 1
+            if files >= limit:  # a huge tree: compare what was counted, and say so
+                return {
+                    "path": str(path),
+                    "exists": True,
+                    "files": files,
+                    "bytes": size,
+                    "partial": True,
+                }
+    return {"path": str(path), "exists": True, "files": files, "bytes": size}
+
+
+def collect(*, gpus_per_node: int, gpu_names: tuple[str, ...], data_dir: Path | None) -> dict:
+    """This node's fingerprint (the edge: reads files and package metadata)."""
+    pkgs = packages()
+    return {
+        "image_lock": _read(IMAGE_DIR / "lock.sha256") or "none (not in the image)",
+        "image_revision": _read(IMAGE_DIR / "revision") or "unknown",
+        "python": platform.python_version(),
+        **{field: pkgs.get(dist, "not installed") for field, dist in _HEADLINE.items()},
+        "cuda_driver": cuda_driver_major() if gpus_per_node else "none (CPU)",
+        "gpu_model": ", ".join(sorted(set(gpu_names))) or ("unknown" if gpus_per_node else "none"),
+        "gpus_per_node": gpus_per_node,
+        "packages": pkgs,
+        "data": data_summary(data_dir),
+    }
+
+
+@dataclass(frozen=True)
+class Member:
+    """One node (or one process, when the platform started one per GPU) as node 0 sees it."""
+
+    id: int
+    host: str
+    fingerprint: Mapping
+    clock_offset: float = 0.0  # its wall clock minus node 0's, seconds
+
+
+def _name(m: Member) -> str:
+    return f"node {m.id} ({m.host})"
+
+
+def _diff(field: str, value, reference) -> str:
+    if field == "packages":
+        keys = sorted(set(value) | set(reference))
+        parts = [
+            f"{k} {value.get(k, 'absent')} vs {reference.get(k, 'absent')}"
+            for k in keys
+            if value.get(k) != reference.get(k)
+        ]
+        shown = ", ".join(parts[:6]) + (f" and {len(parts) - 6} more" if len(parts) > 6 else "")
+        return f"packages: {shown}"
+    return f"{field} {value} vs {reference}"
+
+
+def mismatches(members: list[Member]) -> list[str]:
+    """One line per odd member: the fields where it differs from the majority (node 0 breaks
+    ties). Empty when every member matches."""
+    if len(members) < 2:
+        return []
+    ordered = sorted(members, key=lambda m: m.id)
+    lines = []
+    odd: dict[int, list[str]] = {}
+    for field in MATCHED:
+        values = [
+            repr(sorted(m.fingerprint.get(field, {}).items()))
+            if field == "packages"
+            else repr(m.fingerprint.get(field))
+            for m in ordered
+        ]
+        counts = Counter(values)
+        top = max(counts.values())
+        reference_key = next(v for v in values if counts[v] == top)  # first = lowest id on ties
+        reference = ordered[values.index(reference_key)]
+        for member, key in zip(ordered, values, strict=True):
+            if key != reference_key:
+                odd.setdefault(member.id, []).append(
+                    _diff(field, member.fingerprint.get(field), reference.fingerprint.get(field))
+                    + f" on {_name(reference)}"
+                )
+    by_id = {m.id: m for m in ordered}
+    for member_id, diffs in sorted(odd.items()):
+        lines.append(f"{_name(by_id[member_id])} differs: " + "; ".join(diffs))
+    return lines
+
+
+# The job's shape as each node planned it, in the order a mismatch names the fields.
+LAYOUT = (
+    "nnodes",
+    "spares",
+    "min_nodes",
+    "nproc_per_node",
+    "world_size",
+    "master_addr",
+    "master_port",
+    "launcher",
+)
+
+
+def layout(plan) -> dict:
+    """This node's view of the job's shape (an entrypoint.plan.plan.Plan), as node 0 compares it."""
+    return {  # as the platform counts them: a spare's seat is node 0's to give
+        "nnodes": plan.members,
+        "node_rank": plan.member,
+        "spares": plan.spares,
+        "min_nodes": plan.min_nodes,
+        "nproc_per_node": plan.nproc_per_node,
+        "world_size": plan.members * plan.nproc_per_node if plan.spawn else plan.world_size,
+        "master_addr": plan.master_addr,
+        "master_port": plan.master_port,
+        "launcher": plan.launcher,
+    }
+
+
+def layout_mismatches(members: list[Member]) -> list[str]:
+    """One line per member whose plan of the job's shape differs from the majority's (node 0
+    breaks ties): node count, workers per node, world size, master and port, launcher, and a
+    node rank outside the node count. Node 0's own master address is not compared: it may
+    name itself differently (localhost, its own IP) from how the others reach it."""
+    if len(members) < 2:
+        return []
+    ordered = sorted(members, key=lambda m: m.id)
+    shapes = {m.id: m.fingerprint.get("layout") or {} for m in ordered}
+    odd: dict[int, list[str]] = {}
+    for field in LAYOUT:
+        voters = [m for m in ordered if not (field == "master_addr" and m.id == 0)]
+        if len(voters) < 2 and field == "master_addr":
+            continue
+        values = [repr(shapes[m.id].get(field)) for m in voters]
+        counts = Counter(values)
+        top = max(counts.values())
+        reference_key = next(v for v in values if counts[v] == top)
+        reference = voters[values.index(reference_key)]
+        for member, key in zip(voters, values, strict=True):
+            if key != reference_key:
+                odd.setdefault(member.id, []).append(
+                    f"{field} {shapes[member.id].get(field)} vs "
+                    f"{shapes[reference.id].get(field)} on {_name(reference)}"
+                )
+    nnodes = Counter(shapes[m.id].get("nnodes") for m in ordered).most_common(1)[0][0]
+    for m in ordered:
+        rank = shapes[m.id].get("node_rank")
+        if isinstance(nnodes, int) and isinstance(rank, int) and rank >= nnodes:
+            odd.setdefault(m.id, []).append(f"node_rank {rank} outside 0-{nnodes - 1}")
+    by_id = {m.id: m for m in ordered}
+    return [
+        f"{_name(by_id[i])} plans another job shape: " + "; ".join(diffs)
+        for i, diffs in sorted(odd.items())
+    ]
+
+
+def data_mismatches(members: list[Member]) -> list[str]:
+    """A configured data directory must exist everywhere and look the same (count, size)."""
+    summaries = {m.id: m.fingerprint.get("data") for m in members}
+    if all(s is None for s in summaries.values()):
+        return []
+    lines = []
+    by_id = {m.id: m for m in members}
+    for member_id, summary in sorted(summaries.items()):
+        if not summary or not summary.get("exists"):
+            path = (summary or {}).get("path", "ENTRYPOINT_DATA_DIR unset")
+            lines.append(f"{_name(by_id[member_id])}: data directory {path} does not exist")
+    seen = Counter((s["files"], s["bytes"]) for s in summaries.values() if s and s.get("exists"))
+    if len(seen) > 1:
+        common = seen.most_common(1)[0][0]
+        for member_id, s in sorted(summaries.items()):
+            if s and s.get("exists") and (s["files"], s["bytes"]) != common:
+                lines.append(
+                    f"{_name(by_id[member_id])}: data directory {s['path']} has "
+                    f"{s['files']} files, {s['bytes']} bytes; most nodes have "
+                    f"{common[0]} files, {common[1]} bytes"
+                )
+    return lines
+
+
+def clock_problems(members: list[Member], max_skew: float) -> tuple[list[str], list[str]]:
+    """(refusals, warnings): clocks more than max_skew apart refuse; above a few seconds warn."""
+    refuse, warn = [], []
+    for m in sorted(members, key=lambda m: m.id):
+        skew = abs(m.clock_offset)
+        line = f"{_name(m)}: clock {m.clock_offset:+.1f} s from node 0's"
+        if skew > max_skew:
+            refuse.append(line + f" (more than ENTRYPOINT_MAX_CLOCK_SKEW={max_skew:g} s)")
+        elif skew > CLOCK_WARN_SECONDS:
+            warn.append(line + " (checkpoint and log times will disagree; run NTP/chrony)")
+    return refuse, warn

@@ -1,0 +1,222 @@
+"""The field checks behind entrypoint.control.messages: every value that arrives from the network is
+checked for its type and range here (exit codes 0-255, signals this system knows, finite
+numbers, bounded strings and lists), and the nested fingerprint, stats and failure objects
+are shape-checked, before anything else reads them. A bad field raises `BadMessage` saying
+what is wrong."""
+
+from __future__ import annotations
+
+import math
+import signal
+from typing import Any, overload
+
+from entrypoint.control.fingerprint import MATCHED
+
+MAX_MEMBER = 1 << 20  # absolute bound; the job's own range is the Conductor's to check
+KNOWN_SIGNALS = frozenset(int(s) for s in signal.valid_signals() if 0 < int(s) < 128)
+
+
+class BadMessage(ValueError):
+    """A line that is not a valid control message; the text says what is wrong."""
+
+
+# -- field checks ---------------------------------------------------------------------------
+
+
+def int_field(raw: dict, key: str, lo: int, hi: int, default: Any = ...) -> int:
+    value = raw.get(key, default)
+    if value is ...:
+        raise BadMessage(f"{key} missing")
+    if value is None and default is None:
+        return None  # type: ignore[return-value]
+    if type(value) is not int or not lo <= value <= hi:  # bool is not an int here
+        raise BadMessage(f"{key} must be an integer {lo}-{hi}, got {short(value)}")
+    return value
+
+
+def float_field(raw: dict, key: str, default: Any = ...) -> float:
+    value = raw.get(key, default)
+    if value is ...:
+        raise BadMessage(f"{key} missing")
+    if value is None and default is None:
+        return None  # type: ignore[return-value]
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise BadMessage(f"{key} must be a finite number, got {short(value)}")
+    return float(value)
+
+
+def str_field(raw: dict, key: str, limit: int = 256, default: Any = ...) -> str:
+    value = raw.get(key, default)
+    if value is ...:
+        raise BadMessage(f"{key} missing")
+    if value is None and default is None:
+        return None  # type: ignore[return-value]
+    if type(value) is not str or len(value) > limit:
+        raise BadMessage(
+            f"{key} must be a string of at most {limit} characters, got {short(value)}"
+        )
+    return value
+
+
+def hex_field(raw: dict, key: str, length: int, allow_empty: bool = False) -> str:
+    value = str_field(raw, key, length, "" if allow_empty else ...)
+    if (value or not allow_empty) and (
+        len(value) != length or any(c not in "0123456789abcdef" for c in value)
+    ):
+        raise BadMessage(f"{key} must be {length} lowercase hex digits")
+    return value
+
+
+def strings_field(raw: dict, key: str, count: int, limit: int) -> tuple[str, ...]:
+    value = raw.get(key, [])
+    if (
+        type(value) is not list
+        or len(value) > count
+        or any(type(v) is not str or len(v) > limit for v in value)
+    ):
+        raise BadMessage(f"{key} must be a list of at most {count} strings")
+    return tuple(value)
+
+
+@overload
+def signal_field(raw: dict, key: str) -> int: ...
+@overload
+def signal_field(raw: dict, key: str, default: None) -> int | None: ...
+def signal_field(raw: dict, key: str, default: Any = ...) -> int | None:
+    value = int_field(raw, key, 1, 127, default)
+    if value is not None and value not in KNOWN_SIGNALS:
+        raise BadMessage(f"{key} {value} is not a signal this system knows")
+    return value
+
+
+def shown(value: str, limit: int = 80) -> str:
+    """A string a peer gave, for a log line: as it is when printable, else repr-escaped (a
+    newline, a carriage return or an escape code cannot start a fake line or repaint the
+    terminal); at most `limit` characters either way."""
+    text = value if value.isprintable() else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# -- the fingerprint and the stats a beat carries ---------------------------------------------
+
+# The compared fields that are plain text; the others are checked one by one below.
+FP_TEXT = tuple(f for f in MATCHED if f not in ("cuda_driver", "gpus_per_node", "packages"))
+LAYOUT_FIELDS = (
+    "nnodes",
+    "node_rank",
+    "nproc_per_node",
+    "world_size",
+    "master_addr",
+    "master_port",
+    "launcher",
+)
+
+
+def check_fingerprint(raw: Any) -> dict:
+    """A node's fingerprint as node 0 compares it (entrypoint.control.fingerprint),
+    shape-checked."""
+    if type(raw) is not dict:
+        raise BadMessage("fingerprint must be an object")
+    fp: dict = {key: str_field(raw, key, 512) for key in FP_TEXT}
+    driver = raw.get("cuda_driver")
+    if driver is not None and (type(driver) is not str or len(driver) > 64):
+        raise BadMessage("fingerprint.cuda_driver must be a string or null")
+    fp["cuda_driver"] = driver
+    fp["gpus_per_node"] = int_field(raw, "gpus_per_node", 0, 1 << 16)
+    pkgs = raw.get("packages")
+    if (
+        type(pkgs) is not dict
+        or len(pkgs) > 20_000
+        or any(
+            type(k) is not str or type(v) is not str or len(k) > 256 or len(v) > 256
+            for k, v in pkgs.items()
+        )
+    ):
+        raise BadMessage("fingerprint.packages must map at most 20000 names to versions")
+    fp["packages"] = pkgs
+    data = raw.get("data")
+    if data is not None:
+        if type(data) is not dict:
+            raise BadMessage("fingerprint.data must be an object or null")
+        fp["data"] = {"path": str_field(data, "path", 4096), "exists": data.get("exists") is True}
+        if fp["data"]["exists"]:
+            fp["data"] |= {
+                "files": int_field(data, "files", 0, 1 << 62),
+                "bytes": int_field(data, "bytes", 0, 1 << 62),
+                "partial": data.get("partial") is True,
+            }
+    else:
+        fp["data"] = None
+    layout = raw.get("layout")
+    if type(layout) is not dict:
+        raise BadMessage("fingerprint.layout must be an object")
+    fp["layout"] = {
+        "nnodes": int_field(layout, "nnodes", 1, MAX_MEMBER),
+        "node_rank": int_field(layout, "node_rank", 0, MAX_MEMBER),
+        "nproc_per_node": int_field(layout, "nproc_per_node", 1, 1 << 16),
+        "world_size": int_field(layout, "world_size", 1, 1 << 30),
+        "master_addr": str_field(layout, "master_addr", 1024),
+        "master_port": int_field(layout, "master_port", 1, 65535, None),
+        "launcher": str_field(layout, "launcher", 64),
+    }
+    return fp
+
+
+def check_stats(raw: Any) -> dict:
+    """GPU utilization and memory (NVML), or the CPU load, as a beat carries them."""
+    if raw is None:
+        return {}
+    if type(raw) is not dict:
+        raise BadMessage("stats must be an object")
+    if "gpus" in raw:
+        gpus = raw["gpus"]
+        if type(gpus) is not list or len(gpus) > 1024 or any(type(g) is not dict for g in gpus):
+            raise BadMessage("stats.gpus must be a list of at most 1024 objects")
+        return {"gpus": [_gpu_figures(g) for g in gpus]}
+    if "load" in raw:
+        return {"load": float_field(raw, "load")}
+    return {}
+
+
+# The figures a GPU may lack (entrypoint.supervise.gpu_stats): name and bounds.
+GPU_EXTRAS = {
+    "temp_c": (0, 1000),
+    "power_w": (0, 100_000),
+    "sm_mhz": (0, 100_000),
+    "sm_max_mhz": (0, 100_000),
+    "throttle": (0, (1 << 64) - 1),
+    "ecc_uncorrected": (0, 1 << 62),
+}
+
+
+def _gpu_figures(g: dict) -> dict:
+    out = {
+        "util": float_field(g, "util"),
+        "mem_used_mib": int_field(g, "mem_used_mib", 0, 1 << 40),
+        "mem_total_mib": int_field(g, "mem_total_mib", 0, 1 << 40),
+    }
+    for key, (lo, hi) in GPU_EXTRAS.items():
+        if g.get(key) is not None:
+            out[key] = int_field(g, key, lo, hi)
+    return out
+
+
+def check_failure(raw: Any) -> dict | None:
+    """What a node says about its failing rank (entrypoint.supervise.failures.failure)."""
+    if raw is None:
+        return None
+    if type(raw) is not dict:
+        raise BadMessage("failure must be an object or null")
+    return {
+        "rank": int_field(raw, "rank", 0, 1 << 30, None),
+        "local_rank": int_field(raw, "local_rank", 0, 1 << 16, None),
+        "exitcode": int_field(raw, "exitcode", -255, 255, None),
+        "tail": list(strings_field(raw, "tail", 100, 4096)),
+        "time": float_field(raw, "time", None),
+        "killed": str_field(raw, "killed", 1024, "") or "",
+    }

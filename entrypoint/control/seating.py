@@ -1,0 +1,314 @@
+"""Node 0's start of each generation: wait for the members the start needs, compare them, seat
+them, say `go`; and what a lost node means for the next start.
+
+The `Conductor` (entrypoint.control.conductor) is this class plus the events of a running job.
+Without spares or shrinking every member trains in its own node rank and a lost node ends the job
+(or, with ENTRYPOINT_MAX_RESTARTS, waits for the platform to start it again). With them
+(entrypoint.control.roster):
+- spares: the last ENTRYPOINT_SPARES members stand by: they join, are compared like the others,
+  beat, and start no trainer. A lost node's seat goes to a standby and every node's trainer
+  starts again (from its checkpoint); a lost standby is logged and the job goes on;
+- shrink: with no standby left and at least ENTRYPOINT_MIN_NODES nodes alive, the job starts
+  again on the survivors, renumbered; below that it ends, naming the node;
+- grow back: a node that joins the running job (its platform replaced a lost pod) is compared
+  with node 0 and stands by; a job running below its size takes it in at the next restart.
+Node 0 serves the channel and the rendezvous: losing it ends the job, on every node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from entrypoint.control.conductor_terms import (
+    ALL,
+    JOIN,
+    RUN,
+    STOPPING,
+    Close,
+    Limits,
+    Log,
+    MemberState,
+    Phase,
+    Send,
+)
+from entrypoint.control.fingerprint import (
+    Member,
+    clock_problems,
+    data_mismatches,
+    layout_mismatches,
+    mismatches,
+)
+from entrypoint.control.messages import Go, Hello, Restart, Stop
+from entrypoint.control.roster import Roster, changes, seat
+from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
+
+
+class Seating:
+    """The starts of node 0's Conductor: the state they share with it, and their decisions."""
+
+    expected: int
+    limits: Limits
+    unit: str
+    units: str
+    roster: Roster
+    seats: dict[int, int]
+    awaited: set[int]
+    members: dict[int, MemberState]
+    phase: Phase
+    generation: int
+    received: dict[int, int]
+    failures: dict
+    lost: dict[int, str]
+    training_since: float | None
+    decide_at: float | None
+    join_started: float
+    join_deadline: float
+
+    # the Conductor's
+    def name(self, member: int) -> str:
+        raise NotImplementedError
+
+    def hello(self, member: int, message: Hello, now: float, wall_now: float) -> list:
+        raise NotImplementedError
+
+    def _end(self, code: int, reason: str, summary: str = "", sig: int | None = None) -> list:
+        raise NotImplementedError
+
+    def _failure(
+        self, member: int, failure: dict | None, reason: str, code: int, now: float
+    ) -> list:
+        raise NotImplementedError
+
+    def _maybe_go(self, now: float) -> list:
+        if self.phase != JOIN or not self.awaited <= self.members.keys():
+            return []
+        if self.roster.elastic and self.generation == 0:
+            return self._refuse_odd_standbys() + self._go(now)
+        return self._go(now)
+
+    def _go(self, now: float) -> list:
+        """Every member the start waits for is here: compare them, seat them, say go."""
+        members = [
+            Member(m, s.host, s.fingerprint, s.clock_offset)
+            for m, s in sorted(self.members.items())
+        ]
+        problems = layout_mismatches(members) + mismatches(members) + data_mismatches(members)
+        # Clocks are compared once per job: drift during a long job must not turn a restart
+        # into a configuration error.
+        refusals, warnings = (
+            clock_problems(members, self.limits.max_clock_skew)
+            if self.generation == 0
+            else ([], [])
+        )
+        if problems or refusals:
+            return self._end(
+                EXIT_CONFIG,
+                "the nodes do not match, nothing was started: "
+                + " | ".join(problems + refusals)
+                + ". Run every node from the same image (tag and digest) with the "
+                "same data, and synchronized clocks",
+            )
+        seats = self._seating()
+        if len(seats) < self.roster.min_nodes or (self.generation == 0 and not self._full(seats)):
+            return self._too_few(seats)
+        self.phase = RUN
+        if self.training_since is None:
+            self.training_since = now
+        for state in self.members.values():
+            state.last_seen, state.exit_code = now, None
+        took = now - self.join_started
+        first = members[0].fingerprint
+        actions: list = [Log("warning", w) for w in warnings]
+        if self.expected > 1:
+            lock = str(first.get("image_lock"))
+            lock = lock if lock.startswith("none") else lock[:12]
+            actions.append(
+                Log(
+                    "info",
+                    f"all {len(self.members)} {self.units} joined in {took:.1f} s "
+                    f"and match: lock {lock}, "
+                    f"torch {first.get('torch')}, jax {first.get('jax')}, "
+                    f"deepspeed {first.get('deepspeed')}, NCCL "
+                    f"{first.get('nccl')}",
+                )
+            )
+        if not self.roster.elastic:
+            return [*actions, Send(ALL, Go(self.generation, tuple(warnings)))]
+        actions += [Log("info", line) for line in self._seating_news(seats)]
+        self.seats = seats
+        return actions + [
+            Send(m, Go(self.generation, tuple(warnings), seats.get(m), len(seats)))
+            for m in sorted(self.members)
+        ]
+
+    def _lost(self, member: int, why: str, now: float) -> list:
+        reason = f"lost {self.name(member)}: {why}"
+        self.lost[member] = why
+        if self.roster.elastic and not any(s in STOPPING for s in self.received):
+            alive = [m for m, s in self.members.items() if s.connected and m != member]
+            if len(seat(self.roster, self.seats, alive)) >= self.roster.min_nodes:
+                return self._restart(reason, alive, now)
+            return self._end(EXIT_PEERS, f"{reason}; {self._why_not_on(alive)}")
+        return self._failure(member, None, reason, EXIT_PEERS, now)
+
+    def _next_start(self, awaited: Iterable[int], now: float) -> None:
+        self.generation += 1
+        self.received = {}
+        self.failures, self.decide_at = {}, None
+        self.phase = JOIN
+        self.members.clear()  # every node says hello again before the restart goes ahead
+        self.awaited = set(awaited)
+        self.join_started = now
+        self.join_deadline = self.join_started + self.limits.join_timeout
+
+    # -- spares and shrinking (entrypoint.control.roster) -----------------------------------
+
+    def _restart(self, reason: str, alive: list[int], now: float) -> list:
+        """A node lost with a standby to take its seat, or enough nodes left to shrink: every
+        node's trainer starts again, seated anew at the next `go`."""
+        self._next_start(alive, now)
+        return [
+            Log("warning", f"{reason}; restarting every {self.unit}'s trainer without it"),
+            Send(ALL, Restart(self.generation, reason)),
+        ]
+
+    def _seating(self) -> dict[int, int]:
+        if not self.roster.elastic:
+            return self.seats
+        return seat(self.roster, self.seats, self.members.keys())
+
+    def _full(self, seats: dict[int, int]) -> bool:
+        return len(seats) >= self.roster.full
+
+    def _late_go_allowed(self) -> bool:
+        """Elastic jobs go on without members that do not come: spares at the start, lost
+        nodes at a restart, as long as enough seats are filled."""
+        if not self.roster.elastic or 0 not in self.members:
+            return False
+        seats = seat(self.roster, self.seats, self.members.keys())
+        return self._full(seats) if self.generation == 0 else len(seats) >= self.roster.min_nodes
+
+    def _why_not_on(self, alive: list[int]) -> str:
+        r = self.roster
+        if r.min_nodes < r.full:
+            return f"{len(alive)} {self.units} left, fewer than ENTRYPOINT_MIN_NODES={r.min_nodes}"
+        return (
+            f"no standby left to take its place (ENTRYPOINT_SPARES={r.spares}); set "
+            f"ENTRYPOINT_MIN_NODES below {r.full} to go on with fewer {self.units}"
+        )
+
+    def _too_few(self, seats: dict[int, int]) -> list:
+        alive = sorted(self.members)
+        need = self.roster.full if self.generation == 0 else self.roster.min_nodes
+        return self._end(
+            EXIT_PEERS,
+            f"only {len(seats)} {self.units} can train, the job needs {need}: "
+            + self._why_not_on(alive),
+        )
+
+    def _seating_news(self, seats: dict[int, int]) -> list[str]:
+        standby = sorted(m for m in self.members if m not in seats)
+        left = f"{len(standby)} standby ({', '.join(map(str, standby)) or 'none'})"
+        size = f"training on {len(seats)} of {self.roster.full} {self.units}"
+        if self.generation == 0:
+            return [f"{size}; {left}"]
+        return [
+            f"restart {self.generation}: " + "; ".join([*changes(self.seats, seats), size, left])
+        ]
+
+    def _hello_while_running(
+        self, member: int, message: Hello, now: float, wall_now: float
+    ) -> list:
+        """A spare late for the start, or a lost node its platform replaced, stands by; a
+        seated node that says hello again was restarted by its platform: the job restarts."""
+        if member not in self.members:
+            return self._standby_joins(member, message, now, wall_now)
+        actions = self._restart(
+            f"{self.name(member)} started again while the job was running (its container "
+            "or pod was restarted)",
+            [m for m, s in self.members.items() if s.connected],
+            now,
+        )
+        return actions + self.hello(member, message, now, wall_now)
+
+    def _standby_joins(self, member: int, message: Hello, now: float, wall_now: float) -> list:
+        """A node that joins the running job stands by, once it matches node 0."""
+        state = MemberState(
+            host=message.host,
+            joined_at=now,
+            last_seen=now,
+            fingerprint=dict(message.fingerprint),
+            clock_offset=message.time - wall_now,
+        )
+        refusal = self._unlike_node0(member, state)
+        if refusal:
+            return refusal
+        self.members[member] = state
+        waiting = len([m for m in self.members if m not in self.seats])
+        later = (
+            f"; it takes a seat at the next restart (training on {len(self.seats)} of "
+            f"{self.roster.full})"
+            if not self._full(self.seats)
+            else ""
+        )
+        return [
+            Log("info", f"{self.name(member)} joined as a standby; {waiting} standby{later}"),
+            Send(member, Go(self.generation, (), None, len(self.seats))),
+        ]
+
+    def _unlike_node0(self, member: int, state: MemberState) -> list:
+        """A standby that does not match node 0 is refused (its actions), the job goes on."""
+        ref = self.members.get(0)
+        pair = [
+            Member(m, s.host, s.fingerprint, s.clock_offset)
+            for m, s in ((0, ref), (member, state))
+            if s is not None
+        ]
+        problems = layout_mismatches(pair) + mismatches(pair) + data_mismatches(pair)
+        if not problems:
+            return []
+        reason = (
+            f"{self.unit} {member} ({state.host}) does not match node 0 and cannot stand by: "
+            f"{' | '.join(problems)}. Run every node from the same image (tag and digest)"
+        )
+        return [
+            Log("warning", f"refused {reason}"),
+            Send(member, Stop(EXIT_CONFIG, reason)),
+            Close(member),
+        ]
+
+    def _refuse_odd_standbys(self) -> list:
+        """At the first start, each spare is compared with node 0 alone: one that differs is
+        refused now, not when it is needed, and the job starts without it."""
+        actions: list = []
+        for member in sorted(m for m in self.members if m not in self.seats):
+            refusal = self._unlike_node0(member, self.members[member])
+            if refusal:
+                del self.members[member]
+                self.awaited.discard(member)
+                actions += refusal
+        return actions
+
+    def _lost_in_restart(self, member: int, now: float) -> list:
+        """A member's connection closed while the job restarts: the others go on without it."""
+        if member not in self.awaited and member not in self.members:
+            return []
+        self.members.pop(member, None)
+        self.awaited.discard(member)
+        self.lost[member] = "its connection closed during a restart"
+        return [
+            Log("warning", f"lost {self.unit} {member} during the restart"),
+            *self._maybe_go(now),
+        ]
+
+    def _standby_lost(self, member: int, why: str, now: float) -> list:
+        state = self.members.pop(member)
+        self.lost[member] = why
+        waiting = len([m for m in self.members if m not in self.seats])
+        return [
+            Log(
+                "warning",
+                f"lost standby {self.unit} {member} ({state.host}): {why}; {waiting} standby "
+                "left, training goes on",
+            )
+        ]

@@ -1,0 +1,61 @@
+"""The ports node 0 opens beside the rendezvous port, as every node derives them: the control
+channel's (entrypoint.control.control) and /metrics' (entrypoint.control.metrics). One place, read
+by the plan, by `entrypoint status` and by `entrypoint render`'s scrape wiring, so that they
+agree."""
+
+from __future__ import annotations
+
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.settings import PREFIX, Settings
+from entrypoint.plan.values import Source, derived, env_var
+
+LAST = 65535
+
+
+def control_after(master_port: int) -> int:
+    """The control port when ENTRYPOINT_CONTROL_PORT is unset: the rendezvous port + 1, or - 1
+    when that is the last port."""
+    return master_port + 1 if master_port < LAST else master_port - 1
+
+
+def metrics_after(master_port: int | None, control: int) -> int:
+    """The metrics port when ENTRYPOINT_METRICS_PORT is unset: the control port + 1, else the
+    nearest free one below it; never the rendezvous or the control port."""
+    taken = {master_port, control}
+    return next(
+        p for p in (control + 1, control - 1, control - 2) if 0 < p <= LAST and p not in taken
+    )
+
+
+def metrics_port(
+    settings: Settings, master_port: int | None, control: int | None, sources: dict[str, Source]
+) -> int | None:
+    """Node 0's /metrics port (entrypoint.control.metrics): ENTRYPOINT_METRICS_PORT (0: off), else
+    the port after the control port (before it, past 65534); off on one node unless set. Never the
+    rendezvous or the control port."""
+    stated = settings.metrics_port
+    variable = PREFIX + "METRICS_PORT"
+    if stated == 0:
+        sources["metrics_port"] = env_var(variable)
+        return None
+    if stated is not None:
+        if stated in (master_port, control):
+            raise ConfigError(
+                variable,
+                stated,
+                f"is the rendezvous or the control port too (MASTER_PORT={master_port}, "
+                f"{PREFIX}CONTROL_PORT={control})",
+                f"Pick another free port on node 0, or unset {variable} (default: the control "
+                "port + 1)",
+            )
+        sources["metrics_port"] = env_var(variable)
+        return stated
+    if control is None:
+        sources["metrics_port"] = derived(f"single node: off ({variable} unset)")
+        return None
+    port = metrics_after(master_port, control)
+    sign = "+" if port > control else "-"
+    sources["metrics_port"] = derived(
+        f"control port {sign} {abs(port - control)} ({variable} unset)"
+    )
+    return port

@@ -1,0 +1,163 @@
+"""What failed: the failing rank, its exit code and last lines, from torchrun's output and logs."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from entrypoint.plan.plan import Plan
+from entrypoint.supervise.launcher_process import Launch, exit_status
+
+KEEP_LOG_RUNS = 3  # torchrun log directories kept: this start's and the two before
+TAIL_BYTES = 64 << 10  # the failure summary reads at most this much of a rank's log
+
+_ROOT_RANK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_ROOT_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
+_PREFIX = re.compile(r"^\[[a-z]*\d+\]: ?")
+
+
+def prune(log_dir: Path, keep: int) -> None:
+    """torchrun makes a new log directory at every start: keep the last `keep` - 1 (the new
+    one makes `keep`)."""
+    try:
+        runs = sorted((p for p in log_dir.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    except OSError:
+        return
+    for old in runs[: max(0, len(runs) - (keep - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def tail(path: Path, lines: int) -> list[str]:
+    """The last lines of a file, reading at most TAIL_BYTES of it."""
+    with path.open("rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - TAIL_BYTES))
+        data = f.read()
+    text = data.decode(errors="replace").splitlines()
+    if size > TAIL_BYTES:
+        text = text[1:]  # the first line is cut
+    return text[-lines:]
+
+
+def _root_cause(
+    plan: Plan, launch: Launch, text: list[str], code: int
+) -> tuple[int | None, int | None, int | None]:
+    """Rank, local rank and exit code: from torchrun's "Root Cause" table, or the trainer's."""
+    rank = local = exitcode = None
+    if launch.spawns_workers and any("Root Cause" in line for line in text):
+        block = text[max(i for i, line in enumerate(text) if "Root Cause" in line) :]
+        for line in block:
+            if rank is None and (m := _ROOT_RANK.search(line)):
+                rank, local = int(m[1]), int(m[2])
+            if exitcode is None and (m := _ROOT_EXIT.search(line)):
+                exitcode = int(m[1])
+    elif not launch.spawns_workers:
+        rank = plan.rank if plan.rank is not None else plan.node_rank
+        local = plan.local_rank if plan.local_rank is not None else 0
+        exitcode = code
+    return rank, local, exitcode
+
+
+def _rank_log(log_dir: Path, local: int, lines: int) -> tuple[list[str], float] | None:
+    """The last lines of a local rank's stderr in torchrun's newest log directory, and when
+    it was last written; None when there is no such file."""
+    runs = sorted(log_dir.glob("*/attempt_*/"), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        return None
+    path = runs[-1] / str(local) / "stderr.log"
+    try:
+        found = [_PREFIX.sub("", line) for line in tail(path, lines)]  # torch's [rankN]:
+        return found, path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def _launcher_killed(launch: Launch, code: int) -> str:
+    """The launcher itself was killed (OOM killer, a stray kill): its workers are orphans."""
+    args = launch.process.args  # a list: start() passes one
+    command = launch.command or tuple(str(arg) for arg in args)  # type: ignore[union-attr]
+    launcher = " ".join([Path(command[0]).name, *command[1:3]])
+    return f"the launcher ({launcher}) was killed by {signal.Signals(-code).name}"
+
+
+def failure(
+    plan: Plan, launch: Launch, code: int, log_dir: Path, lines: int = 12, seen: float | None = None
+) -> dict:
+    """Rank, local rank, exit code (0-255, as the job exits), the last lines of the failing
+    rank's stderr, and when it failed (its error file's last write, else `seen`: when the
+    launcher's exit was seen)."""
+    text = list(launch.tail)
+    rank, local, exitcode = _root_cause(plan, launch, text, code)
+    lines_found: list[str] = []
+    killed = ""  # how the launcher itself died, when a signal killed it
+    when = seen if seen is not None else time.time()
+    read = False  # the rank's own stderr was read (empty when a signal ended it silently)
+    if local is not None and launch.spawns_workers:
+        found = _rank_log(log_dir, local, lines)
+        if found is not None:
+            (lines_found, when), read = found, True
+    if not lines_found and not read:  # the trainer itself, or no per-rank file: the launcher's
+        lines_found = [_PREFIX.sub("", line) for line in text if "Root Cause" not in line][-lines:]
+    if launch.spawns_workers and exitcode is None and code < 0:
+        killed = _launcher_killed(launch, code)
+        lines_found, exitcode = [*lines_found, killed], code
+    if exitcode is not None and exitcode < 0:
+        sig = -exitcode
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        hint = " (out of memory? the kernel's OOM killer sends SIGKILL)" if sig == 9 else ""
+        if not killed:
+            lines_found = lines_found + [f"killed by {name}{hint}"]
+    return {
+        "rank": rank,
+        "local_rank": local,
+        "exitcode": exit_status(exitcode if exitcode is not None else code),
+        "tail": lines_found,
+        "time": when,
+        "killed": killed,
+    }
+
+
+def exit_report(
+    plan: Plan,
+    launch: Launch,
+    code: int,
+    signalled: int | None,
+    *,
+    delivered: Mapping[int, set[int]],
+    log_dir: Path,
+    seen: float,
+    who: str,
+    mask: Callable[[str], str],
+) -> dict:
+    """The exit message to node 0 for a launch that ended with `code` (0-255): a signal's
+    stop, or a failure with its summary (rank, exit code, masked last lines) and reason."""
+    message: dict = {"t": "exit", "code": code}
+    if code != 0 and signalled is None:
+        if launch.pump is not None:
+            launch.pump.join(timeout=3)  # the error's last lines are in the summary
+        found = failure(plan, launch, launch.process.returncode, log_dir, seen=seen)
+        found["tail"] = [mask(line) for line in found["tail"]]
+        by = found["exitcode"] - 128
+        if found["exitcode"] > 128 and delivered.get(by):
+            # Its workers had that signal from this node (SIGUSR1: checkpoint and stop).
+            signalled = by
+        else:
+            # Whatever the code, 134, 139, 255 or 130: the trainer's own, not a signal the
+            # entrypoint passed on; node 0 decides (a signal another node received makes
+            # it a stop, else a failure).
+            message["failure"] = found
+            message["code"] = exit_status(found["exitcode"])  # -9 from torchrun: 137
+    if signalled is not None:
+        message["signal"] = signalled
+    elif code != 0:
+        found = message["failure"]
+        first, last = plan.ranks
+        ranks = f"rank {found['rank']}" if found["rank"] is not None else f"ranks {first}-{last}"
+        what = found["killed"] or f"{ranks} failed with exit code {found['exitcode']}"
+        message["reason"] = f"{who}: {what}"
+    return message

@@ -1,0 +1,365 @@
+"""The join's parts: the job's identity, node 0's control server, each member's hello, and
+`Joining`, a node's side of the join (the base of the Supervisor)."""
+
+from __future__ import annotations
+
+import random
+import socket
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from entrypoint.control import control, control_channel, control_server, fingerprint, sockets
+from entrypoint.control.conductor import Conductor
+from entrypoint.control.conductor_terms import STOPPING, Limits, signal_name
+from entrypoint.control.identity import Identity, job_identity, read_token
+from entrypoint.control.roster import Roster
+from entrypoint.plan.errors import EXIT_PEERS
+from entrypoint.plan.plan import Plan
+from entrypoint.plan.secrets import TOKEN_FILE_VARIABLE, TOKEN_VARIABLE
+from entrypoint.plan.settings import Settings
+from entrypoint.plan.values import host_port
+from entrypoint.supervise.gpu_stats import Stats
+from entrypoint.supervise.launch_watch import Interrupted, Stop
+from entrypoint.supervise.worker_signals import SignalRelay
+
+# A crash breaks its peers' collectives a moment later: node 0 waits this long for every
+# node's report before it names the first failure as the cause.
+FAILURE_WINDOW = 3.0
+
+
+def identity(env: Mapping[str, str], plan: Plan, settings: Settings) -> Identity:
+    """The job's identity the handshake proves: its id, and ENTRYPOINT_JOB_TOKEN when set."""
+    token = settings.job_token.get_secret_value() if settings.job_token else None
+    return Identity(
+        job_identity(env, plan.platform, settings.job_id),
+        read_token(token, settings.job_token_file),
+    )
+
+
+def without_token(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment less the job's token and the name of its file, which only the
+    entrypoints need."""
+    return {k: v for k, v in env.items() if k not in (TOKEN_VARIABLE, TOKEN_FILE_VARIABLE)}
+
+
+def serve(
+    plan: Plan,
+    settings: Settings,
+    expected: int,
+    unit: str,
+    log: Callable[[str, str], None],
+    identity: Identity,
+) -> tuple[control_server.Server, str, int | None]:
+    """Node 0: start the control server; it, and the address every member connects to."""
+    s = settings
+    host, port = plan.master_addr, plan.control_port
+    limits = Limits(
+        join_timeout=s.join_timeout,
+        heartbeat_timeout=s.heartbeat_timeout,
+        max_restarts=s.max_restarts,
+        max_clock_skew=s.max_clock_skew,
+        monitor_interval=s.monitor_interval,
+        failure_window=FAILURE_WINDOW if expected > 1 else 0.0,
+        slow_window=s.slow_node_window,
+    )
+    bind = sockets.ANY if expected > 1 else "127.0.0.1"  # both families; one node: loopback
+    roster = (
+        Roster(plan.members, plan.members - plan.spares, plan.min_nodes)
+        if plan.spawn
+        else Roster(expected, expected, expected)
+    )
+    conductor = Conductor(
+        expected,
+        limits,
+        time.monotonic(),
+        unit=unit,
+        address=host_port(host, port or "auto"),
+        roster=roster,
+    )
+    server = control_server.Server(
+        conductor,
+        port or 0,
+        heartbeat_interval=s.heartbeat_interval,
+        log=log,
+        bind=bind,
+        identity=identity,
+    )
+    server.start()
+    if expected > 1 and not identity.token:
+        log("warning", no_token_warning(server.port))
+    if plan.metrics_port:
+        try:
+            from entrypoint.control import metrics  # node 0 only: prometheus-client loads here
+        except ImportError as err:  # an image that dropped it: the job goes on without metrics
+            log(
+                "warning",
+                f"no /metrics: {err}; install prometheus-client, or set ENTRYPOINT_METRICS_PORT=0",
+            )
+            return _started(server, host, port)
+        name = identity.job.partition("=")[2] or "-"  # ENTRYPOINT_JOB_ID=train: train
+        job = metrics.Job(name, plan.platform, plan.nproc_per_node)
+        if metrics.serve(conductor, job, plan.metrics_port, bind, log):
+            where = host_port(host, plan.metrics_port)
+            log("info", f"metrics of every node at http://{where}/metrics (entrypoint status)")
+    return _started(server, host, port)
+
+
+def no_token_warning(port: int) -> str:
+    """Node 0's one line at start when the job has no token: what anyone can do, the fix."""
+    return (
+        f"no job token ({TOKEN_VARIABLE} or {TOKEN_FILE_VARIABLE} unset): anyone who can "
+        f"reach node 0's control port {port} can join as a node and stop the job; set the "
+        f"same {TOKEN_VARIABLE} on every node, e.g. "
+        f"{TOKEN_VARIABLE}=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \\n')"
+    )
+
+
+def _started(server, host: str, port: int | None) -> tuple[control_server.Server, str, int | None]:
+    if port is None:
+        host, port = "127.0.0.1", server.port
+    return server, host, port
+
+
+def collect_fingerprint(plan: Plan, settings: Settings) -> dict:
+    """This node's fingerprint, as node 0 compares it: hardware, software, data, the plan's
+    layout."""
+    fp = fingerprint.collect(
+        gpus_per_node=plan.gpus_per_node, gpu_names=plan.gpu_names, data_dir=settings.data_dir
+    )
+    fp["layout"] = fingerprint.layout(plan)
+    return fp
+
+
+def hello(plan: Plan, member: int | None, generation: int, fp: dict) -> dict:
+    """This member's hello to node 0: who it is, its start, its clock and its fingerprint."""
+    return {
+        "t": "hello",
+        "protocol": control.PROTOCOL,
+        "member": member,
+        "node_rank": plan.node_rank,
+        "host": socket.gethostname(),
+        "generation": generation,
+        "time": time.time(),
+        "fingerprint": fp,
+    }
+
+
+# Node 0 seated this node anew (node rank, nnodes): the plan for that seat and the trainer's
+# environment with it (entrypoint.supervise.node).
+Replan = Callable[[int, int], tuple[Plan, dict[str, str]]]
+
+
+class Joining:
+    """A node's join, the first time and at every restart: reach node 0 (serve it, on node 0), say
+    hello, wait for `go` and the seat node 0 gives (entrypoint.control.seating), or stand by. The
+    base of entrypoint.supervise.supervise's Supervisor, whose state it shares."""
+
+    plan: Plan
+    settings: Settings
+    log: Any
+    env: dict[str, str]
+    identity: Identity
+    member: int | None
+    expected: int
+    unit: str
+    generation: int
+    standing_by: bool
+    replan: Replan | None
+    signals: SignalRelay
+    stop_signal: int | None
+    server: control_server.Server | None
+    channel: control_channel.Channel | None
+    _connecting: bool
+    # the join in progress: node 0's address, when the join times out, this node's
+    # fingerprint, and how many times node 0 closed the connection before its welcome
+    _node0_at: tuple[str, int]
+    _join_deadline: float
+    _fp: dict
+    _rejoins: int
+
+    @property
+    def node0(self) -> control_channel.Channel:
+        """The channel to node 0, which exists from the join on."""
+        assert self.channel is not None, "no channel before the join"
+        return self.channel
+
+    # the Supervisor's
+    def _receive(self, timeout: float) -> list[dict]:
+        raise NotImplementedError
+
+    def _check_master(self, timeout: float) -> None:
+        raise NotImplementedError
+
+    def _from_node0(self, reason: str) -> str:
+        raise NotImplementedError
+
+    def _server_log(self, level: str, text: str) -> None:
+        raise NotImplementedError
+
+    def _join(self) -> None:
+        host, port = self.plan.master_addr, self.plan.control_port
+        if self.member == 0:
+            self.server, host, port = serve(
+                self.plan, self.settings, self.expected, self.unit, self._server_log, self.identity
+            )
+        if port is None:  # the plan leaves it open only for a single node, which serves it
+            raise RuntimeError("no control port to connect to: node 0 did not serve one")
+        # Collected before connecting: node 0 drops a connection silent for 30 s, and counting
+        # a large data directory on a network filesystem can take longer.
+        self._fp = collect_fingerprint(self.plan, self.settings)
+        self._node0_at, self._rejoins = (host, port), 0
+        self._join_deadline = time.monotonic() + self.settings.join_timeout
+        self._connect()
+        self._hello(self._fp)
+
+    def _connect(self) -> None:
+        waiting = "while waiting for node 0" if self.member != 0 else "before the nodes joined"
+        try:
+            self._connecting = True
+            for sig in [x for x in self.signals.received if x in STOPPING][:1]:
+                raise Interrupted(sig)
+            self.channel = control_channel.connect(
+                *self._node0_at,
+                timeout=max(1.0, self._join_deadline - time.monotonic()),
+                log=lambda line: self.log.warning(line),
+                identity=self.identity,
+            )
+        except Interrupted as got:
+            raise Stop(
+                128 + got.sig,
+                f"received {signal_name(got.sig)} {waiting}: stopping (nothing was started)",
+            ) from None
+        finally:
+            self._connecting = False
+
+    def _receive_joining(self, timeout: float) -> list[dict]:
+        """Node 0's messages; before its welcome, a closed connection is node 0 making room
+        (a flood of connections, or more joining at once than it holds): this node joins
+        again, with backoff, until its join timeout (issue 28)."""
+        channel = self.node0
+        if channel.welcomed:
+            return self._receive(timeout)
+        messages = channel.receive(timeout)
+        if not channel.closed:
+            return messages
+        if channel.welcomed:
+            return self._receive(0)  # closed after the welcome: node 0 is lost
+        self._rejoins += 1
+        left = self._join_deadline - time.monotonic()
+        if left <= 0:
+            raise Stop(
+                EXIT_PEERS,
+                f"node 0 at {channel.address} closed this node's connection before answering "
+                f"its hello, {self._rejoins} times in ENTRYPOINT_JOIN_TIMEOUT="
+                f"{self.settings.join_timeout:g} s: its control port is flooded or overloaded "
+                "(node 0's log names what it dropped: 'connections waiting for their hello'). "
+                "Find what floods the port; give the job a token and a network policy",
+            )
+        delay = min(left, 5.0, 0.25 * 2 ** min(self._rejoins - 1, 5)) * random.uniform(0.5, 1)
+        self.log.warning(
+            f"node 0 at {channel.address} closed the connection before answering this node's "
+            f"hello (node 0 busy, or its control port flooded): joining again in {delay:.1f} s",
+            tries=self._rejoins,
+        )
+        channel.close()
+        time.sleep(delay)
+        self._connect()
+        self.node0.send(hello(self.plan, self.member, self.generation, self._fp))
+        return []
+
+    def _hello(self, fp: dict | None = None) -> None:
+        fp = fp or collect_fingerprint(self.plan, self.settings)
+        self.node0.send(hello(self.plan, self.member, self.generation, fp))
+        if self.member != 0:
+            self.log.info("joined node 0; waiting for every node", master=self.node0.address)
+        self._await_go()
+
+    def _stop_before_start(self) -> None:
+        """Keep the signals received before the trainer starts; a stopping one ends the node."""
+        if self.stop_signal is None:
+            for sig in self.signals.take():
+                if sig in STOPPING:
+                    self.stop_signal = sig
+                    break
+                if sig not in self.signals.pending:
+                    self.signals.pending.append(sig)
+                    self.log.warning(
+                        f"received {signal_name(sig)} before the trainer started: "
+                        "passed to the workers once they run"
+                    )
+        if self.stop_signal is not None:
+            sig = self.stop_signal
+            # Said to node 0, so that the other nodes stop now, not at the join timeout.
+            self.node0.send({"t": "exit", "code": 128 + sig, "signal": sig})
+            raise Stop(
+                128 + sig,
+                f"received {signal_name(sig)} before the trainer started"
+                + (" again" if self.generation else "")
+                + ": stopping",
+            )
+
+    def _await_go(self) -> None:
+        deadline_silent = self.settings.heartbeat_timeout
+        while True:
+            self._stop_before_start()
+            for message in self._receive_joining(0.5):
+                kind = message.get("t")
+                if kind == "go":
+                    for warning in message.get("warnings", []):
+                        self.log.warning(warning)
+                    # A node its platform started again joins the job's restart, not start 0.
+                    self.generation = int(message.get("generation", self.generation))
+                    if message.get("nnodes") is not None:
+                        self._take_seat(message.get("seat"), int(message["nnodes"]))
+                    return
+                if kind == "stop":
+                    raise Stop(int(message["code"]), self._from_node0(message["reason"]))
+            self._check_master(deadline_silent)
+
+    def _take_seat(self, seat: int | None, nnodes: int) -> None:
+        """Node 0's seating for this start: stand by, or train in node rank `seat` of `nnodes`
+        (planned again when that is not the seat the plan has)."""
+        self.standing_by = seat is None
+        plan = self.plan
+        if seat is None or (not plan.standby and (seat, nnodes) == (plan.node_rank, plan.nnodes)):
+            return
+        if self.replan is None:  # pragma: no cover - run() always passes one
+            raise RuntimeError("node 0 seated this node anew, but it cannot plan again")
+        self.plan, env = self.replan(seat, nnodes)
+        self.env = without_token(env)
+        self.log.warning(
+            f"node 0 seated this node in node rank {seat} of {nnodes}"
+            + (
+                " (it stood by)" if plan.standby else f" (it was {plan.node_rank} of {plan.nnodes})"
+            ),
+            world_size=self.plan.world_size,
+            config=self.plan.config,
+        )
+
+    def _stand_by(self) -> int | None:
+        """A standby's life: beat, start no trainer, wait for node 0 to seat it (a restart),
+        or for the job's end. None: the job restarts (and this node may train now)."""
+        self.log.info("standing by: this node starts no trainer until node 0 gives it a seat")
+        stats = Stats(self.plan.devices)
+        last_beat = 0.0
+        while True:
+            now = time.monotonic()
+            if now - last_beat >= self.settings.heartbeat_interval:
+                last_beat = now
+                self.node0.send({"t": "beat", "stats": stats.read()})
+            for sig in self.signals.take():
+                if sig in STOPPING:
+                    self.node0.send({"t": "exit", "code": 128 + sig, "signal": sig})
+                    raise Stop(128 + sig, f"received {signal_name(sig)} while standing by")
+            for message in self._receive(0.5):
+                kind = message.get("t")
+                if kind == "stop":
+                    raise Stop(int(message["code"]), self._from_node0(message["reason"]))
+                if kind == "done":
+                    return 0
+                if kind == "restart":
+                    self.generation = int(message["generation"])
+                    self._hello()
+                    return None
+            self._check_master(self.settings.heartbeat_timeout)

@@ -1,0 +1,164 @@
+"""One start of the launcher: its process, its workers, and its stderr passed on."""
+
+from __future__ import annotations
+
+import collections
+import io
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import IO
+
+from entrypoint.plan.plan import Plan
+from entrypoint.supervise import procs
+
+# The launcher is exec'd through this: it gets SIGTERM when the entrypoint dies, however it
+# dies (PR_SET_PDEATHSIG survives exec). A wrapper, not preexec_fn: node 0 has threads.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None).prctl(1, 15, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGTERM\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(143)  # the entrypoint died before the prctl: do not start\n"
+    "try:\n"
+    "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "except OSError as err:\n"
+    "    print(f'entrypoint: cannot start {sys.argv[2]}: {err.strerror}', file=sys.stderr)\n"
+    "    os._exit(127)\n"
+)
+_TAIL_LINES = 400  # the launcher's stderr lines kept for the failure summary
+MAX_RELAY_LINE = 64 << 10  # bytes of one stderr line passed on; the rest is dropped, counted
+_END = re.compile(rb"\r\n?|\n")  # a line ends at \n, \r\n, or a lone \r (a progress bar)
+
+
+@dataclass
+class Launch:
+    """One start of the launcher, and how to reach its workers."""
+
+    process: subprocess.Popen
+    spawns_workers: bool  # torchrun/accelerate: the ranks are its children
+    tail: collections.deque  # the launcher's last stderr lines
+    started: float
+    command: tuple[str, ...] = ()
+    pump: threading.Thread | None = None  # passes the launcher's stderr on; ends at its EOF
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def workers(self) -> list[int]:
+        if not self.spawns_workers:
+            return [self.process.pid]
+        return procs.children(self.process.pid)
+
+    def forward(self, sig: int) -> list[int]:
+        pids = self.workers()
+        procs.send(pids, sig)
+        return pids
+
+    def kill_all(self) -> None:
+        procs.kill_tree(self.process.pid)
+
+    def stop(self, grace: float, sig: int | None = None) -> None:
+        """`sig` to the workers (when given), up to `grace` to exit, then SIGKILL."""
+        procs.stop_then_kill(self.process, grace, sig, self.workers)
+
+
+def exit_status(returncode: int) -> int:
+    """A process's exit status as a shell reports it, 0-255: 128 + N when signal N ended it
+    (Popen and torchrun give -N, which sys.exit would turn into 256 - N)."""
+    return (128 - returncode if returncode < 0 else returncode) & 0xFF
+
+
+def relay(lines: Iterable[str], echo: Callable[[str], None]) -> None:
+    """Pass the launcher's stderr lines on, without torchrun's own traceback of
+    ChildFailedError and its failure table: node 0 shows the failing rank's."""
+    held: list[str] = []
+    skipping = 0  # rulers of torchrun's failure table still to pass
+    for line in lines:
+        if skipping:
+            skipping -= line.startswith("=====")
+            continue
+        if held or line == "Traceback (most recent call last):":
+            held.append(line)
+            if "ChildFailedError" in line:
+                held, skipping = [], 2
+            elif len(held) > 200 or not line.startswith((" ", "Traceback")):
+                for kept in held:
+                    echo(kept)
+                held = []
+            continue
+        echo(line)
+    for kept in held:
+        echo(kept)
+
+
+def _lines(stream: IO[bytes], limit: int = MAX_RELAY_LINE) -> Iterator[str]:
+    """The stream's lines, decoded: each cut to `limit` bytes (a marker says how many more
+    were dropped), so that a trainer writing without newlines cannot grow this process; `\\r`
+    ends a line too, so that each state of a progress bar is a line of its own."""
+    pending, dropped, after_cr = bytearray(), 0, False
+
+    def line() -> str:
+        text = pending.decode(errors="replace")
+        if dropped:
+            text += f" [entrypoint: {dropped:,} more bytes of this line dropped]"
+        return text
+
+    # read1: what the pipe has now, not a full buffer (a progress bar shows as it goes).
+    read = stream.read1 if isinstance(stream, io.BufferedIOBase) else stream.read
+    while chunk := read(1 << 16):
+        start = 1 if after_cr and chunk[:1] == b"\n" else 0  # \r\n split between two reads
+        for end in _END.finditer(chunk, start):
+            piece = chunk[start : end.start()]
+            room = limit - len(pending)
+            pending += piece[:room]
+            dropped += max(0, len(piece) - room)
+            yield line()
+            pending, dropped = bytearray(), 0
+            start = end.end()
+        after_cr = chunk.endswith(b"\r")
+        piece = chunk[start:]
+        room = max(0, limit - len(pending))
+        pending += piece[:room]
+        dropped += len(piece) - len(piece[:room])
+    if pending or dropped:
+        yield line()
+
+
+def _kept_lines(stream: IO[bytes], tail: collections.deque) -> Iterable[str]:
+    """The stream's lines (`_lines`), each also kept in `tail` for the failure summary."""
+    for line in _lines(stream):
+        tail.append(line)
+        yield line
+
+
+def start(
+    plan: Plan, env: Mapping[str, str], generation: int, echo: Callable[[str], None]
+) -> Launch:
+    """Start the plan's launcher, its stderr relayed to `echo` by a thread of its own."""
+    tail: collections.deque = collections.deque(maxlen=_TAIL_LINES)
+    child_env = dict(env) | {"ENTRYPOINT_RESTART_COUNT": str(generation)}
+    process = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *plan.command],
+        env=child_env,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    stderr = process.stderr
+    assert stderr is not None  # stderr=PIPE
+    pumping = threading.Thread(
+        target=relay, args=(_kept_lines(stderr, tail), echo), daemon=True, name="launcher-stderr"
+    )
+    pumping.start()
+    return Launch(
+        process,
+        plan.launcher in ("torchrun", "accelerate"),
+        tail,
+        time.monotonic(),
+        tuple(plan.command),
+        pumping,
+    )

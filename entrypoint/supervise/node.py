@@ -1,0 +1,97 @@
+"""This node's run, shared by `run` and `doctor`: read the settings once, read the platform,
+probe what the plan needs, make the plan; then check it against the node, write its files,
+join the other nodes and supervise the launcher."""
+
+from __future__ import annotations
+
+import importlib.util
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from entrypoint.plan import secrets
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.facts import Facts
+from entrypoint.plan.plan import BUILTIN_JOBS, Plan, gpus_stated, make_plan, read_platform
+from entrypoint.plan.settings import Settings
+from entrypoint.plan.values import host_port
+from entrypoint.supervise import dsops, launch, logs, probe, report, supervise
+
+
+def prepare(
+    env: Mapping[str, str], trainer: Sequence[str] | None, *, always_probe_gpus: bool
+) -> tuple[Plan, Facts, Settings]:
+    settings = Settings.from_env(env)  # a bad setting is reported before any probe
+    read = read_platform(env, settings)
+    reading = read[2]
+    master = reading.master_addr.value if reading.master_addr else None
+    facts = probe.facts(
+        master_addr=master if reading.nnodes.value > 1 else None,
+        probe_gpus=always_probe_gpus or not gpus_stated(settings, reading),
+    )
+    return make_plan(env, facts, trainer, read=read, settings=settings), facts, settings
+
+
+def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Settings) -> int:
+    """Check the plan against this node, write its configs, then join the other nodes and
+    supervise the launcher (`run`, and `doctor --allreduce` with its own trainer)."""
+    values = secrets.secret_values(env)
+    log = logs.setup(
+        node_rank=plan.member,
+        level=settings.log_level,
+        fmt=settings.log_format,
+        all_nodes=settings.log_all_nodes,
+        log_dir=settings.log_dir,
+        secret_values=values,
+    )
+    launch.check_hardware(plan, env, facts)
+    if plan.trainer in BUILTIN_JOBS.values() and importlib.util.find_spec(plan.trainer[2]) is None:
+        raise ConfigError(
+            "command",
+            None,
+            "no trainer command given and this build has no built-in job",
+            "Pass one after --, e.g. entrypoint run -- python train.py",
+        )
+    for warning in plan.warnings:
+        log.warning(warning)
+    for note in plan.notes:
+        log.info(note)
+    log.info(
+        "plan",
+        platform=plan.platform,
+        nnodes=plan.nnodes,
+        nproc_per_node=plan.nproc_per_node,
+        world_size=plan.world_size,
+        master=host_port(plan.master_addr, plan.master_port or "auto"),
+        device=plan.device,
+        cuda_visible_devices=plan.cuda_visible_devices,
+        config=plan.config,
+        launcher=str(plan.launcher),
+        ranks=report.rank_line(plan),
+        command=plan.command,
+        sources={name: str(source) for name, source in plan.sources.items()},
+    )
+    # The table for a person; in JSON mode the event above is the plan, and every line is JSON.
+    if plan.node_rank == 0 and logs.console(settings.log_format):
+        logs.writer().put(report.table(plan, values), to_file=False)
+    launch.check_command(plan, env)
+    dsops.check(plan, launch.child_env(plan, env))  # a DeepSpeed op the image lacks: say so now
+    if plan.standby:
+        log.info(
+            f"standby: node {plan.member} of {plan.members} stands by "
+            f"(ENTRYPOINT_SPARES={plan.spares}); it takes a lost node's rank"
+        )
+    else:
+        log.info("start", command=secrets.mask(shlex.join(plan.command), values))
+
+    def replan(seat: int, nnodes: int) -> tuple[Plan, dict[str, str]]:
+        again = make_plan(env, facts, plan.trainer, settings=settings, seat=(seat, nnodes))
+        return again, _trainer_env(again, env, settings)
+
+    return supervise.run(plan, _trainer_env(plan, env, settings), settings, log, replan)
+
+
+def _trainer_env(plan: Plan, env: Mapping[str, str], settings: Settings) -> dict[str, str]:
+    """The plan's files written for this node, and the trainer's environment with them."""
+    plan_file = launch.apply(plan, Path(settings.run_dir) / f"node{plan.member}")
+    return launch.child_env(plan, env) | {"ENTRYPOINT_PLAN_FILE": str(plan_file)}

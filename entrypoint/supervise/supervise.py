@@ -1,0 +1,323 @@
+"""The edge that runs the job on this node: join the other nodes, start the launcher, watch it.
+
+`entrypoint run` stays as a small parent of the launcher (torchrun, accelerate, JAX or the
+trainer itself) instead of exec'ing it, because only a process that outlives the trainer can:
+- wait for node 0 in any start order and refuse a cluster whose nodes differ (preflight);
+- exchange heartbeats with the other nodes' entrypoints, independent of NCCL and the trainer,
+  so that a killed, paused or cut-off node stops every node within seconds, naming it;
+- forward SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 to the workers within a second and kill
+  them when ENTRYPOINT_GRACE_PERIOD runs out (torchrun's own deadline is a fixed 30 s);
+- show the failing rank's error once, restart every node's trainer together, and exit with a
+  code a platform's retry policy can use (the failing rank's own code: an exit above 128 is a
+  signal only when a node received that signal);
+- be a child subreaper, give the launcher a parent-death signal and keep a guard process
+  beside it, so that no worker outlives it, even when it is SIGKILLed outside a container.
+
+Signals are taken at any moment: while waiting for node 0 (the connect is interrupted), during
+the join and restarts (kept, or said to node 0), and before the workers exist (passed to each
+worker once it catches the signal).
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from entrypoint.control import control_channel, control_server
+from entrypoint.control.conductor_terms import STOPPING, signal_name
+from entrypoint.control.control import PeersError
+from entrypoint.plan import secrets
+from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
+from entrypoint.plan.plan import Plan
+from entrypoint.plan.settings import Settings
+from entrypoint.supervise import failures, join, logs, procs
+from entrypoint.supervise.gpu_stats import Stats
+from entrypoint.supervise.launch_watch import (
+    LOST_PEER_GRACE,
+    PEER_STOP_GRACE,
+    Interrupted,
+    Stop,
+    Watch,
+)
+from entrypoint.supervise.launcher_process import Launch, exit_status, start
+from entrypoint.supervise.worker_signals import FORWARDED, SignalRelay
+
+
+class Supervisor(join.Joining):
+    """This node's life: join, start the launcher, watch it, restart it with the others, end."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        env: Mapping[str, str],
+        settings: Settings,
+        log,
+        echo: Callable[[str], None] | None = None,
+        replan: join.Replan | None = None,
+    ) -> None:
+        self.plan, self.settings, self.log = plan, settings, log
+        self.replan = replan
+        self.secret_values = secrets.secret_values(env)
+        self.identity = join.identity(env, plan, settings)
+        self.env = join.without_token(env)  # the job's token is not the trainer's
+        raw_echo = echo or logs.echo
+        # The trainer's stderr passes through here: a token in a traceback is masked too.
+        self.echo = lambda line: raw_echo(secrets.mask(line, self.secret_values))
+        self.member = plan.member if plan.spawn else plan.rank
+        self.expected = plan.members if plan.spawn else plan.world_size
+        self.standing_by = plan.standby  # a spare: no trainer until node 0 seats it
+        self.unit = "node" if plan.spawn else "process"
+        self.signals = SignalRelay(log, settings.grace_period)
+        self.server: control_server.Server | None = None
+        self.channel: control_channel.Channel | None = None
+        self.launch: Launch | None = None
+        self.guard: procs.Guard | None = None
+        self.generation = 0
+        self.log_dir = Path(settings.run_dir) / f"node{plan.member}" / "logs"
+        # A stopping signal this node received, or that node 0 passed on: the job is ending
+        # and no restart may start it again.
+        self.stop_signal: int | None = None
+        self._connecting = False
+
+    @property
+    def launched(self) -> Launch:
+        """The current launch, which exists from the first start on."""
+        assert self.launch is not None, "no launch before the first start"
+        return self.launch
+
+    # signals arrive in the main thread; they are handled in the loop, except while this node
+    # waits for node 0 (a blocking connect), which a stopping signal ends at once
+    def _on_signal(self, number, _frame) -> None:
+        if self._connecting and number in STOPPING:
+            self._connecting = False
+            raise Interrupted(number)
+        self.signals.received.append(number)
+
+    def run(self) -> int:
+        procs.become_subreaper()
+        for sig in FORWARDED:
+            signal.signal(sig, self._on_signal)
+        try:
+            self._join()
+            while True:
+                code = self._stand_by() if self.standing_by else self._supervise()
+                if code is not None:
+                    return code & 0xFF
+        except Stop as stop:
+            if stop.reason:
+                level = "info" if stop.code == 0 else "error"
+                getattr(self.log, level)(stop.reason, exit_code=stop.code)
+            return stop.code & 0xFF
+        except PeersError as err:
+            self.log.error(str(err), exit_code=err.exit_code)
+            return err.exit_code
+        finally:
+            self._cleanup()
+
+    # -- supervise one launch ---------------------------------------------------------------
+
+    def _supervise(self) -> int | None:
+        """Start the launcher and watch it. An exit code ends the node; None: restart."""
+        s = self.settings
+        if self.guard is None:
+            self.guard = procs.Guard(s.grace_period)
+        failures.prune(self.log_dir, failures.KEEP_LOG_RUNS)
+        launch = self.launch = start(self.plan, self.env, self.generation, self.echo)
+        stats = Stats(self.plan.devices)
+        last_beat = 0.0
+        watch = Watch()
+        self.signals.new_launch()
+        while True:
+            now = time.monotonic()
+            if now - last_beat >= s.heartbeat_interval:
+                last_beat = now
+                self.node0.send({"t": "beat", "stats": stats.read()})
+                procs.reap(exclude=launch.process.pid)
+            self._handle_signals(watch, now)
+            if watch.code is None:
+                for sig in self.signals.deliver_late(
+                    launch, watch.signalled, watch.signalled_at, now
+                ):
+                    self.node0.send({"t": "signal", "signal": sig})
+            if watch.kill_at is not None and now > watch.kill_at and launch.running():
+                self.log.error(
+                    f"workers still running {s.grace_period:g} s after the signal: killing them"
+                )
+                launch.kill_all()
+                watch.kill_at = None
+            self._note_exit(watch)
+            for message in self._receive(0.2 if watch.code is None else 0.5):
+                ended, code = self._on_message(message, watch, now)
+                if ended:
+                    return code
+            self._check_master(s.heartbeat_timeout)
+
+    def _handle_signals(self, watch: Watch, now: float) -> None:
+        """The signals this node received since the last turn of the loop."""
+        for sig in self.signals.take():
+            if sig in STOPPING and watch.signalled is not None:
+                self.log.warning(
+                    f"received {signal_name(sig)} again: already "
+                    "stopping, the workers are killed when the grace ends"
+                )
+                continue
+            if sig in STOPPING:
+                self.stop_signal = sig
+                if watch.code is not None:  # the trainer has exited: the job must not restart
+                    self.log.warning(
+                        f"received {signal_name(sig)} after the trainer exited: "
+                        "the job stops, no restart"
+                    )
+                else:
+                    self.signals.pass_on(self.launched, sig, f"received {signal_name(sig)}")
+                    watch.stopping(sig, now, self.settings.grace_period)
+                # Node 0 passes a stopping signal to every node's workers (one pod preempted).
+                self.node0.send({"t": "signal", "signal": sig})
+            elif watch.code is None:
+                if not self.signals.pass_on(self.launched, sig, f"received {signal_name(sig)}"):
+                    self.signals.pending.append(sig)  # no worker yet: for them when they start
+                else:
+                    self.signals.told.add(sig)
+                    self.node0.send({"t": "signal", "signal": sig})
+
+    def _note_exit(self, watch: Watch) -> None:
+        """Once the launcher exited: kill what it left and say its exit to node 0."""
+        code = self.launched.process.poll()
+        watch.code = exit_status(code) if code is not None else None
+        if watch.code is not None and not watch.reported:
+            watch.reported, seen = True, time.time()
+            self._kill_leftovers()  # a launcher that died leaves its workers headless
+            self._report_exit(watch.code, watch.signalled, seen)
+
+    def _on_message(self, message: dict, watch: Watch, now: float) -> tuple[bool, int | None]:
+        """One message from node 0; (True, what `_supervise` returns) when the launch ends."""
+        kind = message.get("t")
+        if kind == "stop":
+            return True, self._stopped(message, watch.signalled, watch.kill_at)
+        if kind == "signal" and watch.signalled is None and watch.code is None:
+            sig = int(message["signal"])
+            self.signals.pass_on(
+                self.launched, sig, str(message.get("reason", "another node received it"))
+            )
+            watch.stopping(sig, now, self.settings.grace_period)
+            self.stop_signal = sig
+        if kind == "done":
+            self.launched.stop(5)
+            return True, 0 if watch.code == 0 else (watch.code or 0)
+        if kind == "restart":
+            # A restart follows a lost node or a failed trainer: the workers' collectives are
+            # broken, no checkpoint can complete, and every second here is every GPU's.
+            self._end_launch(LOST_PEER_GRACE)
+            self.generation = int(message["generation"])
+            if self.member != 0 and self.stop_signal is None:
+                # node 0's conductor has said it already
+                self.log.warning(
+                    f"restarting the trainer ({message.get('reason', '')})", restart=self.generation
+                )
+            self._hello()  # with a stop signal: says so to node 0 and stops
+            return True, None
+        return False, None
+
+    def _report_exit(self, code: int, signalled: int | None, seen: float) -> None:
+        who = f"{self.unit} {self.member} ({socket.gethostname()})"
+        self.node0.send(
+            failures.exit_report(
+                self.plan,
+                self.launched,
+                code,
+                signalled,
+                delivered=self.signals.delivered,
+                log_dir=self.log_dir,
+                seen=seen,
+                who=who,
+                mask=lambda line: secrets.mask(line, self.secret_values),
+            )
+        )
+
+    def _stopped(self, message: dict, signalled: int | None, kill_at: float | None) -> int:
+        code, reason = int(message["code"]) & 0xFF, str(message.get("reason", ""))
+        sig = message.get("signal")
+        launch = self.launched
+        if launch.running() and signalled is not None and kill_at is not None:
+            # The workers have the signal already: what is left of their grace.
+            launch.stop(max(0.0, kill_at - time.monotonic()))
+        elif launch.running() and sig:
+            # Stopped on a signal another node received: the workers checkpoint too.
+            launch.stop(self.settings.grace_period, int(sig))
+        elif launch.running():
+            # Another node failed, whatever its code: SIGTERM, and the workers are killed if
+            # they do not exit (at once after a lost node: their collectives cannot complete).
+            grace = LOST_PEER_GRACE if code == EXIT_PEERS else PEER_STOP_GRACE
+            launch.stop(grace, signal.SIGTERM)
+        raise Stop(code, self._from_node0(reason))
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _receive(self, timeout: float) -> list[dict]:
+        messages = self.node0.receive(timeout)
+        if self.node0.closed:
+            self._end_workers(LOST_PEER_GRACE)
+            raise Stop(
+                EXIT_PEERS,
+                f"lost node 0 ({self.plan.master_addr}): its connection "
+                "closed (container killed, node crashed or rebooted)",
+            )
+        return messages
+
+    def _check_master(self, timeout: float) -> None:
+        silent = time.monotonic() - self.node0.last_heard
+        if silent > timeout:
+            self._end_workers(LOST_PEER_GRACE)
+            raise Stop(
+                EXIT_PEERS,
+                f"node 0 ({self.plan.master_addr}) silent for {silent:.0f} s "
+                f"(ENTRYPOINT_HEARTBEAT_TIMEOUT={timeout:g}): it hangs, is "
+                "paused or this node is cut off from it",
+            )
+
+    def _end_workers(self, grace: float) -> None:
+        """SIGTERM to a running launch's workers, `grace` to exit, then SIGKILL."""
+        if self.launch is not None and self.launch.running():
+            self.launch.stop(grace, signal.SIGTERM)
+
+    def _end_launch(self, grace: float) -> None:
+        self._end_workers(grace)
+        self._kill_leftovers()  # a restart must not start beside the last launch's orphans
+        self.signals.drop_pending()
+
+    def _kill_leftovers(self) -> None:
+        guard = self.guard.pid if self.guard is not None else -1
+        launcher = self.launch.process.pid if self.launch else -1
+        procs.kill_leftovers(self.log, guard, launcher)
+
+    def _from_node0(self, reason: str) -> str:
+        return f"stopped by node 0: {reason}" if self.member != 0 else ""
+
+    def _server_log(self, level: str, text: str) -> None:
+        # From the control server's thread: through the log writer's queue, never blocking.
+        if text.startswith("worker failed"):  # the failure summary, once, at node 0
+            head, *lines = text.split("\n")
+            self.log.error(head, traceback=[line.removeprefix("    ") for line in lines])
+            return
+        getattr(self.log, level)(text)
+
+    def _cleanup(self) -> None:
+        if self.launch is not None:
+            self._kill_leftovers()
+        if self.channel is not None:
+            self.channel.close()
+        if self.server is not None:
+            self.server.finished.wait(timeout=12)
+            self.server.stop()
+        if self.guard is not None:
+            self.guard.close()
+
+
+def run(
+    plan: Plan, env: Mapping[str, str], settings: Settings, log, replan: join.Replan | None = None
+) -> int:
+    code = Supervisor(plan, env, settings, log, replan=replan).run()
+    return code if code is not None else EXIT_CONFIG

@@ -1,0 +1,79 @@
+"""A trainer's interpreter exits while gloo's worker threads still hold its tensors.
+
+After a collective completes, the main thread goes on while the gloo worker that ran it is
+still dropping the work and its tensors, which takes the GIL. If the main thread has begun
+to tear the interpreter down by then, Python 3.13 ends the worker thread from inside C++
+and the process aborts after the trainer finished: `terminate called without an active
+exception`, exit 134 (seen with accelerate's quick tour on CPU nodes, in about one run in
+six; the race of https://github.com/pytorch/pytorch/pull/179291). The site hook registers
+`settle` first, so it runs last of the exit handlers, while the interpreter is still whole:
+it destroys a gloo process group left open, collects the cycles that keep other groups alive
+(their destructors join gloo's threads with the GIL released), then, if threads that Python
+did not start are still alive beyond those `import torch` left (a group still referenced keeps
+its gloo workers), releases the GIL for SETTLE_SECONDS so that a worker still finishing its
+last collective can do so. A trainer's own destroy_process_group() leaves no trace of the
+group having been (torch resets its counters), so the threads are what is counted: a process
+that only imported torch (a DataLoader worker started with spawn, a script printing
+torch.__version__, torchrun's agent with no store) exits at once. It runs in every process that
+imported torch.distributed (`import torch` does), and in no other; without /proc it always
+waits. Not after an uncaught exception (Python has printed it and set `sys.last_exc`): a
+failing rank exits at once, so that the launcher names it, not a peer that failed because of
+it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import os
+import sys
+import threading
+import time
+from types import ModuleType
+
+from entrypoint.trainer_side import after_import
+
+SETTLE_SECONDS = 0.5
+_TASKS = "/proc/self/task"
+_native_at_import: int | None = None  # threads Python did not start, once torch was imported
+
+
+def native_threads() -> int | None:
+    """This process's threads that Python did not start (gloo's, OpenMP's), or None unknown."""
+    try:
+        return len(os.listdir(_TASKS)) - threading.active_count()
+    except OSError:
+        return None
+
+
+def _note_threads(_module: ModuleType) -> None:
+    global _native_at_import
+    _native_at_import = native_threads()
+
+
+def threads_left() -> bool:
+    now = native_threads()
+    return now is None or _native_at_import is None or now > _native_at_import
+
+
+def failed() -> bool:
+    return getattr(sys, "last_exc", None) is not None or getattr(sys, "last_type", None) is not None
+
+
+def settle() -> None:
+    distributed = sys.modules.get("torch.distributed")
+    try:
+        if distributed is None or not distributed.is_available() or failed():
+            return
+        if distributed.is_initialized() and distributed.get_backend() == "gloo":
+            distributed.destroy_process_group()  # local for gloo; NCCL's is left to the trainer
+        gc.collect()
+        if threads_left():
+            time.sleep(SETTLE_SECONDS)
+    except Exception:  # noqa: BLE001 - at exit, a failed clean-up must not change the exit code
+        pass
+
+
+def install() -> None:
+    atexit.register(settle)
+    after_import.when_imported("torch.distributed", _note_threads)

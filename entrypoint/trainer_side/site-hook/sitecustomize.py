@@ -1,0 +1,27 @@
+"""Put first on the trainer's PYTHONPATH by the entrypoint: runs the sitecustomize this file
+shadows, if there is one, leaves sys.path as it found it, then adapts libraries the trainer may
+import, each only once the trainer imports it: JAX's cluster detection reads the plan
+(trainer_side/jax_cluster.py); accelerate on CPU nodes (trainer_side/accelerate_cpu.py); and
+lets gloo's threads finish before the interpreter is torn down (trainer_side/exit_guard.py)."""
+
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+_SELF = sys.modules.pop(__name__)
+try:
+    import sitecustomize  # noqa: F401  the one this file shadows
+except ImportError as err:
+    if err.name != "sitecustomize":
+        raise
+finally:  # the import that is running this file expects a module under its name
+    sys.modules.setdefault(__name__, _SELF)
+try:
+    from entrypoint.trainer_side import accelerate_cpu, exit_guard, jax_cluster
+
+    exit_guard.install()  # first registered, so it runs after the trainer's own exit handlers
+    jax_cluster.install()
+    accelerate_cpu.install()
+except Exception as err:  # never stop the trainer's interpreter from starting
+    print(f"entrypoint: site hook: {type(err).__name__}: {err}", file=sys.stderr)
