@@ -2,18 +2,21 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-IMAGE                ?= multinode:dev
+HOST_ARCH            := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
+ARCH                 ?= $(HOST_ARCH)
+ARCH_SUFFIX          := $(if $(filter-out $(HOST_ARCH),$(ARCH)),-$(ARCH))
+IMAGE                ?= multinode:dev$(ARCH_SUFFIX)
 BASE_IMAGE           ?= debian:trixie-slim
-OFFLINE_BASE_IMAGE   ?= multinode-base:trixie-slim
+OFFLINE_BASE_IMAGE   ?= multinode-base:trixie-slim$(ARCH_SUFFIX)
 TORCH_CUDA_ARCH_LIST ?= 8.0;9.0+PTX;10.0;12.0
 PYTHON               ?= python3
 VENV                 ?= .venv
 DEV_TORCH            ?= torch==2.13.0
 UV_COMPILE           := --generate-hashes --python-version 3.13 --custom-compile-command "make lock"
 
-export IMAGE BASE_IMAGE OFFLINE_BASE_IMAGE TORCH_CUDA_ARCH_LIST
+export ARCH IMAGE BASE_IMAGE OFFLINE_BASE_IMAGE TORCH_CUDA_ARCH_LIST
 
-.PHONY: help dev image push base lock lint docs demo doctor test test-unit golden test-image bench-image bench-pull clean
+.PHONY: help dev image smoke push base lock lint docs demo doctor test test-unit golden test-image bench-image bench-pull clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -30,14 +33,17 @@ $(VENV)/.done: pyproject.toml
 
 dev: $(VENV)/.done ## Create .venv: the package in editable mode, test tools, a CPU torch
 
-image: ## Build the image IMAGE (pulls the base, or builds it offline if no registry answers)
+image: ## Build the image IMAGE (pulls the base, or builds it offline if no registry answers; ARCH=arm64: for Grace nodes, under QEMU)
 	docker/build.sh
+
+smoke: ## Smoke-test the built IMAGE of ARCH (run under QEMU for another architecture): imports, plan, CPU Adam
+	docker/smoke.sh $(IMAGE) $(ARCH)
 
 push: ## Push IMAGE to DEST=registry/repo:tag with skopeo (COMPRESSION=zstd: zstd layers for containerd 1.5+, Docker 23+)
 	docker/push.sh $(DEST)
 
 base: ## Build the offline base OFFLINE_BASE_IMAGE from Debian packages (debootstrap)
-	docker/base/build-base.sh $(OFFLINE_BASE_IMAGE) trixie
+	ARCH=$(ARCH) docker/base/build-base.sh $(OFFLINE_BASE_IMAGE) trixie
 
 lock: $(VENV)/.done ## Re-resolve the amd64 and arm64 locks (the same pins where both have them) and build-tools.lock, hashes for every wheel (UPGRADE=1: newest allowed)
 	$(VENV)/bin/uv pip compile -q $(UV_COMPILE) --python-platform x86_64-manylinux_2_28 $(if $(UPGRADE),--upgrade) pyproject.toml docker/requirements.in -o docker/requirements.lock

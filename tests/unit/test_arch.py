@@ -1,0 +1,107 @@
+"""The image for each architecture (issue 23): a lock per architecture with the same pins where
+both have a package, a wheel for every pin on its architecture (uv resolves each lock for its
+platform against PyPI, hashes required), and `make image ARCH=arm64` building for linux/arm64
+from the arm64 lock, without a CUDA toolkit (docker/build.sh run against a stand-in docker)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LOCKS = {
+    "amd64": (REPO / "docker" / "requirements.lock", "x86_64-manylinux_2_28"),
+    "arm64": (REPO / "docker" / "requirements-arm64.lock", "aarch64-manylinux_2_28"),
+}
+
+
+def pins(path: Path) -> dict[str, str]:
+    return dict(re.findall(r"(?m)^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", path.read_text()))
+
+
+def test_the_arm64_lock_pins_what_the_amd64_lock_pins():
+    amd64, arm64 = pins(LOCKS["amd64"][0]), pins(LOCKS["arm64"][0])
+    assert {k: v for k, v in arm64.items() if k in amd64 and amd64[k] != v} == {}
+    for name in ("torch", "jax", "jax-cuda12-plugin", "deepspeed", "accelerate", "transformers"):
+        assert name in arm64, name
+    # what amd64 has alone: x86-only wheels of torch's CUDA build
+    alone = set(amd64) - set(arm64)
+    assert alone <= {"triton", "cuda-bindings", "cuda-pathfinder"} | {
+        n for n in alone if n.startswith("nvidia-")
+    }, alone
+
+
+@pytest.mark.parametrize("arch", sorted(LOCKS))
+def test_every_pin_has_a_wheel_for_its_architecture(arch, tmp_path):
+    """uv resolves the lock for the platform with hashes required: a pin without a wheel for it
+    fails here ("has no wheels with a matching platform tag"). Needs PyPI, as `make image` does."""
+    lock, platform = LOCKS[arch]
+    uv = shutil.which("uv", path=os.path.dirname(sys.executable)) or shutil.which("uv")
+    assert uv, "uv is installed by make dev"
+    proc = subprocess.run(
+        [
+            uv, "pip", "install", "--dry-run", "--no-deps", "--require-hashes",
+            "--python-platform", platform, "--python-version", "3.13",
+            "--target", str(tmp_path / "t"), "-r", str(lock),
+        ],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"Would install {len(pins(lock))} packages" in proc.stderr, proc.stderr[-500:]
+
+
+STUB = """#!/bin/sh
+# a stand-in docker: answers info and image inspect, records a build's arguments
+case "$1" in
+  info|image) exit 0 ;;
+  build) shift; printf '%s\\n' "$@" >"$RECORD"; exit 0 ;;
+esac
+exit 1
+"""
+
+
+@pytest.mark.parametrize("arch", ["amd64", "arm64"])
+def test_make_image_arch_builds_for_that_platform_from_its_lock(arch, tmp_path):
+    stub = tmp_path / "docker"
+    stub.write_text(STUB)
+    stub.chmod(0o755)
+    record = tmp_path / "args"
+    env = {
+        "PATH": os.environ["PATH"],
+        "DOCKER": str(stub),
+        "RECORD": str(record),
+        "ARCH": arch,
+        "CA_BUNDLE": "none",
+        "OFFLINE_BASE": "1",
+    }
+    proc = subprocess.run(
+        ["docker/build.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    args = record.read_text().splitlines()
+    lock = LOCKS[arch][0]
+    assert f"LOCK_SHA256={hashlib.sha256(lock.read_bytes()).hexdigest()}" in args
+    host = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True)
+    if arch == "arm64":
+        assert args[args.index("--platform") + 1] == "linux/arm64"
+        assert "CUDA_TOOLKIT=" in args and "DS_CUDA_OPS=0" in args
+        assert "DS_CPU_ARCH=-march=armv8.2-a" in args
+        if host.stdout.strip() == "amd64":
+            assert args[args.index("-t") + 1] == "multinode:dev-arm64"
+    else:
+        assert "DS_CUDA_OPS=0" not in args and "CUDA_TOOLKIT=" not in args
+
+
+def test_the_dockerfile_takes_each_architecture_s_lock():
+    text = (REPO / "docker" / "Dockerfile").read_text()
+    assert "ARG TARGETARCH" in text
+    assert "requirements-${TARGETARCH:-amd64}.lock" in text
+    ignored = (REPO / "docker" / "Dockerfile.dockerignore").read_text()
+    assert "!docker/requirements-arm64.lock" in ignored
