@@ -74,7 +74,17 @@ def kill_when_training(c: FaultyCluster, victim: str) -> Fault:
     return Fault("kill", lambda c: c.kill(victim), node=c.hostname("node", 0), line="step 25/")
 
 
-def elastic(image: str, client, n: int, **env: str) -> float:
+def first_line_after(run, node: str, text: str, since: float) -> float:
+    return next(
+        (t for line, t in zip(run.node(node).lines, run.node(node).times, strict=False)
+         if text in line and t > since),
+        float("nan"),
+    )  # fmt: skip
+
+
+def elastic(image: str, client, n: int, **env: str) -> tuple[float, float, float, float]:
+    """Seconds from the kill to: node 0 naming the loss, node 0's last launch ended (its
+    workers' exit), the restart's go (every node joined again), node 0's next step."""
     with FaultyCluster(image, client=client, shared=SHARED, output=OUTPUT) as c:
         run = c.run(
             specs(c, n, 80, **env),
@@ -82,8 +92,11 @@ def elastic(image: str, client, n: int, **env: str) -> float:
             grace=float("inf"),
             faults=[kill_when_training(c, c.hostname("node", 1))],
         )
-        node0 = c.hostname("node", 0)
-        return first_step_after(run, node0, run.faults["kill"]) - run.faults["kill"]
+        node0, kill = c.hostname("node", 0), run.faults["kill"]
+        named = first_line_after(run, node0, "lost node", kill) - kill
+        ended = first_line_after(run, node0, "after the restart was called", kill) - kill
+        go = first_line_after(run, node0, "restart 1:", kill) - kill
+        return named, ended, go, first_step_after(run, node0, kill) - kill
 
 
 def platform_restart(image: str, client) -> float:
@@ -131,10 +144,17 @@ def goodput(image: str, client, minutes: float, every: float) -> tuple[float, in
 
 
 def restarts(image: str, client) -> None:
-    spare = elastic(image, client, 3, ENTRYPOINT_SPARES="1")
-    print(f"spare takes the rank     {spare:6.1f} s from the kill to node 0's next step")
-    shrink = elastic(image, client, 3, ENTRYPOINT_MIN_NODES="2")
-    print(f"shrink onto 2 nodes      {shrink:6.1f} s")
+    for what, env in (
+        ("spare takes the rank", {"ENTRYPOINT_SPARES": "1"}),
+        ("shrink onto 2 nodes", {"ENTRYPOINT_MIN_NODES": "2"}),
+    ):
+        named, ended, go, step = elastic(image, client, 3, **env)
+        print(
+            f"{what:<24} {step:6.1f} s from the kill to node 0's next step: loss named "
+            f"{named:.2f} s, the old workers gone {ended:.2f} s, every node joined and told to "
+            f"start {go:.2f} s after the kill (the entrypoint's own share: "
+            f"{named + go - ended:.2f} s)"
+        )
     whole = platform_restart(image, client)
     print(f"platform restarts all    {whole:6.1f} s (containers started again, image local)")
 

@@ -210,6 +210,7 @@ class Supervisor(join.Joining):
         if kind == "restart":
             # A restart follows a lost node or a failed trainer: the workers' collectives are
             # broken, no checkpoint can complete, and every second here is every GPU's.
+            began = time.monotonic()
             self._end_launch(LOST_PEER_GRACE)
             self.generation = int(message["generation"])
             if self.member != 0 and self.stop_signal is None:
@@ -217,6 +218,12 @@ class Supervisor(join.Joining):
                 self.log.warning(
                     f"restarting the trainer ({message.get('reason', '')})", restart=self.generation
                 )
+            # Where a restart's seconds go: the old workers' exit, then the join and the start.
+            self.log.info(
+                f"the last start's launcher and workers ended {time.monotonic() - began:.2f} s "
+                "after the restart was called; joining node 0 again",
+                restart=self.generation,
+            )
             self._hello()  # with a stop signal: says so to node 0 and stops
             return True, None
         return False, None
