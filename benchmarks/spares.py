@@ -83,7 +83,7 @@ def first_line_after(run, node: str, text: str, since: float) -> float:
 
 
 def elastic(image: str, client, n: int, **env: str) -> tuple[float, float, float, float]:
-    """Seconds from the kill to: node 0 naming the loss, node 0's last launch ended (its
+    """Seconds from the kill to: node 0 naming the loss, the last node's old launch ended (its
     workers' exit), the restart's go (every node joined again), node 0's next step."""
     with FaultyCluster(image, client=client, shared=SHARED, output=OUTPUT) as c:
         run = c.run(
@@ -94,7 +94,14 @@ def elastic(image: str, client, n: int, **env: str) -> tuple[float, float, float
         )
         node0, kill = c.hostname("node", 0), run.faults["kill"]
         named = first_line_after(run, node0, "lost node", kill) - kill
-        ended = first_line_after(run, node0, "after the restart was called", kill) - kill
+        ended = (
+            max(
+                first_line_after(run, node.name, "after the restart was called", kill)
+                for node in run.nodes
+                if any("after the restart was called" in line for line in node.lines)
+            )
+            - kill
+        )  # the last node whose old workers ended
         go = first_line_after(run, node0, "restart 1:", kill) - kill
         return named, ended, go, first_step_after(run, node0, kill) - kill
 
