@@ -115,12 +115,23 @@ if ! grep -v '^#' "$here/packages.txt" | diff -u - "$work/packages.txt"; then
   exit 1
 fi
 
-echo "==> docker import $tag"
-tar --numeric-owner --xattrs -C "$root" -c . \
-  | "$docker" import \
-      --platform "linux/$arch" \
-      --change 'CMD ["bash"]' \
-      --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-      --message "debootstrap --variant=minbase $suite, slim, built offline by docker/base/build-base.sh" \
-      - "$tag" >/dev/null
+if [ "$arch" = "$host_arch" ]; then
+  echo "==> docker import $tag"
+  tar --numeric-owner --xattrs -C "$root" -c . \
+    | "$docker" import \
+        --change 'CMD ["bash"]' \
+        --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+        --message "debootstrap --variant=minbase $suite, slim, built offline by docker/base/build-base.sh" \
+        - "$tag" >/dev/null
+else
+  # Docker 20.10's `import --platform` needs an experimental daemon and records the host's
+  # architecture otherwise: a one-layer build FROM scratch records the one asked for.
+  echo "==> docker build --platform linux/$arch $tag (FROM scratch, the rootfs added)"
+  mkdir "$work/context"
+  tar --numeric-owner --xattrs -C "$root" -cf "$work/context/rootfs.tar" .
+  printf '%s\n' 'FROM scratch' 'ADD rootfs.tar /' \
+    'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' 'CMD ["bash"]' \
+    >"$work/context/Dockerfile"
+  DOCKER_BUILDKIT=1 "$docker" build -q --platform "linux/$arch" -t "$tag" "$work/context" >/dev/null
+fi
 echo "==> built $tag from Debian packages ($(wc -l <"$work/packages.txt") packages)"

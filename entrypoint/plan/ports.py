@@ -5,9 +5,13 @@ agree."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from entrypoint.plan.errors import ConfigError
-from entrypoint.plan.settings import PREFIX, Settings
-from entrypoint.plan.values import Source, derived, env_var
+from entrypoint.plan.values import PREFIX, Source, derived, env_var
+
+if TYPE_CHECKING:  # pydantic stays off `entrypoint --help` and `render`'s path
+    from entrypoint.plan.settings import Settings
 
 LAST = 65535
 

@@ -25,9 +25,8 @@ from pydantic_settings import (
 from pydantic_settings.sources.utils import parse_env_vars
 
 from entrypoint.plan.errors import ConfigError
-from entrypoint.plan.values import GPUS, NODES, PER_NODE, host, number
+from entrypoint.plan.values import GPUS, NODES, PER_NODE, PREFIX, host, number
 
-PREFIX = "ENTRYPOINT_"
 HOUR, DAY, WEEK = 3600, 86400, 7 * 86400
 # A node is lost after this many heartbeat intervals of silence at the least: fewer, and one
 # late heartbeat of a healthy node stops the job.

@@ -18,6 +18,8 @@ from typing import Generic, NoReturn, TypeVar
 
 from entrypoint.plan.errors import ConfigError
 
+PREFIX = "ENTRYPOINT_"  # the entrypoint's own settings' variables (entrypoint.plan.settings)
+
 T = TypeVar("T")
 
 

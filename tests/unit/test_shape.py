@@ -155,3 +155,18 @@ def test_no_import_cycle():
     for name in sorted(edges):
         if name not in state:
             visit(name)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["render", "--help"], ["--version"]])
+def test_the_cli_s_help_and_render_start_without_pydantic(argv):
+    """`entrypoint --help` and `render` import what they run only: no pydantic, structlog,
+    torch or Docker SDK (`--help` imported pydantic through plan.ports until issue 26)."""
+    code = (
+        "import sys, contextlib, io\n"
+        "from entrypoint import cli\n"
+        "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    cli.main({argv!r})\n"
+        "print(sorted(m for m in ('pydantic', 'structlog', 'torch', 'docker') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
