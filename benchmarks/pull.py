@@ -387,8 +387,12 @@ def measure(
     return fig
 
 
-def build_variants(image: str, jax: str, today_ref: str) -> None:
-    """Build the variant images that are missing, each in a copy of the tree."""
+TODAY = "today: one venv layer, gzip"
+
+
+def build_variants(image: str, jax: str, today_ref: str, today: bool = True) -> None:
+    """Build the variant images that are missing, each in a copy of the tree (today's only
+    when `today`)."""
     repo, _, tag = image.rpartition(":")
 
     def exists(ref: str) -> bool:
@@ -447,7 +451,7 @@ def build_variants(image: str, jax: str, today_ref: str) -> None:
             (f"{repo}:{tag}-jax", "split", jax_bump),
         ]
         for ref, layout, change in jobs:
-            if exists(ref):
+            if exists(ref) or (layout == "today" and not today):
                 continue
             tree = Path(tmp) / ref.replace(":", "_")
             if layout == "split":
@@ -495,12 +499,13 @@ def main() -> int:
             raise SystemExit(
                 f"{tool}: not found (apt-get install docker-registry containerd skopeo)"
             )
+    with_today = not args.only or TODAY in args.only
     if args.build:
-        build_variants(args.image, args.jax, args.today_ref)
+        build_variants(args.image, args.jax, args.today_ref, with_today)
     repo, _, tag = args.image.rpartition(":")
     today = {"base": f"{repo}:{tag}-today", "ep": f"{repo}:{tag}-today-ep", "jax": None}
     split = {"base": args.image, "ep": f"{repo}:{tag}-ep", "jax": f"{repo}:{tag}-jax"}
-    for ref in [*today.values(), *split.values()]:
+    for ref in [*(today.values() if with_today else ()), *split.values()]:
         if (
             ref
             and subprocess.run([DOCKER, "image", "inspect", ref], capture_output=True).returncode
@@ -514,7 +519,7 @@ def main() -> int:
     results = []
     try:
         for name, images, compression in (
-            ("today: one venv layer, gzip", today, "gzip"),
+            (TODAY, today, "gzip"),
             ("split, gzip", split, "gzip"),
             ("split, zstd", split, "zstd"),
         ):
