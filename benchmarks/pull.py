@@ -1,6 +1,7 @@
 """Pull the image from a real registry, as the nodes of a job do. Prints figures; asserts nothing.
 
     python benchmarks/pull.py [--image multinode:pull] [--runs 3] [--docker-runs 1] [--build]
+    python benchmarks/pull.py --image multinode:dev --cold-only --only "split, gzip" --only "split, zstd"
 
 Three images side by side: today's (one venv layer, gzip; built from --today-ref, the last
 commit with that Dockerfile), the split one (a layer per group, gzip) and the same split image
@@ -352,7 +353,7 @@ def measure(
         fig.layer_sizes = [layer["size"] for layer in manifest["layers"]]
         fig.layers = len(fig.layer_sizes)
         fig.total = sum(fig.layer_sizes) + manifest["config"]["size"]
-        if "jax" not in refs:
+        if "jax" not in refs and images.get("ep") is not None:
             # one venv layer (the first above 1 GB) and all above it change with any pin
             big = next(i for i, size in enumerate(fig.layer_sizes) if size > GB)
             fig.jax_bytes = [sum(fig.layer_sizes[big:])]
@@ -372,8 +373,12 @@ def measure(
                         got.append(reg.served_since(offset))
             print(
                 f"  containerd run {run + 1}: cold {fig.cold_s[-1]:.1f} s "
-                f"{fig.cold_bytes[-1] / GB:.2f} GB; after an entrypoint change "
-                f"{fig.ep_bytes[-1] / MB:.2f} MB"
+                f"{fig.cold_bytes[-1] / GB:.2f} GB"
+                + (
+                    f"; after an entrypoint change {fig.ep_bytes[-1] / MB:.2f} MB"
+                    if "ep" in refs
+                    else ""
+                )
                 + (f"; after a JAX bump {fig.jax_bytes[-1] / GB:.3f} GB" if "jax" in refs else ""),
                 flush=True,
             )
@@ -487,6 +492,11 @@ def main() -> int:
         "--only", action="append", help="measure this image only (its name in the table)"
     )
     parser.add_argument(
+        "--cold-only",
+        action="store_true",
+        help="cold pulls of --image only: no re-pull variants built or measured",
+    )
+    parser.add_argument(
         "--registry-in-memory",
         dest="memory",
         metavar="SIZE",
@@ -500,11 +510,13 @@ def main() -> int:
                 f"{tool}: not found (apt-get install docker-registry containerd skopeo)"
             )
     with_today = not args.only or TODAY in args.only
-    if args.build:
+    if args.build and not args.cold_only:
         build_variants(args.image, args.jax, args.today_ref, with_today)
     repo, _, tag = args.image.rpartition(":")
     today = {"base": f"{repo}:{tag}-today", "ep": f"{repo}:{tag}-today-ep", "jax": None}
     split = {"base": args.image, "ep": f"{repo}:{tag}-ep", "jax": f"{repo}:{tag}-jax"}
+    if args.cold_only:
+        split = {"base": args.image, "ep": None, "jax": None}
     for ref in [*(today.values() if with_today else ()), *split.values()]:
         if (
             ref
