@@ -1,7 +1,8 @@
 """Pull the image from a real registry, as the nodes of a job do. Prints figures; asserts nothing.
 
     python benchmarks/pull.py [--image multinode:pull] [--runs 3] [--docker-runs 1] [--build]
-    python benchmarks/pull.py --image multinode:dev --cold-only --only "split, gzip" --only "split, zstd"
+    python benchmarks/pull.py --image multinode:dev --cold-only \
+        --only "split, gzip" --only "split, zstd"
 
 Three images side by side: today's (one venv layer, gzip; built from --today-ref, the last
 commit with that Dockerfile), the split one (a layer per group, gzip) and the same split image
