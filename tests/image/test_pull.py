@@ -27,7 +27,7 @@ from .image_helpers import REPO
 # A file of each group (of each part, for a group in parts), bottom to top; the lock and the
 # project above them.
 MARKERS = {
-    "nvidia-cudnn": "lib/python3.13/site-packages/nvidia/cudnn/__init__.py",
+    "nvidia-cudnn": "lib/python3.13/site-packages/nvidia/cudnn/lib/libcudnn.so.9",
     "nvidia-cublas": "lib/python3.13/site-packages/nvidia/cublas/__init__.py",
     "nvidia-nccl": "lib/python3.13/site-packages/nvidia/nccl/lib/libnccl.so.2",
     "nvidia-math": "lib/python3.13/site-packages/nvidia/cufft/__init__.py",
