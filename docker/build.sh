@@ -38,14 +38,8 @@ PROGRESS=${PROGRESS:-auto}
 say() { echo "==> $*" >&2; }
 die() { echo "make image: $*" >&2; exit 2; }
 
-# A client whose `docker build` is BuildKit: one with buildx, or Debian's docker.io
-# client, which has BuildKit built in (DOCKER_BUILDKIT=1).
-if [ -z "${DOCKER:-}" ]; then
-  if docker buildx version >/dev/null 2>&1; then DOCKER=docker
-  elif [ -x /usr/bin/docker ]; then DOCKER=/usr/bin/docker
-  else DOCKER=docker; fi
-fi
-export DOCKER DOCKER_BUILDKIT=1
+# shellcheck source=docker/docker-client.sh
+. docker/docker-client.sh
 if [ "${1:-}" = --check-engine ]; then exec "$DOCKER" info >/dev/null 2>&1; fi
 "$DOCKER" info >/dev/null 2>&1 || die "DOCKER=$DOCKER: no Docker engine answers. Start dockerd (or set DOCKER)."
 

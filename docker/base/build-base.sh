@@ -16,8 +16,10 @@ tag=${1:?usage: build-base.sh TAG [SUITE] [MIRROR]}
 suite=${2:-trixie}
 mirror=${3:-http://deb.debian.org/debian}
 security_mirror=${SECURITY_MIRROR:-http://deb.debian.org/debian-security}
-docker=${DOCKER:-docker}
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=docker/docker-client.sh
+. "$here/../docker-client.sh"
+docker=$DOCKER
 host_arch=$(dpkg --print-architecture 2>/dev/null || echo amd64)
 arch=${ARCH:-$host_arch}
 
