@@ -120,6 +120,7 @@ fi
 
 if has jax; then
   say "built-in JAX job on the GPU"
+  rm -rf /tmp/jaxjob  # a fresh start each run (a kept checkpoint made the second run train 0 steps)
   t0=$EPOCHREALTIME
   ENTRYPOINT_JOB=jax ENTRYPOINT_JOB_STEPS=60 ENTRYPOINT_JOB_LOG_EVERY=10 ENTRYPOINT_JOB_OUTPUT=/tmp/jaxjob \
   ENTRYPOINT_LOG_FORMAT=console timeout 300 python3 -m entrypoint run >"$OUT/jax.log" 2>&1
