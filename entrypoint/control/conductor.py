@@ -27,6 +27,8 @@ returned actions. That is what makes every rule above a unit test.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from entrypoint.control.conductor_terms import (
     ALL,
     END,
@@ -43,11 +45,41 @@ from entrypoint.control.conductor_terms import (
     monitor_table,
     signal_name,
 )
-from entrypoint.control.messages import Beat, Done, Exit, Hello, Restart, Signal, Stop
+from entrypoint.control.messages import (
+    Beat,
+    Done,
+    Dump,
+    Exit,
+    Hello,
+    Restart,
+    Signal,
+    Stacks,
+    Stop,
+)
+from entrypoint.control.progress import (
+    STACKS_WAIT,
+    HangRule,
+    JobProgress,
+    RankStack,
+    hang_rule,
+    ranks_text,
+    slow_ranks,
+    verdict,
+)
 from entrypoint.control.roster import Roster
 from entrypoint.control.seating import Seating
 from entrypoint.control.slow_nodes import STATS_EVERY, news, slow_nodes
-from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
+from entrypoint.plan.errors import EXIT_CONFIG, EXIT_HUNG, EXIT_PEERS
+
+
+@dataclass
+class StackProbe:
+    """Node 0 asked every node for its ranks' stacks: the answers so far."""
+
+    silent: float  # seconds no rank had stepped when asked
+    rule: HangRule
+    deadline: float
+    answers: dict[int, list[RankStack]] = field(default_factory=dict)
 
 
 class Conductor(Seating):
@@ -86,6 +118,10 @@ class Conductor(Seating):
         self.lost, self.slow = {}, {}  # type: dict[int, str], dict[int, str]
         self.training_since: float | None = None  # the first `go`
         self._last_slow_check = now
+        # Every rank's steps (control/progress.py): hangs, slow ranks, goodput.
+        self.progress = JobProgress()
+        self.probe: StackProbe | None = None  # the stacks asked for, once ranks stopped stepping
+        self.slow_ranks: dict[tuple[int, int], str] = {}
 
     # -- names -----------------------------------------------------------------------------
 
@@ -163,7 +199,76 @@ class Conductor(Seating):
             if message.stats:
                 state.stats = dict(message.stats)
                 state.history.append(state.stats.get("gpus") or [])
+            if message.ranks is not None and self.phase == RUN and member in self.seats:
+                self.progress.beat(member, message.reports(), now)
         return []
+
+    def hang_rule(self) -> HangRule:
+        p = self.progress
+        return hang_rule(
+            self.limits.hang_timeout, p.longest, p.warmed, self.limits.collective_timeout
+        )
+
+    def stacks(self, member: int, message: Stacks, now: float) -> list:
+        """A node's ranks' stacks, asked for when no rank stepped: once every node training
+        has answered (or STACKS_WAIT ran out), the hang is named and acted on."""
+        state = self.members.get(member)
+        if self.probe is None or self.phase != RUN or state is None:
+            return []
+        self.probe.answers[member] = message.stacks(member, state.host)
+        return self._judge_hang(now) if self._all_answered() else []
+
+    def _all_answered(self) -> bool:
+        assert self.probe is not None
+        training = {m for m, s in self.members.items() if s.connected and m in self.seats}
+        return training <= self.probe.answers.keys()
+
+    def _check_hang(self, now: float) -> list:
+        if self.probe is not None:
+            return self._judge_hang(now) if now >= self.probe.deadline else []
+        rule = self.hang_rule()
+        silent = self.progress.stalled(now, rule.seconds)
+        if silent is None:
+            return []
+        self.probe = StackProbe(silent, rule, now + STACKS_WAIT)
+        return [
+            Log(
+                "warning",
+                f"no rank has stepped for {silent:.0f} s (hang timeout {rule.seconds:g} s, "
+                f"{rule.source}): asking every {self.unit} for its ranks' stacks",
+            ),
+            Send(ALL, Dump(round(silent, 1))),
+        ]
+
+    def _judge_hang(self, now: float) -> list:
+        probe, self.probe = self.probe, None
+        assert probe is not None
+        stacks = [s for member in sorted(probe.answers) for s in probe.answers[member]]
+        names = {m: self.name(m) for m in self.members}
+        training = [m for m, s in self.members.items() if s.connected and m in self.seats]
+        missing = [self.name(m) for m in sorted(training) if m not in probe.answers]
+        blamed, text = verdict(stacks, probe.silent, names, missing)
+        reason = (
+            f"{text}. Hang timeout {probe.rule.seconds:g} s ({probe.rule.source}); every "
+            f"rank's full stack is in each node's log directory (stacks/)"
+        )
+        member = blamed if blamed is not None else min(training, default=0)
+        return self._failure(member, None, reason, EXIT_HUNG, now)
+
+    def _check_slow_ranks(self, now: float) -> list:
+        slow = slow_ranks(self.progress.ranks.values(), now, self.limits.slow_window)
+        out = [
+            Log("warning", f"{ranks_text([rank])} on {self.name(member)} is slow: {why}")
+            for (member, rank), why in sorted(slow.items())
+            if (member, rank) not in self.slow_ranks
+        ]
+        out += [
+            Log("info", f"{ranks_text([rank])} on {self.name(member)} keeps pace again")
+            for (member, rank) in sorted(self.slow_ranks)
+            if (member, rank) not in slow and (member, rank) in self.progress.ranks
+        ]
+        self.slow_ranks = slow
+        return out
 
     def exited(self, member: int, message: Exit, now: float) -> list:
         state = self.members.get(member)
@@ -301,9 +406,14 @@ class Conductor(Seating):
                     bye = Stop(EXIT_PEERS, f"node 0 dropped this {self.unit}, {why}")
                     lose = self._lost if member in self.seats else self._standby_lost
                     return [Send(member, bye), Close(member), *lose(member, why, now)]
+            self.progress.tick(now, self.limits.heartbeat_interval)
+            actions += self._check_hang(now)
+            if self.phase != RUN:
+                return actions
             if now - self._last_slow_check >= STATS_EVERY:
                 self._last_slow_check = now
                 actions += self._check_slow()
+                actions += self._check_slow_ranks(now)
             interval = self.limits.monitor_interval
             if interval > 0 and now - self._last_monitor >= interval:
                 self._last_monitor = now

@@ -59,6 +59,9 @@ class Limits:
     monitor_interval: float = 300.0
     failure_window: float = 0.0  # seconds to wait for more failure reports before naming one
     slow_window: float = 120.0  # seconds a node's GPUs must lag the job's before it is named
+    hang_timeout: float | None = None  # ENTRYPOINT_HANG_TIMEOUT; None: learned from the steps
+    collective_timeout: float = 600.0  # ENTRYPOINT_COLLECTIVE_TIMEOUT: the learned one stays below
+    heartbeat_interval: float = 1.0
 
 
 def signal_name(number: int) -> str:

@@ -251,6 +251,8 @@ class Server(threading.Thread):
             self._apply(self.conductor.exited(peer.member, message, now))
         elif isinstance(message, m.Signal):
             self._apply(self.conductor.signalled(peer.member, message, now))
+        elif isinstance(message, m.Stacks):
+            self._apply(self.conductor.stacks(peer.member, message, now))
 
     def _hello(self, peer: Peer, hello: m.Hello, now: float) -> None:
         # The host is the peer's word, in every line logged about it from now on: escaped.

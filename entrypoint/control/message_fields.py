@@ -183,6 +183,68 @@ def check_stats(raw: Any) -> dict:
     return {}
 
 
+MAX_RANKS = 4096  # ranks one beat reports: a node of 256 GPUs has 256
+MAX_FRAMES = 40  # frames of one rank's stack sent to node 0
+
+
+def check_ranks(raw: Any) -> tuple[tuple, ...] | None:
+    """A beat's ranks: [rank, steps, age, lead or null, longest, saving] each."""
+    if raw is None:
+        return None
+    if type(raw) is not list or len(raw) > MAX_RANKS:
+        raise BadMessage(f"ranks must be a list of at most {MAX_RANKS}")
+    out = []
+    for r in raw:
+        if type(r) is not list or len(r) != 6:
+            raise BadMessage("each of ranks must be a list of 6")
+        fields = dict(zip(("rank", "steps", "age", "lead", "longest", "saving"), r, strict=True))
+        out.append(
+            (
+                int_field(fields, "rank", -1, 1 << 30),
+                int_field(fields, "steps", 0, 1 << 62),
+                max(0.0, float_field(fields, "age")),
+                None if fields["lead"] is None else max(0.0, float_field(fields, "lead")),
+                max(0.0, float_field(fields, "longest")),
+                int_field(fields, "saving", 0, 1),
+            )
+        )
+    return tuple(out)
+
+
+def check_stacks(raw: Any) -> tuple[dict, ...]:
+    """A node's ranks' stacks: {rank, steps, frames: [[file, line, function, source], ...]}."""
+    if type(raw) is not list or len(raw) > MAX_RANKS:
+        raise BadMessage(f"ranks must be a list of at most {MAX_RANKS}")
+    out = []
+    for r in raw:
+        if type(r) is not dict:
+            raise BadMessage("each of ranks must be an object")
+        frames = r.get("frames")
+        if type(frames) is not list or len(frames) > MAX_FRAMES:
+            raise BadMessage(f"frames must be a list of at most {MAX_FRAMES}")
+        checked = []
+        for f in frames:
+            if type(f) is not list or len(f) != 4:
+                raise BadMessage("each frame must be [file, line, function, source]")
+            parts = dict(zip(("file", "line", "function", "source"), f, strict=True))
+            checked.append(
+                (
+                    str_field(parts, "file", 1024),
+                    int_field(parts, "line", 0, 1 << 30),
+                    str_field(parts, "function", 256),
+                    str_field(parts, "source", 512),
+                )
+            )
+        out.append(
+            {
+                "rank": int_field(r, "rank", -1, 1 << 30),
+                "steps": int_field(r, "steps", 0, 1 << 62),
+                "frames": checked,
+            }
+        )
+    return tuple(out)
+
+
 # The figures a GPU may lack (entrypoint.supervise.gpu_stats): name and bounds.
 GPU_EXTRAS = {
     "temp_c": (0, 1000),

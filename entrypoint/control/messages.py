@@ -6,8 +6,8 @@ is checked for its type and range (entrypoint.control.message_fields: exit codes
 system knows, finite numbers, bounded strings and lists) before node 0's Conductor or a node's
 supervisor sees it. Nothing that arrives from the network is trusted further than this.
 
-    node -> node 0:  hello, beat, exit, signal
-    node 0 -> node:  challenge, welcome, refuse, go, stop, restart, signal, beat, done
+    node -> node 0:  hello, beat, exit, signal, stacks
+    node 0 -> node:  challenge, welcome, refuse, go, stop, restart, signal, beat, done, dump
 
 The handshake: node 0 sends `challenge` as soon as a connection is accepted (a fresh nonce,
 its job identity, whether a token is required); the node answers `hello` carrying its own nonce
@@ -29,6 +29,8 @@ from entrypoint.control.message_fields import (
     BadMessage,
     check_failure,
     check_fingerprint,
+    check_ranks,
+    check_stacks,
     check_stats,
     float_field,
     hex_field,
@@ -38,6 +40,8 @@ from entrypoint.control.message_fields import (
     str_field,
     strings_field,
 )
+
+from entrypoint.control.progress import Frame, RankReport, RankStack
 
 PROTOCOL = 2
 MAX_LINE = 1 << 20  # a hello with every package listed is 10-20 kB; nothing needs more
@@ -108,12 +112,20 @@ class Hello(Message):
 
 @dataclass(frozen=True)
 class Beat(Message):
+    """Alive. From a node: its GPUs' figures (`stats`) and its ranks' progress (`ranks`, each
+    `RankReport.to_wire()`: rank, steps, seconds since its last step, mean seconds before
+    backward, longest step interval, saving)."""
+
     kind: ClassVar[str] = "beat"
     stats: dict = field(default_factory=dict)
+    ranks: tuple[tuple, ...] | None = None
 
     @classmethod
     def from_wire(cls, raw: dict) -> Beat:
-        return cls(check_stats(raw.get("stats")))
+        return cls(check_stats(raw.get("stats")), check_ranks(raw.get("ranks")))
+
+    def reports(self) -> list[RankReport]:
+        return [RankReport(r[0], r[1], r[2], r[3], r[4], bool(r[5])) for r in self.ranks or ()]
 
 
 @dataclass(frozen=True)
@@ -247,6 +259,39 @@ class Restart(Message):
 
 
 @dataclass(frozen=True)
+class Dump(Message):
+    """Node 0 -> every node: no rank has stepped for `silent` seconds; send your ranks' stacks."""
+
+    kind: ClassVar[str] = "dump"
+    silent: float = 0.0
+
+    @classmethod
+    def from_wire(cls, raw: dict) -> Dump:
+        return cls(float_field(raw, "silent", 0.0))
+
+
+@dataclass(frozen=True)
+class Stacks(Message):
+    """A node's answer to `dump`: each rank's main-thread stack, innermost frame first (`ranks`:
+    objects with rank, steps and frames, each frame [file, line, function, source])."""
+
+    kind: ClassVar[str] = "stacks"
+    ranks: tuple[dict, ...] = ()
+
+    @classmethod
+    def from_wire(cls, raw: dict) -> Stacks:
+        return cls(check_stacks(raw.get("ranks")))
+
+    def stacks(self, member: int, host: str) -> list[RankStack]:
+        return [
+            RankStack(
+                member, host, r["rank"], r["steps"], tuple(Frame(*f) for f in r["frames"])
+            )
+            for r in self.ranks
+        ]
+
+
+@dataclass(frozen=True)
 class Done(Message):
     kind: ClassVar[str] = "done"
 
@@ -257,11 +302,11 @@ class Done(Message):
 
 KINDS: dict[str, type[Message]] = {
     m.kind: m
-    for m in (Hello, Beat, Exit, Signal, Challenge, Welcome, Refuse, Go, Stop, Restart, Done)
-}
-FROM_NODES = frozenset({"hello", "beat", "exit", "signal"})
+    for m in (Hello, Beat, Exit, Signal, Challenge, Welcome, Refuse, Go, Stop, Restart, Done, Dump)
+} | {"stacks": Stacks}
+FROM_NODES = frozenset({"hello", "beat", "exit", "signal", "stacks"})
 FROM_NODE_0 = frozenset(
-    {"challenge", "welcome", "refuse", "go", "stop", "restart", "signal", "beat", "done"}
+    {"challenge", "welcome", "refuse", "go", "stop", "restart", "signal", "beat", "done", "dump"}
 )
 
 

@@ -39,6 +39,7 @@ from entrypoint.control.fingerprint import (
     mismatches,
 )
 from entrypoint.control.messages import Go, Hello, Restart, Stop
+from entrypoint.control.progress import JobProgress
 from entrypoint.control.roster import Roster, changes, seat
 from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
 
@@ -57,6 +58,8 @@ class Seating:
     phase: Phase
     generation: int
     received: dict[int, int]
+    progress: JobProgress
+    probe: object | None
     failures: dict
     lost: dict[int, str]
     training_since: float | None
@@ -157,6 +160,8 @@ class Seating:
         self.failures, self.decide_at = {}, None
         self.phase = JOIN
         self.members.clear()  # every node says hello again before the restart goes ahead
+        self.progress.restart()
+        self.probe = None
         self.awaited = set(awaited)
         self.join_started = now
         self.join_deadline = self.join_started + self.limits.join_timeout

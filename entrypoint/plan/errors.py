@@ -5,6 +5,7 @@ from __future__ import annotations
 # Exit codes a platform's retry policy can key on.
 EXIT_CONFIG = 2  # configuration error found before launch: retrying will not help
 EXIT_PEERS = 75  # the master or a peer is unavailable, lost or silent: a retry may succeed
+EXIT_HUNG = 124  # ranks stopped stepping (ENTRYPOINT_HANG_TIMEOUT): one hangs, named with its stack
 # Otherwise: the trainer's own exit code, or 128 + N after signal N (143: SIGTERM, preempted).
 
 

@@ -216,6 +216,18 @@ class Settings(BaseSettings):
             "before."
         ),
     )
+    hang_timeout: float | None = Field(
+        None,
+        ge=0,
+        le=WEEK,
+        description=(
+            "Seconds every rank may go without an optimizer step before the job is hung: node 0 "
+            "collects every rank's stack, names the rank not where the others are, and every "
+            "node exits 124 (a restart with ENTRYPOINT_MAX_RESTARTS). 0: off. Unset: learned, "
+            "max(180, 10 x the longest step after 10 steps), at most 0.75 x "
+            "ENTRYPOINT_COLLECTIVE_TIMEOUT."
+        ),
+    )
     grace_period: float = Field(
         25,
         ge=0,

@@ -62,6 +62,9 @@ def serve(
         monitor_interval=s.monitor_interval,
         failure_window=FAILURE_WINDOW if expected > 1 else 0.0,
         slow_window=s.slow_node_window,
+        hang_timeout=s.hang_timeout,
+        collective_timeout=s.collective_timeout,
+        heartbeat_interval=s.heartbeat_interval,
     )
     bind = sockets.ANY if expected > 1 else "127.0.0.1"  # both families; one node: loopback
     roster = (

@@ -30,7 +30,7 @@ from entrypoint.control import control_channel, control_server
 from entrypoint.control.conductor_terms import STOPPING, signal_name
 from entrypoint.control.control import PeersError
 from entrypoint.plan import secrets
-from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
+from entrypoint.plan.errors import EXIT_CONFIG, EXIT_HUNG, EXIT_PEERS
 from entrypoint.plan.plan import Plan
 from entrypoint.plan.settings import Settings
 from entrypoint.supervise import failures, join, logs, procs
@@ -43,6 +43,7 @@ from entrypoint.supervise.launch_watch import (
     Watch,
 )
 from entrypoint.supervise.launcher_process import Launch, exit_status, start
+from entrypoint.supervise.rank_progress import Inbox
 from entrypoint.supervise.worker_signals import FORWARDED, SignalRelay
 
 
@@ -81,6 +82,7 @@ class Supervisor(join.Joining):
         # and no restart may start it again.
         self.stop_signal: int | None = None
         self._connecting = False
+        self.inbox: Inbox | None = None  # the ranks' progress reports (rank_progress)
 
     @property
     def launched(self) -> Launch:
@@ -125,16 +127,23 @@ class Supervisor(join.Joining):
         if self.guard is None:
             self.guard = procs.Guard(s.grace_period)
         failures.prune(self.log_dir, failures.KEEP_LOG_RUNS)
-        launch = self.launch = start(self.plan, self.env, self.generation, self.echo)
+        inbox = self._inbox()
+        inbox.new_launch()
+        launch = self.launch = start(
+            self.plan, self.env | inbox.env(), self.generation, self.echo
+        )
         stats = Stats(self.plan.devices)
         last_beat = 0.0
         watch = Watch()
         self.signals.new_launch()
         while True:
             now = time.monotonic()
+            inbox.drain()
+            if inbox.dump_ready(now):
+                self._send_stacks(inbox)
             if now - last_beat >= s.heartbeat_interval:
                 last_beat = now
-                self.node0.send({"t": "beat", "stats": stats.read()})
+                self.node0.send({"t": "beat", "stats": stats.read(), "ranks": inbox.reports(now)})
                 procs.reap(exclude=launch.process.pid)
             self._handle_signals(watch, now)
             if watch.code is None:
@@ -204,6 +213,12 @@ class Supervisor(join.Joining):
             )
             watch.stopping(sig, now, self.settings.grace_period)
             self.stop_signal = sig
+        if kind == "dump" and self.inbox is not None:
+            self.log.warning(
+                f"node 0 says no rank has stepped for {float(message.get('silent', 0)):.0f} s: "
+                f"writing this node's ranks' stacks into {self.inbox.stacks_dir}"
+            )
+            self.inbox.dump(now)
         if kind == "done":
             self.launched.stop(5)
             return True, 0 if watch.code == 0 else (watch.code or 0)
@@ -257,7 +272,7 @@ class Supervisor(join.Joining):
         elif launch.running():
             # Another node failed, whatever its code: SIGTERM, and the workers are killed if
             # they do not exit (at once after a lost node: their collectives cannot complete).
-            grace = LOST_PEER_GRACE if code == EXIT_PEERS else PEER_STOP_GRACE
+            grace = LOST_PEER_GRACE if code in (EXIT_PEERS, EXIT_HUNG) else PEER_STOP_GRACE
             launch.stop(grace, signal.SIGTERM)
         raise Stop(code, self._from_node0(reason))
 
@@ -284,6 +299,15 @@ class Supervisor(join.Joining):
                 f"(ENTRYPOINT_HEARTBEAT_TIMEOUT={timeout:g}): it hangs, is "
                 "paused or this node is cut off from it",
             )
+
+    def _inbox(self) -> Inbox:
+        if self.inbox is None:
+            self.inbox = Inbox(self.log_dir / "stacks")
+        return self.inbox
+
+    def _send_stacks(self, inbox: Inbox) -> None:
+        stacks = inbox.stacks()
+        self.node0.send({"t": "stacks", "ranks": stacks})
 
     def _end_workers(self, grace: float) -> None:
         """SIGTERM to a running launch's workers, `grace` to exit, then SIGKILL."""
@@ -314,6 +338,8 @@ class Supervisor(join.Joining):
     def _cleanup(self) -> None:
         if self.launch is not None:
             self._kill_leftovers()
+        if self.inbox is not None:
+            self.inbox.close()
         if self.channel is not None:
             self.channel.close()
         if self.server is not None:

@@ -11,8 +11,9 @@ from types import ModuleType
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    def __init__(self, target: str, then: Callable[[ModuleType], None]) -> None:
-        self.target, self.then = target, then
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.then: list[Callable[[ModuleType], None]] = []
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != self.target:
@@ -25,7 +26,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: ModuleType) -> None:
             run(module)
-            then(module)
+            for each in then:
+                each(module)
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -35,5 +37,12 @@ def when_imported(target: str, then: Callable[[ModuleType], None]) -> None:
     """Call then(module) now if `target` is loaded, else once its module has run."""
     if target in sys.modules:
         then(sys.modules[target])
-    elif not any(isinstance(f, _AfterImport) and f.target == target for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(target, then))
+        return
+    finder = next(
+        (f for f in sys.meta_path if isinstance(f, _AfterImport) and f.target == target), None
+    )
+    if finder is None:
+        finder = _AfterImport(target)
+        sys.meta_path.insert(0, finder)
+    if then not in finder.then:
+        finder.then.append(then)

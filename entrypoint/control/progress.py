@@ -1,0 +1,327 @@
+"""Every rank's progress as node 0 sees it, and what follows from it: a hang, a slow rank, the
+job's goodput. Pure: the caller passes `now` (node 0's monotonic seconds).
+
+The nodes' heartbeats carry their ranks' reports (`RankReport`, from the site hook's optimizer-step
+hook, entrypoint.trainer_side.progress). From them:
+
+- **Hang.** Ranks that were stepping and have not stepped for `HangRule.seconds`, none of them
+  saving a checkpoint: node 0 asks every node for its ranks' stacks, and `verdict` names the
+  rank(s) that are not where the others are.
+- **Slow rank.** In a synchronous job every rank steps at the slowest one's pace, so step
+  intervals are equal; what differs is the time each rank spends before backward (loading data,
+  forward): a rank whose time before backward is well above the job's median in every sample of
+  the window is the one every step waits for. Equal ranks are never named.
+- **Goodput.** The share of wall time since the first step in which the job was stepping (a step
+  seen within a few step intervals).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+WARMUP_STEPS = 10  # steps every rank makes before the learned hang timeout is trusted
+HANG_FLOOR = 180.0  # seconds: the learned timeout is never shorter
+HANG_FACTOR = 10.0  # times the longest step interval seen after warm-up
+HANG_CAP_SHARE = 0.75  # of the collective timeout: a hang is named before torch's timeout fires
+STACKS_WAIT = 5.0  # seconds node 0 waits for every node's stacks before it judges without them
+
+SLOW_SHARE = 1.5  # a rank's time before backward over the job's median, in every sample
+SLOW_MIN_GAP = 0.02  # seconds a step: below that nobody is named (noise)
+SAMPLE_EVERY = 5.0  # seconds between slow-rank samples
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """One rank as a node's heartbeat reports it."""
+
+    rank: int
+    steps: int
+    age: float  # seconds since its last step, on its node's clock, when the beat left
+    lead: float | None  # mean seconds a step before backward since the last beat; None: unknown
+    longest: float  # longest step interval since the last beat (0: none)
+    saving: bool = False
+
+    def to_wire(self) -> list:
+        return [self.rank, self.steps, round(self.age, 3), self.lead, round(self.longest, 4),
+                int(self.saving)]  # fmt: skip
+
+
+@dataclass
+class RankState:
+    member: int
+    rank: int
+    steps: int = 0
+    last_step: float = 0.0  # node 0's monotonic time
+    saving: bool = False
+    interval: float | None = None  # mean step interval, from the steps between two beats
+    leads: deque = field(default_factory=lambda: deque(maxlen=64))  # (now, mean lead)
+    _prev: tuple[float, int] | None = None  # (last_step, steps) at the previous beat
+
+
+@dataclass(frozen=True)
+class HangRule:
+    seconds: float  # 0: off
+    source: str
+
+
+def hang_rule(
+    setting: float | None, longest: float, warmed: bool, collective_timeout: float
+) -> HangRule:
+    """ENTRYPOINT_HANG_TIMEOUT, else learned: max(HANG_FLOOR, HANG_FACTOR x the longest step
+    interval seen after warm-up), capped at HANG_CAP_SHARE of the collective timeout (before
+    warm-up: the cap)."""
+    if setting is not None:
+        return HangRule(setting, "ENTRYPOINT_HANG_TIMEOUT")
+    cap = HANG_CAP_SHARE * collective_timeout
+    if not warmed:
+        return HangRule(cap, f"{HANG_CAP_SHARE:g} x ENTRYPOINT_COLLECTIVE_TIMEOUT (warming up)")
+    learned = max(HANG_FLOOR, HANG_FACTOR * longest)
+    if learned >= cap:
+        return HangRule(cap, f"{HANG_CAP_SHARE:g} x ENTRYPOINT_COLLECTIVE_TIMEOUT")
+    return HangRule(
+        learned,
+        f"learned: max({HANG_FLOOR:g} s, {HANG_FACTOR:g} x the longest step, {longest:.2f} s)",
+    )
+
+
+class JobProgress:
+    """Every rank's steps, from the beats; node 0's Conductor holds one."""
+
+    def __init__(self) -> None:
+        self.ranks: dict[tuple[int, int], RankState] = {}  # (member, rank): state
+        self.longest = 0.0  # the longest step interval seen after warm-up, any rank
+        self.first_step: float | None = None  # the job's first step (node 0's clock)
+        self.stepping = 0.0  # seconds since then that the job was stepping
+        self._last_tick: float | None = None
+
+    def beat(self, member: int, reports: Iterable[RankReport], now: float) -> None:
+        """A node's ranks, as its beat says; a rank the node no longer reports has ended."""
+        seen = set()
+        for r in reports:
+            key = (member, r.rank)
+            seen.add(key)
+            state = self.ranks.get(key) or RankState(member, r.rank)
+            self.ranks[key] = state
+            if r.steps > 0:
+                state.last_step = now - r.age
+                if self.first_step is None:
+                    self.first_step = state.last_step
+            if state._prev is not None and r.steps > state._prev[1]:
+                state.interval = (state.last_step - state._prev[0]) / (r.steps - state._prev[1])
+            state._prev = (state.last_step, r.steps)
+            if r.steps >= WARMUP_STEPS and r.longest > self.longest and state.steps >= WARMUP_STEPS:
+                self.longest = r.longest
+            state.steps, state.saving = r.steps, r.saving
+            if r.lead is not None:
+                state.leads.append((now, r.lead))
+        for key in [k for k in self.ranks if k[0] == member and k not in seen]:
+            del self.ranks[key]
+
+    def forget(self, member: int) -> None:
+        for key in [k for k in self.ranks if k[0] == member]:
+            del self.ranks[key]
+
+    def restart(self) -> None:
+        """A new start: the ranks of the last one are gone; goodput counts on."""
+        self.ranks.clear()
+        self._last_tick = None
+
+    @property
+    def warmed(self) -> bool:
+        stepping = [s for s in self.ranks.values() if s.steps]
+        return bool(stepping) and all(s.steps >= WARMUP_STEPS for s in stepping)
+
+    def stalled(self, now: float, seconds: float) -> float | None:
+        """Seconds since the job's last step, when every rank that stepped has been still for
+        longer than `seconds` and none is saving; else None."""
+        stepping = [s for s in self.ranks.values() if s.steps]
+        if seconds <= 0 or not stepping or any(s.saving for s in self.ranks.values()):
+            return None
+        silent = now - max(s.last_step for s in stepping)
+        oldest = now - min(s.last_step for s in stepping)
+        return oldest if silent > seconds else None
+
+    def tick(self, now: float, heartbeat: float) -> None:
+        """Goodput: the time since the last tick counts as stepping when a step was seen within
+        3 step intervals (and the beats' own delay)."""
+        last, self._last_tick = self._last_tick, now
+        stepping = [s for s in self.ranks.values() if s.steps]
+        if last is None or not stepping or self.first_step is None:
+            return
+        intervals = [s.interval for s in stepping if s.interval]
+        typical = statistics.median(intervals) if intervals else 0.0
+        latest = max(s.last_step for s in stepping)
+        if now - latest <= 3 * typical + 2 * heartbeat + 0.5:
+            self.stepping += now - last
+
+    def goodput(self, now: float) -> float | None:
+        if self.first_step is None or now - self.first_step <= 0:
+            return None
+        return min(1.0, self.stepping / (now - self.first_step))
+
+    def steps(self) -> int:
+        """The job's steps: the fewest any rank has made."""
+        stepping = [s.steps for s in self.ranks.values()]
+        return min(stepping) if stepping else 0
+
+
+def slow_ranks(states: Iterable[RankState], now: float, window: float) -> dict[tuple[int, int], str]:
+    """{(member, rank): why} for each rank whose time before backward stayed above the job's
+    median by SLOW_SHARE (and SLOW_MIN_GAP) in every sample of the last `window` seconds; a rank
+    needs samples spanning most of the window to be judged."""
+    recent = {}
+    for s in states:
+        samples = [lead for at, lead in s.leads if now - at <= window]
+        span = [at for at, _ in s.leads if now - at <= window]
+        if len(samples) >= 3 and span and span[-1] - span[0] >= 0.6 * window:
+            recent[(s.member, s.rank)] = samples
+    if len(recent) < 2:
+        return {}
+    means = {key: statistics.fmean(v) for key, v in recent.items()}
+    out = {}
+    for key, samples in recent.items():
+        others = [m for k, m in means.items() if k != key]
+        median = statistics.median(others)
+        bar = max(SLOW_SHARE * median, median + SLOW_MIN_GAP)
+        if all(lead > bar for lead in samples):
+            out[key] = (
+                f"{means[key]:.3f} s a step before backward (data loading, forward) against "
+                f"the other ranks' median {median:.3f} s, for {window:g} s: every synchronous "
+                "step waits for it"
+            )
+    return out
+
+
+# -- a hang's verdict, from every rank's stack --------------------------------------------------
+
+# Where a rank waits for the others: a collective, the autograd engine (DDP's all-reduce runs
+# inside backward), a barrier.
+WAITING = (
+    "torch/distributed/",
+    "torch/autograd/",
+    "torch/nn/parallel/",
+    "deepspeed/comm/",
+    "jax/_src/distributed",
+)
+LIBRARY = ("site-packages/", "dist-packages/", "/lib/python3", "entrypoint/trainer_side/")
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    function: str
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class RankStack:
+    member: int
+    host: str
+    rank: int
+    steps: int
+    frames: tuple[Frame, ...]  # the main thread's, innermost first
+
+    @property
+    def place(self) -> tuple[str, int, str] | None:
+        return (self.frames[0].file, self.frames[0].line, self.frames[0].function) if self.frames else None
+
+    @property
+    def waiting(self) -> bool:
+        return any(any(w in f.file for w in WAITING) for f in self.frames[:4])
+
+
+def _short(path: str) -> str:
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    return path.rsplit("/", 1)[-1]
+
+
+def where(frames: Sequence[Frame]) -> str:
+    """`train.py:42 (time.sleep(3600))`, or `all_reduce (torch/distributed/...:2950), from
+    train.py:40 (loss.backward())` when the innermost frame is a library's."""
+    if not frames:
+        return "no Python stack (the process did not answer)"
+    own = next((f for f in frames if not any(m in f.file for m in LIBRARY)), None)
+
+    def at(f: Frame) -> str:
+        text = f"{_short(f.file)}:{f.line}"
+        return f"{text} ({f.source})" if f.source else f"{text} in {f.function}"
+
+    top = frames[0]
+    if own is top:
+        return at(top)
+    text = f"{top.function} ({_short(top.file)}:{top.line})"
+    return f"{text}, from {at(own)}" if own is not None else text
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """`rank 3`, `ranks 0-2`, `ranks 0, 2, 5`."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    shown = ", ".join(str(r) for r in ranks[:12]) + (" ..." if len(ranks) > 12 else "")
+    return f"ranks {shown}"
+
+
+def suspects(stacks: Sequence[RankStack]) -> list[RankStack]:
+    """The ranks not where the others are: outside the largest group of ranks sharing their
+    innermost frame; when no group is largest, those not waiting in a collective; else the
+    ranks with the fewest steps; else every rank."""
+    if not stacks:
+        return []
+    groups: dict[object, list[RankStack]] = {}
+    for s in stacks:
+        groups.setdefault(s.place, []).append(s)
+    sizes = sorted((len(g) for g in groups.values()), reverse=True)
+    if len(groups) > 1 and sizes[0] > sizes[1]:
+        largest = max(groups.values(), key=len)
+        return [s for s in stacks if s not in largest]
+    if len(groups) > 1:
+        busy = [s for s in stacks if not s.waiting]
+        if busy and len(busy) < len(stacks):
+            return busy
+    fewest = min(s.steps for s in stacks)
+    behind = [s for s in stacks if s.steps == fewest]
+    return behind if len(behind) < len(stacks) else list(stacks)
+
+
+def verdict(
+    stacks: Sequence[RankStack], silent: float, name: dict[int, str], missing: Sequence[str] = ()
+) -> tuple[int | None, str]:
+    """(the member to blame, the one failure line). `name`: member -> `node 1 (host)`."""
+    if not stacks:
+        return None, (
+            f"no rank has stepped for {silent:.0f} s and no node sent its ranks' stacks"
+            + (f" ({', '.join(missing)} did not answer)" if missing else "")
+        )
+    culprits = suspects(stacks)
+    first = culprits[0]
+    if len(culprits) == len(stacks):
+        head = f"every rank has been still for {silent:.0f} s, none stands out: " + "; ".join(
+            f"{ranks_text([s.rank])} on {name.get(s.member, s.member)} in {where(s.frames)}"
+            for s in stacks[:8]
+        )
+    else:
+        on = {s.member for s in culprits}
+        node = name.get(first.member, f"node {first.member}") if len(on) == 1 else "several nodes"
+        head = (
+            f"{ranks_text([s.rank for s in culprits])} on {node} has not stepped for "
+            f"{silent:.0f} s: in {where(first.frames)}"
+        )
+        others = [s for s in stacks if s not in culprits]
+        by_place: dict[str, list[int]] = {}
+        for s in others:
+            by_place.setdefault(where(s.frames), []).append(s.rank)
+        head += "; " + "; ".join(
+            f"{ranks_text(ranks)} wait in {place}" for place, ranks in list(by_place.items())[:3]
+        )
+    if missing:
+        head += f" ({', '.join(missing)} sent no stacks)"
+    return first.member, head

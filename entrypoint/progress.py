@@ -1,0 +1,14 @@
+"""For a trainer without a torch optimizer (JAX, a hand-written loop): call `step()` once a
+training step, and `entrypoint run` sees this rank's progress as it sees a torch trainer's
+(hangs named with their stacks, slow ranks, steps and goodput in `/metrics`). Outside
+`entrypoint run` it does nothing.
+
+    import entrypoint.progress
+    for batch in data:
+        state = train_step(state, batch)
+        entrypoint.progress.step()
+"""
+
+from entrypoint.trainer_side.progress import step
+
+__all__ = ["step"]

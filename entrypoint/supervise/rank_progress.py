@@ -1,0 +1,183 @@
+"""This node's end of its ranks' progress reports (entrypoint.trainer_side.progress): a Unix
+datagram socket in the abstract namespace that the ranks report to, read without blocking on each
+turn of the supervising loop; what the heartbeat carries to node 0; and the ranks' stacks, dumped
+on node 0's request into the log directory and read back."""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import secrets
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from entrypoint.control.message_fields import MAX_FRAMES
+from entrypoint.control.progress import RankReport
+from entrypoint.trainer_side.progress import (
+    DUMP_SIGNAL,
+    SOCKET_VARIABLE,
+    STACKS_VARIABLE,
+    VERSION,
+    WIRE,
+)
+
+MAX_READS = 4096  # datagrams read in one turn: a flood cannot hold the loop
+DUMP_WAIT = 1.0  # seconds the ranks get to write their stacks
+
+
+@dataclass
+class Rank:
+    rank: int
+    local_rank: int
+    pid: int
+    steps: int = 0
+    last_step: float = 0.0  # CLOCK_MONOTONIC, shared with the ranks
+    lead_sum: float = 0.0  # since the last beat
+    leads: int = 0
+    longest: float = 0.0
+    saving: bool = False
+
+
+class Inbox:
+    """The socket this node's ranks report to, and what they reported."""
+
+    def __init__(self, stacks_dir: Path) -> None:
+        self.name = f"entrypoint-progress-{os.getpid()}-{secrets.token_hex(6)}"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self.sock.bind("\0" + self.name)
+        self.sock.setblocking(False)
+        self.stacks_dir = stacks_dir
+        self.ranks: dict[int, Rank] = {}
+        self.dumped_at: float | None = None
+
+    def env(self) -> dict[str, str]:
+        """What the trainer's processes need to report here."""
+        return {SOCKET_VARIABLE: "@" + self.name, STACKS_VARIABLE: str(self.stacks_dir)}
+
+    def new_launch(self) -> None:
+        self.ranks.clear()
+        self.dumped_at = None
+
+    def drain(self) -> None:
+        for _ in range(MAX_READS):
+            try:
+                data = self.sock.recv(256)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            if len(data) != WIRE.size:
+                continue
+            version, rank, local, pid, steps, last, lead_sum, leads, longest, saving = (
+                WIRE.unpack(data)
+            )
+            if version != VERSION:
+                continue
+            r = self.ranks.get(rank)
+            if r is None or r.pid != pid:
+                r = self.ranks[rank] = Rank(rank, local, pid)
+            r.steps, r.last_step, r.saving = steps, last, bool(saving)
+            r.lead_sum += lead_sum
+            r.leads += leads
+            r.longest = max(r.longest, longest)
+
+    def reports(self, now: float | None = None) -> list[list]:
+        """Each living rank's progress for the heartbeat; the per-beat sums start again."""
+        now = time.monotonic() if now is None else now
+        out = []
+        for rank in sorted(self.ranks):
+            r = self.ranks[rank]
+            if not _alive(r.pid):
+                del self.ranks[rank]
+                continue
+            lead = round(r.lead_sum / r.leads, 5) if r.leads else None
+            age = max(0.0, now - r.last_step) if r.steps else 0.0
+            out.append(RankReport(rank, r.steps, age, lead, r.longest, r.saving).to_wire())
+            r.lead_sum, r.leads, r.longest = 0.0, 0, 0.0
+        return out
+
+    def dump(self, now: float) -> None:
+        """Ask every rank for its stacks (faulthandler, registered by the site hook)."""
+        for r in self.ranks.values():
+            try:
+                os.kill(r.pid, DUMP_SIGNAL)
+            except OSError:
+                continue
+        self.dumped_at = now
+
+    def dump_ready(self, now: float) -> bool:
+        return self.dumped_at is not None and now - self.dumped_at >= DUMP_WAIT
+
+    def stacks(self) -> list[dict]:
+        """Each rank's main-thread stack from its last dump, innermost frame first."""
+        self.dumped_at = None
+        out = []
+        for rank in sorted(self.ranks):
+            r = self.ranks[rank]
+            path = self.stacks_dir / f"rank{rank}.pid{r.pid}.txt"
+            try:
+                text = path.read_text(errors="replace")[-(1 << 20) :]
+            except OSError:
+                text = ""
+            frames = [list(f) for f in main_stack(text)[:MAX_FRAMES]]
+            out.append({"rank": rank, "steps": r.steps, "frames": frames})
+        return out
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    try:  # a zombie: exited, not yet reaped by torchrun
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
+_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+)$')
+
+
+def main_stack(text: str) -> list[tuple[str, int, str, str]]:
+    """The main thread's frames from faulthandler's last dump in `text` (file, line, function,
+    the source line), innermost first."""
+    lines = text.splitlines()
+    main = None
+    if lines and lines[0].startswith("main thread "):
+        main = int(lines[0].split()[-1], 16)
+    # The last dump: from the last header that follows a blank line or the main-thread line.
+    blocks: list[tuple[int | None, bool, list[str]]] = []
+    for line in lines:
+        head = _THREAD.match(line)
+        if head:
+            blocks.append((int(head.group(2), 16), head.group(1) == "Current thread", []))
+        elif blocks and _FRAME.match(line):
+            blocks[-1][2].append(line)
+    if not blocks:
+        return []
+    # Dumps are appended: the last dump's blocks are the last ones up to a repeated thread id.
+    last: list[tuple[int | None, bool, list[str]]] = []
+    ids: set[int | None] = set()
+    for block in reversed(blocks):
+        if block[0] in ids:
+            break
+        ids.add(block[0])
+        last.append(block)
+    chosen = next((b for b in last if b[0] == main), None) or last[-1]
+    frames = []
+    for line in chosen[2]:
+        match = _FRAME.match(line)
+        assert match is not None
+        file, number, function = match.group(1), int(match.group(2)), match.group(3)
+        source = linecache.getline(file, number).strip()[:200] if number else ""
+        frames.append((file[-1000:], number, function[:250], source))
+    return frames

@@ -1,0 +1,65 @@
+"""torch's DDP tutorial loop (tests/trainers/ddp_tutorial.py) with one rank misbehaving, as a
+user's trainer does: nothing of this project is imported.
+
+HANG_RANK, HANG_STEP: which rank, at which step;
+HANG_KIND: sleep (it sleeps for an hour, outside any collective), recv (it waits in a
+`dist.recv` nobody sends), pause (it sleeps HANG_SECONDS, then goes on), slow (it sleeps
+HANG_SECONDS before every forward from HANG_STEP on);
+STEPS: steps in all (default 200); STEP_SECONDS: every rank's own work a step (default 0.05).
+"""
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.optim as optim
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class ToyModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net1 = nn.Linear(10, 10)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(10, 5)
+
+    def forward(self, x):
+        return self.net2(self.relu(self.net1(x)))
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    hang_rank = int(os.environ.get("HANG_RANK", "-1"))
+    hang_step = int(os.environ.get("HANG_STEP", "20"))
+    kind = os.environ.get("HANG_KIND", "sleep")
+    seconds = float(os.environ.get("HANG_SECONDS", "20"))
+    steps = int(os.environ.get("STEPS", "200"))
+    work = float(os.environ.get("STEP_SECONDS", "0.05"))
+    model = DDP(ToyModel())
+    loss_fn = nn.MSELoss()
+    optimizer = optim.SGD(model.parameters(), lr=0.001)
+    print(f"rank {rank} training", flush=True)
+    for step in range(steps):
+        if rank == hang_rank and step == hang_step:
+            if kind == "sleep":
+                time.sleep(3600)
+            elif kind == "recv":
+                dist.recv(torch.zeros(1), src=(rank + 1) % dist.get_world_size())
+            elif kind == "pause":
+                time.sleep(seconds)
+        if rank == hang_rank and kind == "slow" and step >= hang_step:
+            time.sleep(seconds)
+        time.sleep(work)
+        optimizer.zero_grad()
+        outputs = model(torch.randn(20, 10))
+        loss_fn(outputs, torch.randn(20, 5)).backward()
+        optimizer.step()
+    dist.destroy_process_group()
+    print(f"rank {rank} finished {steps} steps", flush=True)
+
+
+if __name__ == "__main__":
+    main()
