@@ -61,10 +61,11 @@ from entrypoint.control.progress import (
     HangRule,
     JobProgress,
     RankStack,
+    hang_reason,
     hang_rule,
     ranks_text,
+    slow_rank_news,
     slow_ranks,
-    verdict,
 )
 from entrypoint.control.roster import Roster
 from entrypoint.control.seating import Seating
@@ -243,32 +244,21 @@ class Conductor(Seating):
     def _judge_hang(self, now: float) -> list:
         probe, self.probe = self.probe, None
         assert probe is not None
-        stacks = [s for member in sorted(probe.answers) for s in probe.answers[member]]
-        names = {m: self.name(m) for m in self.members}
         training = [m for m, s in self.members.items() if s.connected and m in self.seats]
-        missing = [self.name(m) for m in sorted(training) if m not in probe.answers]
-        blamed, text = verdict(stacks, probe.silent, names, missing)
-        reason = (
-            f"{text}. Hang timeout {probe.rule.seconds:g} s ({probe.rule.source}); every "
-            f"rank's full stack is in each node's log directory (stacks/)"
-        )
+        blamed, reason = hang_reason(
+            probe.answers, probe.silent, probe.rule, {m: self.name(m) for m in self.members},
+            [m for m in sorted(training) if m not in probe.answers],
+        )  # fmt: skip
         member = blamed if blamed is not None else min(training, default=0)
         return self._failure(member, None, reason, EXIT_HUNG, now)
 
     def _check_slow_ranks(self, now: float) -> list:
         slow = slow_ranks(self.progress.ranks.values(), now, self.limits.slow_window)
-        out = [
-            Log("warning", f"{ranks_text([rank])} on {self.name(member)} is slow: {why}")
-            for (member, rank), why in sorted(slow.items())
-            if (member, rank) not in self.slow_ranks
-        ]
-        out += [
-            Log("info", f"{ranks_text([rank])} on {self.name(member)} keeps pace again")
-            for (member, rank) in sorted(self.slow_ranks)
-            if (member, rank) not in slow and (member, rank) in self.progress.ranks
-        ]
+        said = slow_rank_news(self.slow_ranks, slow, self.progress.ranks.keys())
         self.slow_ranks = slow
-        return out
+        return [
+            Log(level, f"{ranks_text([r])} on {self.name(m)} {text}") for level, m, r, text in said
+        ]
 
     def exited(self, member: int, message: Exit, now: float) -> list:
         state = self.members.get(member)

@@ -40,7 +40,6 @@ from entrypoint.control.message_fields import (
     str_field,
     strings_field,
 )
-
 from entrypoint.control.progress import Frame, RankReport, RankStack
 
 PROTOCOL = 2
@@ -284,9 +283,7 @@ class Stacks(Message):
 
     def stacks(self, member: int, host: str) -> list[RankStack]:
         return [
-            RankStack(
-                member, host, r["rank"], r["steps"], tuple(Frame(*f) for f in r["frames"])
-            )
+            RankStack(member, host, r["rank"], r["steps"], tuple(Frame(*f) for f in r["frames"]))
             for r in self.ranks
         ]
 

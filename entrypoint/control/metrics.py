@@ -139,7 +139,36 @@ class JobCollector(Collector):
             for name, value in node_gpus(state.stats.get("gpus") or []).items():
                 gpu[name].add_metric(labels, value)
         yield from (up, state_g, rank, beat, slow_g, load, *gpu.values())
+        yield from self._ranks(seen, now)
         yield from self._job(states, now)
+
+    def _ranks(self, seen: dict, now: float) -> Iterator[GaugeMetricFamily]:
+        """Every rank's steps (control/progress.py), labelled by its node and host."""
+        c = self.c
+        ranks, slow = dict(c.progress.ranks), dict(c.slow_ranks)
+        labels = ["node", "host", "rank"]
+        steps = _gauge("rank_steps", "Optimizer steps the rank has made this start", labels)
+        interval = _gauge("rank_step_seconds", "The rank's mean step time, recently", labels)
+        last = _gauge("rank_last_step_seconds", "Seconds since the rank's last step", labels)
+        lead = _gauge(
+            "rank_before_backward_seconds",
+            "Mean seconds a step before backward (data loading, forward), recently",
+            labels,
+        )
+        slow_g = _gauge("rank_slow", "1 while every step waits for this rank", labels)
+        for (member, r), state in sorted(ranks.items()):
+            member_state = seen.get(member)
+            key = [str(member), member_state.host if member_state else "?", str(r)]
+            steps.add_metric(key, state.steps)
+            if state.interval is not None:
+                interval.add_metric(key, state.interval)
+            if state.steps:
+                last.add_metric(key, max(0.0, now - state.last_step))
+            leads = list(state.leads)[-6:]
+            if leads:
+                lead.add_metric(key, statistics.fmean(v for _, v in leads))
+            slow_g.add_metric(key, 1 if (member, r) in slow else 0)
+        yield from (steps, interval, last, lead, slow_g)
 
     def _job(self, states: dict[int, str], now: float) -> Iterator[GaugeMetricFamily]:
         c, job = self.c, self.job
@@ -165,7 +194,28 @@ class JobCollector(Collector):
         world.add_metric([], training * job.nproc_per_node)
         since = _gauge("job_training_seconds", "Seconds since the first start of training", [])
         since.add_metric([], 0.0 if c.training_since is None else now - c.training_since)
+        progress = c.progress
+        job_steps = _gauge("job_steps", "Steps of the job: the fewest any rank has made", [])
+        job_steps.add_metric([], progress.steps())
+        intervals = [s.interval for s in list(progress.ranks.values()) if s.interval]
+        rate = _gauge("job_steps_per_second", "Steps a second, recently (median rank)", [])
+        rate.add_metric([], 1 / statistics.median(intervals) if intervals else 0.0)
+        goodput = _gauge(
+            "job_goodput_ratio",
+            "Share of the wall time since the first step that the job spent stepping",
+            [],
+        )
+        ratio = progress.goodput(now)
+        if ratio is not None:
+            goodput.add_metric([], ratio)
+        hang = _gauge(
+            "job_hang_timeout_seconds",
+            "Seconds without a step before the job is hung (ENTRYPOINT_HANG_TIMEOUT, or learned)",
+            [],
+        )
+        hang.add_metric([], c.hang_rule().seconds)
         yield from (info, phase, nodes, expected, full, spares, restarts, world, since)
+        yield from (job_steps, rate, goodput, hang)
 
 
 def registry(conductor: Conductor, job: Job, clock: Callable[[], float] = time.monotonic):

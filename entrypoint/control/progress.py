@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 WARMUP_STEPS = 10  # steps every rank makes before the learned hang timeout is trusted
@@ -168,7 +168,9 @@ class JobProgress:
         return min(stepping) if stepping else 0
 
 
-def slow_ranks(states: Iterable[RankState], now: float, window: float) -> dict[tuple[int, int], str]:
+def slow_ranks(
+    states: Iterable[RankState], now: float, window: float
+) -> dict[tuple[int, int], str]:
     """{(member, rank): why} for each rank whose time before backward stayed above the job's
     median by SLOW_SHARE (and SLOW_MIN_GAP) in every sample of the last `window` seconds; a rank
     needs samples spanning most of the window to be judged."""
@@ -192,6 +194,21 @@ def slow_ranks(states: Iterable[RankState], now: float, window: float) -> dict[t
                 f"the other ranks' median {median:.3f} s, for {window:g} s: every synchronous "
                 "step waits for it"
             )
+    return out
+
+
+def slow_rank_news(
+    before: Mapping[tuple[int, int], str],
+    now: Mapping[tuple[int, int], str],
+    present: Iterable[tuple[int, int]],
+) -> list[tuple[str, int, int, str]]:
+    """(level, member, rank, text) to log: a rank newly slow, once, with why; a rank slow
+    before that keeps pace now, once."""
+    out = [("warning", m, r, f"is slow: {why}") for (m, r), why in sorted(now.items())
+           if (m, r) not in before]  # fmt: skip
+    still = set(present)
+    out += [("info", m, r, "keeps pace again") for (m, r) in sorted(before)
+            if (m, r) not in now and (m, r) in still]  # fmt: skip
     return out
 
 
@@ -227,7 +244,10 @@ class RankStack:
 
     @property
     def place(self) -> tuple[str, int, str] | None:
-        return (self.frames[0].file, self.frames[0].line, self.frames[0].function) if self.frames else None
+        if not self.frames:
+            return None
+        top = self.frames[0]
+        return (top.file, top.line, top.function)
 
     @property
     def waiting(self) -> bool:
@@ -293,7 +313,7 @@ def suspects(stacks: Sequence[RankStack]) -> list[RankStack]:
 
 
 def verdict(
-    stacks: Sequence[RankStack], silent: float, name: dict[int, str], missing: Sequence[str] = ()
+    stacks: Sequence[RankStack], silent: float, name: Mapping[int, str], missing: Sequence[str] = ()
 ) -> tuple[int | None, str]:
     """(the member to blame, the one failure line). `name`: member -> `node 1 (host)`."""
     if not stacks:
@@ -325,3 +345,19 @@ def verdict(
     if missing:
         head += f" ({', '.join(missing)} sent no stacks)"
     return first.member, head
+
+
+def hang_reason(
+    answers: Mapping[int, Sequence[RankStack]],
+    silent: float,
+    rule: HangRule,
+    names: Mapping[int, str],
+    missing: Sequence[int],
+) -> tuple[int | None, str]:
+    """(the member to blame, the failure line) once the nodes' stacks are in."""
+    stacks = [s for member in sorted(answers) for s in answers[member]]
+    blamed, text = verdict(stacks, silent, names, [names.get(m, f"node {m}") for m in missing])
+    return blamed, (
+        f"{text}. Hang timeout {rule.seconds:g} s ({rule.source}); every rank's full stack is "
+        "in each node's log directory (stacks/)"
+    )

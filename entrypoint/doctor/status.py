@@ -99,12 +99,21 @@ def read(text: str) -> dict:
     from prometheus_client.parser import text_string_to_metric_families
 
     nodes: dict[str, dict] = {}
+    ranks: dict[tuple[str, str], dict] = {}
     job: dict = {"phase": None, "nodes": {}}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name = sample.name.removeprefix("multinode_")
             labels, value = sample.labels, sample.value
-            if "node" in labels:
+            if "rank" in labels and name.startswith("rank_"):
+                rank = ranks.setdefault((labels["node"], labels["rank"]), {})
+                rank["node"], rank["host"], rank["rank"] = (
+                    int(labels["node"]),
+                    labels["host"],
+                    int(labels["rank"]),
+                )
+                rank[name.removeprefix("rank_")] = value
+            elif "node" in labels:
                 node = nodes.setdefault(labels["node"], {"gpus": 0})
                 node["node"], node["host"] = int(labels["node"]), labels["host"]
                 if name == "node_state":
@@ -123,6 +132,7 @@ def read(text: str) -> dict:
                 job[name.removeprefix("job_")] = value
     rows = sorted(nodes.values(), key=lambda n: n["node"])
     job["members"] = rows
+    job["ranks"] = sorted(ranks.values(), key=lambda r: (r["rank"], r["node"]))
     return job
 
 
@@ -135,6 +145,12 @@ def health(job: dict) -> tuple[int, list[str]]:
         why.append("lost: " + ", ".join(f"node {n['node']} ({n['host']})" for n in lost))
     if slow:
         why.append("slow: " + ", ".join(f"node {n['node']} ({n['host']})" for n in slow))
+    slow_ranks = [r for r in job.get("ranks", []) if r.get("slow")]
+    if slow_ranks:
+        why.append(
+            "slow: "
+            + ", ".join(f"rank {r['rank']} on node {r['node']} ({r['host']})" for r in slow_ranks)
+        )
     training = job["nodes"].get("training", 0)
     full = int(job.get("nodes_full", 0))
     if job["phase"] == "run" and training < full:
@@ -174,7 +190,35 @@ def table(job: dict, url: str) -> str:
             f"{n.get('state', '?'):<9} {'-' if beat is None else f'{beat:.0f} s ago':>9}  "
             f"{util:>8}  {mem:>16}  {'yes' if n.get('slow') else ''}"
         )
+    lines += rank_table(job)
     return "\n".join(lines)
+
+
+def rank_table(job: dict) -> list[str]:
+    """The ranks' progress: steps, step time, time before backward, last step, slow."""
+    ranks = job.get("ranks") or []
+    if not ranks:
+        return []
+    goodput = job.get("goodput_ratio")
+    lines = [
+        f"progress: {int(job.get('steps', 0))} steps, {job.get('steps_per_second', 0):.2f} "
+        f"steps/s, goodput {'-' if goodput is None else f'{goodput:.1%}'}, hang timeout "
+        f"{job.get('hang_timeout_seconds', 0):.0f} s",
+        f"{'rank':>4}  {'node':>4}  {'host':<24} {'steps':>8}  {'step':>8}  "
+        f"{'before bw':>9}  {'last step':>9}  slow",
+    ]
+    for r in ranks[:256]:
+        step, lead, last = (r.get(k) for k in ("step_seconds", "before_backward_seconds",
+                                                 "last_step_seconds"))  # fmt: skip
+        lines.append(
+            f"{r['rank']:>4}  {r['node']:>4}  {r['host'][:24]:<24} {int(r.get('steps', 0)):>8}  "
+            f"{'-' if step is None else f'{step:.3f} s':>8}  "
+            f"{'-' if lead is None else f'{lead:.3f} s':>9}  "
+            f"{'-' if last is None else f'{last:.0f} s ago':>9}  {'yes' if r.get('slow') else ''}"
+        )
+    if len(ranks) > 256:
+        lines.append(f"... {len(ranks) - 256} more ranks (--json has them all)")
+    return lines
 
 
 def cmd_status(args, env: Mapping[str, str]) -> int:

@@ -43,18 +43,9 @@ def without_token(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in (TOKEN_VARIABLE, TOKEN_FILE_VARIABLE)}
 
 
-def serve(
-    plan: Plan,
-    settings: Settings,
-    expected: int,
-    unit: str,
-    log: Callable[[str, str], None],
-    identity: Identity,
-) -> tuple[control_server.Server, str, int | None]:
-    """Node 0: start the control server; it, and the address every member connects to."""
-    s = settings
-    host, port = plan.master_addr, plan.control_port
-    limits = Limits(
+def _limits(s: Settings, expected: int) -> Limits:
+    """Node 0's Conductor's limits, from the settings."""
+    return Limits(
         join_timeout=s.join_timeout,
         heartbeat_timeout=s.heartbeat_timeout,
         max_restarts=s.max_restarts,
@@ -66,6 +57,20 @@ def serve(
         collective_timeout=s.collective_timeout,
         heartbeat_interval=s.heartbeat_interval,
     )
+
+
+def serve(
+    plan: Plan,
+    settings: Settings,
+    expected: int,
+    unit: str,
+    log: Callable[[str, str], None],
+    identity: Identity,
+) -> tuple[control_server.Server, str, int | None]:
+    """Node 0: start the control server; it, and the address every member connects to."""
+    s = settings
+    host, port = plan.master_addr, plan.control_port
+    limits = _limits(s, expected)
     bind = sockets.ANY if expected > 1 else "127.0.0.1"  # both families; one node: loopback
     roster = (
         Roster(plan.members, plan.members - plan.spares, plan.min_nodes)

@@ -1,7 +1,8 @@
 """This node's end of its ranks' progress reports (entrypoint.trainer_side.progress): a Unix
-datagram socket in the abstract namespace that the ranks report to, read without blocking on each
-turn of the supervising loop; what the heartbeat carries to node 0; and the ranks' stacks, dumped
-on node 0's request into the log directory and read back."""
+datagram socket in the abstract namespace that the ranks report to, read by a thread of its own
+(a datagram socket queues only net.unix.max_dgram_qlen datagrams, 10 by default: the
+supervising loop's turns are too far apart); what the heartbeat carries to node 0; and the ranks'
+stacks, dumped on node 0's request into the log directory and read back."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import re
 import secrets
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +26,6 @@ from entrypoint.trainer_side.progress import (
     WIRE,
 )
 
-MAX_READS = 4096  # datagrams read in one turn: a flood cannot hold the loop
 DUMP_WAIT = 1.0  # seconds the ranks get to write their stacks
 
 
@@ -48,34 +49,40 @@ class Inbox:
         self.name = f"entrypoint-progress-{os.getpid()}-{secrets.token_hex(6)}"
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         self.sock.bind("\0" + self.name)
-        self.sock.setblocking(False)
+        self.sock.settimeout(0.5)
         self.stacks_dir = stacks_dir
         self.ranks: dict[int, Rank] = {}
         self.dumped_at: float | None = None
+        self.lock = threading.Lock()
+        self.closed = False
+        self.reader = threading.Thread(target=self._read, name="rank-progress", daemon=True)
+        self.reader.start()
 
     def env(self) -> dict[str, str]:
         """What the trainer's processes need to report here."""
         return {SOCKET_VARIABLE: "@" + self.name, STACKS_VARIABLE: str(self.stacks_dir)}
 
     def new_launch(self) -> None:
-        self.ranks.clear()
+        with self.lock:
+            self.ranks.clear()
         self.dumped_at = None
 
-    def drain(self) -> None:
-        for _ in range(MAX_READS):
+    def _read(self) -> None:
+        while not self.closed:
             try:
                 data = self.sock.recv(256)
-            except (BlockingIOError, InterruptedError):
-                return
+            except (TimeoutError, InterruptedError):
+                continue
             except OSError:
                 return
-            if len(data) != WIRE.size:
-                continue
-            version, rank, local, pid, steps, last, lead_sum, leads, longest, saving = (
-                WIRE.unpack(data)
-            )
-            if version != VERSION:
-                continue
+            if len(data) == WIRE.size:
+                self._take(WIRE.unpack(data))
+
+    def _take(self, fields: tuple) -> None:
+        version, rank, local, pid, steps, last, lead_sum, leads, longest, saving = fields
+        if version != VERSION:
+            return
+        with self.lock:
             r = self.ranks.get(rank)
             if r is None or r.pid != pid:
                 r = self.ranks[rank] = Rank(rank, local, pid)
@@ -88,22 +95,25 @@ class Inbox:
         """Each living rank's progress for the heartbeat; the per-beat sums start again."""
         now = time.monotonic() if now is None else now
         out = []
-        for rank in sorted(self.ranks):
-            r = self.ranks[rank]
-            if not _alive(r.pid):
+        with self.lock:
+            gone = [rank for rank, r in self.ranks.items() if not _alive(r.pid)]
+            for rank in gone:
                 del self.ranks[rank]
-                continue
-            lead = round(r.lead_sum / r.leads, 5) if r.leads else None
-            age = max(0.0, now - r.last_step) if r.steps else 0.0
-            out.append(RankReport(rank, r.steps, age, lead, r.longest, r.saving).to_wire())
-            r.lead_sum, r.leads, r.longest = 0.0, 0, 0.0
+            for rank in sorted(self.ranks):
+                r = self.ranks[rank]
+                lead = round(r.lead_sum / r.leads, 5) if r.leads else None
+                age = max(0.0, now - r.last_step) if r.steps else 0.0
+                out.append(RankReport(rank, r.steps, age, lead, r.longest, r.saving).to_wire())
+                r.lead_sum, r.leads, r.longest = 0.0, 0, 0.0
         return out
 
     def dump(self, now: float) -> None:
         """Ask every rank for its stacks (faulthandler, registered by the site hook)."""
-        for r in self.ranks.values():
+        with self.lock:
+            pids = [r.pid for r in self.ranks.values()]
+        for pid in pids:
             try:
-                os.kill(r.pid, DUMP_SIGNAL)
+                os.kill(pid, DUMP_SIGNAL)
             except OSError:
                 continue
         self.dumped_at = now
@@ -115,8 +125,10 @@ class Inbox:
         """Each rank's main-thread stack from its last dump, innermost frame first."""
         self.dumped_at = None
         out = []
-        for rank in sorted(self.ranks):
-            r = self.ranks[rank]
+        with self.lock:
+            ranks = dict(self.ranks)
+        for rank in sorted(ranks):
+            r = ranks[rank]
             path = self.stacks_dir / f"rank{rank}.pid{r.pid}.txt"
             try:
                 text = path.read_text(errors="replace")[-(1 << 20) :]
@@ -127,6 +139,7 @@ class Inbox:
         return out
 
     def close(self) -> None:
+        self.closed = True
         self.sock.close()
 
 

@@ -129,16 +129,13 @@ class Supervisor(join.Joining):
         failures.prune(self.log_dir, failures.KEEP_LOG_RUNS)
         inbox = self._inbox()
         inbox.new_launch()
-        launch = self.launch = start(
-            self.plan, self.env | inbox.env(), self.generation, self.echo
-        )
+        launch = self.launch = start(self.plan, self.env | inbox.env(), self.generation, self.echo)
         stats = Stats(self.plan.devices)
         last_beat = 0.0
         watch = Watch()
         self.signals.new_launch()
         while True:
             now = time.monotonic()
-            inbox.drain()
             if inbox.dump_ready(now):
                 self._send_stacks(inbox)
             if now - last_beat >= s.heartbeat_interval:

@@ -108,7 +108,8 @@ class Reporter:
         )
         try:
             self.sock.sendto(data, self.address)
-        except OSError:  # gone, slow or full: this report is dropped, the next one carries on
+        except OSError:  # gone, slow or full: dropped; the next step sends at once
+            self.last_sent = -1.0
             return
         self.last_sent = now
         self.lead_sum, self.leads, self.longest = 0.0, 0, 0.0
@@ -213,7 +214,7 @@ def _on_torch(torch: ModuleType) -> None:
         optimizer = sys.modules["torch.optim.optimizer"]  # torch.optim deletes the name
         optimizer.register_optimizer_step_post_hook(_on_optimizer_step)
         torch.autograd.backward = _timed_backward(torch.autograd.backward)
-        torch.save = _saving(torch.save)
+        torch.save = _saving(torch.save)  # type: ignore[attr-defined]
     except Exception as err:  # noqa: BLE001 - never stop the trainer
         print(f"entrypoint: progress hook: {type(err).__name__}: {err}", file=sys.stderr)
 

@@ -14,7 +14,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "entrypoint"
 MAX_MODULE_LINES = 500  # 400 until issue 26 folded settings_text, cluster_run, local_report back
 MAX_FUNCTION_LINES = 60
-MAX_TOP_LEVEL = 12
+MAX_TOP_LEVEL = 13  # 12 rooms and progress.py, the one module a trainer imports
 SUBPACKAGES = ("plan", "control", "supervise", "doctor", "local", "render", "job", "trainer_side")
 # What no subpackage may load on import: `entrypoint --help` and `render` start without them,
 # and the trainer's interpreter imports trainer_side and job.

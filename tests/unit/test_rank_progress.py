@@ -1,0 +1,349 @@
+"""Every rank's progress: the pure rules (control/progress.py), the wire, the node's inbox and
+the site hook in a real torch process (trainer_side/progress.py, supervise/rank_progress.py)."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from entrypoint.control import messages as m
+from entrypoint.control.conductor import Conductor
+from entrypoint.control.conductor_terms import ALL, Limits, Send
+from entrypoint.control.message_fields import BadMessage
+from entrypoint.control.progress import (
+    HANG_FLOOR,
+    Frame,
+    JobProgress,
+    RankReport,
+    RankStack,
+    hang_rule,
+    slow_ranks,
+    suspects,
+    verdict,
+)
+from entrypoint.plan.errors import EXIT_HUNG
+from entrypoint.supervise.rank_progress import Inbox, main_stack
+from entrypoint.trainer_side import jax_cluster
+from entrypoint.trainer_side.progress import DUMP_SIGNAL
+
+SITE = "/venv/lib/python3.13/site-packages"
+
+
+def frame(file, line, function, source=""):
+    return Frame(file, line, function, source)
+
+
+BACKWARD = (
+    frame(f"{SITE}/torch/autograd/graph.py", 829, "_engine_run_backward"),
+    frame(f"{SITE}/torch/_tensor.py", 626, "backward"),
+    frame("/workspace/train.py", 40, "main", "loss.backward()"),
+)
+SLEEP = (frame("/workspace/train.py", 42, "main", "time.sleep(3600)"),)
+RECV = (
+    frame(f"{SITE}/torch/distributed/distributed_c10d.py", 2799, "recv"),
+    frame("/workspace/train.py", 44, "main", "dist.recv(t, src=0)"),
+)
+
+
+def stack(rank, frames, member=None, steps=20):
+    return RankStack(rank // 2 if member is None else member, "h", rank, steps, frames)
+
+
+# -- hang rule ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("setting", "longest", "warmed", "collective", "seconds"),
+    [
+        (30.0, 0.1, True, 600, 30.0),  # ENTRYPOINT_HANG_TIMEOUT wins
+        (0.0, 0.1, True, 600, 0.0),  # 0: off
+        (None, 0.1, True, 600, HANG_FLOOR),  # short steps: the floor
+        (None, 30.0, True, 600, 300.0),  # 10 x the longest step
+        (None, 100.0, True, 600, 450.0),  # capped below the collective timeout
+        (None, 0.1, False, 600, 450.0),  # before warm-up: the cap
+        (None, 0.1, True, 60, 45.0),  # a short collective timeout: below it
+    ],
+)
+def test_hang_rule(setting, longest, warmed, collective, seconds):
+    assert hang_rule(setting, longest, warmed, collective).seconds == seconds
+
+
+def test_stalled_only_when_every_rank_is_still_and_none_saves():
+    p = JobProgress()
+    p.beat(0, [RankReport(0, 20, 0.0, 0.01, 0.05), RankReport(1, 20, 0.0, 0.01, 0.05)], 100.0)
+    assert p.stalled(105.0, 10) is None
+    assert p.stalled(111.0, 10) == pytest.approx(11.0)
+    p.beat(0, [RankReport(0, 20, 11.0, None, 0), RankReport(1, 20, 11.0, None, 0, True)], 111.0)
+    assert p.stalled(130.0, 10) is None  # rank 1 saves a checkpoint: not a hang
+    p.beat(0, [RankReport(0, 21, 0.0, None, 0), RankReport(1, 21, 0.0, None, 0)], 131.0)
+    assert p.stalled(135.0, 10) is None
+    assert p.stalled(500.0, 0) is None  # 0: off
+
+
+def test_a_rank_that_ended_is_no_longer_watched():
+    p = JobProgress()
+    p.beat(1, [RankReport(2, 5, 0, None, 0), RankReport(3, 5, 0, None, 0)], 10.0)
+    p.beat(1, [RankReport(2, 5, 0, None, 0)], 11.0)
+    assert sorted(p.ranks) == [(1, 2)]
+
+
+def test_warm_up_and_the_longest_step_learned():
+    p = JobProgress()
+    for i in range(1, 15):
+        p.beat(0, [RankReport(0, i, 0.0, 0.01, 2.0 if i == 12 else 0.1)], float(i))
+    assert p.warmed and p.longest == 2.0
+
+
+def test_goodput_counts_the_time_the_job_steps():
+    p = JobProgress()
+    for t in range(0, 21):  # a step every second for 20 s
+        p.beat(0, [RankReport(0, t + 1, 0.0, None, 1.0)], float(t))
+        p.tick(float(t), 1.0)
+    for t in range(21, 41):  # then 20 s without one
+        p.tick(float(t), 1.0)
+    assert p.goodput(40.0) == pytest.approx(0.6, abs=0.1)
+
+
+# -- who hangs --------------------------------------------------------------------------------
+
+
+def test_the_rank_that_sleeps_is_named_not_those_that_wait():
+    stacks = [stack(0, BACKWARD), stack(1, BACKWARD), stack(2, BACKWARD), stack(3, SLEEP)]
+    assert [s.rank for s in suspects(stacks)] == [3]
+    member, text = verdict(stacks, 31, {0: "node 0 (a)", 1: "node 1 (b)"})
+    assert member == 1
+    assert text.startswith("rank 3 on node 1 (b) has not stepped for 31 s: in train.py:42")
+    assert "time.sleep(3600)" in text and "ranks 0-2 wait in _engine_run_backward" in text
+
+
+def test_the_rank_in_a_recv_nobody_sends_is_named():
+    stacks = [stack(0, BACKWARD), stack(1, RECV), stack(2, BACKWARD), stack(3, BACKWARD)]
+    member, text = verdict(stacks, 40, {0: "node 0 (a)"})
+    assert member == 0 and text.startswith("rank 1 on node 0 (a) has not stepped")
+    assert "in recv (torch/distributed/distributed_c10d.py:2799), from train.py:44" in text
+
+
+def test_two_ranks_that_differ_the_one_outside_a_collective_is_named():
+    stacks = [stack(0, BACKWARD), stack(1, SLEEP)]
+    assert [s.rank for s in suspects(stacks)] == [1]
+
+
+def test_every_rank_in_one_place_the_one_behind_is_named_else_all():
+    behind = [stack(0, BACKWARD, steps=20), stack(1, BACKWARD, steps=19)]
+    assert [s.rank for s in suspects(behind)] == [1]
+    equal = [stack(0, BACKWARD), stack(1, BACKWARD)]
+    member, text = verdict(equal, 50, {})
+    assert len(suspects(equal)) == 2 and text.startswith("every rank has been still")
+
+
+def test_no_stacks_at_all_still_gives_one_line():
+    member, text = verdict([], 50, {}, ["node 1 (b)"])
+    assert member is None and "node 1 (b) did not answer" in text
+
+
+# -- slow ranks ---------------------------------------------------------------------------------
+
+
+def _sampled(leads_by_rank, seconds=60, every=5):
+    p = JobProgress()
+    for t in range(0, seconds + 1, every):
+        p.beat(0, [RankReport(r, t + 1, 0, lead, 0.1) for r, lead in leads_by_rank.items()], t)
+    return p
+
+
+def test_a_rank_every_step_waits_for_is_named():
+    p = _sampled({0: 0.01, 1: 0.012, 2: 0.011, 3: 0.3})
+    slow = slow_ranks(p.ranks.values(), 60, 50)
+    assert list(slow) == [(0, 3)] and "0.300 s a step before backward" in slow[(0, 3)]
+
+
+def test_equal_ranks_are_never_named():
+    p = _sampled({0: 0.05, 1: 0.052, 2: 0.049, 3: 0.051})
+    assert slow_ranks(p.ranks.values(), 60, 50) == {}
+
+
+# -- the wire -----------------------------------------------------------------------------------
+
+
+def test_a_beat_carries_its_ranks_and_stacks_come_back():
+    beat = m.Beat({}, ((3, 120, 0.5, 0.01, 0.2, 0),))
+    back = m.decode(m.encode(beat))
+    assert isinstance(back, m.Beat) and back.reports() == [RankReport(3, 120, 0.5, 0.01, 0.2)]
+    stacks = m.Stacks(({"rank": 3, "steps": 20, "frames": [["t.py", 4, "main", "x()"]]},))
+    got = m.decode(m.encode(stacks))
+    assert isinstance(got, m.Stacks)
+    assert got.stacks(1, "h")[0].frames == (Frame("t.py", 4, "main", "x()"),)
+    assert isinstance(m.decode(m.encode(m.Dump(31.0)), m.FROM_NODE_0), m.Dump)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"t":"beat","ranks":[[1,2,3]]}',
+        b'{"t":"beat","ranks":[[1,-2,0,null,0,0]]}',
+        b'{"t":"beat","ranks":"x"}',
+        b'{"t":"stacks","ranks":[{"rank":1,"steps":2,"frames":[[1,2,3,4]]}]}',
+        b'{"t":"stacks","ranks":[{"rank":1,"steps":2,"frames":' + b'[["f",1,"g",""]' * 1 + b"]}]}x",
+        b'{"t":"dump"}',  # node 0's message, not a node's
+    ],
+)
+def test_bad_progress_messages_are_refused(raw):
+    with pytest.raises(BadMessage):
+        m.decode(raw)
+
+
+# -- the Conductor: a hang, asked for stacks, named, acted on -----------------------------------
+
+
+def _running(max_restarts=0):
+    c = Conductor(2, Limits(hang_timeout=10, max_restarts=max_restarts), 0.0)
+    for member in (0, 1):
+        c.hello(member, m.Hello(member, f"host{member}", {}, 0.0), 0.0, 0.0)
+    assert c.phase == "run"
+    return c
+
+
+def _beat(c, member, steps, now, age=0.0):
+    ranks = tuple((member * 2 + r, steps, age, 0.01, 0.1, 0) for r in range(2))
+    return c.beat(member, m.Beat({}, ranks), now)
+
+
+def _stacks(member, frames_by_rank):
+    return m.Stacks(
+        tuple(
+            {"rank": r, "steps": 20, "frames": [[f.file, f.line, f.function, f.source] for f in fr]}
+            for r, fr in frames_by_rank.items()
+        )
+    )
+
+
+@pytest.mark.parametrize("max_restarts", [0, 1])
+def test_conductor_names_the_hung_rank_and_stops_or_restarts(max_restarts):
+    c = _running(max_restarts)
+    for member in (0, 1):
+        _beat(c, member, 20, 1.0)
+    assert not [a for a in c.tick(8.0) if isinstance(a, Send)]
+    asked = [a for a in c.tick(12.0) if isinstance(a, Send)]
+    assert asked == [Send(ALL, m.Dump(11.0))]
+    assert c.stacks(0, _stacks(0, {0: BACKWARD, 1: BACKWARD}), 13.0) == []
+    actions = c.stacks(1, _stacks(1, {2: BACKWARD, 3: SLEEP}), 13.0)
+    sent = [a.message for a in actions if isinstance(a, Send)]
+    if max_restarts:
+        assert isinstance(sent[0], m.Restart) and "rank 3 on node 1 (host1)" in sent[0].reason
+    else:
+        assert sent[0].code == EXIT_HUNG and "rank 3 on node 1 (host1)" in sent[0].reason
+
+
+def test_conductor_judges_without_a_node_that_never_answers():
+    c = _running()
+    for member in (0, 1):
+        _beat(c, member, 20, 1.0)
+    c.tick(12.0)
+    c.stacks(0, _stacks(0, {0: BACKWARD, 1: SLEEP}), 12.5)
+    actions = c.tick(18.0)  # STACKS_WAIT later
+    (stop,) = [a.message for a in actions if isinstance(a, Send)]
+    assert stop.code == EXIT_HUNG and "node 1 (host1) sent no stacks" in stop.reason
+
+
+# -- the site hook in a real torch process, reporting to a real inbox ----------------------------
+
+TRAINER = textwrap.dedent(
+    """
+    import os, sys, time, torch
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(int(sys.argv[1])):
+        time.sleep(0.02)
+        model(torch.randn(8, 4)).sum().backward()
+        opt.step()
+    torch.save(model.state_dict(), sys.argv[2])
+    print("ready", flush=True)
+    time.sleep(60)  # waiting here: the test asks for its stack
+    """
+)
+
+
+def test_the_site_hook_reports_steps_saves_and_its_stack(tmp_path):
+    inbox = Inbox(tmp_path / "stacks")
+    script = tmp_path / "train.py"
+    script.write_text(TRAINER)
+    env = dict(os.environ) | inbox.env() | {"RANK": "5", "LOCAL_RANK": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(jax_cluster.SITE_HOOK), env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "30", str(tmp_path / "m.pt")],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.3)
+        rank = inbox.ranks[5]
+        assert (rank.steps, rank.local_rank, rank.pid, rank.saving) == (30, 1, proc.pid, False)
+        (report,) = inbox.reports()
+        assert report[0] == 5 and report[1] == 30 and report[3] >= 0.015  # the sleep before bw
+        inbox.dump(time.monotonic())
+        time.sleep(1.0)
+        (answer,) = inbox.stacks()
+        top = answer["frames"][0]
+        assert (
+            top[0] == str(script)
+            and top[3]
+            == "time.sleep(60)  # waiting here: the test asks for its stack"[: len(top[3])]
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+        inbox.close()
+
+
+def test_without_the_entrypoint_the_hook_costs_nothing_and_says_nothing(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENTRYPOINT_")}
+    env["PYTHONPATH"] = str(jax_cluster.SITE_HOOK)
+    code = "import torch, entrypoint.progress as p; p.step(); print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout == "ok\n" and out.stderr == ""
+
+
+def test_a_report_to_an_entrypoint_that_is_gone_is_dropped(tmp_path):
+    inbox = Inbox(tmp_path)
+    env = dict(os.environ) | inbox.env()
+    inbox.close()  # nobody listens
+    env["PYTHONPATH"] = str(jax_cluster.SITE_HOOK)
+    code = "import entrypoint.progress as p\nfor _ in range(1000): p.step()\nprint('ok')"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout == "ok\n", out.stderr
+
+
+def test_main_stack_reads_the_main_thread_of_the_last_dump(tmp_path):
+    code = textwrap.dedent(
+        f"""
+        import faulthandler, threading, time, signal
+        f = open({str(tmp_path / "d.txt")!r}, 'w', buffering=1)
+        f.write('main thread 0x%016x\\n' % threading.main_thread().ident)
+        faulthandler.register({int(DUMP_SIGNAL)}, file=f, all_threads=True)
+        def other():
+            time.sleep(60)
+        threading.Thread(target=other, daemon=True).start()
+        print('ready', flush=True)
+        time.sleep(60)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        for _ in range(2):  # two dumps: the last one is read
+            os.kill(proc.pid, DUMP_SIGNAL)
+            time.sleep(0.5)
+    finally:
+        proc.kill()
+        proc.wait()
+    frames = main_stack((tmp_path / "d.txt").read_text())
+    assert [f[2] for f in frames] == ["<module>"]  # not the other thread's `other`
+    assert main_stack("") == [] and main_stack("garbage\n\n") == []
+    assert signal.SIGRTMIN < DUMP_SIGNAL < signal.SIGRTMAX
