@@ -131,6 +131,11 @@ TRAINER_SHAPES = {
         per_node=1,
         check=every_device_summed,
     ),
+    "fsdp2": Trainer(
+        python("fsdp2_trainer.py"),
+        re.compile(r"fsdp2: rank (?P<rank>\d+) of (?P<world>\d+) trained (?P<steps>\d+) steps"),
+        check=same_step,
+    ),
     "lightning": Trainer(
         python("lightning_multinode.py"),
         re.compile(
@@ -148,7 +153,7 @@ CASES = [
     (t, c)
     for t in TRAINER_SHAPES
     for c in STYLES
-    if FULL or c == "commercial" or t in ("ddp", "jax")
+    if (FULL and t != "fsdp2") or c == "commercial" or t in ("ddp", "jax")
 ]
 
 
@@ -243,3 +248,31 @@ def test_users_trainer_runs_unmodified(request, docker_client, image, shape, con
         run = c.run(nodes_for(c, convention, trainer), timeout=TIMEOUT)
         assert_every_rank_done(run, trainer)
         print(f"compat {shape} x {convention}: {run.seconds:.1f} s")
+
+
+HUNG = {  # a rank hangs inside its optimizer step: tests/hang_wrapper.py runs the trainer as is
+    "hf_trainer": "2",
+    "accelerate": "2",
+    "fsdp2": "3",
+}
+
+
+@pytest.mark.parametrize("shape", sorted(HUNG))
+def test_a_hang_inside_a_users_trainer_is_named(docker_client, image, shape):
+    """Rank 3 (node 1) sleeps inside an optimizer step of the Hugging Face Trainer with
+    DeepSpeed, accelerate's quick tour or an FSDP2 trainer: node 0 names it with its stack and
+    every node exits 124, within ENTRYPOINT_HANG_TIMEOUT and a few seconds."""
+    trainer = TRAINER_SHAPES[shape]
+    command = ("python", "/tests/hang_wrapper.py", *trainer.command[1:])
+    hang = {"ENTRYPOINT_HANG_TIMEOUT": "20", "HANG_RANK": "3", "HANG_STEP": HUNG[shape]}
+    mounts = {str(TRAINERS): WORKSPACE, str(ROOT / "tests"): "/tests"}
+    with FaultyCluster(image, client=docker_client, echo=print, mounts=mounts) as c:
+        nodes = [
+            Node(n.name, dict(n.env) | hang, command=("run", "--", *command))
+            for n in nodes_for(c, "commercial", trainer)
+        ]
+        run = c.run(nodes, timeout=TIMEOUT)
+        assert [n.exit_code for n in run.nodes] == [124, 124], run.log(80)
+        line = next(x for x in run.nodes[0].lines if "stopping every node (exit 124)" in x)
+        assert "rank 3 on node 1" in line and "hang_wrapper.py" in line, line
+        print(f"compat hang {shape}: {run.seconds:.1f} s")

@@ -1,0 +1,78 @@
+"""Every rank watched across real node containers: two containers of the image with a container
+platform's variables (WORLD_SIZE, RANK, MASTER_ADDR), 2 gloo ranks each, torch's DDP tutorial
+loop with one rank misbehaving (tests/hang_trainer.py, mounted read-only as a user's code; no
+change to it): a rank that sleeps at step 20 is named with its stack on node 0 and every node
+exits 124 within 90 s of the hang; a rank every step waits for is named as slow in the log and in
+`entrypoint status`. The loopback versions, and the learned timeout with no setting at all, are
+in tests/unit/test_hang_real.py; the Hugging Face Trainer, accelerate and FSDP2 cases in
+tests/compat/test_compat.py."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from cluster.test_cluster import commercial
+from entrypoint.local.cluster import Node
+from faulty_cluster import Fault, FaultyCluster
+
+TESTS = str(Path(__file__).parents[1])
+TIMEOUT = 300
+
+
+def nodes(c: FaultyCluster, **env: str) -> list[Node]:
+    return [
+        Node(n.name, dict(n.env) | env, command=("run", "--", "python", "/tests/hang_trainer.py"))
+        for n in commercial(c)
+    ]
+
+
+def test_a_sleeping_rank_is_named_with_its_stack_and_every_node_exits(image, docker_client):
+    with FaultyCluster(image, client=docker_client, echo=print, mounts={TESTS: "/tests"}) as c:
+        run = c.run(
+            nodes(c, ENTRYPOINT_HANG_TIMEOUT="30", HANG_RANK="3", HANG_STEP="20", STEPS="100000"),
+            timeout=TIMEOUT,
+        )
+        codes = [n.exit_code for n in run.nodes]
+        assert codes == [124, 124], run.log(60)
+        node0 = run.nodes[0]
+        line = next(x for x in node0.lines if "stopping every node (exit 124)" in x)
+        assert "rank 3 on node 1" in line and "hang_trainer.py:" in line, line
+        assert "time.sleep(3600)" in line, line
+        # The hang began at rank 3's 20th step; every node has exited within 90 s of it.
+        hung = node0.when("rank 0 training")
+        assert hung is not None
+        ended = max(n.ended or 0 for n in run.nodes)
+        print(f"MEASURED hung rank, ENTRYPOINT_HANG_TIMEOUT=30: every node out {ended - hung:.1f} s "
+              "after training began (the hang is at step 20, ~2 s in)")  # fmt: skip
+        assert ended - hung < 90 + 5, run.log(60)
+
+
+def test_a_slow_rank_is_named_in_the_log_and_in_status(image, docker_client):
+    status: dict[str, str] = {}
+
+    def look(c: FaultyCluster) -> None:
+        code, out = c.exec(c.hostname("worker", 0), ["entrypoint", "status", "--once"])
+        status["out"], status["code"] = out, str(code)
+
+    with FaultyCluster(image, client=docker_client, echo=print, mounts={TESTS: "/tests"}) as c:
+        run = c.run(
+            nodes(
+                c,
+                ENTRYPOINT_SLOW_NODE_WINDOW="10",
+                HANG_RANK="3",
+                HANG_STEP="0",
+                HANG_KIND="slow",
+                HANG_SECONDS="0.25",
+                STEPS="140",
+            ),
+            faults=[Fault("status", look, node=c.hostname("worker", 0), line="is slow")],
+            timeout=TIMEOUT,
+        )
+        run.check()
+        slow = [x for x in run.nodes[0].lines if "is slow" in x]
+        assert len(slow) == 1 and "rank 3 on node 1" in slow[0], slow
+        out = status.get("out", "")
+        assert status.get("code") == "1" and "slow: rank 3 on node 1" in out, status
+        assert re.search(r"^\s+3\s+1\s+\S+.*yes$", out, re.M), out
+        assert not re.search(r"^\s+[012]\s+[01]\s+\S+.*yes$", out, re.M), out

@@ -1,0 +1,148 @@
+"""Every rank watched, for real: two `entrypoint run` nodes on loopback, 2 gloo ranks each, torch's
+DDP tutorial loop with one rank misbehaving (tests/hang_trainer.py, nothing of this project in
+it). A rank that sleeps or waits in a `recv` nobody sends is named with its stack and every node
+exits 124; a rank that pauses shorter than the timeout raises nothing; with no setting at all the
+learned timeout ends the job within 10 minutes; a rank every step waits for is named as slow, in
+the log and in /metrics. The same across containers: tests/cluster/test_ranks.py."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+TRAINER = str(Path(__file__).parents[1] / "hang_trainer.py")
+BASE = {
+    "PATH": os.environ["PATH"],
+    "HOME": os.environ.get("HOME", "/tmp"),
+    "ENTRYPOINT_GPUS_PER_NODE": "0",
+    "ENTRYPOINT_NPROC_PER_NODE": "2",
+    "ENTRYPOINT_SOCKET_IFNAME": "lo",
+    "PYTHONUNBUFFERED": "1",
+    "NNODES": "2",
+    "MASTER_ADDR": "127.0.0.1",
+}
+
+
+def three_free_ports() -> int:
+    """A port with the next two free too: the rendezvous, the control channel, /metrics."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            for extra in (1, 2):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port + extra))
+            return port
+        except OSError:
+            continue
+
+
+class Job:
+    def __init__(self, tmp: Path, **env: str) -> None:
+        self.tmp, self.port = tmp, three_free_ports()
+        self.env = BASE | {"MASTER_PORT": str(self.port), "ENTRYPOINT_RUN_DIR": str(tmp / "run")}
+        self.procs = []
+        for rank in (0, 1):
+            log = open(tmp / f"node{rank}.log", "w")  # noqa: SIM115 - the node writes it
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "entrypoint", "run", "--", "python", TRAINER],
+                    env=self.env | {"NODE_RANK": str(rank)} | env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        self.started = time.monotonic()
+
+    def wait(self, timeout: float) -> list[int]:
+        try:
+            return [p.wait(timeout=max(1, self.started + timeout - time.monotonic()))
+                    for p in self.procs]  # fmt: skip
+        finally:
+            for p in self.procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, 9)
+                    p.wait()
+
+    def log(self, rank: int) -> str:
+        return (self.tmp / f"node{rank}.log").read_text()
+
+    def metrics(self) -> str:
+        url = f"http://127.0.0.1:{self.port + 2}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.read().decode()
+
+
+def test_a_rank_that_sleeps_is_named_with_its_stack_and_every_node_exits_124(tmp_path):
+    job = Job(tmp_path, ENTRYPOINT_HANG_TIMEOUT="10", HANG_RANK="3", HANG_STEP="20")
+    assert job.wait(120) == [124, 124], job.log(0)[-3000:]
+    line = next(x for x in job.log(0).splitlines() if "stopping every node (exit 124)" in x)
+    assert "rank 3 on node 1" in line and "hang_trainer.py:" in line, line
+    assert "time.sleep(3600)" in line and "ranks 0-2 wait in" in line, line
+    assert "stopped by node 0: rank 3 on node 1" in job.log(1)
+    stacks = list((tmp_path / "run" / "node1" / "logs" / "stacks").glob("rank3.pid*.txt"))
+    assert stacks and "time.sleep" not in stacks[0].read_text()  # a builtin: the line is ours
+    assert "hang_trainer.py" in stacks[0].read_text()
+
+
+def test_a_rank_in_a_recv_nobody_sends_is_named(tmp_path):
+    job = Job(tmp_path, ENTRYPOINT_HANG_TIMEOUT="10", HANG_RANK="1", HANG_STEP="20",
+              HANG_KIND="recv")  # fmt: skip
+    assert job.wait(120) == [124, 124], job.log(0)[-3000:]
+    line = next(x for x in job.log(0).splitlines() if "stopping every node (exit 124)" in x)
+    assert "rank 1 on node 0" in line and "in recv (torch/distributed/" in line, line
+
+
+def test_a_pause_shorter_than_the_timeout_raises_nothing_and_equal_ranks_are_not_slow(tmp_path):
+    job = Job(
+        tmp_path,
+        ENTRYPOINT_HANG_TIMEOUT="15",
+        ENTRYPOINT_SLOW_NODE_WINDOW="10",
+        HANG_RANK="0",
+        HANG_STEP="20",
+        HANG_KIND="pause",
+        HANG_SECONDS="8",
+        STEPS="250",
+    )
+    assert job.wait(180) == [0, 0], job.log(0)[-3000:]
+    assert "has not stepped" not in job.log(0) and "is slow" not in job.log(0)
+
+
+def test_a_rank_every_step_waits_for_is_named_slow_in_the_log_and_metrics(tmp_path):
+    job = Job(
+        tmp_path,
+        ENTRYPOINT_SLOW_NODE_WINDOW="10",
+        HANG_RANK="3",
+        HANG_STEP="0",
+        HANG_KIND="slow",
+        HANG_SECONDS="0.25",
+        STEPS="110",
+    )
+    deadline = time.monotonic() + 90
+    scraped = ""
+    while time.monotonic() < deadline and "is slow" not in job.log(0):
+        time.sleep(1)
+    try:
+        scraped = job.metrics()
+    except OSError:
+        pass
+    assert job.wait(120) == [0, 0], job.log(0)[-3000:]
+    slow = [x for x in job.log(0).splitlines() if "is slow" in x]
+    assert len(slow) == 1 and "rank 3 on node 1" in slow[0], slow
+    assert "multinode_rank_slow{host=" in scraped and 'rank="3"} 1.0' in scraped, scraped[-3000:]
+    assert 'rank="0"} 0.0' in scraped
+    assert "multinode_job_goodput_ratio" in scraped and "multinode_rank_steps" in scraped
+
+
+def test_with_no_setting_the_learned_timeout_ends_a_hang_within_10_minutes(tmp_path):
+    job = Job(tmp_path, HANG_RANK="3", HANG_STEP="20")
+    assert job.wait(600) == [124, 124], job.log(0)[-3000:]
+    took = time.monotonic() - job.started
+    line = next(x for x in job.log(0).splitlines() if "stopping every node (exit 124)" in x)
+    assert "rank 3 on node 1" in line and "learned" in line, line
+    assert took < 600
