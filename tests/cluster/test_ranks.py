@@ -43,8 +43,10 @@ def test_a_sleeping_rank_is_named_with_its_stack_and_every_node_exits(image, doc
         hung = node0.when("rank 0 training")
         assert hung is not None
         ended = max(n.ended or 0 for n in run.nodes)
-        print(f"MEASURED hung rank, ENTRYPOINT_HANG_TIMEOUT=30: every node out {ended - hung:.1f} s "
-              "after training began (the hang is at step 20, ~2 s in)")  # fmt: skip
+        print(
+            f"MEASURED hung rank, ENTRYPOINT_HANG_TIMEOUT=30: every node out "
+            f"{ended - hung:.1f} s after training began (the hang is at step 20, ~2 s in)"
+        )
         assert ended - hung < 90 + 5, run.log(60)
 
 
