@@ -91,7 +91,8 @@ class Channel:
             # a fifth of the CPU of one with 8 GPUs' figures, at 1,024 nodes every second.
             now = time.monotonic()
             if now - self.stats_sent < STATS_EVERY:
-                message = {"t": "beat"}
+                # The ranks' progress goes every beat: hangs and slow ranks are judged from it.
+                message = {"t": "beat", "ranks": message.get("ranks")}
             else:
                 self.stats_sent = now
         try:
