@@ -83,7 +83,8 @@ def hang_rule(
         return HangRule(cap, f"{HANG_CAP_SHARE:g} x ENTRYPOINT_COLLECTIVE_TIMEOUT")
     return HangRule(
         learned,
-        f"learned: max({HANG_FLOOR:g} s, {HANG_FACTOR:g} x the longest step, {longest:.2f} s)",
+        f"learned: {HANG_FACTOR:g} x the longest step seen ({longest:.2f} s), at least "
+        f"{HANG_FLOOR:g} s",
     )
 
 

@@ -215,6 +215,7 @@ def rank_table(job: dict) -> list[str]:
             f"{'-' if step is None else f'{step:.3f} s':>8}  "
             f"{'-' if lead is None else f'{lead:.3f} s':>9}  "
             f"{'-' if last is None else f'{last:.0f} s ago':>9}  {'yes' if r.get('slow') else ''}"
+            .rstrip()
         )
     if len(ranks) > 256:
         lines.append(f"... {len(ranks) - 256} more ranks (--json has them all)")

@@ -83,4 +83,29 @@ def settle(
         sources["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = by_default(
             "default 1: fail on NCCL errors, never hang"
         )
+    if device == "cuda":
+        flight_recorder(env, str(settings.run_dir), out, sources)
     return out, sources, warnings
+
+
+# torch's Flight Recorder for NCCL: each rank's last collectives, dumped when one times out, so
+# that a hang names the collective a rank never entered (torch's own analyzer reads the dumps).
+FLIGHT_RECORDER = {
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+}
+
+
+def flight_recorder(
+    env: Mapping[str, str], run_dir: str, out: dict[str, str], sources: dict[str, Source]
+) -> None:
+    values = FLIGHT_RECORDER | {"TORCH_FR_DUMP_TEMP_FILE": f"{run_dir}/flight-recorder/rank_"}
+    for name, value in values.items():
+        if name in env:
+            sources[name] = env_var(name, "(set by you, kept)")
+        else:
+            out[name] = value
+            sources[name] = by_default(
+                "torch's Flight Recorder on GPU nodes: each rank's last NCCL collectives, "
+                "dumped into the run directory when one times out"
+            )

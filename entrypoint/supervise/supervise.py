@@ -300,6 +300,9 @@ class Supervisor(join.Joining):
     def _inbox(self) -> Inbox:
         if self.inbox is None:
             self.inbox = Inbox(self.log_dir / "stacks")
+            flight = self.plan.env.get("TORCH_FR_DUMP_TEMP_FILE")
+            if flight:  # torch writes its Flight Recorder dumps there, and makes no directory
+                Path(flight).parent.mkdir(parents=True, exist_ok=True)
         return self.inbox
 
     def _send_stacks(self, inbox: Inbox) -> None:

@@ -52,8 +52,8 @@ class Prometheus:
             stderr=(self.dir / "log").open("w"),
         )
 
-    def query(self, expr: str) -> dict[str, float]:
-        """{node label: value} of an instant query; {} while Prometheus is not up yet."""
+    def query(self, expr: str, label: str = "node") -> dict[str, float]:
+        """{label's value: value} of an instant query; {} while Prometheus is not up yet."""
         url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode(
             {"query": expr}
         )
@@ -62,7 +62,18 @@ class Prometheus:
                 data = json.load(response)
         except OSError:
             return {}
-        return {r["metric"].get("node", ""): float(r["value"][1]) for r in data["data"]["result"]}
+        return {r["metric"].get(label, ""): float(r["value"][1]) for r in data["data"]["result"]}
+
+    def wait_for_ranks(self, expr: str, ranks: int, timeout: float = 30) -> dict[str, float]:
+        """{rank: value} once every rank has a value above 0."""
+        end = time.monotonic() + timeout
+        got: dict[str, float] = {}
+        while time.monotonic() < end:
+            got = self.query(expr, "rank")
+            if len(got) == ranks and all(v > 0 for v in got.values()):
+                return got
+            time.sleep(0.5)
+        return got
 
     def wait_for(self, expr: str, want: dict[str, float], timeout: float = 30) -> dict:
         end = time.monotonic() + timeout
@@ -98,6 +109,9 @@ def test_prometheus_scrapes_node_0_and_sees_a_killed_node_down(image, docker_cli
         seen["state"] = p.wait_for('multinode_node_state{state="training"}', {"0": 1.0, "1": 1.0})
         seen["load"] = sorted(p.query("multinode_node_cpu_load"))
         seen["world"] = p.query("multinode_job_world_size")
+        seen["rank_steps"] = p.wait_for_ranks("multinode_rank_steps", 4)
+        seen["rank_step_seconds"] = p.wait_for_ranks("multinode_rank_step_seconds", 4)
+        seen["goodput"] = p.query("multinode_job_goodput_ratio")
         c.kill(c.hostname("node", 1))
 
     def after_the_loss(c) -> None:
@@ -127,6 +141,9 @@ def test_prometheus_scrapes_node_0_and_sees_a_killed_node_down(image, docker_cli
     assert seen["up"] == {"0": 1.0, "1": 1.0}, seen
     assert seen["state"] == {"0": 1.0, "1": 1.0}, seen
     assert seen["load"] == ["0", "1"] and seen["world"] == {"": 4.0}, seen
+    assert sorted(seen["rank_steps"]) == ["0", "1", "2", "3"], seen  # every rank's steps
+    assert sorted(seen["rank_step_seconds"]) == ["0", "1", "2", "3"], seen
+    assert 0 < seen["goodput"][""] <= 1, seen
     assert seen["down"] == {"0": 1.0, "1": 0.0}, seen
     assert seen["lost"] == {"": 1.0}, seen
     code, text = seen["status"]
