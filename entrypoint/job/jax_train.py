@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from entrypoint.job import common
+from entrypoint.trainer_side import progress
 from entrypoint.job.data import batches, make_task
 
 DESCRIPTION = (
@@ -309,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         common.maybe_fail(args, jax.process_index(), step)
         params, state, loss = train_step(params, state, next_batch())
+        progress.step()  # no torch optimizer here: the entrypoint learns of the step this way
         console.advance()
         last = step == args.steps
         if step == start + 1 or last or step % args.log_every == 0:
