@@ -210,13 +210,13 @@ def rank_table(job: dict) -> list[str]:
     for r in ranks[:256]:
         step, lead, last = (r.get(k) for k in ("step_seconds", "before_backward_seconds",
                                                  "last_step_seconds"))  # fmt: skip
-        lines.append(
+        row = (
             f"{r['rank']:>4}  {r['node']:>4}  {r['host'][:24]:<24} {int(r.get('steps', 0)):>8}  "
             f"{'-' if step is None else f'{step:.3f} s':>8}  "
             f"{'-' if lead is None else f'{lead:.3f} s':>9}  "
             f"{'-' if last is None else f'{last:.0f} s ago':>9}  {'yes' if r.get('slow') else ''}"
-            .rstrip()
         )
+        lines.append(row.rstrip())
     if len(ranks) > 256:
         lines.append(f"... {len(ranks) - 256} more ranks (--json has them all)")
     return lines

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from entrypoint.job import common
-from entrypoint.trainer_side import progress
 from entrypoint.job.data import batches, make_task
+from entrypoint.trainer_side import progress
 
 DESCRIPTION = (
     "The image's built-in JAX job: a tiny transformer language model on a synthetic "
