@@ -238,5 +238,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
         logs.last_word(f"entrypoint: error: {err.line()}")
         return EXIT_CONFIG
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as interrupt:
+        from entrypoint.plan.errors import interrupted_exit
+
+        return interrupted_exit(interrupt)

@@ -201,6 +201,20 @@ class Cluster:
         """Remove every container and the network; never raises, says what it could not remove."""
         from docker.errors import APIError, NotFound
 
+        shielded = {}
+        if threading.current_thread() is threading.main_thread():
+            for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                shielded[number] = signal.signal(number, _ignored_while_closing)
+        try:
+            self._remove_all(APIError, NotFound)
+        finally:
+            for number, handler in shielded.items():
+                signal.signal(number, handler)
+        if self._old_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._old_sigterm)
+            self._old_sigterm = None
+
+    def _remove_all(self, APIError, NotFound) -> None:  # noqa: N803 - docker's classes
         for name, container in list(self.containers.items()):
             try:
                 container.reload()
@@ -215,9 +229,6 @@ class Cluster:
         if self.network is not None:
             remove_quietly(f"network {self.network_name}", self.network.remove)
             self.network = None
-        if self._old_sigterm is not None:
-            signal.signal(signal.SIGTERM, self._old_sigterm)
-            self._old_sigterm = None
 
     # -- running -----------------------------------------------------------------------------
 
@@ -417,4 +428,8 @@ class Cluster:
 
 
 def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+    raise KeyboardInterrupt(signum)
+
+
+def _ignored_while_closing(signum, frame) -> None:
+    """A second Ctrl-C while the containers are removed: the removal goes on."""

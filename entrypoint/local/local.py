@@ -343,9 +343,11 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
                     file=sys.stderr,
                 )
                 return EXIT_CONFIG
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
+        from entrypoint.plan.errors import interrupted_exit
+
         print("local: interrupted; containers and network removed", file=sys.stderr)
-        return 130
+        return interrupted_exit(interrupt)
     return verdict(run, args.results, command, plan, specs[0].name)
 
 

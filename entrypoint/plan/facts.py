@@ -39,6 +39,8 @@ class Facts:
     # The master's name resolved (IPv4 or IPv6, the first the resolver gives); None when it
     # did not resolve.
     master_ip: str | None = None
+    # Seconds after the first probe at which a name that did not resolve then resolved.
+    master_resolved_after: float | None = None
     ib_hcas: tuple[str, ...] = ()
 
 

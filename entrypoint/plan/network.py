@@ -37,7 +37,12 @@ def socket_family(env: Mapping[str, str], facts: Facts) -> tuple[str | None, Sou
     if FAMILY in env:
         return None, env_var(FAMILY, "(set by you, kept)")
     if facts.master_ip and ":" in facts.master_ip:
-        return "AF_INET6", probed(f"probe: the master's address is IPv6 ({facts.master_ip})")
+        when = (
+            f", its name resolved {facts.master_resolved_after:.1f} s after the start"
+            if facts.master_resolved_after is not None
+            else ""
+        )
+        return "AF_INET6", probed(f"probe: the master's address is IPv6 ({facts.master_ip}){when}")
     return None
 
 

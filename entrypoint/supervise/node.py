@@ -5,7 +5,9 @@ join the other nodes and supervise the launcher."""
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import shlex
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -32,6 +34,48 @@ def prepare(
     return make_plan(env, facts, trainer, read=read, settings=settings), facts, settings
 
 
+# Node 0 waits this long at most for its own name: it need not reach itself by it.
+NODE0_RESOLVE_WAIT = 30.0
+
+
+def await_master(plan: Plan, facts: Facts, settings: Settings, log) -> Facts:
+    """A master given by a name that did not resolve when the plan was made (a Kubernetes
+    headless Service's names appear once the pods are ready): wait for it, bounded, so that
+    NCCL's socket family and interface come from its address, not from a guess. The other
+    nodes cannot join node 0 before it resolves anyway; node 0 waits at most
+    NODE0_RESOLVE_WAIT."""
+    name = plan.master_addr
+    if plan.nnodes == 1 or facts.master_ip is not None or not name or is_ip(name):
+        return facts
+    bound = settings.join_timeout if plan.member else min(NODE0_RESOLVE_WAIT, settings.join_timeout)
+    log.info(f"the master's name {name} does not resolve yet: waiting for it (at most {bound:g} s)")
+    began = time.monotonic()
+    while time.monotonic() - began < bound:
+        time.sleep(0.5)
+        fresh = probe.master_resolved(facts, name, time.monotonic() - began)
+        if fresh.master_ip is not None:
+            log.info(
+                f"the master's name {name} resolved to {fresh.master_ip} after "
+                f"{time.monotonic() - began:.1f} s: the socket family and the interface are "
+                "decided from it"
+            )
+            return fresh
+    log.warning(
+        f"the master's name {name} did not resolve within {bound:g} s: the socket family and "
+        "interface stay undecided (NCCL picks); set NCCL_SOCKET_FAMILY and "
+        "ENTRYPOINT_SOCKET_IFNAME if the job runs over IPv6"
+    )
+    return facts
+
+
+def is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text.strip("[]").split("%")[0])
+    except ValueError:
+        return False
+    return True
+
+
 def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Settings) -> int:
     """Check the plan against this node, write its configs, then join the other nodes and
     supervise the launcher (`run`, and `doctor --allreduce` with its own trainer)."""
@@ -44,6 +88,10 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
         log_dir=settings.log_dir,
         secret_values=values,
     )
+    resolved = await_master(plan, facts, settings, log)
+    if resolved is not facts:
+        facts = resolved
+        plan = make_plan(env, facts, plan.trainer, settings=settings)
     launch.check_hardware(plan, env, facts)
     if plan.trainer in BUILTIN_JOBS.values() and importlib.util.find_spec(plan.trainer[2]) is None:
         raise ConfigError(

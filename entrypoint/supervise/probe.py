@@ -3,6 +3,7 @@ interfaces, routes, DNS, InfiniBand. Each probe is small and returns plain value
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import glob
 import ipaddress
@@ -12,6 +13,7 @@ import socket
 import struct
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from entrypoint.control import sockets
@@ -225,8 +227,10 @@ def ib_hcas() -> tuple[str, ...]:
     )
 
 
-def facts(*, master_addr: str | None, probe_gpus: bool) -> Facts:
-    nics = interfaces()
+def master_route(
+    master_addr: str | None, nics: Sequence[Interface]
+) -> tuple[str | None, str | None]:
+    """(the master's address, the interface this node reaches it through), each None unknown."""
     master_ip = resolve(master_addr) if master_addr else None
     route = None
     if master_ip:
@@ -235,6 +239,23 @@ def facts(*, master_addr: str | None, probe_gpus: bool) -> Facts:
         route = next(
             (nic.name for nic in nics if local and local in (nic.address, *nic.ipv6)), None
         )
+    return master_ip, route
+
+
+def master_resolved(facts: Facts, master_addr: str, waited: float) -> Facts:
+    """`facts` with the master's address and route probed again, `waited` seconds after the
+    first probe (a name that did not resolve then)."""
+    master_ip, route = master_route(master_addr, facts.interfaces)
+    if master_ip is None:
+        return facts
+    return dataclasses.replace(
+        facts, master_ip=master_ip, route_to_master=route, master_resolved_after=waited
+    )
+
+
+def facts(*, master_addr: str | None, probe_gpus: bool) -> Facts:
+    nics = interfaces()
+    master_ip, route = master_route(master_addr, nics)
     found, how = gpus() if probe_gpus else (None, "not probed: the GPU count was stated")
     return Facts(
         hostname=socket.gethostname(),
