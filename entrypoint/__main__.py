@@ -1,30 +1,57 @@
-"""`python -m entrypoint` and the `entrypoint` command. From the first line on, SIGINT, SIGTERM
-and SIGHUP end a command quietly with 128 + N, however early they come (a command that has
-its own handlers, `run` and `local`, takes over from there): the handlers are set before
-anything is imported. SIGINT is taken even where the parent ignored it (a shell's background
-job): a person's Ctrl-C is never lost. An ignored SIGHUP (nohup) stays ignored."""
+"""`python -m entrypoint` and the `entrypoint` command. From its first line on, SIGINT, SIGTERM
+and SIGHUP end a command quietly with 128 + N, however early they come (a command that has its
+own handlers, `run` and `local`, takes over from there): the handlers are set before anything
+else is imported, inside the `try` that turns them into the exit code. SIGINT is taken even
+where the parent ignored it (a shell's background job): a person's Ctrl-C is never lost. An
+ignored SIGHUP (nohup) stays ignored. Once the command has its exit code, a later signal
+changes nothing."""
 
+import atexit
+import os
 import signal
+import sys
+
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _stop(number: int, _frame: object) -> None:
     raise KeyboardInterrupt(number)
 
 
-for _number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-    if _number != signal.SIGHUP or signal.getsignal(_number) is not signal.SIG_IGN:
-        signal.signal(_number, _stop)
+def _take_signals() -> None:
+    for number in STOPPING:
+        if number != signal.SIGHUP or signal.getsignal(number) is not signal.SIG_IGN:
+            signal.signal(number, _stop)
+
+
+def _ending() -> None:
+    for number in STOPPING:
+        signal.signal(number, signal.SIG_IGN)
 
 
 def main() -> int:
     try:
+        _take_signals()
         from entrypoint.cli import main as cli
 
-        return cli()
+        code = cli()
     except KeyboardInterrupt as interrupt:
-        from entrypoint.plan.errors import interrupted_exit
-
-        return interrupted_exit(interrupt)
+        _ending()
+        number = interrupt.args[0] if interrupt.args else None
+        code = 128 + (number if isinstance(number, int) and 0 < number < 128 else signal.SIGINT)
+        # CPython marks an interrupt as unhandled when it lands in code that exec() runs from
+        # a string (dataclasses and namedtuple build their methods so, at import), caught or
+        # not, and then ends the process by SIGINT at exit: the exit handlers run here, then
+        # the process ends with the code.
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+    _ending()
+    return code
 
 
 if __name__ == "__main__":

@@ -238,7 +238,3 @@ def _main(argv: Sequence[str] | None) -> int:
 
         logs.last_word(f"entrypoint: error: {err.line()}")
         return EXIT_CONFIG
-    except KeyboardInterrupt as interrupt:
-        from entrypoint.plan.errors import interrupted_exit
-
-        return interrupted_exit(interrupt)

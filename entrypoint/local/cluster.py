@@ -170,6 +170,7 @@ class Cluster:
         self._lock = threading.Lock()
         self._old_sigterm: Callable[[int, FrameType | None], Any] | int | None = None
         self._t0 = time.monotonic()  # the current run's start, for NodeRun.times
+        self._closing = False  # close() has begun: the nodes' lines are no longer echoed
 
     def hostname(self, role: str, index: int) -> str:
         """`<prefix>-<role>-<index>`, e.g. mn1a2b3c-worker-0 (a Kubeflow pod is <job>-master-0)."""
@@ -201,6 +202,8 @@ class Cluster:
         """Remove every container and the network; never raises, says what it could not remove."""
         from docker.errors import APIError, NotFound
 
+        # What the nodes say while they are removed (a worker whose peer vanished) is noise.
+        self._closing = True
         shielded = {}
         if threading.current_thread() is threading.main_thread():
             for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -395,7 +398,7 @@ class Cluster:
         text = f"[{name}] {line}"
         with self._lock:
             self._lines.append(text)
-        if self.echo is not None:
+        if self.echo is not None and not self._closing:
             self.echo(text)
 
     def _follow(self, name: str, container, node_run: NodeRun) -> None:

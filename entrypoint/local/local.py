@@ -343,11 +343,9 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
                     file=sys.stderr,
                 )
                 return EXIT_CONFIG
-    except KeyboardInterrupt as interrupt:
-        from entrypoint.plan.errors import interrupted_exit
-
+    except KeyboardInterrupt:  # entrypoint/__main__.py turns it into 128 + N
         print("local: interrupted; containers and network removed", file=sys.stderr)
-        return interrupted_exit(interrupt)
+        raise
     return verdict(run, args.results, command, plan, specs[0].name)
 
 

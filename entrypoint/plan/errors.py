@@ -38,10 +38,3 @@ def shorten(value: str) -> str:
 def clip(text: str) -> str:
     """text, or for a long one its start and its length: `{"a": [1, 2,… (90,000 characters)`."""
     return text if len(text) <= SHOWN else f"{text[:SHOWN]}… ({len(text):,} characters)"
-
-
-def interrupted_exit(interrupt: KeyboardInterrupt) -> int:
-    """128 + the signal that stopped a command: entrypoint/__main__.py's handlers raise
-    KeyboardInterrupt(N); Python's own SIGINT handler raises it with no number (130)."""
-    number = interrupt.args[0] if interrupt.args else None
-    return 128 + (number if isinstance(number, int) and 0 < number < 128 else 2)

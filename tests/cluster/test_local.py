@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from entrypoint.local.cluster import LABEL
 
 STEPS = 40
@@ -102,3 +104,66 @@ def test_ctrl_c_removes_everything(image, docker_client):
     assert proc.returncode == 130, "".join(lines) + rest
     assert "interrupted; containers and network removed" in rest
     assert leftovers(docker_client, prefix) == []
+
+
+def local_leftovers(client) -> list[str]:
+    """Every container and network an `entrypoint local` made (their label's value `local-...`)."""
+    containers = client.containers.list(all=True, filters={"label": LABEL})
+    networks = client.networks.list(filters={"label": LABEL})
+    return [c.name for c in containers if c.labels.get(LABEL, "").startswith("local-")] + [
+        n.name
+        for n in networks
+        if (n.attrs.get("Labels") or {}).get(LABEL, "").startswith("local-")
+    ]
+
+
+# (signal, the output line after which it is sent, then seconds): containers being made, nodes
+# joining, training, and the start before anything exists.
+INSTANTS = [
+    ("SIGINT", None, 0.3),
+    ("SIGTERM", None, 1.5),
+    ("SIGINT", "] started (at", 0.0),
+    ("SIGTERM", "joined in", 0.0),
+    ("SIGINT", "[job] step", 0.0),
+]
+
+
+@pytest.mark.parametrize(("name", "after", "delay"), INSTANTS)
+def test_a_signal_at_any_instant_under_load_removes_everything(
+    image, docker_client, name, after, delay
+):
+    """SIGINT is sent to a `local` whose parent ignored it (a shell's background job, how the
+    Ctrl-C of a fresh clone's `make test` was lost), with every core busy."""
+    number = getattr(signal, name)
+    load = subprocess.Popen(
+        ["stress-ng", "--cpu", "2", "--timeout", "120"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    proc = local(
+        "--nodes", "2", "--gpus-per-node", "0", "--image", image,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
+    lines: list[str] = []
+    try:
+        if after is not None:
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                lines.append(line)
+                if after in line:
+                    break
+        time.sleep(delay)
+        proc.send_signal(number)
+        rest, _ = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+        load.kill()
+        load.wait()
+    out = "".join(lines) + rest
+    ours = [line for line in out.splitlines() if not line.startswith("[local-")]
+    assert proc.returncode == 128 + number, out[-3000:]
+    assert not any("Traceback" in line for line in ours), out[-3000:]
+    assert local_leftovers(docker_client) == [], out[-3000:]

@@ -1,0 +1,64 @@
+"""SIGINT, SIGTERM and SIGHUP at any instant of `entrypoint run`'s start, from the first line of
+`__main__` on (imports, settings, probes, the plan, the launch, the trainer running): a quiet
+exit with 128 + N, never a traceback. SIGINT is sent to a process whose parent ignored it, as a
+shell does for its background jobs (a Ctrl-C must never be lost)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+# Seconds after __main__'s first lines installed the handlers (seen in /proc: before that the
+# interpreter is still starting, and an ignored SIGINT is dropped by the kernel).
+INSTANTS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.4, 0.8, 1.5, 2.0)
+
+
+def handlers_installed(pid: int, timeout: float = 20) -> None:
+    """Until the process catches SIGTERM (SigCgt in /proc/PID/status): __main__ has begun."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                caught = next(line for line in status if line.startswith("SigCgt:"))
+        except (OSError, StopIteration):
+            caught = "SigCgt: 0"
+        if int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)):
+            return
+        time.sleep(0.002)
+    raise AssertionError("the handlers were never installed")
+
+
+def start(tmp_path) -> subprocess.Popen:
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "ENTRYPOINT_GPUS_PER_NODE": "0",
+        "ENTRYPOINT_RUN_DIR": str(tmp_path / "run"),
+        "ENTRYPOINT_GRACE_PERIOD": "5",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "entrypoint", "run", "--", "sleep", "30"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+
+
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_at_any_instant_of_the_start_ends_quietly(tmp_path, number):
+    for delay in INSTANTS:
+        proc = start(tmp_path)
+        handlers_installed(proc.pid)
+        time.sleep(delay)
+        proc.send_signal(number)
+        try:
+            out, _ = proc.communicate(timeout=40)
+        finally:
+            proc.kill()
+        assert proc.returncode == 128 + number, (delay, out[-2000:])
+        assert "Traceback" not in out, (delay, out[-2000:])
