@@ -1,10 +1,11 @@
 """Node 0's `/metrics`: what it knows of every node, in Prometheus' text format.
 
 Read at scrape time from node 0's Conductor (entrypoint.control.conductor): nothing is computed
-between scrapes, so a job nobody scrapes pays only for an idle listening socket. The HTTP server is
-prometheus-client's, in a daemon thread; it reads copies of the conductor's dictionaries (a `dict()`
-copy is atomic under the GIL) and never changes them. Labels hold node numbers, host names and the
-job's name: no secret is ever a label.
+between scrapes, so a job nobody scrapes pays only for an idle listening socket. The HTTP server
+(entrypoint.control.metrics_server) is one daemon thread, bounded against strangers; it reads
+copies of the conductor's dictionaries (a `dict()` copy is atomic under the GIL) and never
+changes them. Labels hold node numbers, host names and the job's name: no secret is ever a
+label.
 
 Per node (labels `node`, the member the platform started, and `host`): up, state, rank, seconds
 since its last heartbeat, slow, and its GPUs' figures, each combined over the node's GPUs
@@ -28,6 +29,7 @@ from prometheus_client.registry import Collector
 
 from entrypoint.control.conductor import Conductor
 from entrypoint.control.conductor_terms import JOIN, RUN
+from entrypoint.control.metrics_server import MetricsServer
 
 PREFIX = "multinode_"
 STATES = ("joining", "training", "standby", "lost")
@@ -226,25 +228,22 @@ def registry(conductor: Conductor, job: Job, clock: Callable[[], float] = time.m
 
 def serve(
     conductor: Conductor, job: Job, port: int, bind: str, log: Callable[[str, str], None]
-) -> object | None:
-    """Serve `/metrics` on `port`; a port that cannot be had is a warning, never a reason to
-    stop the job. Returns the server (its `shutdown()` stops it), or None."""
-    from prometheus_client import start_http_server  # at the edge: node 0 only
+) -> MetricsServer | None:
+    """Serve `/metrics` on `port` (entrypoint.control.metrics_server: bounded against strangers);
+    a port that cannot be had is a warning, never a reason to stop the job. Returns the server
+    (its `shutdown()` stops it), or None."""
+    from prometheus_client.exposition import generate_latest  # at the edge: node 0 only
 
-    # "::" takes both families; a host without IPv6 has only 0.0.0.0 (entrypoint.control.sockets).
-    binds = [bind, "0.0.0.0"] if bind == "::" else [bind]
-    for address in binds:
-        try:
-            server, _thread = start_http_server(
-                port, addr=address, registry=registry(conductor, job)
-            )
-            return server
-        except OSError as err:
-            error = err
-    log(
-        "warning",
-        f"ENTRYPOINT_METRICS_PORT={port}: node 0 cannot serve /metrics there "
-        f"({error.strerror or error}); the job goes on without it. Pick a free port, or set "
-        "ENTRYPOINT_METRICS_PORT=0 to turn metrics off",
-    )
-    return None
+    jobs = registry(conductor, job)
+    try:
+        server = MetricsServer(lambda: generate_latest(jobs), port, bind)
+    except OSError as error:
+        log(
+            "warning",
+            f"ENTRYPOINT_METRICS_PORT={port}: node 0 cannot serve /metrics there "
+            f"({error.strerror or error}); the job goes on without it. Pick a free port, or set "
+            "ENTRYPOINT_METRICS_PORT=0 to turn metrics off",
+        )
+        return None
+    server.start()
+    return server
