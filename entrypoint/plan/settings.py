@@ -309,6 +309,13 @@ class Settings(BaseSettings):
             "before node 0 names it as slow; GPU figures arrive every 10 s."
         ),
     )
+    strict: bool = Field(
+        False,
+        description=(
+            "An ENTRYPOINT_* variable that is not a setting (a misspelt one) stops the node "
+            "before anything starts, instead of a warning."
+        ),
+    )
     preflight_allreduce: bool = Field(
         False,
         description=(
@@ -353,6 +360,14 @@ class Settings(BaseSettings):
         finally:
             _GIVEN.reset(token)
         settings._check_heartbeat(given)
+        if settings.strict:
+            for name in unknown(env):
+                raise ConfigError(
+                    name,
+                    env[name],
+                    "is not a setting (ENTRYPOINT_STRICT=1)",
+                    misspelt_fix(name),
+                )
         return settings
 
     def _check_heartbeat(self, given: Mapping[str, str]) -> None:
@@ -466,3 +481,62 @@ def markdown_table() -> str:
         default = "unset" if field.default is None else f"`{field.default}`"
         rows.append(f"| `{PREFIX}{name.upper()}` | {default} | {field.description} |")
     return "\n".join(rows)
+
+
+# ENTRYPOINT_* variables that are not settings, yet the entrypoint's own: the built-in job's
+# options (entrypoint/job/common.py), and what the entrypoint sets for the trainer.
+OTHER_VARIABLES = frozenset(
+    {
+        *(
+            f"ENTRYPOINT_JOB_{name}"
+            for name in (
+                "STEPS",
+                "OUTPUT",
+                "SAVE_EVERY",
+                "LOG_EVERY",
+                "SEED",
+                "RESUME",
+                "FAIL_AT_STEP",
+                "FAIL_RANK",
+                "VERBOSE",
+            )
+        ),  # fmt: skip
+        "ENTRYPOINT_RESTART_COUNT",
+        "ENTRYPOINT_PLAN_FILE",
+        "ENTRYPOINT_CONFIG_DIR",
+        "ENTRYPOINT_DEEPSPEED_CONFIG",
+        "ENTRYPOINT_ACCELERATE_CONFIG",
+        "ENTRYPOINT_COLLECTIVE_TIMEOUT",
+        "ENTRYPOINT_PROGRESS_SOCKET",
+        "ENTRYPOINT_STACKS_DIR",
+        "ENTRYPOINT_IMAGE_DIR",
+    }
+)
+
+
+def known_variables() -> frozenset[str]:
+    return OTHER_VARIABLES | {PREFIX + name.upper() for name in Settings.model_fields}
+
+
+def unknown(env: Mapping[str, str]) -> list[str]:
+    """The ENTRYPOINT_* variables in `env` that are neither a setting nor the entrypoint's own."""
+    known = known_variables()
+    return sorted(n for n in env if n.startswith(PREFIX) and n not in known)
+
+
+def misspelt_fix(name: str) -> str:
+    """`Did you mean ENTRYPOINT_SPARES?`, or where the settings are listed."""
+    import difflib  # only when a variable is misspelt
+
+    close = difflib.get_close_matches(name, sorted(known_variables()), n=1, cutoff=0.75)
+    return (
+        f"Did you mean {close[0]}? (`entrypoint settings` lists them)"
+        if close
+        else "Unset it; `entrypoint settings` lists the settings"
+    )
+
+
+def unknown_warnings(env: Mapping[str, str]) -> list[str]:
+    """One warning for each ENTRYPOINT_* variable that is not a setting."""
+    return [f"{name} is not a setting, and nothing reads it. {misspelt_fix(name)}"
+            for name in unknown(env)]  # fmt: skip
