@@ -227,12 +227,12 @@ def check_stacks(raw: Any) -> tuple[dict, ...]:
             if type(f) is not list or len(f) != 4:
                 raise BadMessage("each frame must be [file, line, function, source]")
             parts = dict(zip(("file", "line", "function", "source"), f, strict=True))
-            checked.append(
+            checked.append(  # a peer's words, logged by node 0: escaped
                 (
-                    str_field(parts, "file", 1024),
+                    shown(str_field(parts, "file", 1024), 1024),
                     int_field(parts, "line", 0, 1 << 30),
-                    str_field(parts, "function", 256),
-                    str_field(parts, "source", 512),
+                    shown(str_field(parts, "function", 256), 256),
+                    shown(str_field(parts, "source", 512), 512),
                 )
             )
         out.append(

@@ -20,6 +20,7 @@ from entrypoint.plan.errors import ConfigError
 HEALTHY, DEGRADED, UNREACHABLE = 0, 1, 2
 DEFAULT_MASTER_PORT = 29500
 TIMEOUT = 5.0
+LABEL_LIMIT = 64  # characters of a label value shown
 
 
 def add_parser(sub) -> None:
@@ -101,10 +102,14 @@ def read(text: str) -> dict:
     nodes: dict[str, dict] = {}
     ranks: dict[tuple[str, str], dict] = {}
     job: dict = {"phase": None, "nodes": {}}
+    from entrypoint.control.message_fields import shown
+
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name = sample.name.removeprefix("multinode_")
-            labels, value = sample.labels, sample.value
+            # What node 0 serves is what the nodes said of themselves: escaped, cut.
+            labels = {k: shown(str(v), LABEL_LIMIT) for k, v in sample.labels.items()}
+            value = sample.value
             if "rank" in labels and name.startswith("rank_"):
                 rank = ranks.setdefault((labels["node"], labels["rank"]), {})
                 rank["node"], rank["host"], rank["rank"] = (
