@@ -12,13 +12,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
-from entrypoint.plan import configs, gpus, launchers, network, ports
+from entrypoint.plan import configs, gpus, launchers, network, ports, variables
 from entrypoint.plan import plan_steps as steps
 from entrypoint.plan.facts import Facts
 from entrypoint.plan.launchers import ALLREDUCE, Launcher, Layout
 from entrypoint.plan.plan_steps import BUILTIN_JOB, BUILTIN_JOBS, Out, gpus_stated, read_platform
 from entrypoint.plan.platforms.base import Reading
-from entrypoint.plan.settings import Settings, unknown_warnings
+from entrypoint.plan.settings import Settings
 from entrypoint.plan.values import Source, derived
 
 __all__ = [
@@ -124,7 +124,7 @@ def make_plan(
     platform_name, why, reading = read or read_platform(env, settings)
     read_from = {k: getattr(reading, k).source for k in ("nnodes", "node_rank", "master_port")}
     out = Out(sources={"platform": derived(why), **read_from}, notes=list(reading.notes))
-    out.warnings += [*reading.warnings, *unknown_warnings(env)]
+    out.warnings += [*reading.warnings, *variables.warnings(env, Settings.model_fields)]
     members, member = reading.nnodes.value, reading.node_rank.value
     reading, standby = steps.seated(reading, settings, seat, out.sources)
     nnodes, node_rank = reading.nnodes.value, reading.node_rank.value

@@ -9,21 +9,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from contextvars import ContextVar
 from pathlib import Path
 from typing import Literal, get_args
 
 import annotated_types
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
-from pydantic_settings import (
-    BaseSettings,
-    EnvSettingsSource,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-)
-from pydantic_settings.sources.utils import parse_env_vars
 
+from entrypoint.plan import variables
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.values import GPUS, NODES, PER_NODE, PREFIX, host, number
 
@@ -33,33 +26,26 @@ HOUR, DAY, WEEK = 3600, 86400, 7 * 86400
 MIN_BEATS_PER_TIMEOUT = 3
 
 
-# The environment `Settings.from_env` reads, for `settings_customise_sources` (a class method,
-# called by BaseSettings.__init__, which takes no mapping of its own).
-_GIVEN: ContextVar[Mapping[str, str]] = ContextVar("entrypoint_settings_env")
+def given_env(env: Mapping[str, str]) -> dict[str, str]:
+    """{field: value} of the ENTRYPOINT_* variables in `env` that name a setting: the prefix
+    taken off, each value stripped, a blank one unset. Names are matched as the environment
+    spells them, upper case (Linux names are case-sensitive: `entrypoint_nnodes` is another
+    variable). pydantic parses the values (`Settings.from_env`). Not pydantic-settings' env
+    source: importing pydantic-settings 2.16 alone took 0.33 s in the image (asyncio, its cloud
+    providers), more than `entrypoint plan`'s whole budget."""
+    fields = Settings.model_fields
+    out = {}
+    for name, value in env.items():
+        field = name[len(PREFIX) :].lower()
+        if name.startswith(PREFIX) and name == name.upper() and field in fields and value.strip():
+            out[field] = value.strip()
+    return out
 
 
-class GivenEnv(EnvSettingsSource):
-    """pydantic-settings' EnvSettingsSource over a given mapping rather than os.environ: in
-    pydantic-settings 2.16 it reads os.environ only (no parameter for a mapping), and the
-    entrypoint's settings are a pure function of the environment its caller passes. Values are
-    stripped, and a blank one is unset (env_ignore_empty drops only ''). Names are matched as
-    the environment spells them, upper case (pydantic-settings folds case: a field name is
-    lower case), so `entrypoint_nnodes` is not ENTRYPOINT_NNODES."""
+class Settings(BaseModel):
+    """Every ENTRYPOINT_* setting: ENTRYPOINT_<FIELD> in the environment, read by `from_env`."""
 
-    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
-        super().__init__(settings_cls)
-        given = {
-            name: value.strip()
-            for name, value in env.items()
-            if value.strip() and name.startswith(PREFIX) and name == name.upper()
-        }
-        self.env_vars = parse_env_vars(
-            given, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str
-        )
-
-
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     platform: str = Field(
         "auto", description="Force a platform reading (see the platform table); `auto` detects it."
@@ -325,29 +311,15 @@ class Settings(BaseSettings):
     )
 
     @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # pydantic-settings' env source (env_prefix, names, parsing), over the mapping that
-        # from_env() was given instead of os.environ; no .env file, no secrets directory.
-        return (init_settings, GivenEnv(settings_cls, _GIVEN.get({})))
-
-    @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
         """The settings in `env`, each stripped; an empty ENTRYPOINT_* variable is unset. Numbers
         and the master's address go through entrypoint.plan.values' readers; the rest through
         pydantic."""
-        given = {name: str(raw) for name, raw in GivenEnv(cls, env)().items()}
+        given = given_env(env)
         for name, raw in given.items():
             check_text(name, PREFIX + name.upper(), raw, cls.model_fields[name])
-        token = _GIVEN.set(env)
         try:
-            settings = cls()
+            settings = cls(**given)
         except ValidationError as err:
             first = err.errors()[0]
             name = PREFIX + str(first["loc"][0]).upper()
@@ -357,16 +329,14 @@ class Settings(BaseSettings):
                 first["msg"].lower(),
                 f"Fix {name} or unset it (see `entrypoint settings`)",
             ) from None
-        finally:
-            _GIVEN.reset(token)
         settings._check_heartbeat(given)
         if settings.strict:
-            for name in unknown(env):
+            for name in variables.unknown(env, cls.model_fields):
                 raise ConfigError(
                     name,
                     env[name],
                     "is not a setting (ENTRYPOINT_STRICT=1)",
-                    misspelt_fix(name),
+                    variables.misspelt_fix(name, cls.model_fields),
                 )
         return settings
 
@@ -481,62 +451,3 @@ def markdown_table() -> str:
         default = "unset" if field.default is None else f"`{field.default}`"
         rows.append(f"| `{PREFIX}{name.upper()}` | {default} | {field.description} |")
     return "\n".join(rows)
-
-
-# ENTRYPOINT_* variables that are not settings, yet the entrypoint's own: the built-in job's
-# options (entrypoint/job/common.py), and what the entrypoint sets for the trainer.
-OTHER_VARIABLES = frozenset(
-    {
-        *(
-            f"ENTRYPOINT_JOB_{name}"
-            for name in (
-                "STEPS",
-                "OUTPUT",
-                "SAVE_EVERY",
-                "LOG_EVERY",
-                "SEED",
-                "RESUME",
-                "FAIL_AT_STEP",
-                "FAIL_RANK",
-                "VERBOSE",
-            )
-        ),  # fmt: skip
-        "ENTRYPOINT_RESTART_COUNT",
-        "ENTRYPOINT_PLAN_FILE",
-        "ENTRYPOINT_CONFIG_DIR",
-        "ENTRYPOINT_DEEPSPEED_CONFIG",
-        "ENTRYPOINT_ACCELERATE_CONFIG",
-        "ENTRYPOINT_COLLECTIVE_TIMEOUT",
-        "ENTRYPOINT_PROGRESS_SOCKET",
-        "ENTRYPOINT_STACKS_DIR",
-        "ENTRYPOINT_IMAGE_DIR",
-    }
-)
-
-
-def known_variables() -> frozenset[str]:
-    return OTHER_VARIABLES | {PREFIX + name.upper() for name in Settings.model_fields}
-
-
-def unknown(env: Mapping[str, str]) -> list[str]:
-    """The ENTRYPOINT_* variables in `env` that are neither a setting nor the entrypoint's own."""
-    known = known_variables()
-    return sorted(n for n in env if n.startswith(PREFIX) and n not in known)
-
-
-def misspelt_fix(name: str) -> str:
-    """`Did you mean ENTRYPOINT_SPARES?`, or where the settings are listed."""
-    import difflib  # only when a variable is misspelt
-
-    close = difflib.get_close_matches(name, sorted(known_variables()), n=1, cutoff=0.75)
-    return (
-        f"Did you mean {close[0]}? (`entrypoint settings` lists them)"
-        if close
-        else "Unset it; `entrypoint settings` lists the settings"
-    )
-
-
-def unknown_warnings(env: Mapping[str, str]) -> list[str]:
-    """One warning for each ENTRYPOINT_* variable that is not a setting."""
-    return [f"{name} is not a setting, and nothing reads it. {misspelt_fix(name)}"
-            for name in unknown(env)]  # fmt: skip

@@ -17,7 +17,11 @@ from entrypoint.plan.facts import Facts
 from entrypoint.plan.plan import BUILTIN_JOBS, Plan, gpus_stated, make_plan, read_platform
 from entrypoint.plan.settings import Settings
 from entrypoint.plan.values import host_port
-from entrypoint.supervise import dsops, launch, logs, probe, report, supervise
+from entrypoint.supervise import probe
+
+# run_plan's modules (the supervisor, the control channel, structlog) load when it runs:
+# `entrypoint plan` and `doctor` need only prepare's (a plan in under 300 ms, tests/unit/
+# test_shape.py).
 
 
 def prepare(
@@ -68,6 +72,16 @@ def await_master(plan: Plan, facts: Facts, settings: Settings, log) -> Facts:
     return facts
 
 
+def _master_resolved(
+    plan: Plan, facts: Facts, env: Mapping[str, str], settings: Settings, log
+) -> tuple[Plan, Facts]:
+    """The plan again once a master's name that did not resolve at first does (await_master)."""
+    resolved = await_master(plan, facts, settings, log)
+    if resolved is facts:
+        return plan, facts
+    return make_plan(env, resolved, plan.trainer, settings=settings), resolved
+
+
 def is_ip(text: str) -> bool:
     try:
         ipaddress.ip_address(text.strip("[]").split("%")[0])
@@ -79,6 +93,8 @@ def is_ip(text: str) -> bool:
 def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Settings) -> int:
     """Check the plan against this node, write its configs, then join the other nodes and
     supervise the launcher (`run`, and `doctor --allreduce` with its own trainer)."""
+    from entrypoint.supervise import dsops, launch, logs, report, supervise
+
     values = secrets.secret_values(env)
     log = logs.setup(
         node_rank=plan.member,
@@ -88,10 +104,7 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
         log_dir=settings.log_dir,
         secret_values=values,
     )
-    resolved = await_master(plan, facts, settings, log)
-    if resolved is not facts:
-        facts = resolved
-        plan = make_plan(env, facts, plan.trainer, settings=settings)
+    plan, facts = _master_resolved(plan, facts, env, settings, log)
     launch.check_hardware(plan, env, facts)
     if plan.trainer in BUILTIN_JOBS.values() and importlib.util.find_spec(plan.trainer[2]) is None:
         raise ConfigError(
@@ -141,5 +154,7 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
 
 def _trainer_env(plan: Plan, env: Mapping[str, str], settings: Settings) -> dict[str, str]:
     """The plan's files written for this node, and the trainer's environment with them."""
+    from entrypoint.supervise import launch
+
     plan_file = launch.apply(plan, Path(settings.run_dir) / f"node{plan.member}")
     return launch.child_env(plan, env) | {"ENTRYPOINT_PLAN_FILE": str(plan_file)}

@@ -11,9 +11,10 @@ import pytest
 
 from conftest import node
 from entrypoint.job.common import _SETTINGS as JOB_OPTIONS
+from entrypoint.plan import variables
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.plan import make_plan
-from entrypoint.plan.settings import Settings, known_variables, unknown
+from entrypoint.plan.settings import Settings
 
 PACKAGE = Path(__file__).parents[2] / "entrypoint"
 
@@ -44,9 +45,14 @@ def test_a_name_like_nothing_gets_the_list_and_strict_refuses():
 
 
 def test_settings_and_the_entrypoints_own_variables_are_not_warned_about():
-    env = {name: "1" for name in known_variables()}
-    assert unknown(env) == []
-    assert unknown({"SLURM_JOB_ID": "1", "WORLD_SIZE": "2", "PET_NNODES": "2"}) == []
+    env = {name: "1" for name in variables.known(Settings.model_fields)}
+    assert variables.unknown(env, Settings.model_fields) == []
+    assert (
+        variables.unknown(
+            {"SLURM_JOB_ID": "1", "WORLD_SIZE": "2", "PET_NNODES": "2"}, Settings.model_fields
+        )
+        == []
+    )
 
 
 def test_every_entrypoint_variable_the_code_names_is_known():
@@ -56,7 +62,7 @@ def test_every_entrypoint_variable_the_code_names_is_known():
     for path in PACKAGE.rglob("*.py"):
         named |= set(re.findall(r"ENTRYPOINT_[A-Z0-9_]*[A-Z0-9]", path.read_text()))
     named |= {f"ENTRYPOINT_JOB_{name.upper()}" for name, *_ in JOB_OPTIONS}
-    assert named - known_variables() == set()
+    assert named - variables.known(Settings.model_fields) == set()
 
 
 def test_plan_shows_it_and_strict_exits_2_in_one_line():

@@ -1,7 +1,7 @@
 import pytest
 
 from entrypoint.plan.errors import ConfigError
-from entrypoint.plan.settings import GivenEnv, Settings, markdown_table
+from entrypoint.plan.settings import Settings, given_env, markdown_table
 
 
 def test_reads_only_the_given_mapping(monkeypatch):
@@ -35,12 +35,12 @@ def test_markdown_table_lists_every_setting():
         assert f"`ENTRYPOINT_{name.upper()}`" in table
 
 
-def test_pydantic_settings_env_source_reads_the_given_mapping(monkeypatch):
-    """The prefix, the names and the parsing are pydantic-settings' own (env_prefix), over the
-    mapping given, stripped, a blank value unset; os.environ is not read."""
+def test_the_env_source_reads_the_given_mapping(monkeypatch):
+    """The prefix taken off, over the mapping given, stripped, a blank value unset; pydantic
+    parses; os.environ is not read."""
     monkeypatch.setenv("ENTRYPOINT_JOB", "jax")
     given = {"ENTRYPOINT_NNODES": " 3 ", "ENTRYPOINT_RUN_DIR": " ", "NNODES": "9"}
-    assert GivenEnv(Settings, given)() == {"nnodes": "3"}
+    assert given_env(given) == {"nnodes": "3"}
     settings = Settings.from_env(given)
     assert settings.nnodes == 3 and settings.job == "deepspeed"
     assert settings.stated() == {"nnodes": 3}

@@ -170,3 +170,36 @@ def test_the_cli_s_help_and_render_start_without_pydantic(argv):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
+
+
+# What `entrypoint plan` may not load: the supervisor, the control channel, the log writer
+# (structlog, rich), pydantic-settings (0.33 s of import alone in the image), metrics, Docker.
+NOT_FOR_PLAN = (
+    "entrypoint.supervise.supervise",
+    "entrypoint.supervise.logs",
+    "entrypoint.control.control_channel",
+    "entrypoint.control.conductor",
+    "structlog",
+    "rich",
+    "pydantic_settings",
+    "prometheus_client",
+    "docker",
+    "torch",
+)
+
+
+def test_plan_imports_only_what_it_uses():
+    """`entrypoint plan` in under 300 ms over a bare Python start (benchmarks/startup.py): the
+    modules it must not import, listed."""
+    code = (
+        "import sys, contextlib, io\n"
+        "from entrypoint import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    cli.main(['plan', '--json'])\n"
+        f"print(sorted(m for m in {NOT_FOR_PLAN!r} if m in sys.modules))"
+    )
+    env = {"PATH": "/usr/bin:/bin", "ENTRYPOINT_GPUS_PER_NODE": "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
