@@ -19,10 +19,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any
 
-from entrypoint.local.cluster import LABEL, Cluster, ClusterRun, Node, NodeRun
-from entrypoint.local.cluster_docker import DEFAULT_OUTPUT, remove_quietly
+from entrypoint.local.cluster import Cluster, ClusterRun, Node, NodeRun
 
 
 @dataclass(frozen=True)
@@ -60,32 +59,12 @@ class FaultyCluster(Cluster):
         mounts: Mapping[str, str] | None = None,
         **kwargs: Any,
     ):
-        super().__init__(image, **kwargs)
-        self.shared = shared  # where every node mounts the one volume, or None
-        self.volume_name = f"{self.prefix}-shared"
-        self.volume: Any = None
+        super().__init__(image, shared=shared, **kwargs)
         self.mounts = dict(mounts or {})  # host directory: where every node sees it, read-only
         self._waiting: list[Fault] = []
         self._triggered: dict[str, float] = {}  # fault name: when its trigger came
         self._fired: dict[str, float] = {}
         self._errors: dict[str, str] = {}
-
-    def __enter__(self) -> Self:
-        super().__enter__()
-        if self.shared:
-            try:
-                self._make_volume()
-            except BaseException:
-                self.close()
-                raise
-        return self
-
-    def close(self) -> None:
-        super().close()
-        if self.volume is not None:
-            volume = self.volume
-            remove_quietly(f"volume {self.volume_name}", lambda: volume.remove(force=True))
-            self.volume = None
 
     def run(
         self, nodes: Sequence[Node], *, faults: Sequence[Fault] = (), **kwargs: Any
@@ -114,27 +93,7 @@ class FaultyCluster(Cluster):
 
     def _volumes(self) -> dict[str, dict[str, str]]:
         volumes = {host: {"bind": inside, "mode": "ro"} for host, inside in self.mounts.items()}
-        if self.shared:
-            volumes[self.volume_name] = {"bind": self.shared, "mode": "rw"}
-        return volumes
-
-    def _make_volume(self) -> None:
-        assert self.shared is not None
-        self.volume = self.client.volumes.create(self.volume_name, labels={LABEL: self.prefix})
-        # A new volume's root belongs to root; the nodes run as uid 1000 (the image's user).
-        self.client.containers.run(
-            self.image,
-            entrypoint=["chown", "1000:0", self.shared],
-            user="0",
-            remove=True,
-            volumes={self.volume_name: {"bind": self.shared, "mode": "rw"}},
-            labels={LABEL: self.prefix},
-        )
-
-    def _results(self, name: str, output: str = DEFAULT_OUTPUT) -> list[dict]:
-        """With a shared output, only the reports whose `node` is this node's name."""
-        found = super()._results(name, output)
-        return [r for r in found if r.get("node", name) == name] if self.shared else found
+        return volumes | super()._volumes()
 
     # -- what `Fault` actions call --------------------------------------------------------------
 

@@ -155,6 +155,7 @@ class Cluster:
         echo: Callable[[str], None] | None = None,
         client: DockerClient | None = None,
         output: str = DEFAULT_OUTPUT,
+        shared: str | None = None,
     ):
         self.image = image
         self.output = output  # the job's ENTRYPOINT_JOB_OUTPUT in the nodes: results/ is there
@@ -171,6 +172,11 @@ class Cluster:
         self._old_sigterm: Callable[[int, FrameType | None], Any] | int | None = None
         self._t0 = time.monotonic()  # the current run's start, for NodeRun.times
         self._closing = False  # close() has begun: the nodes' lines are no longer echoed
+        # One volume every node mounts at `shared`, as a cluster's shared filesystem: a job's
+        # checkpoints there survive a lost node, and a standby resumes from them.
+        self.shared = shared
+        self.volume_name = f"{self.prefix}-shared"
+        self.volume: Any = None
 
     def hostname(self, role: str, index: int) -> str:
         """`<prefix>-<role>-<index>`, e.g. mn1a2b3c-worker-0 (a Kubeflow pod is <job>-master-0)."""
@@ -190,10 +196,25 @@ class Cluster:
                 check_duplicate=True,
                 **self._network_options(),
             )
+            if self.shared:
+                self._make_volume()
         except BaseException:
             self.close()
             raise
         return self
+
+    def _make_volume(self) -> None:
+        assert self.shared is not None
+        self.volume = self.client.volumes.create(self.volume_name, labels={LABEL: self.prefix})
+        # A new volume's root belongs to root; the nodes run as uid 1000 (the image's user).
+        self.client.containers.run(
+            self.image,
+            entrypoint=["chown", "1000:0", self.shared],
+            user="0",
+            remove=True,
+            volumes={self.volume_name: {"bind": self.shared, "mode": "rw"}},
+            labels={LABEL: self.prefix},
+        )
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -232,6 +253,10 @@ class Cluster:
         if self.network is not None:
             remove_quietly(f"network {self.network_name}", self.network.remove)
             self.network = None
+        if self.volume is not None:
+            volume = self.volume
+            remove_quietly(f"volume {self.volume_name}", lambda: volume.remove(force=True))
+            self.volume = None
 
     # -- running -----------------------------------------------------------------------------
 
@@ -372,8 +397,9 @@ class Cluster:
         return {}
 
     def _volumes(self) -> dict[str, dict[str, str]]:
-        """What every node mounts, as the Docker SDK takes it: nothing here (a subclass adds)."""
-        return {}
+        """What every node mounts, as the Docker SDK takes it: the shared volume, if any (a
+        subclass adds)."""
+        return {self.volume_name: {"bind": self.shared, "mode": "rw"}} if self.shared else {}
 
     def _remove(self, name: str) -> None:
         """Remove an earlier container of this name (the node's previous run)."""
@@ -426,8 +452,10 @@ class Cluster:
             self._say(name, line)
 
     def _results(self, name: str, output: str = DEFAULT_OUTPUT) -> list[dict]:
-        """The rank<R>.json files this node's workers wrote, read from the stopped container."""
-        return read_results(self.containers[name], output)
+        """The rank<R>.json files this node's workers wrote, read from the stopped container;
+        with a shared output, only the reports whose `node` is this node's name."""
+        found = read_results(self.containers[name], output)
+        return [r for r in found if r.get("node", name) == name] if self.shared else found
 
 
 def _raise_interrupt(signum, frame):

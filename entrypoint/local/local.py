@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 MASTER_PORT = "29500"  # a private network per run: the usual port never collides
 CPU_WORKERS = 2  # CPU nodes: more than the entrypoint's default of 1, so each node is multi-worker
 # One machine's share: node containers, and per node the entrypoint's own limits (values.py)
+SHARED = "/shared"  # with spares: one volume every node mounts, for the checkpoints
+DEMO_STEPS = 600  # the built-in job with spares: about a minute here, time to kill a node
 MAX_NODES = 64
 MAX_WORKERS = 1024
 MAX_GPUS = 256
@@ -138,7 +140,7 @@ def nodes(
     *,
     env: Mapping[str, str] = {},  # noqa: B006 - read only
     command: Sequence[str] | None = None,
-    tty: bool = False,
+    log_format: str = "console",
     token: str | None = None,
 ) -> list[Node]:
     """The node containers: `name(i)` is node i's host name; node 0 is the master. `env` (the
@@ -162,8 +164,7 @@ def nodes(
         common["GPUS_PER_NODE"] = str(plan.gpus_per_node)
     else:  # GPUS_PER_NODE must be positive; a CPU node says so in the entrypoint's own setting
         common["ENTRYPOINT_GPUS_PER_NODE"] = "0"
-    if tty:
-        common["ENTRYPOINT_LOG_FORMAT"] = "console"
+    common["ENTRYPOINT_LOG_FORMAT"] = log_format
     if plan.job != "deepspeed":
         common["ENTRYPOINT_JOB"] = plan.job
     if plan.workers is not None:
@@ -246,6 +247,21 @@ def add_parser(sub) -> argparse.ArgumentParser:
         default="deepspeed",
         help="the built-in job when no command is given (default deepspeed)",
     )
+    p.add_argument(
+        "--kill",
+        action="append",
+        default=[],
+        metavar="NODE@STEP",
+        help="kill node NODE's container once node 0's job reaches STEP (repeatable), e.g. "
+        "--spares 1 --kill 1@30: the loss, the spare's takeover and the resumed training in "
+        "one run, summed up at the end",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=("console", "json"),
+        default="console",
+        help="the nodes' own lines: console (default, readable) or json (one object a line)",
+    )
     _add_run_options(p)
     return p
 
@@ -298,8 +314,8 @@ def _layout_of(args, host_gpus: int, gpu_probe: str) -> Layout:
 
 def cmd_local(args, env: Mapping[str, str]) -> int:
     """The edge: probe, check, talk to Docker, run, report. Returns the exit code."""
-    from entrypoint.local.cluster import Cluster
     from entrypoint.local.cluster_docker import DEFAULT_OUTPUT
+    from entrypoint.local.demo import KillingCluster, parse_kills, story
     from entrypoint.supervise import probe  # when run only, like the cluster (see the top)
 
     command = list(args.trainer or [])
@@ -307,6 +323,13 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
     extra = _env_pairs(args.env)
     host_gpus, gpu_probe = probe.gpus()
     plan = _layout_of(args, len(host_gpus), gpu_probe)
+    kills = parse_kills(args.kill, plan.nnodes)
+    elastic = bool(plan.spares or plan.min_nodes)
+    if elastic and not command:
+        # long enough to kill a node by hand, or for --kill's loss, takeover and resume; the
+        # checkpoints on a volume every node shares, as on a cluster: the next start resumes
+        extra.setdefault("ENTRYPOINT_JOB_STEPS", str(DEMO_STEPS))
+        extra.setdefault("ENTRYPOINT_JOB_OUTPUT", f"{SHARED}/job")
     docker, client = _engine(env, args.image)
     shm = f"{max(1, plan.gpus_per_node)}g"  # at least 1 GB per GPU (docs/IMAGE.md, Run)
     timeout = args.timeout if args.timeout > 0 else float("inf")
@@ -315,23 +338,26 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
         print(line, flush=True)
 
     try:
-        with Cluster(
+        with KillingCluster(
             args.image,
+            kills=kills,
             prefix=f"local-{os.urandom(2).hex()}",
             shm_size=shm,
             echo=echo,
             client=client,
             output=extra.get("ENTRYPOINT_JOB_OUTPUT", DEFAULT_OUTPUT),
+            shared=SHARED if elastic else None,
         ) as cluster:
             specs = nodes(
                 plan,
                 lambda rank: cluster.hostname("node", rank),
                 env=extra,
                 command=command,
-                tty=sys.stdout.isatty(),
+                log_format=args.log_format,
                 token=secrets.token_hex(32),
             )
-            _announce(echo, plan, cluster.network_name, args.image, specs)
+            cluster.names = [spec.name for spec in specs]
+            _announce(echo, plan, cluster.network_name, args.image, specs, bool(kills))
             try:
                 # with spares a lost node is not the end: the others go on without it
                 grace = float("inf") if plan.spares or plan.min_nodes else 20
@@ -346,10 +372,15 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
     except KeyboardInterrupt:  # entrypoint/__main__.py turns it into 128 + N
         print("local: interrupted; containers and network removed", file=sys.stderr)
         raise
-    return verdict(run, args.results, command, plan, specs[0].name)
+    code = verdict(run, args.results, command, plan, specs[0].name)
+    for line in story(run, cluster.killed, cluster.names):
+        print(line)
+    return code
 
 
-def _announce(echo, plan: Layout, network: str, image: str, specs: list[Node]) -> None:
+def _announce(
+    echo, plan: Layout, network: str, image: str, specs: list[Node], killing: bool
+) -> None:
     """Say what runs where before it starts."""
     per_node = (
         f"{plan.workers} {plan.device.upper()} workers"
@@ -368,7 +399,12 @@ def _announce(echo, plan: Layout, network: str, image: str, specs: list[Node]) -
         echo(
             f"local: {plan.training} nodes train, {plan.spares} stand by"
             + (f", at least {plan.min_nodes} go on" if plan.min_nodes else "")
-            + f"; to see a node lost: docker kill {specs[-1 - plan.spares].name}"
+            + (
+                ""
+                if killing
+                else f"; to see a node lost, in another terminal while it trains: docker kill "
+                f"{specs[-1 - plan.spares].name} (or run with --kill 1@30)"
+            )
         )
 
 

@@ -152,8 +152,7 @@ def torchrun(layout: Layout, trainer: Sequence[str]) -> Launch:
         *rendezvous,
         "--max-restarts=0",
         f"--log-dir={layout.run_dir}/logs",
-        "--redirects=2",
-        "--tee=2",
+        "--redirects=3",  # every worker's stdout and stderr in files: the entrypoint passes them on
         *script_args(trainer, layout.python),
     )
     return Launch(command, env, {}, port, sources)

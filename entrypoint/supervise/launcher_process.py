@@ -1,4 +1,5 @@
-"""One start of the launcher: its process, its workers, and its stderr passed on."""
+"""One start of the launcher: its process, its workers, and its stderr passed on; under torchrun,
+each worker's stdout and stderr too, from the files torchrun writes them to, whole lines only."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO
 
 from entrypoint.plan.plan import Plan
@@ -136,11 +138,97 @@ def _kept_lines(stream: IO[bytes], tail: collections.deque) -> Iterable[str]:
         yield line
 
 
+class WorkerOutput(threading.Thread):
+    """The workers' stdout and stderr of one torchrun start (`--redirects=3`: each worker's in
+    files of its own), passed to `echo` a whole line at a time, prefixed `[default<local
+    rank>]:` as torchrun's `--tee` prefixes them. torchrun's tee writes what it has read, a
+    partial line included, so two workers' lines could mix mid-line (`[Gloo] Rank [Gloo] Rank
+    2 is connected`); here a line waits for its end, or HOLD seconds. Ends once the launcher
+    has exited and its files are read to the end."""
+
+    HOLD = 1.0  # seconds a line without its end waits before it is passed on as it is
+    POLL = 0.1
+
+    def __init__(
+        self,
+        log_dir: Path,
+        process: subprocess.Popen,
+        echo: Callable[[str], None],
+        out: Callable[[str], None],
+    ):
+        """`echo`: where a worker's stderr lines go (the node's stderr); `out`: its stdout's."""
+        super().__init__(name="worker-output", daemon=True)
+        self.log_dir, self.process, self.echo, self.out = log_dir, process, echo, out
+        self.before = set(log_dir.glob("*/")) if log_dir.is_dir() else set()  # earlier starts
+        self.files: dict[Path, list] = {}  # path: [offset, pending bytes, pending since, prefix]
+
+    def run(self) -> None:
+        while self.process.poll() is None:
+            self._scan()
+            self._pump(time.monotonic(), final=False)
+            time.sleep(self.POLL)
+        self._scan()
+        self._pump(time.monotonic(), final=True)
+
+    def _scan(self) -> None:
+        for run in self.log_dir.glob("*/"):
+            if run in self.before:
+                continue
+            for path in run.glob("attempt_*/*/std*.log"):
+                if path not in self.files and path.parent.name.isdigit():
+                    self.files[path] = [0, b"", 0.0, f"[default{path.parent.name}]:"]
+
+    def _pump(self, now: float, final: bool) -> None:
+        for path, state in sorted(self.files.items()):
+            offset, pending, since, prefix = state
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read(1 << 20)
+            except OSError:
+                continue
+            if chunk:
+                since = since if pending else now
+                pending += chunk
+                offset += len(chunk)
+            say = self.out if path.name == "stdout.log" else self.echo
+            *lines, pending = _END.split(pending)
+            for line in lines:
+                if line:
+                    say(prefix + line[:MAX_RELAY_LINE].decode(errors="replace"))
+            if pending and (final or now - since >= self.HOLD or len(pending) > MAX_RELAY_LINE):
+                say(prefix + pending[:MAX_RELAY_LINE].decode(errors="replace"))
+                pending = b""
+            self.files[path] = [offset, pending, since if pending else 0.0, prefix]
+
+
+def _log_dir(command: Iterable[str]) -> Path | None:
+    """torchrun's --log-dir in the launcher's command, when it writes each worker's output there
+    (--redirects=3 without --tee: the entrypoint passes it on, WorkerOutput)."""
+    args = list(command)
+    if "--redirects=3" not in args or any(a.startswith("--tee") for a in args):
+        return None
+    found = next((a.split("=", 1)[1] for a in args if a.startswith("--log-dir=")), None)
+    return Path(found) if found else None
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
 def start(
-    plan: Plan, env: Mapping[str, str], generation: int, echo: Callable[[str], None]
+    plan: Plan,
+    env: Mapping[str, str],
+    generation: int,
+    echo: Callable[[str], None],
+    out: Callable[[str], None] = _print,
 ) -> Launch:
-    """Start the plan's launcher, its stderr relayed to `echo` by a thread of its own."""
+    """Start the plan's launcher, its stderr relayed to `echo` by a thread of its own (and under
+    torchrun, the workers' output by another, WorkerOutput)."""
     tail: collections.deque = collections.deque(maxlen=_TAIL_LINES)
+    log_dir = _log_dir(plan.command)
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
     child_env = dict(env) | {"ENTRYPOINT_RESTART_COUNT": str(generation)}
     process = subprocess.Popen(
         [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *plan.command],
@@ -154,6 +242,8 @@ def start(
         target=relay, args=(_kept_lines(stderr, tail), echo), daemon=True, name="launcher-stderr"
     )
     pumping.start()
+    if log_dir is not None:
+        WorkerOutput(log_dir, process, echo, out).start()
     return Launch(
         process,
         plan.launcher in ("torchrun", "accelerate"),

@@ -72,6 +72,33 @@ def await_master(plan: Plan, facts: Facts, settings: Settings, log) -> Facts:
     return facts
 
 
+def _say_plan(plan: Plan, settings: Settings, log, values: tuple[str, ...]) -> None:
+    """The plan: in JSON, one event with every value and its source (every line is JSON); for
+    a person, node 0's table and one line from each other node (plan.json has the rest)."""
+    from entrypoint.supervise import logs, report
+
+    if not logs.console(settings.log_format):
+        log.info(
+            "plan",
+            platform=plan.platform,
+            nnodes=plan.nnodes,
+            nproc_per_node=plan.nproc_per_node,
+            world_size=plan.world_size,
+            master=host_port(plan.master_addr, plan.master_port or "auto"),
+            device=plan.device,
+            cuda_visible_devices=plan.cuda_visible_devices,
+            config=plan.config,
+            launcher=str(plan.launcher),
+            ranks=report.rank_line(plan),
+            command=plan.command,
+            sources={name: str(source) for name, source in plan.sources.items()},
+        )
+    elif plan.node_rank == 0:
+        logs.writer().put(report.table(plan, values), to_file=False)
+    else:
+        log.info(f"plan: {report.rank_line(plan)}, {plan.device}, launcher {plan.launcher}")
+
+
 def _master_resolved(
     plan: Plan, facts: Facts, env: Mapping[str, str], settings: Settings, log
 ) -> tuple[Plan, Facts]:
@@ -93,7 +120,7 @@ def is_ip(text: str) -> bool:
 def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Settings) -> int:
     """Check the plan against this node, write its configs, then join the other nodes and
     supervise the launcher (`run`, and `doctor --allreduce` with its own trainer)."""
-    from entrypoint.supervise import dsops, launch, logs, report, supervise
+    from entrypoint.supervise import dsops, launch, logs, supervise
 
     values = secrets.secret_values(env)
     log = logs.setup(
@@ -117,24 +144,7 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
         log.warning(warning)
     for note in plan.notes:
         log.info(note)
-    log.info(
-        "plan",
-        platform=plan.platform,
-        nnodes=plan.nnodes,
-        nproc_per_node=plan.nproc_per_node,
-        world_size=plan.world_size,
-        master=host_port(plan.master_addr, plan.master_port or "auto"),
-        device=plan.device,
-        cuda_visible_devices=plan.cuda_visible_devices,
-        config=plan.config,
-        launcher=str(plan.launcher),
-        ranks=report.rank_line(plan),
-        command=plan.command,
-        sources={name: str(source) for name, source in plan.sources.items()},
-    )
-    # The table for a person; in JSON mode the event above is the plan, and every line is JSON.
-    if plan.node_rank == 0 and logs.console(settings.log_format):
-        logs.writer().put(report.table(plan, values), to_file=False)
+    _say_plan(plan, settings, log, values)
     launch.check_command(plan, env)
     dsops.check(plan, launch.child_env(plan, env))  # a DeepSpeed op the image lacks: say so now
     if plan.standby:

@@ -167,3 +167,28 @@ def test_a_signal_at_any_instant_under_load_removes_everything(
     assert proc.returncode == 128 + number, out[-3000:]
     assert not any("Traceback" in line for line in ours), out[-3000:]
     assert local_leftovers(docker_client) == [], out[-3000:]
+
+
+def test_a_node_loss_you_can_watch(image, docker_client):
+    """`--spares 1 --kill 1@30`: node 1's container killed at step 30, the spare takes its rank,
+    the job resumes from the step-25 checkpoint on the shared volume and finishes; the story in
+    console lines at the end, and no node line a raw JSON object."""
+    proc = local(
+        "--nodes", "2", "--spares", "1", "--kill", "1@30", "--gpus-per-node", "0",
+        "--image", image, "-e", "ENTRYPOINT_JOB_STEPS=100",
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=420)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    story = [line for line in out.splitlines() if line.startswith("local: node 1 lost")]
+    assert len(story) == 1, out[-4000:]
+    assert re.match(
+        r"local: node 1 lost at step 30 \(killed, [\d.]+ s in\); node 2 took node rank 1; "
+        r"training again [\d.]+ s later, from the step-25 checkpoint$",
+        story[0],
+    ), story
+    assert "local: 100 of 100 steps done" in out
+    assert not re.search(r"^\[local-[0-9a-f]+-node-\d+\] \{", out, re.M), out[-4000:]
+    assert re.search(r"^\[local-[0-9a-f]+-node-0\] world size +4 ", out, re.M), out[:4000]

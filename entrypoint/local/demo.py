@@ -1,0 +1,140 @@
+"""`entrypoint local --kill NODE@STEP`: a node loss you can watch. The node's container is killed
+once node 0's job reaches the step (the built-in job's `step N/` lines, else node 0's
+`/metrics`, the fewest steps any rank has made), and at the end one paragraph says what
+happened: the loss, who took the rank, when training went on and from which checkpoint."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from entrypoint.local.cluster import Cluster, ClusterRun, NodeRun
+from entrypoint.plan.errors import ConfigError
+
+STEP = re.compile(r"\bstep (\d+)/(\d+)\b")
+TAKES = re.compile(r"node (\d+) takes node rank (\d+)")
+RESUMED = re.compile(r"resuming from checkpoint .*\(step (\d+)\)")
+JOB_STEPS = re.compile(r"^multinode_job_steps (\S+)$", re.M)
+
+
+@dataclass(frozen=True)
+class Kill:
+    node: int
+    step: int
+
+
+def parse_kills(raw: Sequence[str], nodes: int) -> list[Kill]:
+    """`--kill 1@30` (several allowed): node 1 killed at step 30."""
+    out = []
+    for text in raw:
+        node, sep, step = text.partition("@")
+        if not sep or not node.isdigit() or not step.isdigit() or int(step) < 1:
+            raise ConfigError("--kill", text, "is not NODE@STEP", "Give --kill 1@30")
+        if not 0 < int(node) < nodes:
+            raise ConfigError(
+                "--kill",
+                text,
+                f"names no node this job can lose (1-{nodes - 1}; node 0 runs the job)",
+                "Give --kill 1@30",
+            )
+        out.append(Kill(int(node), int(step)))
+    return sorted(out, key=lambda k: k.step)
+
+
+@dataclass
+class Killed:
+    node: int
+    name: str
+    step: int  # the step node 0 had reached
+    at: float  # seconds after the run's start
+
+
+class KillingCluster(Cluster):
+    """A Cluster that kills nodes at steps while it runs (`kills` and `names` set before `run`;
+    node i's container is `names[i]`)."""
+
+    def __init__(self, image: str, *, kills: Sequence[Kill] = (), **options) -> None:
+        super().__init__(image, **options)
+        self.kills = list(kills)
+        self.names: list[str] = []
+        self.killed: list[Killed] = []
+        self.metrics_port = 29502
+        self._last_scrape = 0.0
+
+    def on_poll(self, now: float, runs: Mapping[str, NodeRun]) -> None:
+        if len(self.killed) == len(self.kills) or not self.names:
+            return
+        step = self._step(runs.get(self.names[0]))
+        for kill in self.kills[len(self.killed) :]:
+            if step is None or step < kill.step:
+                return
+            name = self.names[kill.node]
+            self._say("local", f"node {kill.node} ({name}) killed at step {step} (--kill)")
+            self._kill(name)
+            self.killed.append(Killed(kill.node, name, step, now))
+
+    def _step(self, node0: NodeRun | None) -> int | None:
+        """Node 0's job's step: its last `step N/` line, else its /metrics (each second)."""
+        if node0 is not None:
+            for line in reversed(node0.lines[-50:]):
+                found = STEP.search(line)
+                if found:
+                    return int(found.group(1))
+        if time.monotonic() - self._last_scrape < 1 or not self.names:
+            return None
+        self._last_scrape = time.monotonic()
+        try:
+            address = self._address(self.names[0])
+            url = f"http://{address}:{self.metrics_port}/metrics"
+            with urllib.request.urlopen(url, timeout=1) as response:  # noqa: S310 - http
+                found = JOB_STEPS.search(response.read(1 << 22).decode())
+        except (OSError, ValueError, KeyError):
+            return None
+        return int(float(found.group(1))) if found else None
+
+    def _address(self, name: str) -> str:
+        container = self.containers[name]
+        container.reload()
+        network = container.attrs["NetworkSettings"]["Networks"][self.network_name]
+        return network["IPAddress"] or f"[{network['GlobalIPv6Address']}]"
+
+
+def story(run: ClusterRun, killed: Sequence[Killed], names: Sequence[str]) -> list[str]:
+    """What happened, one line a loss, from the nodes' own lines (node 0's and the trainer's)."""
+    if not killed:
+        return []
+    node0 = run.nodes[0]
+    out = []
+    for loss in killed:
+        parts = [f"node {loss.node} lost at step {loss.step} (killed, {loss.at:.1f} s in)"]
+        took = [
+            (m.group(1), m.group(2))
+            for line, t in zip(node0.lines, node0.times, strict=False)
+            if t >= loss.at and (m := TAKES.search(line))
+        ]
+        if took:
+            parts.append(f"node {took[0][0]} took node rank {took[0][1]}")
+        resumed = _after(node0, loss.at, RESUMED)
+        trained = _after(node0, resumed[0] if resumed else loss.at, STEP)
+        if trained:
+            where = f", from the step-{resumed[1].group(1)} checkpoint" if resumed else ""
+            parts.append(f"training again {trained[0] - loss.at:.1f} s later{where}")
+        out.append("local: " + "; ".join(parts))
+    last = _last(node0, STEP)
+    if last is not None:
+        out.append(f"local: {last.group(1)} of {last.group(2)} steps done")
+    return out
+
+
+def _after(node: NodeRun, at: float, pattern: re.Pattern) -> tuple[float, re.Match] | None:
+    for line, t in zip(node.lines, node.times, strict=False):
+        if t >= at and (found := pattern.search(line)):
+            return t, found
+    return None
+
+
+def _last(node: NodeRun, pattern: re.Pattern) -> re.Match | None:
+    return next((m for line in reversed(node.lines) if (m := pattern.search(line))), None)
