@@ -45,6 +45,7 @@ from entrypoint.supervise.launch_watch import (
 from entrypoint.supervise.launcher_process import Launch, exit_status, start
 from entrypoint.supervise.rank_progress import Inbox
 from entrypoint.supervise.worker_signals import FORWARDED, SignalRelay
+from entrypoint.trainer_side.world_check import MISMATCH as WORLD_MISMATCH
 
 
 class Supervisor(join.Joining):
@@ -65,8 +66,17 @@ class Supervisor(join.Joining):
         self.identity = join.identity(env, plan, settings)
         self.env = join.without_token(env)  # the job's token is not the trainer's
         raw_echo = echo or logs.echo
-        # The trainer's stderr passes through here: a token in a traceback is masked too.
-        self.echo = lambda line: raw_echo(secrets.mask(line, self.secret_values))
+        # The site hook's word that the trainer formed another world than the plan's
+        # (trainer_side/world_check.py): the failure's reason, and exit 2 on every node.
+        self.world_error: str | None = None
+
+        def passed_on(line: str) -> None:
+            # The trainer's stderr passes through here: a token in a traceback is masked too.
+            if self.world_error is None and WORLD_MISMATCH in line:
+                self.world_error = line[line.index(WORLD_MISMATCH) :]
+            raw_echo(secrets.mask(line, self.secret_values))
+
+        self.echo = passed_on
         self.member = plan.member if plan.spawn else plan.rank
         self.expected = plan.members if plan.spawn else plan.world_size
         self.standing_by = plan.standby  # a spare: no trainer until node 0 seats it
@@ -242,6 +252,11 @@ class Supervisor(join.Joining):
 
     def _report_exit(self, code: int, signalled: int | None, seen: float) -> None:
         who = f"{self.unit} {self.member} ({socket.gethostname()})"
+        if code != 0 and self.world_error is not None and signalled is None:
+            # Every node stops with the site hook's line: a restart would form the same world.
+            reason = f"{who}: {secrets.mask(self.world_error, self.secret_values)}"
+            self.node0.send({"t": "exit", "code": EXIT_CONFIG, "reason": reason[:4000]})
+            return
         self.node0.send(
             failures.exit_report(
                 self.plan,

@@ -1,0 +1,93 @@
+"""The world the trainer forms is the planned one, or the job stops, saying why.
+
+A launcher inside the command (`entrypoint run -- bash start.sh` whose script runs torchrun, a
+Makefile, a Python wrapper) knows nothing of the other nodes: it starts a job of its own on each
+node, and every node would train alone on the wrong world size, silently. Once the trainer's
+default process group exists (`torch.distributed.init_process_group`, however the trainer,
+DeepSpeed, accelerate or Lightning call it), the site hook compares its world size and this
+rank with the plan (ENTRYPOINT_PLAN_FILE); on a mismatch it prints one line naming both and
+what to write instead, and the process exits 2 (a configuration error: every node stops, and a
+restart would not help)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from types import ModuleType
+
+from entrypoint.trainer_side.after_import import when_imported
+
+PLAN_VARIABLE = "ENTRYPOINT_PLAN_FILE"
+EXIT_CONFIG = 2
+MISMATCH = "entrypoint: the trainer formed"  # how the node's entrypoint knows the line
+
+
+def planned(path: str | None) -> tuple[int, int, int, int] | None:
+    """(world size, nodes, this node's first rank, its last) from the plan file, or None when
+    there is none."""
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            plan = json.load(f)
+        first, last = plan["ranks"]
+        return int(plan["world_size"]), int(plan["nnodes"]), int(first), int(last)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def mismatch(world: int, rank: int, plan: tuple[int, int, int, int]) -> str | None:
+    """The one line when the world formed is not the planned one; None when it is."""
+    size, nnodes, first, last = plan
+    if world == size and first <= rank <= last:
+        return None
+    formed = f"rank {rank} of a world of {world} processes"
+    if world == size:
+        formed += f", but this node's ranks are {first}-{last}"
+    return (
+        f"{MISMATCH} {formed}; the job is planned as {size} processes on "
+        f"{nnodes} nodes. A launcher inside the command (torchrun, python -m "
+        "torch.distributed.run, accelerate launch, deepspeed, or one in a start script) "
+        "started a job of its own on this node, which knows nothing of the others. Give the "
+        "trainer to the entrypoint directly: entrypoint run -- python train.py ARGS (it starts "
+        "torchrun with every node's values), or set the launcher with ENTRYPOINT_LAUNCHER"
+    )
+
+
+def _check(distributed: ModuleType) -> None:
+    plan = planned(os.environ.get(PLAN_VARIABLE))
+    if plan is None:
+        return
+    try:
+        world, rank = distributed.get_world_size(), distributed.get_rank()
+    except Exception:  # noqa: BLE001 - no group after all: nothing to compare
+        return
+    line = mismatch(world, rank, plan)
+    if line:
+        print(line, file=sys.stderr, flush=True)
+        os._exit(EXIT_CONFIG)
+
+
+def _wrap(c10d: ModuleType) -> None:
+    original = c10d.init_process_group  # type: ignore[attr-defined]
+    if getattr(original, "_entrypoint_checked", False):
+        return
+
+    def init_process_group(*args, **kwargs):
+        result = original(*args, **kwargs)
+        _check(c10d)
+        return result
+
+    init_process_group._entrypoint_checked = True  # type: ignore[attr-defined]
+    init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
+    init_process_group.__doc__ = original.__doc__
+    c10d.init_process_group = init_process_group  # type: ignore[attr-defined]
+
+
+def install(env: os._Environ | dict[str, str] = os.environ) -> None:
+    """Check the trainer's world once it forms, when the entrypoint planned one."""
+    if env.get(PLAN_VARIABLE):
+        # torch.distributed re-exports init_process_group from here when it is imported: the
+        # name it re-exports is this wrapper.
+        when_imported("torch.distributed.distributed_c10d", _wrap)
