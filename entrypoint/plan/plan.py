@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
-from entrypoint.plan import configs, gpus, launchers, network, ports, variables
+from entrypoint.plan import configs, gpus, launch_lines, launchers, network, ports, variables
 from entrypoint.plan import plan_steps as steps
 from entrypoint.plan.facts import Facts
 from entrypoint.plan.launchers import ALLREDUCE, Launcher, Layout
@@ -186,9 +186,13 @@ def _workers(
     device = gpus.device(settings, n_gpus, out.sources)
     spawn = reading.spawn.value
     out.sources["spawn"] = reading.spawn.source
-    trainer = steps.trainer(command, settings, out.sources)
+    adopted = launch_lines.read(command)
+    if adopted is not None:
+        command = adopted.trainer
+        out.notes += steps.adopt(adopted, reading, spawn)
+    trainer = steps.trainer(command, settings, out.sources, adopted)
     launcher = launchers.choose(settings, spawn, trainer == BUILTIN_JOBS["jax"], out.sources)
-    nproc = steps.nproc(settings, reading, launcher, device, n_gpus, out.sources)
+    nproc = steps.nproc(settings, reading, launcher, device, n_gpus, out.sources, adopted)
     out.sources["world_size"] = derived(f"nnodes {nnodes} x nproc_per_node {nproc}")
     placed = steps.placed(reading, out.sources)
     if placed:

@@ -9,9 +9,10 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from entrypoint.plan import configs, launchers, platforms, ports
+from entrypoint.plan import configs, launch_lines, launchers, platforms, ports
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.facts import Facts
+from entrypoint.plan.launch_lines import Adopted
 from entrypoint.plan.launchers import Launcher, Layout
 from entrypoint.plan.platforms.base import Reading
 from entrypoint.plan.settings import PREFIX, Settings
@@ -129,6 +130,30 @@ def master(reading: Reading, nnodes: int, sources: dict[str, Source]) -> str:
     return master.value
 
 
+def adopt(adopted: Adopted, reading: Reading, spawn: bool) -> list[str]:
+    """Notes on the user's launch line (launch_lines): its node count checked against the
+    platform's (a disagreement is refused), what the entrypoint supplies in place of it."""
+    if not spawn:
+        raise ConfigError(
+            "command",
+            adopted.line,
+            "the platform already started one process per GPU: a launcher would start more",
+            "Give the script alone after --, e.g. entrypoint run -- python train.py",
+        )
+    nnodes = reading.nnodes
+    notes = [f"your {adopted.line} line is run by the entrypoint's torchrun, on every node"]
+    said = launch_lines.check_nodes(adopted, nnodes.value, str(nnodes.source))
+    notes += [said] if said else []
+    if adopted.replaced:
+        given = ", ".join(f"--{k} {v}".rstrip() for k, v in adopted.replaced.items())
+        notes.append(
+            f"from your launch line, {given}: replaced by the entrypoint's own (node count, "
+            "node rank, master and rendezvous from the platform; logs, restarts and signals "
+            "its torchrun's)"
+        )
+    return notes
+
+
 def nproc(
     settings: Settings,
     reading: Reading,
@@ -136,6 +161,7 @@ def nproc(
     device: str,
     gpus: int,
     sources: dict[str, Source],
+    adopted: Adopted | None = None,
 ) -> int:
     if launcher is Launcher.JAX and reading.spawn.value:
         if settings.nproc_per_node not in (None, 1):
@@ -147,8 +173,27 @@ def nproc(
             )
         sources["nproc_per_node"] = derived("jax: one process per node owns all the node's devices")
         return 1
+    stated = adopted.nproc_per_node if adopted else None
+    if stated is not None:
+        assert adopted is not None
+        for other in (
+            Sourced(settings.nproc_per_node, env_var(f"{PREFIX}NPROC_PER_NODE"))
+            if settings.nproc_per_node is not None
+            else None,
+            reading.nproc_per_node,
+        ):
+            if other is not None and other.value != stated:
+                raise ConfigError(
+                    "--nproc-per-node",
+                    stated,
+                    f"in your {adopted.line} line, but {other.source} says {other.value}",
+                    "Make them agree, or drop one of them",
+                )
     if settings.nproc_per_node is not None:
         count = Sourced(settings.nproc_per_node, env_var(f"{PREFIX}NPROC_PER_NODE"))
+    elif stated is not None:
+        assert adopted is not None
+        count = Sourced(stated, derived(f"your {adopted.line} line's --nproc-per-node"))
     elif reading.nproc_per_node is not None:
         count = reading.nproc_per_node
     elif device == "cuda":
@@ -168,7 +213,10 @@ def nproc(
 
 
 def trainer(
-    command: Sequence[str] | None, settings: Settings, sources: dict[str, Source]
+    command: Sequence[str] | None,
+    settings: Settings,
+    sources: dict[str, Source],
+    adopted: Adopted | None = None,
 ) -> tuple[str, ...]:
     if command and not command[0].strip():
         raise ConfigError(
@@ -178,7 +226,11 @@ def trainer(
             "Give the trainer command after --, e.g. -- python train.py",
         )
     if command:
-        sources["trainer"] = derived("command line after --")
+        sources["trainer"] = derived(
+            f"your {adopted.line} line's script, run by the entrypoint's torchrun"
+            if adopted
+            else "command line after --"
+        )
         return tuple(command)
     sources["trainer"] = derived(f"the image's built-in {settings.job} job ({PREFIX}JOB)")
     return BUILTIN_JOBS[settings.job]
