@@ -276,3 +276,53 @@ def test_a_hang_inside_a_users_trainer_is_named(docker_client, image, shape):
         line = next(x for x in run.nodes[0].lines if "stopping every node (exit 124)" in x)
         assert "rank 3 on node 1" in line and "hang_wrapper.py" in line, line
         print(f"compat hang {shape}: {run.seconds:.1f} s")
+
+
+# Users' launch lines as they write them (docs/your-trainer.md, "Your launch line").
+LAUNCH_LINES = {
+    "torchrun": ("torchrun", "--nproc-per-node=2", f"{WORKSPACE}/ddp_tutorial.py"),
+    "python -m torch.distributed.run": (
+        "python", "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        f"{WORKSPACE}/ddp_tutorial.py",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("form", "convention"),
+    [
+        ("torchrun", "commercial"),
+        ("python -m torch.distributed.run", "slurm"),
+        ("torchrun", "pytorchjob"),
+    ],
+)
+def test_a_users_launch_line_forms_one_world(docker_client, image, form, convention):
+    """`entrypoint run -- torchrun --nproc-per-node=2 ddp_tutorial.py` on 2 node containers:
+    the entrypoint adopts the line, and every rank trains in one world of 4."""
+    trainer = TRAINER_SHAPES["ddp"]
+    with FaultyCluster(
+        image, client=docker_client, echo=print, mounts={str(TRAINERS): WORKSPACE}
+    ) as c:
+        nodes = [
+            Node(n.name, dict(n.env), command=("run", "--", *LAUNCH_LINES[form]))
+            for n in nodes_for(c, convention, trainer)
+        ]
+        run = c.run(nodes, timeout=TIMEOUT)
+        assert_every_rank_done(run, trainer)
+        print(f"launch line {form} x {convention}: {run.seconds:.1f} s")
+
+
+def test_a_start_script_with_its_own_launcher_stops_every_node(docker_client, image):
+    """`entrypoint run -- bash start.sh` whose script runs torchrun for one machine: the world it
+    forms is not the plan's, and every node stops with exit 2 and the one line."""
+    with FaultyCluster(
+        image, client=docker_client, echo=print, mounts={str(TRAINERS): WORKSPACE}
+    ) as c:
+        nodes = [
+            Node(n.name, dict(n.env), command=("run", "--", "bash", f"{WORKSPACE}/start.sh"))
+            for n in nodes_for(c, "commercial", TRAINER_SHAPES["ddp"])
+        ]
+        run = c.run(nodes, timeout=TIMEOUT)
+        assert [n.exit_code for n in run.nodes] == [2, 2], run.log(60)
+        line = next(x for x in run.nodes[0].lines if "stopping every node (exit 2)" in x)
+        assert "entrypoint: the trainer formed" in line, line
