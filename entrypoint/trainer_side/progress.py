@@ -107,7 +107,7 @@ class Reporter:
             1 if self.saving else 0,
         )
         try:
-            self.sock.sendto(data, self.address)
+            self.sock.send(data)
         except OSError:  # gone, slow or full: dropped; the next step sends at once
             self.last_sent = -1.0
             return
@@ -115,10 +115,17 @@ class Reporter:
         self.lead_sum, self.leads, self.longest = 0.0, 0, 0.0
 
     def _connect(self) -> bool:
+        """A socket connected to the node's (a send then skips the address lookup); none while
+        nobody listens there, tried again at the next report."""
         try:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
             sock.setblocking(False)
         except OSError:
+            return False
+        try:
+            sock.connect(self.address)
+        except OSError:
+            sock.close()
             return False
         self.sock = sock
         return True
