@@ -13,17 +13,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from test_supervise_real import BASE as LOOPBACK
+
 TRAINER = str(Path(__file__).parents[1] / "hang_trainer.py")
-BASE = {
-    "PATH": os.environ["PATH"],
-    "HOME": os.environ.get("HOME", "/tmp"),
-    "ENTRYPOINT_GPUS_PER_NODE": "0",
-    "ENTRYPOINT_NPROC_PER_NODE": "2",
-    "ENTRYPOINT_SOCKET_IFNAME": "lo",
-    "PYTHONUNBUFFERED": "1",
-    "NNODES": "2",
-    "MASTER_ADDR": "127.0.0.1",
-}
+BASE = LOOPBACK | {"NNODES": "2", "MASTER_ADDR": "127.0.0.1"}
 
 
 def three_free_ports() -> int:
