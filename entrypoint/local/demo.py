@@ -1,19 +1,24 @@
-"""`entrypoint local --kill NODE@STEP`: a node loss you can watch. The node's container is killed
+"""The end of an `entrypoint local` run, and a loss to watch: its verdict and every worker's
+report; `--kill NODE@STEP`, a node loss you can watch. The node's container is killed
 once node 0's job reaches the step (the built-in job's `step N/` lines, else node 0's
 `/metrics`, the fewest steps any rank has made), and at the end one paragraph says what
 happened: the loss, who took the rank, when training went on and from which checkpoint."""
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from entrypoint.local.cluster import Cluster, ClusterRun, NodeRun
 from entrypoint.plan.errors import ConfigError
 
+SHARED = "/shared"  # with spares: one volume every node mounts, for the checkpoints
 STEP = re.compile(r"\bstep (\d+)/(\d+)\b")
 TAKES = re.compile(r"node (\d+) takes node rank (\d+)")
 RESUMED = re.compile(r"resuming from checkpoint .*\(step (\d+)\)")
@@ -138,3 +143,63 @@ def _after(node: NodeRun, at: float, pattern: re.Pattern) -> tuple[float, re.Mat
 
 def _last(node: NodeRun, pattern: re.Pattern) -> re.Match | None:
     return next((m for line in reversed(node.lines) if (m := pattern.search(line))), None)
+
+
+def shared_checkpoints(extra: dict[str, str], steps: int) -> None:
+    """With spares, the built-in job runs long enough to kill a node by hand (or for --kill's
+    loss, takeover and resume), its checkpoints on a volume every node shares, as on a cluster:
+    the next start resumes."""
+    extra.setdefault("ENTRYPOINT_JOB_STEPS", str(steps))
+    extra.setdefault("ENTRYPOINT_JOB_OUTPUT", f"{SHARED}/job")
+
+
+def summary(results: list[dict], nnodes: int, seconds: float) -> list[str]:
+    """What every worker reported, ending with the final loss (the built-in job's reports)."""
+    lines = ["", "local: every worker's report (<output>/results/rank<R>.json):"]
+    for r in results:
+        writer = "  wrote the checkpoint" if r["checkpoint_writer"] else ""
+        lines.append(
+            f"  rank {r['rank']} of {r['world_size']} on {r['node']} (node "
+            f"{r['node_rank']}, local rank {r['local_rank']}){writer}"
+        )
+    first = results[0]
+    lines.append(
+        f"local: {first['job']} on {nnodes} nodes x {len(results) // nnodes} workers, "
+        f"{first['steps']} steps in {seconds:.0f} s; final loss {first['final_loss']:.4f} "
+        f"(first {first['first_loss']:.4f})"
+    )
+    return lines
+
+
+def save_results(results: list[dict], directory: str) -> None:
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    for r in results:
+        (out / f"rank{r['rank']}.json").write_text(json.dumps(r, indent=2) + "\n")
+
+
+def verdict(run, results_dir: str | None, command: list[str], elastic: bool, node0: str) -> int:
+    """Save the reports, say how the run went, and its exit code. With spares or a minimum,
+    node 0's exit is the job's: a node lost on the way is said, not a failure."""
+    if results_dir:
+        save_results(run.results, results_dir)
+    lost = {name: code for name, code in run.exit_codes.items() if code != 0}
+    elastic = elastic and not run.timed_out
+    problem = None if elastic and run.exit_codes.get(node0) == 0 else run.problem()
+    if elastic and lost and not problem:
+        print(f"local: lost {lost} on the way; the job went on without them")
+    if problem:
+        print(f"local: FAILED: {problem}", file=sys.stderr)
+        return 1
+    if command:  # the user's own trainer: its exit codes are the verdict
+        print(f"local: every node exited 0 in {run.seconds:.0f} s")
+        return 0
+    results = run.results
+    expected = results[0]["world_size"] if results else 0
+    if not results or len(results) != expected:
+        print(f"local: FAILED: {len(results)} worker reports, expected {expected}", file=sys.stderr)
+        return 1
+    nodes = len({r["node_rank"] for r in results})
+    for line in summary(results, nodes, run.seconds):
+        print(line)
+    return 0

@@ -12,13 +12,11 @@ checks it without Docker; the GPU probe, the Docker engine and the containers ar
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from entrypoint.plan.errors import EXIT_CONFIG, ConfigError
@@ -30,7 +28,6 @@ if TYPE_CHECKING:
 MASTER_PORT = "29500"  # a private network per run: the usual port never collides
 CPU_WORKERS = 2  # CPU nodes: more than the entrypoint's default of 1, so each node is multi-worker
 # One machine's share: node containers, and per node the entrypoint's own limits (values.py)
-SHARED = "/shared"  # with spares: one volume every node mounts, for the checkpoints
 DEMO_STEPS = 600  # the built-in job with spares: about a minute here, time to kill a node
 MAX_NODES = 64
 MAX_WORKERS = 1024
@@ -247,6 +244,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
         default="deepspeed",
         help="the built-in job when no command is given (default deepspeed)",
     )
+    _add_demo_options(p)
+    _add_run_options(p)
+    return p
+
+
+def _add_demo_options(p: argparse.ArgumentParser) -> None:
+    """A node loss to watch, and how the nodes' own lines read."""
     p.add_argument(
         "--kill",
         action="append",
@@ -262,8 +266,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
         default="console",
         help="the nodes' own lines: console (default, readable) or json (one object a line)",
     )
-    _add_run_options(p)
-    return p
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
@@ -314,8 +316,8 @@ def _layout_of(args, host_gpus: int, gpu_probe: str) -> Layout:
 
 def cmd_local(args, env: Mapping[str, str]) -> int:
     """The edge: probe, check, talk to Docker, run, report. Returns the exit code."""
+    from entrypoint.local import demo
     from entrypoint.local.cluster_docker import DEFAULT_OUTPUT
-    from entrypoint.local.demo import KillingCluster, parse_kills, story
     from entrypoint.supervise import probe  # when run only, like the cluster (see the top)
 
     command = list(args.trainer or [])
@@ -323,13 +325,10 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
     extra = _env_pairs(args.env)
     host_gpus, gpu_probe = probe.gpus()
     plan = _layout_of(args, len(host_gpus), gpu_probe)
-    kills = parse_kills(args.kill, plan.nnodes)
+    kills = demo.parse_kills(args.kill, plan.nnodes)
     elastic = bool(plan.spares or plan.min_nodes)
     if elastic and not command:
-        # long enough to kill a node by hand, or for --kill's loss, takeover and resume; the
-        # checkpoints on a volume every node shares, as on a cluster: the next start resumes
-        extra.setdefault("ENTRYPOINT_JOB_STEPS", str(DEMO_STEPS))
-        extra.setdefault("ENTRYPOINT_JOB_OUTPUT", f"{SHARED}/job")
+        demo.shared_checkpoints(extra, DEMO_STEPS)
     docker, client = _engine(env, args.image)
     shm = f"{max(1, plan.gpus_per_node)}g"  # at least 1 GB per GPU (docs/IMAGE.md, Run)
     timeout = args.timeout if args.timeout > 0 else float("inf")
@@ -338,7 +337,7 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
         print(line, flush=True)
 
     try:
-        with KillingCluster(
+        with demo.KillingCluster(
             args.image,
             kills=kills,
             prefix=f"local-{os.urandom(2).hex()}",
@@ -346,7 +345,7 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
             echo=echo,
             client=client,
             output=extra.get("ENTRYPOINT_JOB_OUTPUT", DEFAULT_OUTPUT),
-            shared=SHARED if elastic else None,
+            shared=demo.SHARED if elastic else None,
         ) as cluster:
             specs = nodes(
                 plan,
@@ -360,7 +359,7 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
             _announce(echo, plan, cluster.network_name, args.image, specs, bool(kills))
             try:
                 # with spares a lost node is not the end: the others go on without it
-                grace = float("inf") if plan.spares or plan.min_nodes else 20
+                grace = float("inf") if elastic else 20
                 run = cluster.run(specs, timeout=timeout, grace=grace)
             except docker.errors.APIError as err:  # e.g. a GPU request with no NVIDIA runtime
                 print(
@@ -372,8 +371,8 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
     except KeyboardInterrupt:  # entrypoint/__main__.py turns it into 128 + N
         print("local: interrupted; containers and network removed", file=sys.stderr)
         raise
-    code = verdict(run, args.results, command, plan, specs[0].name)
-    for line in story(run, cluster.killed, cluster.names):
+    code = demo.verdict(run, args.results, command, elastic, specs[0].name)
+    for line in demo.story(run, cluster.killed, cluster.names):
         print(line)
     return code
 
@@ -438,55 +437,3 @@ def _engine(env: Mapping[str, str], image: str):
 # -- the report at the end ------------------------------------------------------------------------
 # What `entrypoint local` says at the end: every worker's report, saved and summed up, and its
 # exit code.
-
-
-def summary(results: list[dict], nnodes: int, seconds: float) -> list[str]:
-    """What every worker reported, ending with the final loss (the built-in job's reports)."""
-    lines = ["", "local: every worker's report (<output>/results/rank<R>.json):"]
-    for r in results:
-        writer = "  wrote the checkpoint" if r["checkpoint_writer"] else ""
-        lines.append(
-            f"  rank {r['rank']} of {r['world_size']} on {r['node']} (node "
-            f"{r['node_rank']}, local rank {r['local_rank']}){writer}"
-        )
-    first = results[0]
-    lines.append(
-        f"local: {first['job']} on {nnodes} nodes x {len(results) // nnodes} workers, "
-        f"{first['steps']} steps in {seconds:.0f} s; final loss {first['final_loss']:.4f} "
-        f"(first {first['first_loss']:.4f})"
-    )
-    return lines
-
-
-def save_results(results: list[dict], directory: str) -> None:
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    for r in results:
-        (out / f"rank{r['rank']}.json").write_text(json.dumps(r, indent=2) + "\n")
-
-
-def verdict(run, results_dir: str | None, command: list[str], plan: Layout, node0: str) -> int:
-    """Save the reports, say how the run went, and its exit code. With spares or a minimum,
-    node 0's exit is the job's: a node lost on the way is said, not a failure."""
-    if results_dir:
-        save_results(run.results, results_dir)
-    lost = {name: code for name, code in run.exit_codes.items() if code != 0}
-    elastic = (plan.spares or plan.min_nodes) and not run.timed_out
-    problem = None if elastic and run.exit_codes.get(node0) == 0 else run.problem()
-    if elastic and lost and not problem:
-        print(f"local: lost {lost} on the way; the job went on without them")
-    if problem:
-        print(f"local: FAILED: {problem}", file=sys.stderr)
-        return 1
-    if command:  # the user's own trainer: its exit codes are the verdict
-        print(f"local: every node exited 0 in {run.seconds:.0f} s")
-        return 0
-    results = run.results
-    expected = results[0]["world_size"] if results else 0
-    if not results or len(results) != expected:
-        print(f"local: FAILED: {len(results)} worker reports, expected {expected}", file=sys.stderr)
-        return 1
-    nodes = len({r["node_rank"] for r in results})
-    for line in summary(results, nodes, run.seconds):
-        print(line)
-    return 0

@@ -45,8 +45,15 @@ def start(tmp_path) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        preexec_fn=_as_a_background_job,
     )
+
+
+def _as_a_background_job() -> None:
+    """SIGINT ignored, as a shell leaves it for a job it starts with `&`; SIGHUP as a terminal
+    leaves it (a runner started under nohup would pass it on ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 @pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
@@ -62,3 +69,18 @@ def test_a_signal_at_any_instant_of_the_start_ends_quietly(tmp_path, number):
             proc.kill()
         assert proc.returncode == 128 + number, (delay, out[-2000:])
         assert "Traceback" not in out, (delay, out[-2000:])
+
+
+def test_under_nohup_a_sighup_stays_ignored(tmp_path):
+    env = {"PATH": os.environ["PATH"], "ENTRYPOINT_GPUS_PER_NODE": "0",
+           "ENTRYPOINT_RUN_DIR": str(tmp_path / "run")}  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "entrypoint", "run", "--", "sleep", "2"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+    )
+    handlers_installed(proc.pid)
+    proc.send_signal(signal.SIGHUP)
+    assert proc.wait(timeout=60) == 0
