@@ -12,6 +12,7 @@ checks it without Docker; the GPU probe, the Docker engine and the containers ar
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import secrets
 import sys
@@ -332,9 +333,7 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
     docker, client = _engine(env, args.image)
     shm = f"{max(1, plan.gpus_per_node)}g"  # at least 1 GB per GPU (docs/IMAGE.md, Run)
     timeout = args.timeout if args.timeout > 0 else float("inf")
-
-    def echo(line: str) -> None:
-        print(line, flush=True)
+    echo = functools.partial(print, flush=True)
 
     try:
         with demo.KillingCluster(
