@@ -117,12 +117,11 @@ def local_leftovers(client) -> list[str]:
     ]
 
 
-# (signal, the output line after which it is sent, then seconds): containers being made, nodes
-# joining, training, and the start before anything exists.
+# (signal, the output line after which it is sent, then seconds): the start before anything
+# exists, nodes joining, training (tests/unit/test_signals_early.py covers every instant of a
+# node's own start).
 INSTANTS = [
     ("SIGINT", None, 0.3),
-    ("SIGTERM", None, 1.5),
-    ("SIGINT", "] started (at", 0.0),
     ("SIGTERM", "joined in", 0.0),
     ("SIGINT", "[job] step", 0.0),
 ]
