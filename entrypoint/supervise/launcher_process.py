@@ -140,10 +140,11 @@ def _kept_lines(stream: IO[bytes], tail: collections.deque) -> Iterable[str]:
 
 class WorkerOutput(threading.Thread):
     """The workers' stdout and stderr of one torchrun start (`--redirects=3`: each worker's in
-    files of its own), passed to `echo` a whole line at a time, prefixed `[default<local
-    rank>]:` as torchrun's `--tee` prefixes them. torchrun's tee writes what it has read, a
-    partial line included, so two workers' lines could mix mid-line (`[Gloo] Rank [Gloo] Rank
-    2 is connected`); here a line waits for its end, or HOLD seconds. Ends once the launcher
+    files of its own), passed on a whole line at a time: stdout as the worker printed it, stderr
+    prefixed `[default<local rank>]:`, as torchrun's `--tee=2` left them. torchrun's tee
+    writes what it has read, a partial line included, and workers writing to one stdout mix
+    mid-line (`[Gloo] Rank [Gloo] Rank 2 is connected`); here a line waits for its end, or
+    HOLD seconds. Ends once the launcher
     has exited and its files are read to the end."""
 
     HOLD = 1.0  # seconds a line without its end waits before it is passed on as it is
@@ -191,7 +192,9 @@ class WorkerOutput(threading.Thread):
                 since = since if pending else now
                 pending += chunk
                 offset += len(chunk)
+            # stdout as the worker printed it, stderr prefixed: as torchrun's own --tee=2 did
             say = self.out if path.name == "stdout.log" else self.echo
+            prefix = "" if path.name == "stdout.log" else prefix
             *lines, pending = _END.split(pending)
             for line in lines:
                 if line:

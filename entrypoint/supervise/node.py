@@ -52,7 +52,11 @@ def await_master(plan: Plan, facts: Facts, settings: Settings, log) -> Facts:
     if plan.nnodes == 1 or facts.master_ip is not None or not name or is_ip(name):
         return facts
     bound = settings.join_timeout if plan.member else min(NODE0_RESOLVE_WAIT, settings.join_timeout)
-    log.info(f"the master's name {name} does not resolve yet: waiting for it (at most {bound:g} s)")
+    log.info(
+        f"waiting for node 0 at {host_port(name, plan.control_port or 'auto')}: the name does not "
+        f"resolve (yet); the socket family and interface are decided once it does (at most "
+        f"{bound:g} s)"
+    )
     began = time.monotonic()
     while time.monotonic() - began < bound:
         time.sleep(0.5)
