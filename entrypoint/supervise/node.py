@@ -38,42 +38,26 @@ def prepare(
     return make_plan(env, facts, trainer, read=read, settings=settings), facts, settings
 
 
-# Node 0 waits this long at most for its own name: it need not reach itself by it.
-NODE0_RESOLVE_WAIT = 30.0
-
-
-def await_master(plan: Plan, facts: Facts, settings: Settings, log) -> Facts:
-    """A master given by a name that did not resolve when the plan was made (a Kubernetes
-    headless Service's names appear once the pods are ready): wait for it, bounded, so that
-    NCCL's socket family and interface come from its address, not from a guess. The other
-    nodes cannot join node 0 before it resolves anyway; node 0 waits at most
-    NODE0_RESOLVE_WAIT."""
+def master_resolved(plan: Plan, facts: Facts, waited: float, log) -> Facts | None:
+    """The facts with the master's address, when a name that did not resolve at the first
+    probe does now; None when nothing changes (an address, a name resolved from the start, one
+    node, or a name that still does not resolve: then a warning)."""
     name = plan.master_addr
     if plan.nnodes == 1 or facts.master_ip is not None or not name or is_ip(name):
-        return facts
-    bound = settings.join_timeout if plan.member else min(NODE0_RESOLVE_WAIT, settings.join_timeout)
+        return None
+    fresh = probe.master_resolved(facts, name, waited)
+    if fresh.master_ip is None:
+        log.warning(
+            f"the master's name {name} still does not resolve here: the socket family and "
+            "interface stay undecided (NCCL picks); set NCCL_SOCKET_FAMILY and "
+            "ENTRYPOINT_SOCKET_IFNAME if the job runs over IPv6"
+        )
+        return None
     log.info(
-        f"waiting for node 0 at {host_port(name, plan.control_port or 'auto')}: the name does not "
-        f"resolve (yet); the socket family and interface are decided once it does (at most "
-        f"{bound:g} s)"
+        f"the master's name {name} resolved to {fresh.master_ip} {waited:.1f} s after the "
+        "start: the socket family and the interface are decided from it"
     )
-    began = time.monotonic()
-    while time.monotonic() - began < bound:
-        time.sleep(0.5)
-        fresh = probe.master_resolved(facts, name, time.monotonic() - began)
-        if fresh.master_ip is not None:
-            log.info(
-                f"the master's name {name} resolved to {fresh.master_ip} after "
-                f"{time.monotonic() - began:.1f} s: the socket family and the interface are "
-                "decided from it"
-            )
-            return fresh
-    log.warning(
-        f"the master's name {name} did not resolve within {bound:g} s: the socket family and "
-        "interface stay undecided (NCCL picks); set NCCL_SOCKET_FAMILY and "
-        "ENTRYPOINT_SOCKET_IFNAME if the job runs over IPv6"
-    )
-    return facts
+    return fresh
 
 
 def _say_plan(plan: Plan, settings: Settings, log, values: tuple[str, ...]) -> None:
@@ -103,16 +87,6 @@ def _say_plan(plan: Plan, settings: Settings, log, values: tuple[str, ...]) -> N
         log.info(f"plan: {report.rank_line(plan)}, {plan.device}, launcher {plan.launcher}")
 
 
-def _master_resolved(
-    plan: Plan, facts: Facts, env: Mapping[str, str], settings: Settings, log
-) -> tuple[Plan, Facts]:
-    """The plan again once a master's name that did not resolve at first does (await_master)."""
-    resolved = await_master(plan, facts, settings, log)
-    if resolved is facts:
-        return plan, facts
-    return make_plan(env, resolved, plan.trainer, settings=settings), resolved
-
-
 def is_ip(text: str) -> bool:
     try:
         ipaddress.ip_address(text.strip("[]").split("%")[0])
@@ -135,11 +109,7 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
         log_dir=settings.log_dir,
         secret_values=values,
     )
-    began = time.monotonic()
-    plan, facts = _master_resolved(plan, facts, env, settings, log)
-    if (waited := time.monotonic() - began) > 1:  # the wait is the join's: one bound for both
-        left = max(1.0, settings.join_timeout - waited)
-        settings = settings.model_copy(update={"join_timeout": left})
+    started = time.monotonic()
     launch.check_hardware(plan, env, facts)
     if plan.trainer in BUILTIN_JOBS.values() and importlib.util.find_spec(plan.trainer[2]) is None:
         raise ConfigError(
@@ -163,11 +133,25 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
     else:
         log.info("start", command=secrets.mask(shlex.join(plan.command), values))
 
+    known = [facts]  # the facts plans are made from: the master's address once it resolves
+
     def replan(seat: int, nnodes: int) -> tuple[Plan, dict[str, str]]:
-        again = make_plan(env, facts, plan.trainer, settings=settings, seat=(seat, nnodes))
+        again = make_plan(env, known[0], plan.trainer, settings=settings, seat=(seat, nnodes))
         return again, _trainer_env(again, env, settings)
 
-    return supervise.run(plan, _trainer_env(plan, env, settings), settings, log, replan)
+    def resolved() -> tuple[Plan, dict[str, str]] | None:
+        """After the join (the master's name resolved for it), a plan from its address when
+        the first probe could not resolve it (a headless Service's names appear once the pods
+        are ready): NCCL's socket family and interface from the address, not from a guess."""
+        fresh = master_resolved(plan, known[0], time.monotonic() - started, log)
+        if fresh is None:
+            return None
+        known[0] = fresh
+        again = make_plan(env, fresh, plan.trainer, settings=settings)
+        return again, _trainer_env(again, env, settings)
+
+    trainer_env = _trainer_env(plan, env, settings)
+    return supervise.run(plan, trainer_env, settings, log, replan, resolved)
 
 
 def _trainer_env(plan: Plan, env: Mapping[str, str], settings: Settings) -> dict[str, str]:

@@ -59,9 +59,11 @@ class Supervisor(join.Joining):
         log,
         echo: Callable[[str], None] | None = None,
         replan: join.Replan | None = None,
+        resolved: Callable[[], tuple[Plan, dict[str, str]] | None] | None = None,
     ) -> None:
         self.plan, self.settings, self.log = plan, settings, log
         self.replan = replan
+        self.resolved = resolved  # the plan again once the master's name resolves (node.py)
         self.secret_values = secrets.secret_values(env)
         self.identity = join.identity(env, plan, settings)
         self.env = join.without_token(env)  # the job's token is not the trainer's
@@ -114,6 +116,9 @@ class Supervisor(join.Joining):
             signal.signal(sig, self._on_signal)
         try:
             self._join()
+            again = self.resolved() if self.resolved is not None else None
+            if again is not None:
+                self.plan, self.env = again[0], join.without_token(again[1])
             while True:
                 code = self._stand_by() if self.standing_by else self._supervise()
                 if code is not None:
@@ -365,7 +370,12 @@ class Supervisor(join.Joining):
 
 
 def run(
-    plan: Plan, env: Mapping[str, str], settings: Settings, log, replan: join.Replan | None = None
+    plan: Plan,
+    env: Mapping[str, str],
+    settings: Settings,
+    log,
+    replan: join.Replan | None = None,
+    resolved: Callable[[], tuple[Plan, dict[str, str]] | None] | None = None,
 ) -> int:
-    code = Supervisor(plan, env, settings, log, replan=replan).run()
+    code = Supervisor(plan, env, settings, log, replan=replan, resolved=resolved).run()
     return code if code is not None else EXIT_CONFIG
