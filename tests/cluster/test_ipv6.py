@@ -6,6 +6,7 @@ IPv4 (tests/cluster/test_faults.py)."""
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 from typing import Any
 
@@ -31,7 +32,9 @@ class V6Cluster(FaultyCluster):
         self.subnet = f"fd00:{secrets.token_hex(2)}:{secrets.token_hex(2)}::"
 
     def address(self, index: int) -> str:
-        return f"{self.subnet}1{index}"
+        """Node `index`'s address, compressed as the resolver and the plan write it (a group
+        `05d5` of a random subnet is `5d5` there)."""
+        return ipaddress.ip_address(f"{self.subnet}1{index}").compressed
 
     def _network_options(self) -> dict[str, Any]:
         from docker.types import IPAMConfig, IPAMPool
