@@ -148,6 +148,7 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
             return None
         known[0] = fresh
         again = make_plan(env, fresh, plan.trainer, settings=settings)
+        _say_plan(again, settings, log, values)  # the plan the launcher starts with
         return again, _trainer_env(again, env, settings)
 
     trainer_env = _trainer_env(plan, env, settings)
