@@ -9,6 +9,7 @@ import json
 import secrets
 import select
 import socket
+import threading
 import time
 from collections.abc import Callable
 
@@ -25,6 +26,8 @@ from entrypoint.control.identity import Identity
 from entrypoint.control.message_fields import shown
 from entrypoint.control.slow_nodes import STATS_EVERY
 from entrypoint.plan.values import host_port
+
+SEND_TIMEOUT = 2.0  # seconds a message may wait for room in the socket's buffer
 
 
 class Channel:
@@ -48,7 +51,11 @@ class Channel:
         self.closed = False
         self.welcomed = False
         self.stats_sent = float("-inf")
+        # Two threads send (the heartbeat's and the supervising loop): one message at a time,
+        # and no timeout of the socket's own that one thread's call would change for the other.
+        self._sending = threading.Lock()
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)
 
     @property
     def last_heard(self) -> float:
@@ -100,23 +107,36 @@ class Channel:
         except m.BadMessage:
             # This node's own bug: node 0 skips the line and logs why; this node goes on.
             data = (json.dumps(message, default=str) + "\n").encode()
-        try:
-            self.sock.settimeout(2.0)
-            self.sock.sendall(data)
-            return True
-        except OSError:
-            return False
+        with self._sending:
+            try:
+                self._send_all(data, SEND_TIMEOUT)
+                return True
+            except OSError:
+                return False
+
+    def _send_all(self, data: bytes, timeout: float) -> None:
+        deadline, view = time.monotonic() + timeout, memoryview(data)
+        while view:
+            try:
+                view = view[self.sock.send(view) :]
+            except (BlockingIOError, InterruptedError):
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([], [self.sock], [], left)[1]:
+                    raise TimeoutError(f"node 0 took nothing for {timeout:g} s") from None
 
     def receive(self, timeout: float) -> list[dict]:
         """Messages from node 0 that arrived within `timeout` seconds, each checked; sets
         `closed` on EOF. Raises Refused when node 0 refused this node or failed its proof."""
         if self.closed:
             return []
-        self.sock.settimeout(timeout)
         try:
+            if not select.select([self.sock], [], [], timeout)[0]:
+                return []
             data = self.sock.recv(65536)
         except (TimeoutError, BlockingIOError, InterruptedError):
             return []
+        except ValueError:  # closed meanwhile
+            data = b""
         except OSError:
             data = b""
         if not data:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -46,6 +47,87 @@ from entrypoint.supervise.launcher_process import Launch, exit_status, start
 from entrypoint.supervise.rank_progress import Inbox
 from entrypoint.supervise.worker_signals import FORWARDED, SignalRelay
 from entrypoint.trainer_side.world_check import MISMATCH as WORLD_MISMATCH
+
+
+class Beats(threading.Thread):
+    """This node's heartbeat while a launch runs, from a thread of its own: a step of the
+    supervising loop that blocks (a worker given its grace to stop, a slow disk) does not
+    silence the node. A beat that comes late (this process starved of CPU or stopped) is said,
+    since node 0 may take this node for lost. A loop that has not turned for `stuck_after`
+    seconds gets no more beats: an entrypoint stuck for good is lost, as a hung node is."""
+
+    def __init__(
+        self,
+        channel,
+        settings: Settings,
+        stats: Stats,
+        inbox: Inbox,
+        turn: Turn,
+        stuck_after: float | None = None,
+    ) -> None:
+        super().__init__(name="heartbeat", daemon=True)
+        self.channel, self.stats, self.inbox, self.turn = channel, stats, inbox, turn
+        self.interval = settings.heartbeat_interval
+        self.late = max(2.0 * self.interval, settings.heartbeat_timeout / 2)
+        self.stuck_after = stuck_after or max(
+            60.0, settings.grace_period + settings.heartbeat_timeout
+        )
+        self.log = turn.log
+        self.halt = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        last = time.monotonic()
+        while not self.halt.is_set():
+            now = time.monotonic()
+            if now - last > self.late:
+                self.log.warning(
+                    f"this node's heartbeat went {now - last:.1f} s after the one before "
+                    f"(every {self.interval:g} s): this node's entrypoint was starved of CPU "
+                    "or stopped meanwhile, and node 0 may take it for lost"
+                )
+            last = now
+            if now - self.turn.began <= self.stuck_after:
+                beat = {"t": "beat", "stats": self.stats.read(), "ranks": self.inbox.reports(now)}
+                self.channel.send(beat)
+            self.halt.wait(self.interval)
+
+    def stop(self) -> None:
+        self.halt.set()
+        if threading.current_thread() is not self:
+            self.join(timeout=5)
+
+
+class Turn:
+    """The supervising loop's turns, timed: a turn that took half the heartbeat timeout or more
+    (this process starved of CPU, paused, or a step of its own that blocked) is said, with its
+    slowest step: signals and node 0's word waited that long."""
+
+    def __init__(self, timeout: float, log) -> None:
+        self.limit = max(1.0, timeout / 2)
+        self.log = log
+        self.began = self.at = time.monotonic()
+        self.slowest = ("", 0.0)
+
+    def mark(self, step: str) -> None:
+        now = time.monotonic()
+        if now - self.at > self.slowest[1]:
+            self.slowest = (step, now - self.at)
+        self.at = now
+
+    def next(self) -> float:
+        now = time.monotonic()
+        took = now - self.began
+        if took > self.limit:
+            step, seconds = self.slowest
+            self.log.warning(
+                f"this node's entrypoint was held up {took:.1f} s in one turn of its loop "
+                f"({step or 'between its steps'}: {seconds:.1f} s; CPU starved, paused or "
+                "blocked): signals and node 0's messages waited meanwhile"
+            )
+        self.began = self.at = now
+        self.slowest = ("", 0.0)
+        return now
 
 
 class Supervisor(join.Joining):
@@ -95,6 +177,7 @@ class Supervisor(join.Joining):
         self.stop_signal: int | None = None
         self._connecting = False
         self.inbox: Inbox | None = None  # the ranks' progress reports (rank_progress)
+        self.beats: Beats | None = None  # the heartbeat while a launch runs
 
     @property
     def launched(self) -> Launch:
@@ -145,36 +228,50 @@ class Supervisor(join.Joining):
         inbox = self._inbox()
         inbox.new_launch()
         launch = self.launch = start(self.plan, self.env | inbox.env(), self.generation, self.echo)
-        stats = Stats(self.plan.devices)
-        last_beat = 0.0
+        last_reap = 0.0
         watch = Watch()
         self.signals.new_launch()
-        while True:
-            now = time.monotonic()
-            if inbox.dump_ready(now):
-                self._send_stacks(inbox)
-            if now - last_beat >= s.heartbeat_interval:
-                last_beat = now
-                self.node0.send({"t": "beat", "stats": stats.read(), "ranks": inbox.reports(now)})
-                procs.reap(exclude=launch.process.pid)
-            self._handle_signals(watch, now)
-            if watch.code is None:
-                for sig in self.signals.deliver_late(
-                    launch, watch.signalled, watch.signalled_at, now
-                ):
-                    self.node0.send({"t": "signal", "signal": sig})
-            if watch.kill_at is not None and now > watch.kill_at and launch.running():
-                self.log.error(
-                    f"workers still running {s.grace_period:g} s after the signal: killing them"
-                )
-                launch.kill_all()
-                watch.kill_at = None
-            self._note_exit(watch)
-            for message in self._receive(0.2 if watch.code is None else 0.5):
-                ended, code = self._on_message(message, watch, now)
-                if ended:
+        turn = Turn(s.heartbeat_timeout, self.log)
+        beats = self.beats = Beats(self.node0, s, Stats(self.plan.devices), inbox, turn)
+        try:
+            while True:
+                code = self._turn(turn, inbox, launch, watch)
+                if code is not False:
                     return code
-            self._check_master(s.heartbeat_timeout)
+                if turn.at - last_reap >= s.heartbeat_interval:
+                    last_reap = turn.at
+                    procs.reap(exclude=launch.process.pid)
+                    turn.mark("reaping orphans")
+        finally:
+            beats.stop()
+
+    def _turn(self, turn: Turn, inbox: Inbox, launch: Launch, watch: Watch) -> int | None | bool:
+        """One turn of the supervising loop; False: go on."""
+        s = self.settings
+        now = turn.next()
+        if inbox.dump_ready(now):
+            self._send_stacks(inbox)
+            turn.mark("the ranks' stacks")
+        self._handle_signals(watch, now)
+        if watch.code is None:
+            for sig in self.signals.deliver_late(launch, watch.signalled, watch.signalled_at, now):
+                self.node0.send({"t": "signal", "signal": sig})
+        if watch.kill_at is not None and now > watch.kill_at and launch.running():
+            self.log.error(
+                f"workers still running {s.grace_period:g} s after the signal: killing them"
+            )
+            launch.kill_all()
+            watch.kill_at = None
+        turn.mark("signals")
+        self._note_exit(watch)
+        turn.mark("the trainer's exit")
+        for message in self._receive(0.2 if watch.code is None else 0.5):
+            ended, code = self._on_message(message, watch, now)
+            if ended:
+                return code
+        turn.mark("node 0's messages")
+        self._check_master(s.heartbeat_timeout)
+        return False
 
     def _handle_signals(self, watch: Watch, now: float) -> None:
         """The signals this node received since the last turn of the loop."""
@@ -235,6 +332,8 @@ class Supervisor(join.Joining):
             self.launched.stop(5)
             return True, 0 if watch.code == 0 else (watch.code or 0)
         if kind == "restart":
+            if self.beats is not None:
+                self.beats.stop()  # the old launch's ranks are no news for the new one
             # A restart follows a lost node or a failed trainer: the workers' collectives are
             # broken, no checkpoint can complete, and every second here is every GPU's.
             began = time.monotonic()
