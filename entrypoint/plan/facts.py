@@ -42,6 +42,9 @@ class Facts:
     # Seconds after the first probe at which a name that did not resolve then resolved.
     master_resolved_after: float | None = None
     ib_hcas: tuple[str, ...] = ()
+    # The text of the config file a user's `accelerate launch --config_file F` line names
+    # (plan.launch_lines); None when there is none or it cannot be read here.
+    launch_config: str | None = None
 
 
 # Interfaces NCCL and gloo must not use for traffic between nodes.

@@ -1,16 +1,21 @@
-"""A user's own launch line, adopted: `torchrun ...` or `python -m torch.distributed.run ...`
-after `entrypoint run --`. The entrypoint becomes that launcher's caller instead of wrapping it
-(a torchrun inside torchrun knows nothing of the other nodes: every node would train alone).
+"""A user's own launch line, adopted: `torchrun ...`, `python -m torch.distributed.run ...` or
+`accelerate launch [--config_file cfg.yaml] ...` after `entrypoint run --`. The entrypoint
+becomes that launcher's caller instead of wrapping it (a torchrun inside torchrun knows nothing
+of the other nodes: every node would train alone).
 It keeps what is the user's to choose, the script, its arguments, how it is run (`-m`,
 `--no-python`) and `--nproc-per-node`, and supplies what only the platform knows (node count,
 node rank, master, rendezvous) in place of what the line hard-coded; the rest of torchrun's
-options are the entrypoint's own torchrun's. Pure: a command in, an `Adopted` or None out."""
+options are the entrypoint's own torchrun's. An accelerate line keeps its config file's
+settings and its options (mixed precision, DeepSpeed, FSDP), with the cluster's numbers in
+place of `num_machines`, `machine_rank`, `main_process_ip` and the port. Pure: a command (and
+the text of the config file it names, read at the edge) in, an `Adopted` or None out."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from entrypoint.plan.errors import ConfigError
 
@@ -32,16 +37,45 @@ PLATFORM = ("nnodes", "node-rank", "master-addr", "master-port", "rdzv-endpoint"
             "rdzv-id", "rdzv-conf", "standalone", "local-addr")  # fmt: skip
 
 
+# accelerate launch's options without a value (accelerate 1.15, commands/launch.py; the image
+# test tests/image/test_users_code.py checks this list against accelerate's own parser): every
+# other option takes one.
+ACCELERATE_FLAGS = frozenset(
+    {
+        "quiet", "cpu", "multi-gpu", "tpu", "enable-cpu-affinity", "dynamo-use-fullgraph",
+        "dynamo-use-dynamic", "dynamo-use-regional-compilation", "use-deepspeed", "use-fsdp",
+        "use-parallelism-config", "use-megatron-lm", "same-network", "module", "no-python",
+        "tpu-cluster", "no-tpu-cluster", "tpu-use-sudo", "downcast-bf16",
+        "fp8-use-autocast-during-eval", "debug",
+    }
+)  # fmt: skip
+ACCELERATE_SHORT = {"-q": "quiet", "-m": "module", "-t": "tee"}
+# What only the platform knows, in the config file or on the line: the entrypoint's values.
+ACCELERATE_PLATFORM = ("num-machines", "machine-rank", "main-process-ip", "main-process-port",
+                       "rdzv-backend", "rdzv-conf", "same-network", "deepspeed-hostfile",
+                       "mpirun-hostfile")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Adopted:
     """The user's launch line, read: the trainer as `entrypoint run` takes it, the workers per
     node the line asks for, and what it said that the entrypoint decides instead."""
 
-    line: str  # `torchrun` or `python -m torch.distributed.run`
+    line: str  # `torchrun`, `python -m torch.distributed.run` or `accelerate launch`
     trainer: tuple[str, ...]
     nproc_per_node: int | None = None
     nnodes: str | None = None  # as written: `2`, or a range `1:4`
     replaced: dict[str, str] = field(default_factory=dict)  # option: the line's value
+    kind: str = "torchrun"  # or "accelerate"
+    # accelerate: its config file (as the line names it) and what it holds, the options kept
+    # as written, the job's process count (accelerate counts every node's), and where the node
+    # count and the process count were written
+    config_file: str | None = None
+    config: Mapping[str, Any] = field(default_factory=dict)
+    options: tuple[str, ...] = ()
+    num_processes: int | None = None
+    nnodes_name: str = "--nnodes"
+    nproc_name: str = "--nproc-per-node"
 
 
 def is_torchrun(command: Sequence[str]) -> int:
@@ -57,8 +91,45 @@ def is_torchrun(command: Sequence[str]) -> int:
     return 0
 
 
-def read(command: Sequence[str] | None) -> Adopted | None:
-    """The launch line in `command`, or None when the command is no launcher's."""
+def is_accelerate(command: Sequence[str]) -> int:
+    """How many words of `command` name accelerate's launcher (`accelerate launch`: 2,
+    `python -m accelerate.commands.launch`: 3), or 0."""
+    if len(command) >= 2 and os.path.basename(command[0]) == "accelerate":
+        return 2 if command[1] == "launch" else 0
+    if (
+        command
+        and os.path.basename(command[0]).startswith("python")
+        and list(command[1:3]) == ["-m", "accelerate.commands.launch"]
+    ):
+        return 3
+    return 0
+
+
+def config_file(command: Sequence[str] | None) -> str | None:
+    """The config file an accelerate launch line names (`--config_file`), for the edge to read."""
+    skip = is_accelerate(command or ())
+    if not skip:
+        return None
+    assert command is not None
+    words = list(command[skip:])
+    for i, word in enumerate(words):
+        name, sep, value = word.partition("=")
+        if name in ("--config_file", "--config-file"):
+            return value if sep else (words[i + 1] if i + 1 < len(words) else None)
+        if not word.startswith("-"):
+            return None  # the script: what follows is its own
+    return None
+
+
+def read(
+    command: Sequence[str] | None, config_text: str | None = None, nnodes: int = 1
+) -> Adopted | None:
+    """The launch line in `command`, or None when the command is no launcher's. An accelerate
+    line's config file is given as `config_text` (None: unreadable or not named), and the
+    platform's node count as `nnodes` (accelerate's process count is every node's)."""
+    if is_accelerate(command or ()):
+        assert command is not None
+        return _accelerate(command, config_text, nnodes)
     skip = is_torchrun(command or ())
     if not skip:
         return None
@@ -114,9 +185,9 @@ KEPT = frozenset({"nproc-per-node", "module", "no-python", "run-path"})
 
 
 def check_nodes(adopted: Adopted, nnodes: int, source: str) -> str | None:
-    """`--nnodes` against the platform's node count: None when absent or equal, a note when a
-    range holds it; a refusal when it disagrees."""
-    written = adopted.nnodes
+    """The line's node count (`--nnodes`, accelerate's `num_machines`) against the platform's:
+    None when absent or equal, a note when a range holds it; a refusal when it disagrees."""
+    written, name = adopted.nnodes, adopted.nnodes_name
     if written is None:
         return None
     low, sep, high = written.partition(":")
@@ -124,15 +195,138 @@ def check_nodes(adopted: Adopted, nnodes: int, source: str) -> str | None:
         lo, hi = int(low), int(high or low)
     except ValueError:
         raise ConfigError(
-            "--nnodes", written, f"in your {adopted.line} line is not a node count",
-            "Drop --nnodes: the entrypoint supplies the platform's",
+            name, written, f"in your {adopted.line} line is not a node count",
+            f"Drop {name}: the entrypoint supplies the platform's",
         ) from None  # fmt: skip
     if lo <= nnodes <= hi:
-        return None if not sep else f"--nnodes {written} in your launch line holds {nnodes}"
+        if sep:
+            return f"{name} {written} in your launch line holds {nnodes}"
+        if adopted.kind == "accelerate":
+            return f"{name}: {written} agrees with the platform's; the entrypoint's value is used"
+        return None
+    said = f"in your {adopted.line} line, but" if name.startswith("-") else "but"
     raise ConfigError(
-        "--nnodes",
+        name,
         written,
-        f"in your {adopted.line} line, but the platform runs {nnodes} nodes ({source})",
-        "Drop --nnodes from the launch line (the entrypoint supplies the platform's count), or "
-        "start the job on that many nodes",
+        f"{said} the platform runs {nnodes} nodes ({source})",
+        f"Drop {name} (the entrypoint supplies the platform's count), or start the job on that "
+        "many nodes",
     )
+
+
+def _accelerate(command: Sequence[str], config_text: str | None, nnodes: int) -> Adopted:
+    line = "accelerate launch"
+    words = list(command[is_accelerate(command) :])
+    given: dict[str, str] = {}  # option: value ("" for a flag), from the line
+    kept: list[str] = []
+    while words and words[0].startswith("-"):
+        word = words.pop(0)
+        name, sep, value = word.partition("=")
+        name = ACCELERATE_SHORT.get(name) or name.lstrip("-").replace("_", "-")
+        if name in ACCELERATE_FLAGS:
+            given[name], taken = "", [word]
+        else:
+            if not sep:
+                if not words:
+                    raise ConfigError(
+                        word, None, f"in your {line} line takes a value", "Give it one"
+                    )
+                value = words.pop(0)
+                taken = [word, value]
+            else:
+                taken = [word]
+            given[name] = value
+        if name not in ACCELERATE_PLATFORM and name not in ("config-file", "num-processes"):
+            kept += taken
+    if not words:
+        raise ConfigError("command", " ".join(command), f"your {line} line names no script",
+                          "Give the training script after the options")  # fmt: skip
+    path = given.get("config-file")
+    config = _config(path, config_text, line) if path else {}
+    where = path or ""
+    # The line's options win over the file's, as accelerate has it.
+    machines = given.get("num-machines", config.get("num_machines"))
+    processes = given.get("num-processes", config.get("num_processes"))
+    machines_at = "--num_machines" if "num-machines" in given else f"num_machines in {where}"
+    procs_at = "--num_processes" if "num-processes" in given else f"num_processes in {where}"
+    count = _count(processes, procs_at, line)
+    per_node = None
+    # A node count that disagrees is refused by check_nodes, naming it: no per-node figure.
+    if count is not None and (machines is None or _count(machines, machines_at, line) == nnodes):
+        if count % nnodes:
+            raise ConfigError(
+                procs_at, count,
+                f"{count} processes on {nnodes} nodes is no whole number per node (accelerate "
+                "counts the processes of every node)",
+                "Set it to nodes x processes per node, or drop it: the entrypoint sets it",
+            )  # fmt: skip
+        per_node = count // nnodes
+    replaced = {k: given[k] for k in ACCELERATE_PLATFORM if k in given}
+    for key in ("machine_rank", "main_process_ip", "main_process_port", "rdzv_backend",
+                "same_network", "deepspeed_hostfile", "mpirun_hostfile"):  # fmt: skip
+        if key in config and key.replace("_", "-") not in replaced:
+            replaced[f"{key} in {path}"] = str(config[key])
+    script, args = words[0], words[1:]
+    if "no-python" in given:
+        trainer = (script, *args)
+    elif "module" in given:
+        trainer = ("python", "-m", script, *args)
+    else:
+        trainer = ("python", script, *args)
+    kept = [w for w in kept if w not in ("-m", "--module", "--no_python", "--no-python")]
+    return Adopted(
+        line=line,
+        trainer=trainer,
+        nproc_per_node=per_node,
+        nnodes=None if machines is None else str(machines),
+        replaced=replaced,
+        kind="accelerate",
+        config_file=path,
+        config=config,
+        options=tuple(kept),
+        num_processes=count,
+        nnodes_name=machines_at,
+        nproc_name=procs_at,
+    )
+
+
+def _count(value: object, where: str, line: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not str(value).strip().isdigit() or int(str(value)) < 1:
+        raise ConfigError(
+            where, value, f"in your {line} line is not a count", "Give a whole number"
+        )
+    return int(str(value))
+
+
+def _config(path: str, text: str | None, line: str) -> dict[str, Any]:
+    """The config file's settings; a refusal naming the file when it cannot be read or is not
+    accelerate's YAML."""
+    if text is None:
+        raise ConfigError(
+            "--config_file", path, f"in your {line} line cannot be read on this node",
+            "Put the file in the image or on a volume every node mounts, at that path",
+        )  # fmt: skip
+    try:
+        import yaml  # accelerate's own dependency: the image has it
+
+        loaded = yaml.safe_load(text)
+    except ImportError:  # pragma: no cover - the image has PyYAML
+        raise ConfigError("--config_file", path, "needs PyYAML to be read",
+                          "pip install pyyaml") from None  # fmt: skip
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(
+            "--config_file", path, f"in your {line} line is not valid YAML{at}",
+            "Fix the file (`accelerate config` writes one)",
+        ) from None  # fmt: skip
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(
+            "--config_file", path, "holds no settings (not a mapping)",
+            "Give accelerate's config file (`accelerate config` writes one)",
+        )  # fmt: skip
+    return loaded

@@ -19,6 +19,7 @@ from enum import StrEnum
 
 from entrypoint.plan.configs import Config
 from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.launch_lines import Adopted
 from entrypoint.plan.settings import PREFIX, Settings
 from entrypoint.plan.values import Source, by_default, derived, env_var
 
@@ -183,6 +184,57 @@ def accelerate(
     )
 
 
+def accelerate_adopted(layout: Layout, trainer: Sequence[str], adopted: Adopted) -> Launch:
+    """A user's `accelerate launch` line: their config file's settings and their options, with
+    this cluster's numbers (launch_lines)."""
+    path = f"{layout.run_dir}/accelerate.yaml"
+    args = list(trainer) if trainer[0].endswith(".py") else script_args(trainer, layout.python)
+    body = dict(adopted.config) | _cluster_numbers(layout) | {"same_network": True}
+    body.pop("deepspeed_hostfile", None)  # pdsh's list of hosts: the platform starts the nodes
+    body.pop("mpirun_hostfile", None)
+    if "distributed_type" not in body:  # accelerate's own default is one process
+        body["distributed_type"] = "MULTI_GPU" if layout.cuda_visible is not None else "MULTI_CPU"
+    if layout.cuda_visible is None:
+        body["use_cpu"] = True
+    head = f"# Written by the entrypoint for this node from {adopted.config_file or 'no file'}"
+    return Launch(
+        (
+            layout.python,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            path,
+            *adopted.options,
+            *args,
+        ),  # fmt: skip
+        {"MASTER_PORT": str(layout.master_port), "ENTRYPOINT_ACCELERATE_CONFIG": path},
+        {path: f"{head}, with this cluster's numbers; do not edit.\n" + _yaml(body)},
+        layout.master_port,
+        {
+            "accelerate.yaml": derived(
+                (f"your {adopted.config_file}" if adopted.config_file else "your launch line")
+                + " with this cluster's numbers (machines, machine rank, main process, processes)"
+            )
+        },
+    )
+
+
+def _cluster_numbers(layout: Layout) -> dict[str, object]:
+    return {
+        "num_machines": layout.nnodes,
+        "machine_rank": layout.node_rank,
+        "num_processes": layout.world_size,
+        "main_process_ip": layout.master_addr,
+        "main_process_port": layout.master_port,
+        "rdzv_backend": "static",
+    }
+
+
+def _yaml(body: Mapping[str, object]) -> str:
+    # JSON is YAML: no YAML library needed, and every string comes out quoted.
+    return json.dumps(body, indent=2, sort_keys=True, default=str) + "\n"
+
+
 def accelerate_deepspeed(layout: Layout) -> str:
     return f"{layout.run_dir}/accelerate-deepspeed.json"
 
@@ -193,20 +245,8 @@ def accelerate_yaml(layout: Layout, config: Config) -> str:
     body["deepspeed_config"] = dict(
         body.get("deepspeed_config", {}), deepspeed_config_file=accelerate_deepspeed(layout)
     )
-    body |= {
-        "num_machines": layout.nnodes,
-        "machine_rank": layout.node_rank,
-        "num_processes": layout.world_size,
-        "main_process_ip": layout.master_addr,
-        "main_process_port": layout.master_port,
-        "rdzv_backend": "static",
-    }
-    # JSON is YAML: no YAML library needed, and every string comes out quoted.
-    return (
-        "# Written by the entrypoint for this node; do not edit.\n"
-        + json.dumps(body, indent=2, sort_keys=True)
-        + "\n"
-    )
+    body |= _cluster_numbers(layout)
+    return "# Written by the entrypoint for this node; do not edit.\n" + _yaml(body)
 
 
 def worker(layout: Layout, trainer: Sequence[str]) -> Launch:
@@ -249,9 +289,12 @@ def build(
     trainer: Sequence[str],
     config: Config,
     deepspeed: Mapping[str, object] | None,
+    adopted: Adopted | None = None,
 ) -> Launch:
     if launcher is Launcher.TORCHRUN:
         return torchrun(layout, trainer)
+    if launcher is Launcher.ACCELERATE and adopted is not None:
+        return accelerate_adopted(layout, trainer, adopted)
     if launcher is Launcher.ACCELERATE:
         return accelerate(layout, trainer, config, deepspeed)
     return worker(layout, trainer)

@@ -107,6 +107,7 @@ class _Workers:
     placed: tuple[int, int] | None
     devices: tuple[str, ...]
     layout: Layout
+    adopted: launch_lines.Adopted | None = None  # the user's own launch line
 
 
 def make_plan(
@@ -186,12 +187,15 @@ def _workers(
     device = gpus.device(settings, n_gpus, out.sources)
     spawn = reading.spawn.value
     out.sources["spawn"] = reading.spawn.source
-    adopted = launch_lines.read(command)
+    adopted = launch_lines.read(command, facts.launch_config, nnodes)
     if adopted is not None:
         command = adopted.trainer
         out.notes += steps.adopt(adopted, reading, spawn)
     trainer = steps.trainer(command, settings, out.sources, adopted)
-    launcher = launchers.choose(settings, spawn, trainer == BUILTIN_JOBS["jax"], out.sources)
+    if adopted is not None and adopted.kind == "accelerate":
+        launcher = steps.adopted_launcher(settings, out.sources)
+    else:
+        launcher = launchers.choose(settings, spawn, trainer == BUILTIN_JOBS["jax"], out.sources)
     nproc = steps.nproc(settings, reading, launcher, device, n_gpus, out.sources, adopted)
     out.sources["world_size"] = derived(f"nnodes {nnodes} x nproc_per_node {nproc}")
     placed = steps.placed(reading, out.sources)
@@ -205,7 +209,9 @@ def _workers(
     layout = steps.layout(
         env, settings, reading, master, nproc, n_gpus, cuda_visible, facts.python, placed, member
     )
-    return _Workers(master, n_gpus, device, trainer, launcher, nproc, placed, tuple(chosen), layout)
+    return _Workers(
+        master, n_gpus, device, trainer, launcher, nproc, placed, tuple(chosen), layout, adopted
+    )
 
 
 def _environment(
@@ -215,7 +221,9 @@ def _environment(
     nnodes = w.layout.nnodes
     cuda = w.device == "cuda"
     devices = nnodes * (w.n_gpus if w.launcher is Launcher.JAX and cuda else w.nproc)
-    needs_config = w.trainer in BUILTIN_JOBS.values() or w.launcher is Launcher.ACCELERATE
+    needs_config = w.trainer in BUILTIN_JOBS.values() or (
+        w.launcher is Launcher.ACCELERATE and w.adopted is None  # a user's file has its own
+    )
     config, deepspeed = steps.config(
         settings, w.device, devices, needs_config, w.layout.run_dir, out
     )
@@ -229,5 +237,7 @@ def _environment(
         out.env["CUDA_VISIBLE_DEVICES"] = w.layout.cuda_visible
     steps.device_env(env, settings, facts, w.device, w.nproc, out)
     steps.site_hook(env, out)
-    launch = steps.launch(env, settings, w.trainer, w.launcher, w.layout, config, deepspeed, out)
+    launch = steps.launch(
+        env, settings, w.trainer, w.launcher, w.layout, config, deepspeed, out, w.adopted
+    )
     return launch, config

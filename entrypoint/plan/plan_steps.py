@@ -141,17 +141,53 @@ def adopt(adopted: Adopted, reading: Reading, spawn: bool) -> list[str]:
             "Give the script alone after --, e.g. entrypoint run -- python train.py",
         )
     nnodes = reading.nnodes
-    notes = [f"your {adopted.line} line is run by the entrypoint's torchrun, on every node"]
     said = launch_lines.check_nodes(adopted, nnodes.value, str(nnodes.source))
+    if adopted.kind == "accelerate":
+        notes = [
+            f"your {adopted.line} line is run by the entrypoint on every node, with "
+            + (
+                f"the settings of {adopted.config_file} "
+                if adopted.config_file
+                else "accelerate's defaults "
+            )
+            + "and this cluster's numbers (machines, machine rank, main process, processes)"
+        ]
+        if adopted.num_processes is not None:
+            notes.append(
+                f"{adopted.nproc_name}: {adopted.num_processes} agrees with the platform's "
+                f"{nnodes.value} nodes; the entrypoint's count is used"
+            )
+    else:
+        notes = [f"your {adopted.line} line is run by the entrypoint's torchrun, on every node"]
     notes += [said] if said else []
     if adopted.replaced:
-        given = ", ".join(f"--{k} {v}".rstrip() for k, v in adopted.replaced.items())
+        given = ", ".join(
+            (f"--{k} {v}" if " in " not in k else f"{k}: {v}").rstrip()
+            for k, v in adopted.replaced.items()
+        )
         notes.append(
             f"from your launch line, {given}: replaced by the entrypoint's own (node count, "
-            "node rank, master and rendezvous from the platform; logs, restarts and signals "
-            "its torchrun's)"
+            "node rank, master and rendezvous from the platform"
+            + (
+                "; logs, restarts and signals its torchrun's)"
+                if adopted.kind == "torchrun"
+                else ")"
+            )
         )
     return notes
+
+
+def adopted_launcher(settings: Settings, sources: dict[str, Source]) -> Launcher:
+    """accelerate's launcher, which a user's `accelerate launch` line asks for."""
+    if settings.launcher not in ("auto", Launcher.ACCELERATE.value):
+        raise ConfigError(
+            f"{PREFIX}LAUNCHER",
+            settings.launcher,
+            "disagrees with your accelerate launch line",
+            f"Unset {PREFIX}LAUNCHER: the line says accelerate",
+        )
+    sources["launcher"] = derived("your accelerate launch line")
+    return Launcher.ACCELERATE
 
 
 def nproc(
@@ -183,17 +219,26 @@ def nproc(
             reading.nproc_per_node,
         ):
             if other is not None and other.value != stated:
+                per_node = (
+                    f"{adopted.num_processes} processes on {reading.nnodes.value} nodes, "
+                    f"{stated} a node, "
+                    if adopted.kind == "accelerate"
+                    else ""
+                )
                 raise ConfigError(
-                    "--nproc-per-node",
-                    stated,
-                    f"in your {adopted.line} line, but {other.source} says {other.value}",
+                    adopted.nproc_name,
+                    adopted.num_processes if adopted.kind == "accelerate" else stated,
+                    f"in your {adopted.line} line ({per_node}but {other.source} says "
+                    f"{other.value} a node)"
+                    if per_node
+                    else f"in your {adopted.line} line, but {other.source} says {other.value}",
                     "Make them agree, or drop one of them",
                 )
     if settings.nproc_per_node is not None:
         count = Sourced(settings.nproc_per_node, env_var(f"{PREFIX}NPROC_PER_NODE"))
     elif stated is not None:
         assert adopted is not None
-        count = Sourced(stated, derived(f"your {adopted.line} line's --nproc-per-node"))
+        count = Sourced(stated, derived(f"your {adopted.line} line's {adopted.nproc_name}"))
     elif reading.nproc_per_node is not None:
         count = reading.nproc_per_node
     elif device == "cuda":
@@ -227,7 +272,8 @@ def trainer(
         )
     if command:
         sources["trainer"] = derived(
-            f"your {adopted.line} line's script, run by the entrypoint's torchrun"
+            f"your {adopted.line} line's script, run by the entrypoint's "
+            + ("torchrun" if adopted.kind == "torchrun" else "accelerate launch")
             if adopted
             else "command line after --"
         )
@@ -388,9 +434,10 @@ def launch(
     config: configs.Config,
     deepspeed: dict | None,
     out: Out,
+    adopted: Adopted | None = None,
 ) -> launchers.Launch:
     launched = launchers.preflight(trainer, settings, launcher, out.sources)
-    launch = launchers.build(launcher, layout, launched, config, deepspeed)
+    launch = launchers.build(launcher, layout, launched, config, deepspeed, adopted)
     timeouts, timeout_warnings = launchers.timeouts(env, settings, launcher, out.sources)
     out.env |= launch.env | timeouts
     out.files |= launch.files

@@ -34,6 +34,7 @@ def prepare(
     facts = probe.facts(
         master_addr=master if reading.nnodes.value > 1 else None,
         probe_gpus=always_probe_gpus or not gpus_stated(settings, reading),
+        command=trainer,
     )
     return make_plan(env, facts, trainer, read=read, settings=settings), facts, settings
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from entrypoint.control import sockets
+from entrypoint.plan import launch_lines
 from entrypoint.plan.facts import Facts, Gpu, Interface
 
 _SIOCGIFADDR = 0x8915
@@ -253,7 +254,22 @@ def master_resolved(facts: Facts, master_addr: str, waited: float) -> Facts:
     )
 
 
-def facts(*, master_addr: str | None, probe_gpus: bool) -> Facts:
+def launch_config(command: Sequence[str] | None) -> str | None:
+    """The text of the accelerate config file the command's launch line names; None when it
+    names none or the file cannot be read (the plan says so, naming it)."""
+    path = launch_lines.config_file(command)
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(1 << 20)
+    except OSError:
+        return None
+
+
+def facts(
+    *, master_addr: str | None, probe_gpus: bool, command: Sequence[str] | None = None
+) -> Facts:
     nics = interfaces()
     master_ip, route = master_route(master_addr, nics)
     found, how = gpus() if probe_gpus else (None, "not probed: the GPU count was stated")
@@ -270,4 +286,5 @@ def facts(*, master_addr: str | None, probe_gpus: bool) -> Facts:
         default_route=default_route(),
         master_ip=master_ip,
         ib_hcas=ib_hcas(),
+        launch_config=launch_config(command),
     )

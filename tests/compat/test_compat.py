@@ -286,7 +286,13 @@ LAUNCH_LINES = {
         "python", "-m", "torch.distributed.run", "--nproc_per_node", "2",
         f"{WORKSPACE}/ddp_tutorial.py",
     ),
+    # seed 004's line: a config file written for machine 0, its main_process_ip not this cluster's
+    "accelerate launch": (
+        "accelerate", "launch", "--config_file", f"{WORKSPACE}/accelerate_machine0.yaml",
+        f"{WORKSPACE}/accelerate_quicktour.py",
+    ),
 }  # fmt: skip
+SHAPE_OF_LINE = {"accelerate launch": "accelerate"}
 
 
 @pytest.mark.parametrize(
@@ -295,12 +301,14 @@ LAUNCH_LINES = {
         ("torchrun", "commercial"),
         ("python -m torch.distributed.run", "slurm"),
         ("torchrun", "pytorchjob"),
+        ("accelerate launch", "commercial"),
     ],
 )
 def test_a_users_launch_line_forms_one_world(docker_client, image, form, convention):
     """`entrypoint run -- torchrun --nproc-per-node=2 ddp_tutorial.py` on 2 node containers:
-    the entrypoint adopts the line, and every rank trains in one world of 4."""
-    trainer = TRAINER_SHAPES["ddp"]
+    the entrypoint adopts the line, and every rank trains in one world of 4. The same with
+    `accelerate launch --config_file` and a file written for machine 0 of another cluster."""
+    trainer = TRAINER_SHAPES[SHAPE_OF_LINE.get(form, "ddp")]
     with FaultyCluster(
         image, client=docker_client, echo=print, mounts={str(TRAINERS): WORKSPACE}
     ) as c:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import textwrap
 
@@ -123,3 +124,20 @@ def test_code_mounted_at_run_time(image, tmp_path):
         ),
     ).stdout
     assert "trained 4.0 1000" in out
+
+
+def test_accelerates_flags_are_all_known(image):
+    """entrypoint.plan.launch_lines reads an `accelerate launch` line with its list of the
+    options that take no value: checked against the image's accelerate's own parser, so that a
+    new accelerate flag does not swallow the script's name."""
+    from entrypoint.plan import launch_lines
+
+    out = image.python(
+        "import argparse, json\n"
+        "from accelerate.commands.launch import launch_command_parser\n"
+        "flags = sorted(max(a.option_strings, key=len).lstrip('-').replace('_', '-')\n"
+        "    for a in launch_command_parser()._actions\n"
+        "    if a.option_strings and a.nargs == 0 and not isinstance(a, argparse._HelpAction))\n"
+        "print(json.dumps(flags))"
+    )
+    assert set(json.loads(out.strip().splitlines()[-1])) == launch_lines.ACCELERATE_FLAGS

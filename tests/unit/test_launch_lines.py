@@ -4,6 +4,8 @@ arguments and --nproc-per-node, supplies the node count, rank and master in plac
 written, and refuses a node count that disagrees with the platform. Pure reading and planning
 here; two real nodes on loopback at the end, each form forming one world of 4."""
 
+import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -121,3 +123,90 @@ def test_every_form_forms_one_world_across_two_nodes(tmp_path, line):
     got = reports(tmp_path)
     assert [r["rank"] for r in got] == [0, 1, 2, 3]
     assert all(r["world_size"] == 4 and r["sum"] == 10.0 for r in got)
+
+
+# Seed 004's file: written by `accelerate config` on machine 0 of two, 8 GPUs each.
+MACHINE0 = """\
+compute_environment: LOCAL_MACHINE
+distributed_type: DEEPSPEED
+deepspeed_config:
+  deepspeed_config_file: ds_zero3.json
+  zero3_init_flag: true
+machine_rank: 0
+main_process_ip: 10.20.30.40
+main_process_port: 29500
+mixed_precision: bf16
+num_machines: 2
+num_processes: 16
+rdzv_backend: static
+same_network: true
+"""
+EIGHT_GPUS = TWO_NODES | {"ENTRYPOINT_GPUS_PER_NODE": "8"}
+
+
+def _with_file(text: str | None):
+    return dataclasses.replace(node(0), launch_config=text)
+
+
+def test_an_accelerate_line_keeps_its_file_and_gets_this_clusters_numbers():
+    line = "accelerate launch --config_file cfg.yaml --mixed_precision bf16 train.py --lr 1"
+    plan = make_plan(EIGHT_GPUS, _with_file(MACHINE0), line.split())
+    assert plan.command[-5:] == ("--mixed_precision", "bf16", "train.py", "--lr", "1")
+    assert plan.command[2:4] == ("accelerate.commands.launch", "--config_file")
+    written = json.loads(plan.files[plan.command[4]].split("\n", 1)[1])
+    # the user's settings kept, the cluster's numbers in place of machine 0's
+    assert written["distributed_type"] == "DEEPSPEED" and written["mixed_precision"] == "bf16"
+    assert written["deepspeed_config"] == {"deepspeed_config_file": "ds_zero3.json",
+                                           "zero3_init_flag": True}  # fmt: skip
+    assert (written["machine_rank"], written["main_process_ip"]) == (1, "node-0")
+    assert (written["num_machines"], written["num_processes"]) == (2, 16)
+    assert plan.nproc_per_node == 8 and plan.world_size == 16
+    notes = "\n".join(plan.notes)
+    assert "machine_rank in cfg.yaml: 0, main_process_ip in cfg.yaml: 10.20.30.40" in notes
+    assert "num_processes in cfg.yaml: 16 agrees" in notes
+
+
+@pytest.mark.parametrize(
+    ("line", "text", "env", "says"),
+    [
+        # the file's num_machines against the platform's node count
+        ("accelerate launch --config_file cfg.yaml t.py", MACHINE0.replace(
+            "num_machines: 2", "num_machines: 4"), EIGHT_GPUS,
+         "num_machines in cfg.yaml='4': but the platform runs 2 nodes (env NNODES). Drop "
+         "num_machines in cfg.yaml"),
+        # 16 processes on 2 nodes of 4 GPUs
+        ("accelerate launch --config_file cfg.yaml t.py", MACHINE0,
+         TWO_NODES | {"ENTRYPOINT_GPUS_PER_NODE": "4"}, "asks for 8 GPU workers but this node "
+         "has 4 GPUs"),
+        # the line's own count wins over the file's, and is checked the same way
+        ("accelerate launch --config_file cfg.yaml --num_processes 3 t.py", MACHINE0, EIGHT_GPUS,
+         "--num_processes='3': 3 processes on 2 nodes is no whole number per node"),
+        ("accelerate launch --config_file cfg.yaml t.py", None, EIGHT_GPUS,
+         "--config_file='cfg.yaml': in your accelerate launch line cannot be read on this node"),
+        ("accelerate launch --config_file cfg.yaml t.py", "a: [1,", EIGHT_GPUS,
+         "is not valid YAML"),
+        ("accelerate launch --num_processes 16 t.py", None,
+         EIGHT_GPUS | {"ENTRYPOINT_NPROC_PER_NODE": "4"},
+         "(16 processes on 2 nodes, 8 a node, but env ENTRYPOINT_NPROC_PER_NODE says 4 a node)"),
+    ],
+)  # fmt: skip
+def test_an_accelerate_line_that_disagrees_is_refused_in_one_line(line, text, env, says):
+    with pytest.raises(ConfigError) as err:
+        make_plan(env, _with_file(text), line.split())
+    assert says in err.value.line(), err.value.line()
+
+
+def test_accelerate_line_forms_are_read():
+    for line in (
+        "accelerate launch -m pkg.train --x 1",
+        "python -m accelerate.commands.launch --multi_gpu --num_machines=2 t.py",
+        "/opt/venv/bin/accelerate launch --no_python ./run.sh a",
+    ):
+        adopted = launch_lines.read(line.split(), None, 2)
+        assert adopted is not None and adopted.kind == "accelerate", line
+    assert launch_lines.read("accelerate config".split()) is None
+    assert launch_lines.config_file("accelerate launch --config-file=a.yaml t.py".split()) == (
+        "a.yaml"
+    )
+    # a --config_file after the script is the script's own
+    assert launch_lines.config_file("accelerate launch t.py --config_file x".split()) is None
