@@ -214,10 +214,11 @@ def check_nodes(adopted: Adopted, nnodes: int, source: str) -> str | None:
     )
 
 
-def _accelerate(command: Sequence[str], config_text: str | None, nnodes: int) -> Adopted:
-    line = "accelerate launch"
-    words = list(command[is_accelerate(command) :])
-    given: dict[str, str] = {}  # option: value ("" for a flag), from the line
+def _accelerate_options(words: list[str], line: str) -> tuple[dict[str, str], list[str]]:
+    """The options before the script, taken off `words`: {option: value ("" for a flag)}, and
+    the words of those the line keeps (the platform's, the config file and the process count
+    are the entrypoint's)."""
+    given: dict[str, str] = {}
     kept: list[str] = []
     while words and words[0].startswith("-"):
         word = words.pop(0)
@@ -225,19 +226,22 @@ def _accelerate(command: Sequence[str], config_text: str | None, nnodes: int) ->
         name = ACCELERATE_SHORT.get(name) or name.lstrip("-").replace("_", "-")
         if name in ACCELERATE_FLAGS:
             given[name], taken = "", [word]
+        elif sep:
+            given[name], taken = value, [word]
+        elif words:
+            given[name] = words[0]
+            taken = [word, words.pop(0)]
         else:
-            if not sep:
-                if not words:
-                    raise ConfigError(
-                        word, None, f"in your {line} line takes a value", "Give it one"
-                    )
-                value = words.pop(0)
-                taken = [word, value]
-            else:
-                taken = [word]
-            given[name] = value
+            raise ConfigError(word, None, f"in your {line} line takes a value", "Give it one")
         if name not in ACCELERATE_PLATFORM and name not in ("config-file", "num-processes"):
             kept += taken
+    return given, kept
+
+
+def _accelerate(command: Sequence[str], config_text: str | None, nnodes: int) -> Adopted:
+    line = "accelerate launch"
+    words = list(command[is_accelerate(command) :])
+    given, kept = _accelerate_options(words, line)
     if not words:
         raise ConfigError("command", " ".join(command), f"your {line} line names no script",
                           "Give the training script after the options")  # fmt: skip

@@ -212,28 +212,7 @@ def nproc(
     stated = adopted.nproc_per_node if adopted else None
     if stated is not None:
         assert adopted is not None
-        for other in (
-            Sourced(settings.nproc_per_node, env_var(f"{PREFIX}NPROC_PER_NODE"))
-            if settings.nproc_per_node is not None
-            else None,
-            reading.nproc_per_node,
-        ):
-            if other is not None and other.value != stated:
-                per_node = (
-                    f"{adopted.num_processes} processes on {reading.nnodes.value} nodes, "
-                    f"{stated} a node, "
-                    if adopted.kind == "accelerate"
-                    else ""
-                )
-                raise ConfigError(
-                    adopted.nproc_name,
-                    adopted.num_processes if adopted.kind == "accelerate" else stated,
-                    f"in your {adopted.line} line ({per_node}but {other.source} says "
-                    f"{other.value} a node)"
-                    if per_node
-                    else f"in your {adopted.line} line, but {other.source} says {other.value}",
-                    "Make them agree, or drop one of them",
-                )
+        _agrees(adopted, stated, settings, reading)
     if settings.nproc_per_node is not None:
         count = Sourced(settings.nproc_per_node, env_var(f"{PREFIX}NPROC_PER_NODE"))
     elif stated is not None:
@@ -255,6 +234,32 @@ def nproc(
         )
     sources["nproc_per_node"] = count.source
     return count.value
+
+
+def _agrees(adopted: Adopted, stated: int, settings: Settings, reading: Reading) -> None:
+    """The line's workers per node against ENTRYPOINT_NPROC_PER_NODE and the platform's."""
+    for other in (
+        Sourced(settings.nproc_per_node, env_var(f"{PREFIX}NPROC_PER_NODE"))
+        if settings.nproc_per_node is not None
+        else None,
+        reading.nproc_per_node,
+    ):
+        if other is not None and other.value != stated:
+            per_node = (
+                f"{adopted.num_processes} processes on {reading.nnodes.value} nodes, "
+                f"{stated} a node, "
+                if adopted.kind == "accelerate"
+                else ""
+            )
+            raise ConfigError(
+                adopted.nproc_name,
+                adopted.num_processes if adopted.kind == "accelerate" else stated,
+                f"in your {adopted.line} line ({per_node}but {other.source} says "
+                f"{other.value} a node)"
+                if per_node
+                else f"in your {adopted.line} line, but {other.source} says {other.value}",
+                "Make them agree, or drop one of them",
+            )
 
 
 def trainer(
