@@ -30,6 +30,8 @@ report = {
     "expected": world * (world + 1) / 2,
     "backend": backend,
     "env_world_size": int(os.environ["WORLD_SIZE"]),
+    "argv": sys.argv[1:],  # DeepSpeed's launcher's scripts get --local_rank=N here
+    "path0": sys.path[0],  # the script's directory, as `python script.py` has it
 }
 print("ALLREDUCE " + json.dumps(report), flush=True)
 out = os.environ.get("ALLREDUCE_OUT")

@@ -56,6 +56,19 @@ ACCELERATE_PLATFORM = ("num-machines", "machine-rank", "main-process-ip", "main-
                        "mpirun-hostfile")  # fmt: skip
 
 
+# DeepSpeed's launcher (`deepspeed`, deepspeed/launcher/runner.py, 0.19): its flags, checked
+# against its parser in the image (tests/image/test_users_code.py); every other option takes a
+# value. Run per node by the platform; the entrypoint's torchrun takes its place.
+DEEPSPEED_FLAGS = frozenset({"module", "no-python", "no-local-rank", "no-ssh", "no-ssh-check",
+                             "force-multi", "save-pid", "bind-cores-to-rank", "quiet"})  # fmt: skip
+DEEPSPEED_SHORT = {"-H": "hostfile", "-i": "include", "-e": "exclude", "-q": "quiet"}
+# DeepSpeed's own names for the workers per node, and the node count.
+DEEPSPEED_NAMES = {"num-gpus": "nproc-per-node", "num-accelerators": "nproc-per-node",
+                   "num-nodes": "nnodes"}  # fmt: skip
+# How the trainer gets `--local_rank=N` after its arguments, as DeepSpeed's launcher gives it.
+LOCAL_RANK_ARG = ("python", "-m", "entrypoint.trainer_side.local_rank_arg")
+
+
 @dataclass(frozen=True)
 class Adopted:
     """The user's launch line, read: the trainer as `entrypoint run` takes it, the workers per
@@ -105,6 +118,20 @@ def is_accelerate(command: Sequence[str]) -> int:
     return 0
 
 
+def is_deepspeed(command: Sequence[str]) -> int:
+    """How many words of `command` name DeepSpeed's launcher (`deepspeed`: 1, `python -m
+    deepspeed.launcher.runner`: 3), or 0."""
+    if command and os.path.basename(command[0]) == "deepspeed":
+        return 1
+    if (
+        command
+        and os.path.basename(command[0]).startswith("python")
+        and list(command[1:3]) == ["-m", "deepspeed.launcher.runner"]
+    ):
+        return 3
+    return 0
+
+
 def config_file(command: Sequence[str] | None) -> str | None:
     """The config file an accelerate launch line names (`--config_file`), for the edge to read."""
     skip = is_accelerate(command or ())
@@ -130,6 +157,9 @@ def read(
     if is_accelerate(command or ()):
         assert command is not None
         return _accelerate(command, config_text, nnodes)
+    if is_deepspeed(command or ()):
+        assert command is not None
+        return _deepspeed(command)
     skip = is_torchrun(command or ())
     if not skip:
         return None
@@ -334,3 +364,51 @@ def _config(path: str, text: str | None, line: str) -> dict[str, Any]:
             "Give accelerate's config file (`accelerate config` writes one)",
         )  # fmt: skip
     return loaded
+
+
+def _deepspeed(command: Sequence[str]) -> Adopted:
+    """`deepspeed [--num_gpus N] [--num_nodes N] ... train.py ARGS`: run by the entrypoint's
+    torchrun, the script given `--local_rank=N` as DeepSpeed's launcher gives it (unless
+    `--no_local_rank`)."""
+    line = "deepspeed"
+    words = list(command[is_deepspeed(command) :])
+    given: dict[str, str] = {}
+    while words and words[0].startswith("-"):
+        word = words.pop(0)
+        name, sep, value = word.partition("=")
+        name = DEEPSPEED_SHORT.get(name) or name.lstrip("-").replace("_", "-")
+        if name in DEEPSPEED_FLAGS:
+            given[name] = ""
+        elif sep:
+            given[name] = value
+        elif words:
+            given[name] = words.pop(0)
+        else:
+            raise ConfigError(word, None, f"in your {line} line takes a value", "Give it one")
+    if not words:
+        raise ConfigError("command", " ".join(command), f"your {line} line names no script",
+                          "Give the training script after the options")  # fmt: skip
+    script, args = words[0], words[1:]
+    if "no-python" in given:
+        trainer: tuple[str, ...] = (script, *args)
+    elif "module" in given:
+        trainer = ("python", "-m", script, *args)
+    else:
+        trainer = ("python", script, *args)
+    if "no-local-rank" not in given:
+        trainer = (*LOCAL_RANK_ARG, *trainer)
+    nproc = given.get("num-gpus", given.get("num-accelerators"))
+    if nproc is not None and not nproc.isdigit():
+        raise ConfigError("--num_gpus", nproc, f"in your {line} line is not a count",
+                          "Give a whole number, or drop it: one worker per GPU")  # fmt: skip
+    own = {"module", "no-python", "no-local-rank", "num-gpus", "num-accelerators", "quiet"}
+    return Adopted(
+        line=line,
+        trainer=trainer,
+        nproc_per_node=int(nproc) if nproc else None,
+        nnodes=given.get("num-nodes"),
+        replaced={k.replace("-", "_"): v for k, v in given.items() if k not in own},
+        kind="deepspeed",
+        nnodes_name="--num_nodes",
+        nproc_name="--num_gpus",
+    )

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from entrypoint.plan import configs, launch_lines, launchers, platforms, ports
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.facts import Facts
-from entrypoint.plan.launch_lines import Adopted
+from entrypoint.plan.launch_lines import LOCAL_RANK_ARG, Adopted
 from entrypoint.plan.launchers import Launcher, Layout
 from entrypoint.plan.platforms.base import Reading
 from entrypoint.plan.settings import PREFIX, Settings
@@ -159,6 +159,11 @@ def adopt(adopted: Adopted, reading: Reading, spawn: bool) -> list[str]:
             )
     else:
         notes = [f"your {adopted.line} line is run by the entrypoint's torchrun, on every node"]
+    if adopted.kind == "deepspeed" and adopted.trainer[: len(LOCAL_RANK_ARG)] == LOCAL_RANK_ARG:
+        notes.append(
+            "the script gets --local_rank=N after its arguments, as DeepSpeed's launcher "
+            "gives it (--no_local_rank: not)"
+        )
     notes += [said] if said else []
     if adopted.replaced:
         given = ", ".join(
@@ -170,7 +175,7 @@ def adopt(adopted: Adopted, reading: Reading, spawn: bool) -> list[str]:
             "node rank, master and rendezvous from the platform"
             + (
                 "; logs, restarts and signals its torchrun's)"
-                if adopted.kind == "torchrun"
+                if adopted.kind != "accelerate"
                 else ")"
             )
         )
@@ -278,7 +283,7 @@ def trainer(
     if command:
         sources["trainer"] = derived(
             f"your {adopted.line} line's script, run by the entrypoint's "
-            + ("torchrun" if adopted.kind == "torchrun" else "accelerate launch")
+            + ("torchrun" if adopted.kind != "accelerate" else "accelerate launch")
             if adopted
             else "command line after --"
         )

@@ -286,13 +286,31 @@ LAUNCH_LINES = {
         "python", "-m", "torch.distributed.run", "--nproc_per_node", "2",
         f"{WORKSPACE}/ddp_tutorial.py",
     ),
+    # DeepSpeed's getting-started line, run per node: its script reads --local_rank
+    "deepspeed": (
+        "deepspeed", "--num_gpus", "2", f"{WORKSPACE}/deepspeed_tutorial.py", "--deepspeed",
+        "--deepspeed_config", f"{WORKSPACE}/ds_config_tutorial.json",
+    ),
     # seed 004's line: a config file written for machine 0, its main_process_ip not this cluster's
     "accelerate launch": (
         "accelerate", "launch", "--config_file", f"{WORKSPACE}/accelerate_machine0.yaml",
         f"{WORKSPACE}/accelerate_quicktour.py",
     ),
 }  # fmt: skip
-SHAPE_OF_LINE = {"accelerate launch": "accelerate"}
+# DeepSpeed's getting started, launched by a user's `deepspeed` line (LAUNCH_LINES) only: it
+# reads --local_rank, which DeepSpeed's launcher gives
+DEEPSPEED_TUTORIAL = Trainer(
+    python("deepspeed_tutorial.py"),
+    re.compile(
+        r"deepspeed tutorial: rank (?P<rank>\d+) of (?P<world>\d+) local_rank \d+ took "
+        r"(?P<steps>\d+) steps \(weights checksum (?P<checksum>\S+)\)"
+    ),
+    check=same_weights,
+)
+TRAINER_OF_LINE = {
+    "accelerate launch": TRAINER_SHAPES["accelerate"],
+    "deepspeed": DEEPSPEED_TUTORIAL,
+}
 
 
 @pytest.mark.parametrize(
@@ -302,13 +320,14 @@ SHAPE_OF_LINE = {"accelerate launch": "accelerate"}
         ("python -m torch.distributed.run", "slurm"),
         ("torchrun", "pytorchjob"),
         ("accelerate launch", "commercial"),
+        ("deepspeed", "slurm"),
     ],
 )
 def test_a_users_launch_line_forms_one_world(docker_client, image, form, convention):
     """`entrypoint run -- torchrun --nproc-per-node=2 ddp_tutorial.py` on 2 node containers:
     the entrypoint adopts the line, and every rank trains in one world of 4. The same with
     `accelerate launch --config_file` and a file written for machine 0 of another cluster."""
-    trainer = TRAINER_SHAPES[SHAPE_OF_LINE.get(form, "ddp")]
+    trainer = TRAINER_OF_LINE.get(form, TRAINER_SHAPES["ddp"])
     with FaultyCluster(
         image, client=docker_client, echo=print, mounts={str(TRAINERS): WORKSPACE}
     ) as c:

@@ -141,3 +141,27 @@ def test_accelerates_flags_are_all_known(image):
         "print(json.dumps(flags))"
     )
     assert set(json.loads(out.strip().splitlines()[-1])) == launch_lines.ACCELERATE_FLAGS
+
+
+def test_deepspeeds_flags_are_all_known(image):
+    """The same for DeepSpeed's launcher (`deepspeed ...`): its parser, as the image has it."""
+    from entrypoint.plan import launch_lines
+
+    out = image.python(
+        "import argparse, json\n"
+        "from deepspeed.launcher import runner\n"
+        "seen = []\n"
+        "def grab(self, args=None, namespace=None):\n"
+        "    seen.append(self)\n"
+        "    raise SystemExit(0)\n"
+        "argparse.ArgumentParser.parse_args = grab\n"
+        "try:\n"
+        "    runner.parse_args([])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "flags = sorted(max(a.option_strings, key=len).lstrip('-').replace('_', '-')\n"
+        "    for a in seen[0]._actions\n"
+        "    if a.option_strings and a.nargs == 0 and not isinstance(a, argparse._HelpAction))\n"
+        "print(json.dumps(flags))"
+    )
+    assert set(json.loads(out.strip().splitlines()[-1])) == launch_lines.DEEPSPEED_FLAGS

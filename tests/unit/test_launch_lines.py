@@ -93,6 +93,7 @@ def test_a_line_that_disagrees_is_refused_in_one_line(line, env, says):
         "python -m torch.distributed.run --nproc_per_node 2 {check}",
         "torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d "
         "--rdzv-endpoint=10.9.9.9:29400 --rdzv-id=job1 {check}",
+        "deepspeed --num_gpus 2 --num_nodes 2 --master_addr 10.9.9.9 {check}",
     ],
 )
 def test_every_form_forms_one_world_across_two_nodes(tmp_path, line):
@@ -123,6 +124,12 @@ def test_every_form_forms_one_world_across_two_nodes(tmp_path, line):
     got = reports(tmp_path)
     assert [r["rank"] for r in got] == [0, 1, 2, 3]
     assert all(r["world_size"] == 4 and r["sum"] == 10.0 for r in got)
+    # DeepSpeed's launcher gives its scripts --local_rank=N; torchrun's get their arguments
+    local = [
+        [f"--local_rank={r['local_rank']}"] if line.startswith("deepspeed") else [] for r in got
+    ]
+    assert [r["argv"] for r in got] == local
+    assert all(r["path0"] == str(Path(CHECK).parent) for r in got)
 
 
 # Seed 004's file: written by `accelerate config` on machine 0 of two, 8 GPUs each.
@@ -210,3 +217,31 @@ def test_accelerate_line_forms_are_read():
     )
     # a --config_file after the script is the script's own
     assert launch_lines.config_file("accelerate launch t.py --config_file x".split()) is None
+
+
+@pytest.mark.parametrize(
+    ("line", "trainer", "nproc", "replaced"),
+    [
+        ("deepspeed --num_gpus 2 train.py --deepspeed_config ds.json",
+         (*launch_lines.LOCAL_RANK_ARG, "python", "train.py", "--deepspeed_config", "ds.json"),
+         2, {}),
+        ("deepspeed --hostfile=h -i localhost:0,1 --master_port 6000 --no_local_rank "
+         "--module pkg.t",
+         ("python", "-m", "pkg.t"), None,
+         {"hostfile": "h", "include": "localhost:0,1", "master_port": "6000"}),
+        ("python -m deepspeed.launcher.runner --no_python ./run.sh a",
+         (*launch_lines.LOCAL_RANK_ARG, "./run.sh", "a"), None, {}),
+    ],
+)  # fmt: skip
+def test_a_deepspeed_line_is_read(line, trainer, nproc, replaced):
+    adopted = launch_lines.read(line.split())
+    assert adopted is not None and adopted.kind == "deepspeed"
+    assert (adopted.trainer, adopted.nproc_per_node, adopted.replaced) == (trainer, nproc, replaced)
+
+
+def test_a_deepspeed_line_that_disagrees_is_refused_in_one_line():
+    with pytest.raises(ConfigError) as err:
+        make_plan(TWO_NODES, node(0), "deepspeed --num_nodes 3 t.py".split())
+    assert err.value.line().startswith(
+        "--num_nodes='3': in your deepspeed line, but the platform runs 2 nodes (env NNODES)"
+    )
