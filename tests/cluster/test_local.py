@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -106,6 +107,21 @@ def test_ctrl_c_removes_everything(image, docker_client):
     assert leftovers(docker_client, prefix) == []
 
 
+def handled(pid: int, number: int, seconds: float) -> None:
+    """Wait until process `pid` has a handler for signal `number` (SigCgt in /proc)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return  # gone: the test's own assertions say why
+        caught = int(next(x for x in status.splitlines() if x.startswith("SigCgt:")).split()[1], 16)
+        if caught & (1 << (number - 1)):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"no handler for signal {number} after {seconds:g} s")
+
+
 def local_leftovers(client) -> list[str]:
     """Every container and network an `entrypoint local` made (their label's value `local-...`)."""
     containers = client.containers.list(all=True, filters={"label": LABEL})
@@ -145,6 +161,10 @@ def test_a_signal_at_any_instant_under_load_removes_everything(
     )  # fmt: skip
     lines: list[str] = []
     try:
+        # A signal the parent ignored is lost until the interpreter sets its handler (its first
+        # lines, entrypoint/__main__.py); under load the interpreter's own start can take longer
+        # than `delay`: the instant before anything exists is timed from the handler.
+        handled(proc.pid, number, 60)
         if after is not None:
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline:
