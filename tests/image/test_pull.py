@@ -128,4 +128,3 @@ def test_containerd_pulls_the_split_image_and_runs_it(pushed, image):
         proc = node.ctr("run", "--rm", ref, "pull-test", "entrypoint", "--version", timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.startswith("entrypoint "), proc.stdout
-
