@@ -106,6 +106,36 @@ def test_a_pause_shorter_than_the_timeout_raises_nothing_and_equal_ranks_are_not
     assert "has not stepped" not in job.log(0) and "is slow" not in job.log(0)
 
 
+def test_an_evaluation_longer_than_the_timeout_is_no_hang_and_one_that_hangs_is_named(tmp_path):
+    """Every rank evaluates for 3 times the hang timeout (model.eval(), forward passes without
+    gradients, an all-reduce each batch; no optimizer step): no hang, both nodes finish. Then the
+    same evaluation with rank 2 asleep in it: caught and named, exit 124."""
+    (tmp_path / "long").mkdir()
+    (tmp_path / "hung").mkdir()
+    long = Job(
+        tmp_path / "long",
+        ENTRYPOINT_HANG_TIMEOUT="4",
+        HANG_KIND="evaluate",
+        HANG_STEP="20",
+        HANG_SECONDS="12",
+        STEPS="40",
+    )
+    assert long.wait(120) == [0, 0], long.log(0)[-3000:]
+    assert "has not stepped" not in long.log(0)
+    hung = Job(
+        tmp_path / "hung",
+        ENTRYPOINT_HANG_TIMEOUT="4",
+        HANG_KIND="evaluate",
+        HANG_RANK="2",
+        HANG_STEP="20",
+        HANG_SECONDS="12",
+        STEPS="40",
+    )
+    assert hung.wait(120) == [124, 124], hung.log(0)[-3000:]
+    line = next(x for x in hung.log(0).splitlines() if "stopping every node (exit 124)" in x)
+    assert "rank 2 on node 1" in line and "hang_trainer.py" in line, line
+
+
 def test_a_rank_every_step_waits_for_is_named_slow_in_the_log_and_metrics(tmp_path):
     job = Job(
         tmp_path,
