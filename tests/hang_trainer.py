@@ -6,7 +6,8 @@ HANG_KIND: sleep (it sleeps for an hour, outside any collective), recv (it waits
 `dist.recv` nobody sends), pause (it sleeps HANG_SECONDS, then goes on), slow (it sleeps
 HANG_SECONDS before every forward from HANG_STEP on), evaluate (at HANG_STEP every rank
 evaluates for HANG_SECONDS, as a Trainer does: `model.eval()`, forward passes without gradients
-and an all-reduce of the loss, then trains on; HANG_RANK, if any, sleeps for an hour inside it);
+and an all-reduce of the loss, then trains on; 10 steps later again, and HANG_RANK, if any,
+sleeps for an hour inside that second evaluation);
 STEPS: steps in all (default 200); STEP_SECONDS: every rank's own work a step (default 0.05).
 """
 
@@ -59,6 +60,9 @@ def main():
     print(f"rank {rank} training", flush=True)
     for step in range(steps):
         if kind == "evaluate" and step == hang_step:
+            evaluate(model, loss_fn, seconds, work, hang=False)
+            print(f"rank {rank} evaluated", flush=True)
+        if kind == "evaluate" and step == hang_step + 10:
             evaluate(model, loss_fn, seconds, work, hang=rank == hang_rank)
         if rank == hang_rank and step == hang_step:
             if kind == "sleep":

@@ -89,8 +89,7 @@ def test_a_line_that_disagrees_is_refused_in_one_line(line, env, says):
 @pytest.mark.parametrize(
     "line",
     [
-        "torchrun --nproc-per-node=2 {check}",
-        "python -m torch.distributed.run --nproc_per_node 2 {check}",
+        # (torchrun's and python -m torch.distributed.run's plain lines: in the compat suite)
         "torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d "
         "--rdzv-endpoint=10.9.9.9:29400 --rdzv-id=job1 {check}",
         "deepspeed --num_gpus 2 --num_nodes 2 --master_addr 10.9.9.9 {check}",
