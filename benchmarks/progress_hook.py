@@ -8,7 +8,10 @@ socket and reading on its own thread, as under `entrypoint run`:
   call sending (the worst case: steps slower than SEND_EVERY);
 - a real torch optimizer step (SGD on a 10x10 model) with the hook registered and without it,
   the difference per step;
-- allocations: tracemalloc's traced memory before and after 200,000 hooked steps.
+- allocations: tracemalloc's traced memory before and after 200,000 hooked steps;
+- `model.train()` on a model of 1,000 modules (the Hugging Face Trainer calls it every step),
+  bare and with the site hook's `Module.train` (which watches evaluations), and a training
+  forward pass after an evaluation (the watch's hooks removed) against one never evaluated.
 Prints figures; asserts nothing.
 
     python benchmarks/progress_hook.py [--steps 200000]
@@ -67,6 +70,41 @@ def torch_step_cost(n: int, install) -> tuple[float, float]:
     return before, hooked
 
 
+def _median_us(fn, n: int) -> float:
+    rounds = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        rounds.append((time.perf_counter() - start) / n * 1e6)
+    return statistics.median(rounds)
+
+
+def _model():
+    import torch
+
+    return torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(1000)))
+
+
+def train_call_cost() -> float:
+    """µs of one `model.train()` on 1,000 modules."""
+    return _median_us(_model().train, 200)
+
+
+def forward_after_evaluation() -> tuple[float, float]:
+    """(µs, µs): a training forward of 1,000 modules never evaluated, and after an evaluation."""
+    import torch
+
+    x = torch.randn(2, 4)
+    never, evaluated = _model(), _model()
+    evaluated.eval()
+    with torch.no_grad():
+        evaluated(x)
+    evaluated.train()
+    evaluated(x)  # the first forward in training removes the watch's hooks
+    return _median_us(lambda: never(x), 50), _median_us(lambda: evaluated(x), 50)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200_000)
@@ -76,13 +114,24 @@ def main() -> None:
         env = inbox.env() | {"RANK": "0", "LOCAL_RANK": "0"}
         os.environ.update(env)
         try:
+            train_bare = train_call_cost()
             without, with_hook = torch_step_cost(20_000, lambda: progress.install(env))
+            train_hooked = train_call_cost()
+            never, evaluated = forward_after_evaluation()
         except ImportError:
             print("torch not installed: no optimizer-step figure")
         else:
             print(
                 f"torch SGD step (10x10): {without:.2f} µs bare, {with_hook:.2f} µs hooked, "
                 f"{with_hook - without:+.2f} µs a step"
+            )
+            print(
+                f"model.train() on 1,000 modules: {train_bare:.0f} µs bare, {train_hooked:.0f} "
+                f"µs hooked ({train_hooked - train_bare:+.0f} µs a call)"
+            )
+            print(
+                f"training forward of 1,000 modules: {never:.0f} µs never evaluated, "
+                f"{evaluated:.0f} µs after an evaluation ({evaluated - never:+.0f} µs)"
             )
         progress.install(env)
         reporter = progress._reporter

@@ -4,7 +4,10 @@ user's trainer does: nothing of this project is imported.
 HANG_RANK, HANG_STEP: which rank, at which step;
 HANG_KIND: sleep (it sleeps for an hour, outside any collective), recv (it waits in a
 `dist.recv` nobody sends), pause (it sleeps HANG_SECONDS, then goes on), slow (it sleeps
-HANG_SECONDS before every forward from HANG_STEP on);
+HANG_SECONDS before every forward from HANG_STEP on), evaluate (at HANG_STEP every rank
+evaluates for HANG_SECONDS, as a Trainer does: `model.eval()`, forward passes without gradients
+and an all-reduce of the loss, then trains on; 10 steps later again, and HANG_RANK, if any,
+sleeps for an hour inside that second evaluation);
 STEPS: steps in all (default 200); STEP_SECONDS: every rank's own work a step (default 0.05).
 """
 
@@ -29,6 +32,19 @@ class ToyModel(nn.Module):
         return self.net2(self.relu(self.net1(x)))
 
 
+def evaluate(model, loss_fn, seconds, work, hang):
+    model.eval()
+    total, end = torch.zeros(1), time.monotonic() + seconds
+    with torch.no_grad():
+        while time.monotonic() < end:
+            if hang:
+                time.sleep(3600)
+            time.sleep(work)
+            total += loss_fn(model(torch.randn(20, 10)), torch.randn(20, 5))
+            dist.all_reduce(total)
+    model.train()
+
+
 def main():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -43,6 +59,11 @@ def main():
     optimizer = optim.SGD(model.parameters(), lr=0.001)
     print(f"rank {rank} training", flush=True)
     for step in range(steps):
+        if kind == "evaluate" and step == hang_step:
+            evaluate(model, loss_fn, seconds, work, hang=False)
+            print(f"rank {rank} evaluated", flush=True)
+        if kind == "evaluate" and step == hang_step + 10:
+            evaluate(model, loss_fn, seconds, work, hang=rank == hang_rank)
         if rank == hang_rank and step == hang_step:
             if kind == "sleep":
                 time.sleep(3600)

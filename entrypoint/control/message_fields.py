@@ -188,26 +188,30 @@ MAX_FRAMES = 40  # frames of one rank's stack sent to node 0
 
 
 def check_ranks(raw: Any) -> tuple[tuple, ...] | None:
-    """A beat's ranks: [rank, steps, age, lead or null, longest, saving] each."""
+    """A beat's ranks: [rank, steps, age, lead or null, longest, saving(, evaluated)] each:
+    `evaluated`, seconds since the rank's last forward pass in evaluation, only when it ran
+    one."""
     if raw is None:
         return None
     if type(raw) is not list or len(raw) > MAX_RANKS:
         raise BadMessage(f"ranks must be a list of at most {MAX_RANKS}")
     out = []
     for r in raw:
-        if type(r) is not list or len(r) != 6:
-            raise BadMessage("each of ranks must be a list of 6")
-        fields = dict(zip(("rank", "steps", "age", "lead", "longest", "saving"), r, strict=True))
-        out.append(
-            (
-                int_field(fields, "rank", -1, 1 << 30),
-                int_field(fields, "steps", 0, 1 << 62),
-                max(0.0, float_field(fields, "age")),
-                None if fields["lead"] is None else max(0.0, float_field(fields, "lead")),
-                max(0.0, float_field(fields, "longest")),
-                int_field(fields, "saving", 0, 1),
-            )
+        if type(r) is not list or len(r) not in (6, 7):
+            raise BadMessage("each of ranks must be a list of 6 or 7")
+        names = ("rank", "steps", "age", "lead", "longest", "saving", "evaluated")
+        fields = dict(zip(names, r, strict=False))
+        checked: tuple = (
+            int_field(fields, "rank", -1, 1 << 30),
+            int_field(fields, "steps", 0, 1 << 62),
+            max(0.0, float_field(fields, "age")),
+            None if fields["lead"] is None else max(0.0, float_field(fields, "lead")),
+            max(0.0, float_field(fields, "longest")),
+            int_field(fields, "saving", 0, 1),
         )
+        if len(r) == 7:
+            checked += (max(0.0, float_field(fields, "evaluated")),)
+        out.append(checked)
     return tuple(out)
 
 

@@ -124,7 +124,10 @@ class Beat(Message):
         return cls(check_stats(raw.get("stats")), check_ranks(raw.get("ranks")))
 
     def reports(self) -> list[RankReport]:
-        return [RankReport(r[0], r[1], r[2], r[3], r[4], bool(r[5])) for r in self.ranks or ()]
+        return [
+            RankReport(r[0], r[1], r[2], r[3], r[4], bool(r[5]), r[6] if len(r) > 6 else None)
+            for r in self.ranks or ()
+        ]
 
 
 @dataclass(frozen=True)

@@ -43,10 +43,13 @@ class RankReport:
     lead: float | None  # mean seconds a step before backward since the last beat; None: unknown
     longest: float  # longest step interval since the last beat (0: none)
     saving: bool = False
+    # seconds since its last forward pass in evaluation (None: none since its first step)
+    evaluated: float | None = None
 
     def to_wire(self) -> list:
-        return [self.rank, self.steps, round(self.age, 3), self.lead, round(self.longest, 4),
+        wire = [self.rank, self.steps, round(self.age, 3), self.lead, round(self.longest, 4),
                 int(self.saving)]  # fmt: skip
+        return wire if self.evaluated is None else [*wire, round(self.evaluated, 3)]
 
 
 @dataclass
@@ -55,6 +58,7 @@ class RankState:
     rank: int
     steps: int = 0
     last_step: float = 0.0  # node 0's monotonic time
+    last_active: float = 0.0  # its last step or forward pass in evaluation, node 0's time
     saving: bool = False
     interval: float | None = None  # mean step interval, from the steps between two beats
     leads: deque = field(default_factory=lambda: deque(maxlen=64))  # (now, mean lead)
@@ -110,6 +114,8 @@ class JobProgress:
                 state.last_step = now - r.age
                 if self.first_step is None:
                     self.first_step = state.last_step
+            evaluated = now - r.evaluated if r.evaluated is not None else 0.0
+            state.last_active = max(state.last_step, evaluated)
             if state._prev is not None and r.steps > state._prev[1]:
                 state.interval = (state.last_step - state._prev[0]) / (r.steps - state._prev[1])
             state._prev = (state.last_step, r.steps)
@@ -136,13 +142,14 @@ class JobProgress:
         return bool(stepping) and all(s.steps >= WARMUP_STEPS for s in stepping)
 
     def stalled(self, now: float, seconds: float) -> float | None:
-        """Seconds since the job's last step, when every rank that stepped has been still for
-        longer than `seconds` and none is saving; else None."""
+        """Seconds since the job's last step, when every rank that stepped has been still (no
+        step, no forward pass in evaluation) for longer than `seconds` and none is saving;
+        else None."""
         stepping = [s for s in self.ranks.values() if s.steps]
         if seconds <= 0 or not stepping or any(s.saving for s in self.ranks.values()):
             return None
-        silent = now - max(s.last_step for s in stepping)
-        oldest = now - min(s.last_step for s in stepping)
+        silent = now - max(s.last_active for s in stepping)
+        oldest = now - min(s.last_active for s in stepping)
         return oldest if silent > seconds else None
 
     def tick(self, now: float, heartbeat: float) -> None:

@@ -165,39 +165,9 @@ def read(
         return None
     assert command is not None
     line = "torchrun" if skip == 1 else "python -m torch.distributed.run"
-    given: dict[str, str] = {}
     words = list(command[skip:])
-    while words and words[0].startswith("-"):
-        word = words.pop(0)
-        name, sep, value = word.partition("=")
-        name = SHORT.get(name) or name.lstrip("-").replace("_", "-")
-        if name in FLAGS and not sep:
-            given[name] = ""
-        elif name in VALUED:
-            if not sep:
-                if not words:
-                    raise ConfigError(
-                        word, None, f"in your {line} line takes a value", "Give it one"
-                    )
-                value = words.pop(0)
-            given[name] = value
-        else:
-            raise ConfigError(
-                "launch line",
-                word,
-                f"is not an option {line} knows",
-                f"Check the spelling in your launch line (`{line} --help`)",
-            )
-    if not words:
-        raise ConfigError("command", " ".join(command), f"your {line} line names no script",
-                          "Give the training script after the options")  # fmt: skip
-    script, args = words[0], words[1:]
-    if "no-python" in given:
-        trainer = (script, *args)
-    elif "module" in given:
-        trainer = ("python", "-m", script, *args)
-    else:
-        trainer = ("python", script, *args)
+    given = {name: value for name, value, _ in _options(words, line, FLAGS, SHORT, VALUED)}
+    trainer = _script(words, given, command, line)
     nproc = given.get("nproc-per-node")
     return Adopted(
         line=line,
@@ -207,6 +177,55 @@ def read(
         replaced={k: given[k] for k in PLATFORM if k in given}
         | {k: v for k, v in given.items() if k not in PLATFORM and k not in KEPT},
     )
+
+
+def _options(
+    words: list[str],
+    line: str,
+    flags: frozenset[str],
+    short: dict[str, str],
+    valued: frozenset[str] | None = None,
+) -> list[tuple[str, str, list[str]]]:
+    """The options before the script, taken off `words`: (name, value or "" for a flag, the
+    words as written) each, names spelled with dashes. With `valued`, an option in neither
+    list is refused (torchrun's); without, every option not a flag takes a value."""
+    out = []
+    while words and words[0].startswith("-"):
+        word = words.pop(0)
+        name, sep, value = word.partition("=")
+        name = short.get(name) or name.lstrip("-").replace("_", "-")
+        if name in flags and not sep:
+            out.append((name, "", [word]))
+        elif valued is not None and name not in valued:
+            raise ConfigError(
+                "launch line",
+                word,
+                f"is not an option {line} knows",
+                f"Check the spelling in your launch line (`{line} --help`)",
+            )
+        elif sep:
+            out.append((name, value, [word]))
+        elif words:
+            out.append((name, words[0], [word, words.pop(0)]))
+        else:
+            raise ConfigError(word, None, f"in your {line} line takes a value", "Give it one")
+    return out
+
+
+def _script(
+    words: list[str], given: Mapping[str, str], command: Sequence[str], line: str
+) -> tuple[str, ...]:
+    """The trainer as `entrypoint run` takes it: the script and its arguments, run as the line
+    runs it (`--module`, `--no-python`)."""
+    if not words:
+        raise ConfigError("command", " ".join(command), f"your {line} line names no script",
+                          "Give the training script after the options")  # fmt: skip
+    script, args = words[0], words[1:]
+    if "no-python" in given:
+        return (script, *args)
+    if "module" in given:
+        return ("python", "-m", script, *args)
+    return ("python", script, *args)
 
 
 # The line's own, kept: how the script runs and the workers per node (the others are the
@@ -244,37 +263,15 @@ def check_nodes(adopted: Adopted, nnodes: int, source: str) -> str | None:
     )
 
 
-def _accelerate_options(words: list[str], line: str) -> tuple[dict[str, str], list[str]]:
-    """The options before the script, taken off `words`: {option: value ("" for a flag)}, and
-    the words of those the line keeps (the platform's, the config file and the process count
-    are the entrypoint's)."""
-    given: dict[str, str] = {}
-    kept: list[str] = []
-    while words and words[0].startswith("-"):
-        word = words.pop(0)
-        name, sep, value = word.partition("=")
-        name = ACCELERATE_SHORT.get(name) or name.lstrip("-").replace("_", "-")
-        if name in ACCELERATE_FLAGS:
-            given[name], taken = "", [word]
-        elif sep:
-            given[name], taken = value, [word]
-        elif words:
-            given[name] = words[0]
-            taken = [word, words.pop(0)]
-        else:
-            raise ConfigError(word, None, f"in your {line} line takes a value", "Give it one")
-        if name not in ACCELERATE_PLATFORM and name not in ("config-file", "num-processes"):
-            kept += taken
-    return given, kept
-
-
 def _accelerate(command: Sequence[str], config_text: str | None, nnodes: int) -> Adopted:
     line = "accelerate launch"
     words = list(command[is_accelerate(command) :])
-    given, kept = _accelerate_options(words, line)
-    if not words:
-        raise ConfigError("command", " ".join(command), f"your {line} line names no script",
-                          "Give the training script after the options")  # fmt: skip
+    options = _options(words, line, ACCELERATE_FLAGS, ACCELERATE_SHORT)
+    given = {name: value for name, value, _ in options}
+    # the platform's, the config file and the process count are the entrypoint's to write
+    own = {*ACCELERATE_PLATFORM, "config-file", "num-processes", "module", "no-python"}
+    kept = [w for name, _, written in options if name not in own for w in written]
+    trainer = _script(words, given, command, line)
     path = given.get("config-file")
     config = _config(path, config_text, line) if path else {}
     where = path or ""
@@ -300,14 +297,6 @@ def _accelerate(command: Sequence[str], config_text: str | None, nnodes: int) ->
                 "same_network", "deepspeed_hostfile", "mpirun_hostfile"):  # fmt: skip
         if key in config and key.replace("_", "-") not in replaced:
             replaced[f"{key} in {path}"] = str(config[key])
-    script, args = words[0], words[1:]
-    if "no-python" in given:
-        trainer = (script, *args)
-    elif "module" in given:
-        trainer = ("python", "-m", script, *args)
-    else:
-        trainer = ("python", script, *args)
-    kept = [w for w in kept if w not in ("-m", "--module", "--no_python", "--no-python")]
     return Adopted(
         line=line,
         trainer=trainer,
@@ -372,29 +361,8 @@ def _deepspeed(command: Sequence[str]) -> Adopted:
     `--no_local_rank`)."""
     line = "deepspeed"
     words = list(command[is_deepspeed(command) :])
-    given: dict[str, str] = {}
-    while words and words[0].startswith("-"):
-        word = words.pop(0)
-        name, sep, value = word.partition("=")
-        name = DEEPSPEED_SHORT.get(name) or name.lstrip("-").replace("_", "-")
-        if name in DEEPSPEED_FLAGS:
-            given[name] = ""
-        elif sep:
-            given[name] = value
-        elif words:
-            given[name] = words.pop(0)
-        else:
-            raise ConfigError(word, None, f"in your {line} line takes a value", "Give it one")
-    if not words:
-        raise ConfigError("command", " ".join(command), f"your {line} line names no script",
-                          "Give the training script after the options")  # fmt: skip
-    script, args = words[0], words[1:]
-    if "no-python" in given:
-        trainer: tuple[str, ...] = (script, *args)
-    elif "module" in given:
-        trainer = ("python", "-m", script, *args)
-    else:
-        trainer = ("python", script, *args)
+    given = {n: v for n, v, _ in _options(words, line, DEEPSPEED_FLAGS, DEEPSPEED_SHORT)}
+    trainer = _script(words, given, command, line)
     if "no-local-rank" not in given:
         trainer = (*LOCAL_RANK_ARG, *trainer)
     nproc = given.get("num-gpus", given.get("num-accelerators"))

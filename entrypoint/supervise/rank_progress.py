@@ -40,6 +40,7 @@ class Rank:
     leads: int = 0
     longest: float = 0.0
     saving: bool = False
+    active: float = 0.0  # CLOCK_MONOTONIC of its last forward pass in evaluation (0: none)
 
 
 class Inbox:
@@ -79,14 +80,14 @@ class Inbox:
                 self._take(WIRE.unpack(data))
 
     def _take(self, fields: tuple) -> None:
-        version, rank, local, pid, steps, last, lead_sum, leads, longest, saving = fields
+        version, rank, local, pid, steps, last, lead_sum, leads, longest, saving, active = fields
         if version != VERSION:
             return
         with self.lock:
             r = self.ranks.get(rank)
             if r is None or r.pid != pid:
                 r = self.ranks[rank] = Rank(rank, local, pid)
-            r.steps, r.last_step, r.saving = steps, last, bool(saving)
+            r.steps, r.last_step, r.saving, r.active = steps, last, bool(saving), active
             r.lead_sum += lead_sum
             r.leads += leads
             r.longest = max(r.longest, longest)
@@ -103,7 +104,9 @@ class Inbox:
                 r = self.ranks[rank]
                 lead = round(r.lead_sum / r.leads, 5) if r.leads else None
                 age = max(0.0, now - r.last_step) if r.steps else 0.0
-                out.append(RankReport(rank, r.steps, age, lead, r.longest, r.saving).to_wire())
+                evaluated = max(0.0, now - r.active) if r.steps and r.active else None
+                report = RankReport(rank, r.steps, age, lead, r.longest, r.saving, evaluated)
+                out.append(report.to_wire())
                 r.lead_sum, r.leads, r.longest = 0.0, 0, 0.0
         return out
 

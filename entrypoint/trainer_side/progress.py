@@ -6,7 +6,13 @@ optimizer step of every `torch.optim.Optimizer` (DDP, FSDP, DeepSpeed's optimize
 Face Trainer, accelerate, Lightning all step one), and `torch.autograd.backward` is timed from the
 last step: the time before backward is the rank's own work (data loading, forward), the time in
 backward includes the wait for the slowest rank's gradients. `torch.save`, torch's distributed
-checkpoint and DeepSpeed's `save_checkpoint` say while they save, so that a long save is not a hang.
+checkpoint, DeepSpeed's `save_checkpoint` and safetensors' `save_file`/`save_model` (the Hugging
+Face Trainer's weights) say while they save, so that a long save is not a hang. An evaluation is
+not one either: once a model is put in eval mode (`model.eval()`, as the Hugging Face Trainer,
+Lightning and most loops do), each forward pass of it or of its direct children counts as
+progress (not as a step: the hang clock starts again, the step figures stay the training's). The
+hooks go once the model is back in training (the first forward in train mode, or with gradients,
+removes them): training pays nothing for them.
 
 A trainer without a torch optimizer (JAX) calls `step()` (re-exported as
 `entrypoint.progress.step`) once a step.
@@ -32,6 +38,7 @@ import struct
 import sys
 import threading
 import time
+import weakref
 from types import ModuleType
 from typing import IO, Any
 
@@ -41,12 +48,14 @@ SOCKET_VARIABLE = "ENTRYPOINT_PROGRESS_SOCKET"  # "@name": the abstract socket \
 STACKS_VARIABLE = "ENTRYPOINT_STACKS_DIR"
 DUMP_SIGNAL = signal.SIGRTMIN + 6  # 40 on Linux: glibc keeps the first few, nobody uses this one
 SEND_EVERY = 0.05  # seconds: at most 20 reports a second from a rank
+ACTIVE_EVERY = 1.0  # seconds: at most one report a second from forward passes in evaluation
 
 # One report: version, rank, local rank, pid, steps, the last step's time (CLOCK_MONOTONIC,
 # shared by every process of the machine), the time before backward summed over `leads` steps,
-# the longest step interval, both since the last report, and whether the rank is saving.
-WIRE = struct.Struct("<BiiiqddIdB")
-VERSION = 1
+# the longest step interval, both since the last report, whether the rank is saving, and the
+# time of its last forward pass in evaluation (0: none since its first step).
+WIRE = struct.Struct("<BiiiqddIdBd")
+VERSION = 2
 
 
 class Reporter:
@@ -62,6 +71,7 @@ class Reporter:
         self.last_sent = -1.0
         self.lead_sum, self.leads = 0.0, 0
         self.longest = 0.0
+        self.active_at = 0.0  # the last forward pass in evaluation
         self.saving = 0  # nested saves (DeepSpeed's save calls torch.save)
         self.rank = self.local_rank = -1
         self.stack_file: IO[str] | None = None
@@ -77,6 +87,16 @@ class Reporter:
         self.steps += 1
         self.last_step = now
         if now - self.last_sent >= SEND_EVERY:
+            self.send(now)
+
+    def active(self) -> None:
+        """A forward pass in evaluation: progress, not a step (the hang clock starts again; the
+        steps, their intervals and the time before backward stay the training's)."""
+        if not self.steps:
+            return
+        now = self.clock()
+        self.active_at = now
+        if now - self.last_sent >= ACTIVE_EVERY:
             self.send(now)
 
     def backward_started(self) -> None:
@@ -105,6 +125,7 @@ class Reporter:
             self.leads,
             self.longest,
             1 if self.saving else 0,
+            self.active_at,
         )
         try:
             self.sock.send(data)
@@ -222,8 +243,64 @@ def _on_torch(torch: ModuleType) -> None:
         optimizer.register_optimizer_step_post_hook(_on_optimizer_step)
         torch.autograd.backward = _timed_backward(torch.autograd.backward)
         torch.save = _saving(torch.save)  # type: ignore[attr-defined]
+        torch.nn.Module.train = _watching_eval(torch.nn.Module.train)
     except Exception as err:  # noqa: BLE001 - never stop the trainer
         print(f"entrypoint: progress hook: {type(err).__name__}: {err}", file=sys.stderr)
+
+
+# The modules whose forward passes are watched while in eval mode, and their hooks' handles.
+_watched: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_switching = threading.local()  # inside a module's train(mode): its children's calls pass
+
+
+def _watching_eval(function):
+    """`Module.train`, which after `train(False)` (`eval()`: DeepSpeed's engine calls its
+    module's `train(False)` itself) watches the module's forward passes and its direct
+    children's (a Lightning `validation_step` calls a child: `self.encoder(x)`), until the
+    module trains again. The children's own calls, inside their parent's, pass straight on."""
+    if getattr(function, "_entrypoint_eval", False):
+        return function
+
+    def train(self, mode=True):
+        if getattr(_switching, "on", False):
+            return function(self, mode)
+        _switching.on = True
+        try:
+            out = function(self, mode)
+        finally:
+            _switching.on = False
+        if not mode and _reporter is not None:
+            try:
+                for module in (self, *self.children()):
+                    if module not in _watched:
+                        _watched[module] = module.register_forward_hook(_eval_forward)
+            except Exception:  # noqa: BLE001, S110 - never stop the trainer
+                pass
+        return out
+
+    train._entrypoint_eval = True  # type: ignore[attr-defined]
+    train.__wrapped__ = function  # type: ignore[attr-defined]
+    train.__doc__ = getattr(function, "__doc__", None)
+    return train
+
+
+def _eval_forward(module, _args, _output) -> None:
+    grad: Any = sys.modules.get("torch")
+    # Training again, or a module kept in eval mode inside training (a frozen BatchNorm): the
+    # hook goes, training pays nothing for it. An evaluation runs without gradients.
+    if module.training or (grad is not None and grad.is_grad_enabled()):
+        handle = _watched.pop(module, None)
+        if handle is not None:
+            handle.remove()
+        return
+    if _reporter is not None:
+        _reporter.active()
+
+
+def _on_safetensors(module: ModuleType) -> None:
+    for name in ("save_file", "save_model"):
+        if hasattr(module, name):
+            setattr(module, name, _saving(getattr(module, name)))
 
 
 def _on_checkpoint(module: ModuleType) -> None:
@@ -248,3 +325,4 @@ def install(env: os._Environ | dict[str, str] = os.environ) -> None:
     when_imported("torch", _on_torch)
     when_imported("torch.distributed.checkpoint", _on_checkpoint)
     when_imported("deepspeed.runtime.engine", _on_deepspeed_engine)
+    when_imported("safetensors.torch", _on_safetensors)

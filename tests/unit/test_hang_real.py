@@ -6,6 +6,7 @@ learned timeout ends the job within 10 minutes; a rank every step waits for is n
 the log and in /metrics. The same across containers: tests/cluster/test_ranks.py."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -104,6 +105,26 @@ def test_a_pause_shorter_than_the_timeout_raises_nothing_and_equal_ranks_are_not
     )
     assert job.wait(180) == [0, 0], job.log(0)[-3000:]
     assert "has not stepped" not in job.log(0) and "is slow" not in job.log(0)
+
+
+def test_an_evaluation_longer_than_the_timeout_is_no_hang_and_one_that_hangs_is_named(tmp_path):
+    """Every rank evaluates for 3 times the hang timeout (model.eval(), forward passes without
+    gradients, an all-reduce each batch; no optimizer step) and trains on: no hang. 10 steps
+    later the same evaluation with rank 2 asleep in it: caught and named, exit 124."""
+    job = Job(
+        tmp_path,
+        ENTRYPOINT_HANG_TIMEOUT="4",
+        HANG_KIND="evaluate",
+        HANG_RANK="2",
+        HANG_STEP="20",
+        HANG_SECONDS="12",
+        STEPS="60",
+    )
+    assert job.wait(120) == [124, 124], job.log(0)[-3000:]
+    logs = job.log(0) + job.log(1)
+    assert sorted(re.findall(r"rank (\d) evaluated", logs)) == ["0", "1", "2", "3"], logs[-3000:]
+    (line,) = [x for x in job.log(0).splitlines() if "stopping every node (exit 124)" in x]
+    assert "rank 2 on node 1" in line and "hang_trainer.py" in line, line
 
 
 def test_a_rank_every_step_waits_for_is_named_slow_in_the_log_and_metrics(tmp_path):

@@ -89,11 +89,13 @@ def test_a_line_that_disagrees_is_refused_in_one_line(line, env, says):
 @pytest.mark.parametrize(
     "line",
     [
-        "torchrun --nproc-per-node=2 {check}",
-        "python -m torch.distributed.run --nproc_per_node 2 {check}",
+        # (torchrun's and python -m torch.distributed.run's plain lines: in the compat suite)
         "torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d "
         "--rdzv-endpoint=10.9.9.9:29400 --rdzv-id=job1 {check}",
         "deepspeed --num_gpus 2 --num_nodes 2 --master_addr 10.9.9.9 {check}",
+        # seed 003's line, as its sbatch wrote it for node 0, run as is on both nodes
+        "python -m torch.distributed.run --nproc_per_node 2 --nnodes 2 --node_rank 0 "
+        "--master_addr 10.0.0.9 --master_port 29500 {check}",
     ],
 )
 def test_every_form_forms_one_world_across_two_nodes(tmp_path, line):

@@ -84,6 +84,20 @@ def test_stalled_only_when_every_rank_is_still_and_none_saves():
     assert p.stalled(500.0, 0) is None  # 0: off
 
 
+def test_an_evaluation_is_progress_not_a_hang():
+    """Ranks that evaluate (forward passes in eval mode, no optimizer step) for longer than the
+    hang timeout are not stalled while their forward passes go on; once those stop too, they
+    are."""
+    p = JobProgress()
+    p.beat(0, [RankReport(0, 20, 0.0, 0.01, 0.05), RankReport(1, 20, 0.0, 0.01, 0.05)], 100.0)
+    # at 150 s: no step for 50 s, the last forward pass in evaluation 1 s ago on both
+    p.beat(0, [RankReport(0, 20, 50.0, None, 0, False, 1.0),
+               RankReport(1, 20, 50.0, None, 0, False, 1.0)], 150.0)  # fmt: skip
+    assert p.stalled(155.0, 10) is None
+    assert p.stalled(165.0, 10) == pytest.approx(16.0)  # the evaluation stopped too
+    assert p.ranks[(0, 0)].steps == 20  # not steps: the step figures stay the training's
+
+
 def test_a_rank_that_ended_is_no_longer_watched():
     p = JobProgress()
     p.beat(1, [RankReport(2, 5, 0, None, 0), RankReport(3, 5, 0, None, 0)], 10.0)
@@ -295,6 +309,66 @@ def test_the_site_hook_reports_steps_saves_and_its_stack(tmp_path):
             and top[3]
             == "time.sleep(60)  # waiting here: the test asks for its stack"[: len(top[3])]
         )
+    finally:
+        proc.kill()
+        proc.wait()
+        inbox.close()
+
+
+EVALUATOR = textwrap.dedent(
+    """
+    import sys, time, torch
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    def train(steps):
+        model.train()
+        model[1].eval()  # a frozen BatchNorm, kept in eval mode while training
+        for _ in range(steps):
+            model(torch.randn(8, 4)).sum().backward()
+            opt.step()
+    from entrypoint.trainer_side import progress
+    train(5)
+    print("trained", len(progress._watched), flush=True)
+    model.eval()
+    with torch.no_grad():
+        end = time.monotonic() + float(sys.argv[1])
+        while time.monotonic() < end:  # an evaluation: forward passes, no step
+            model(torch.randn(8, 4))
+            time.sleep(0.05)
+    print("evaluated", len(progress._watched), flush=True)
+    train(1)
+    print("trained again", len(progress._watched), flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_the_site_hook_counts_forward_passes_in_evaluation_and_leaves_training_alone(tmp_path):
+    """A real torch process with the site hook: after `model.eval()`, its forward passes (no
+    gradients) move the rank's last activity while its steps stay 5; the hooks are gone once it
+    trains again, and a BatchNorm kept in eval mode inside training is not watched."""
+    inbox = Inbox(tmp_path / "stacks")
+    script = tmp_path / "evaluate.py"
+    script.write_text(EVALUATOR)
+    env = dict(os.environ) | inbox.env() | {"RANK": "0", "LOCAL_RANK": "0"}
+    env["PYTHONPATH"] = os.pathsep.join([str(jax_cluster.SITE_HOOK), env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "2.5"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        # the frozen BatchNorm's hook went at its first forward with gradients
+        assert proc.stdout.readline().split() == ["trained", "0"]
+        began = time.monotonic()
+        time.sleep(2.0)
+        rank = inbox.ranks[0]
+        assert rank.steps == 5 and began < rank.active <= time.monotonic()
+        # progress reported at most once a second: 1 s and more after the last step
+        assert rank.active - rank.last_step > 0.8
+        (report,) = inbox.reports()
+        assert report[1] == 5 and report[6] < 1.5  # the last forward pass in evaluation: recent
+        assert proc.stdout.readline().split() == ["evaluated", "4"]  # the model, its 3 children
+        assert proc.stdout.readline().split() == ["trained", "again", "0"]
     finally:
         proc.kill()
         proc.wait()
