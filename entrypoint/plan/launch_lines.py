@@ -91,45 +91,29 @@ class Adopted:
     nproc_name: str = "--nproc-per-node"
 
 
-def is_torchrun(command: Sequence[str]) -> int:
-    """How many words of `command` name torchrun (`torchrun`: 1, `python -m
-    torch.distributed.run`: 3), or 0."""
+def _named(command: Sequence[str], program: tuple[str, ...], module: str) -> int:
+    """How many words of `command` name a launcher: its `program` (with a subcommand, as
+    `accelerate launch`), or `python -m <module>` (3); 0 when it names another."""
     if not command:
         return 0
     head = os.path.basename(command[0])
-    if head == "torchrun":
-        return 1
-    if head.startswith("python") and list(command[1:3]) == ["-m", "torch.distributed.run"]:
+    if head == program[0] and tuple(command[1 : len(program)]) == program[1:]:
+        return len(program)
+    if head.startswith("python") and list(command[1:3]) == ["-m", module]:
         return 3
     return 0
+
+
+def is_torchrun(command: Sequence[str]) -> int:
+    return _named(command, ("torchrun",), "torch.distributed.run")
 
 
 def is_accelerate(command: Sequence[str]) -> int:
-    """How many words of `command` name accelerate's launcher (`accelerate launch`: 2,
-    `python -m accelerate.commands.launch`: 3), or 0."""
-    if len(command) >= 2 and os.path.basename(command[0]) == "accelerate":
-        return 2 if command[1] == "launch" else 0
-    if (
-        command
-        and os.path.basename(command[0]).startswith("python")
-        and list(command[1:3]) == ["-m", "accelerate.commands.launch"]
-    ):
-        return 3
-    return 0
+    return _named(command, ("accelerate", "launch"), "accelerate.commands.launch")
 
 
 def is_deepspeed(command: Sequence[str]) -> int:
-    """How many words of `command` name DeepSpeed's launcher (`deepspeed`: 1, `python -m
-    deepspeed.launcher.runner`: 3), or 0."""
-    if command and os.path.basename(command[0]) == "deepspeed":
-        return 1
-    if (
-        command
-        and os.path.basename(command[0]).startswith("python")
-        and list(command[1:3]) == ["-m", "deepspeed.launcher.runner"]
-    ):
-        return 3
-    return 0
+    return _named(command, ("deepspeed",), "deepspeed.launcher.runner")
 
 
 def config_file(command: Sequence[str] | None) -> str | None:
