@@ -123,6 +123,8 @@ class Conductor(Seating):
         self.progress = JobProgress()
         self.probe: StackProbe | None = None  # the stacks asked for, once ranks stopped stepping
         self.slow_ranks: dict[tuple[int, int], str] = {}
+        # Health (supervise/health.py): events by (member, kind); members taken out, with why
+        self.health_events, self.sick = {}, {}  # type: dict[tuple[int, str], int], dict[int, str]
 
     # -- names -----------------------------------------------------------------------------
 
@@ -136,18 +138,7 @@ class Conductor(Seating):
         """A node of this job (the handshake passed) says hello: join, or join again."""
         host = message.host
         if not 0 <= member < self.expected:
-            reason = (
-                f"{self.unit} {member} ({host}) joined, but node 0 plans {self.expected} "
-                f"{self.units} (0-{self.expected - 1}): every node needs the same node "
-                "count; check NNODES/WORLD_SIZE on each"
-            )
-            if self.phase == JOIN:  # a node of this job that disagrees: nothing may start
-                return [
-                    Send(member, self._stop_message(EXIT_CONFIG, reason)),
-                    Close(member),
-                    *self._end(EXIT_CONFIG, reason),
-                ]
-            return [Send(member, self._stop_message(EXIT_CONFIG, reason)), Close(member)]
+            return self._not_planned(member, host)
         old = self.members.get(member)
         if (
             old is not None
@@ -163,6 +154,9 @@ class Conductor(Seating):
                 "its own node rank (NODE_RANK, RANK or the platform's index)"
             )
             return self._end(EXIT_CONFIG, reason)
+        if message.unhealthy:
+            return self._unhealthy(member, host, message.unhealthy, now)
+        self.sick.pop(member, None)  # a node back healthy (serviced, or a passing problem)
         if self.phase == RUN and self.roster.elastic:
             return self._hello_while_running(member, message, now, wall_now)
         if self.phase == RUN:

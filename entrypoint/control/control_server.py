@@ -253,10 +253,18 @@ class Server(threading.Thread):
             self._apply(self.conductor.signalled(peer.member, message, now))
         elif isinstance(message, m.Stacks):
             self._apply(self.conductor.stacks(peer.member, message, now))
+        elif isinstance(message, m.Health):
+            # The event's words are the node's: escaped, as its host name is.
+            message = dataclasses.replace(
+                message, where=shown(message.where, 200), text=shown(message.text, 1000)
+            )
+            self._apply(self.conductor.health(peer.member, message, now))
 
     def _hello(self, peer: Peer, hello: m.Hello, now: float) -> None:
         # The host is the peer's word, in every line logged about it from now on: escaped.
-        hello = dataclasses.replace(hello, host=shown(hello.host))
+        hello = dataclasses.replace(
+            hello, host=shown(hello.host), unhealthy=shown(hello.unhealthy, 4096)
+        )
         why = refusal(self.identity, hello, peer.member, peer.nonce)
         if why:
             peer.hello = peer.hello or hello

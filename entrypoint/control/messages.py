@@ -6,7 +6,7 @@ is checked for its type and range (entrypoint.control.message_fields: exit codes
 system knows, finite numbers, bounded strings and lists) before node 0's Conductor or a node's
 supervisor sees it. Nothing that arrives from the network is trusted further than this.
 
-    node -> node 0:  hello, beat, exit, signal, stacks
+    node -> node 0:  hello, beat, exit, signal, stacks, health
     node 0 -> node:  challenge, welcome, refuse, go, stop, restart, signal, beat, done, dump
 
 The handshake: node 0 sends `challenge` as soon as a connection is accepted (a fresh nonce,
@@ -83,6 +83,7 @@ class Hello(Message):
     auth: str = AUTH_NONE
     nonce: str = ""
     proof: str = ""
+    unhealthy: str = ""  # the checks this node failed before this start (supervise/health.py)
 
     @classmethod
     def from_wire(cls, raw: dict) -> Hello:
@@ -106,6 +107,7 @@ class Hello(Message):
             auth=auth,
             nonce=hex_field(raw, "nonce", 32),
             proof=hex_field(raw, "proof", 64, allow_empty=True),
+            unhealthy=str_field(raw, "unhealthy", 4096, ""),
         )
 
 
@@ -128,6 +130,32 @@ class Beat(Message):
             RankReport(r[0], r[1], r[2], r[3], r[4], bool(r[5]), r[6] if len(r) > 6 else None)
             for r in self.ranks or ()
         ]
+
+
+@dataclass(frozen=True)
+class Health(Message):
+    """A GPU or link event on a node (entrypoint.supervise.health_rules): `kind` is what
+    /metrics counts (`xid_79`, `nic_down`), `fatal` takes the node out of the job."""
+
+    kind: ClassVar[str] = "health"
+    event: str
+    where: str
+    text: str
+    fatal: bool
+
+    @classmethod
+    def from_wire(cls, raw: dict) -> Health:
+        event = str_field(raw, "kind", 40)
+        if not event.replace("_", "").isalnum():
+            raise BadMessage("kind must be letters, digits and _")
+        fatal = raw.get("fatal")
+        if type(fatal) is not bool:
+            raise BadMessage("fatal must be true or false")
+        return cls(event, str_field(raw, "where", 200), str_field(raw, "text", 1000), fatal)
+
+    def to_wire(self) -> dict:
+        return {"t": self.kind, "kind": self.event, "where": self.where, "text": self.text,
+                "fatal": self.fatal}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -303,8 +331,8 @@ class Done(Message):
 KINDS: dict[str, type[Message]] = {
     m.kind: m
     for m in (Hello, Beat, Exit, Signal, Challenge, Welcome, Refuse, Go, Stop, Restart, Done, Dump)
-} | {"stacks": Stacks}
-FROM_NODES = frozenset({"hello", "beat", "exit", "signal", "stacks"})
+} | {"stacks": Stacks, "health": Health}
+FROM_NODES = frozenset({"hello", "beat", "exit", "signal", "stacks", "health"})
 FROM_NODE_0 = frozenset(
     {"challenge", "welcome", "refuse", "go", "stop", "restart", "signal", "beat", "done", "dump"}
 )

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
+from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from entrypoint.control.conductor import Conductor
@@ -141,8 +141,31 @@ class JobCollector(Collector):
             for name, value in node_gpus(state.stats.get("gpus") or []).items():
                 gpu[name].add_metric(labels, value)
         yield from (up, state_g, rank, beat, slow_g, load, *gpu.values())
+        yield from self._health(states, seen)
         yield from self._ranks(seen, now)
         yield from self._job(states, now)
+
+    def _health(self, states: dict, seen: dict) -> Iterator:
+        """GPU and link events by node and kind (`xid_79`, `ecc_uncorrected`, `nic_down`...),
+        and the nodes taken out of the job by a fatal one or a failed check."""
+        events, sick = dict(self.c.health_events), dict(self.c.sick)
+        counted = CounterMetricFamily(
+            PREFIX + "node_health_events",
+            "GPU and link events a node reported (XID, ECC, NVLink, NIC), by kind",
+            labels=["node", "host", "event"],
+        )
+        for (m, kind), count in sorted(events.items()):
+            state = seen.get(m)
+            counted.add_metric([str(m), state.host if state else "?", kind], count)
+        unhealthy = _gauge(
+            "node_unhealthy",
+            "1 once a fatal GPU or link event or a failed health check took the node out",
+            ["node", "host"],
+        )
+        for m in sorted(states):
+            state = seen.get(m)
+            unhealthy.add_metric([str(m), state.host if state else "?"], 1 if m in sick else 0)
+        yield from (counted, unhealthy)
 
     def _ranks(self, seen: dict, now: float) -> Iterator[GaugeMetricFamily]:
         """Every rank's steps (control/progress.py), labelled by its node and host."""

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 
 from entrypoint.control.conductor_terms import (
     ALL,
+    END,
     JOIN,
     RUN,
     STOPPING,
@@ -38,7 +39,7 @@ from entrypoint.control.fingerprint import (
     layout_mismatches,
     mismatches,
 )
-from entrypoint.control.messages import Go, Hello, Restart, Stop
+from entrypoint.control.messages import Go, Health, Hello, Restart, Stop
 from entrypoint.control.progress import JobProgress
 from entrypoint.control.roster import Roster, changes, seat
 from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
@@ -62,6 +63,8 @@ class Seating:
     probe: object | None
     failures: dict
     lost: dict[int, str]
+    health_events: dict[tuple[int, str], int]
+    sick: dict[int, str]
     training_since: float | None
     decide_at: float | None
     join_started: float
@@ -293,6 +296,66 @@ class Seating:
                 self.awaited.discard(member)
                 actions += refusal
         return actions
+
+    def health(self, member: int, message: Health, now: float) -> list:
+        """A GPU or link event on a node: counted; a fatal one takes the node out of the job at
+        once, without waiting for its trainer to fail or hang."""
+        state = self.members.get(member)
+        if state is None or self.phase == END:
+            return []
+        key = (member, message.event)
+        first = key not in self.health_events
+        self.health_events[key] = self.health_events.get(key, 0) + 1
+        if not message.fatal:
+            text = f"{self.name(member)}: {message.text} (counted in /metrics; the job goes on)"
+            return [Log("warning", text)] if first else []
+        return self._unhealthy(member, state.host, message.text, now)
+
+    def _unhealthy(self, member: int, host: str, why: str, now: float) -> list:
+        """`member` failed a check before its start, or a fatal event struck it: a standby
+        takes its seat (or the job shrinks) where the roster allows; else the job stops,
+        naming it. Node 0 serves the job: its own sickness ends the job."""
+        self.sick[member] = why
+        name = f"{self.unit} {member} ({host})"
+        bye = Stop(EXIT_PEERS, f"node 0 took this {self.unit} out of the job: {why}")
+        if self.phase == END:
+            return [Send(member, bye), Close(member)]
+        if not self.roster.elastic or member == 0:
+            fix = (
+                "drain it and start the job on healthy nodes"
+                if member == 0 or self.roster.elastic
+                else "drain it and start the job on healthy nodes, or give the job spares "
+                "(ENTRYPOINT_SPARES) so that a standby takes its place"
+            )
+            self.lost[member] = why
+            return self._end(EXIT_PEERS, f"{name}: {why}; {fix}")
+        if self.phase == JOIN:
+            self.members.pop(member, None)
+            self.awaited.discard(member)
+            self.lost[member] = why
+            return [
+                Log("warning", f"{name}: {why}; it stands aside and the job starts without it"),
+                Send(member, bye),
+                Close(member),
+                *self._maybe_go(now),
+            ]
+        lose = self._lost if member in self.seats else self._standby_lost
+        return [Send(member, bye), Close(member), *lose(member, why, now)]
+
+    def _not_planned(self, member: int, host: str) -> list:
+        """A member beyond the node count node 0 plans: refused; at the join, the job ends."""
+        reason = (
+            f"{self.unit} {member} ({host}) joined, but node 0 plans {self.expected} "
+            f"{self.units} (0-{self.expected - 1}): every node needs the same node "
+            "count; check NNODES/WORLD_SIZE on each"
+        )
+        if self.phase == JOIN:  # a node of this job that disagrees: nothing may start
+            return [
+                Send(member, Stop(EXIT_CONFIG, reason)),
+                Close(member),
+                *self._end(EXIT_CONFIG, reason),
+            ]
+        return [Send(member, Stop(EXIT_CONFIG, reason)), Close(member)]
 
     def _lost_in_restart(self, member: int, now: float) -> list:
         """A member's connection closed while the job restarts: the others go on without it."""

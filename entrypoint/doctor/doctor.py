@@ -33,7 +33,7 @@ from entrypoint.doctor.doctor_report import report, table
 from entrypoint.plan import secrets
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.plan import ALLREDUCE
-from entrypoint.supervise import launch, node, probe
+from entrypoint.supervise import health, launch, node, probe
 from entrypoint.supervise import report as plan_report
 
 # -- the edge -------------------------------------------------------------------------------
@@ -141,8 +141,8 @@ def look(plan, facts, settings) -> Findings:
     soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     found["memlock_bytes"] = None if soft == resource.RLIM_INFINITY else soft
     found["run_dir_writable"] = _writable(Path(settings.run_dir))
-    if settings.data_dir is not None:
-        found["data_dir_exists"] = Path(settings.data_dir).is_dir()
+    # the checks before every start, bounded: a hung data mount fails, it does not hang doctor
+    found["health"] = tuple(f.line() for f in health.checks(plan, settings, restart=False))
     ports = []
     if plan.nnodes > 1:
         for name, variable, port in (

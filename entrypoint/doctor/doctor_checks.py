@@ -50,7 +50,7 @@ class Findings:
     shm_bytes: int | None = None
     memlock_bytes: int | None = None  # None: unlimited
     run_dir_writable: bool = True
-    data_dir_exists: bool | None = None  # None: no ENTRYPOINT_DATA_DIR
+    health: tuple[str, ...] = ()  # the checks before a start that failed (supervise/health.py)
     ports: tuple[Port, ...] = field(default=())
 
 
@@ -179,11 +179,7 @@ def node_problems(plan, facts, found: Findings, settings) -> list[str]:
             f"ENTRYPOINT_RUN_DIR={settings.run_dir}: not writable by this user "
             f"(uid {os.getuid()}). Point it at a writable directory"
         )
-    if found.data_dir_exists is False:
-        out.append(
-            f"ENTRYPOINT_DATA_DIR={settings.data_dir}: does not exist on this node. "
-            "Mount the dataset at the same path on every node"
-        )
+    out += list(found.health)
     names = [nic.name for nic in facts.interfaces]
     if settings.socket_ifname and settings.socket_ifname not in names:
         out.append(

@@ -267,6 +267,38 @@ class Settings(BaseModel):
             "node."
         ),
     )
+    checkpoint_dir: Path | None = Field(
+        None,
+        description=(
+            "The directory the trainer writes its checkpoints to: before every start it must "
+            "take a file (written, synced, read back) within 10 s on every node, or the node "
+            "fails its health check."
+        ),
+    )
+    health_check: str | None = Field(
+        None,
+        description=(
+            "The site's own health check, an executable run before every start (the first and "
+            "each restart): exit 0 is healthy; anything else keeps the node out of the job "
+            "with the last line it printed."
+        ),
+    )
+    health_check_timeout: float = Field(
+        60,
+        gt=0,
+        le=DAY,
+        description="Seconds ENTRYPOINT_HEALTH_CHECK may run before it counts as failed.",
+    )
+    health_checks: bool = Field(
+        True,
+        description=(
+            "Check the node before every start (GPUs there and free, no row remapping failed "
+            "or pending, the plan's links up, ENTRYPOINT_DATA_DIR, ENTRYPOINT_RUN_DIR and "
+            "ENTRYPOINT_CHECKPOINT_DIR answering) and watch NVML's critical events (XID "
+            "errors, double-bit ECC), ECC counters, NVLink and the plan's links while it "
+            "trains; a fatal finding takes the node out of the job. 0: off."
+        ),
+    )
     monitor_interval: float = Field(
         300,
         ge=0,
@@ -375,7 +407,15 @@ class Settings(BaseModel):
 # lines. Each refusal is the one-line error naming the variable, its value and the fix.
 
 # Settings that name a file or directory (ENTRYPOINT_CONFIG may be a shipped name or a path).
-_PATHS = ("config", "run_dir", "log_dir", "data_dir", "job_token_file")
+_PATHS = (
+    "config",
+    "run_dir",
+    "log_dir",
+    "data_dir",
+    "job_token_file",
+    "checkpoint_dir",
+    "health_check",
+)
 _DECIMAL = re.compile(r"^(?:[0-9]{1,12}(?:\.[0-9]{0,9})?|\.[0-9]{1,9})$")
 
 

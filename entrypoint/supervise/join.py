@@ -19,6 +19,7 @@ from entrypoint.plan.plan import Plan
 from entrypoint.plan.secrets import TOKEN_FILE_VARIABLE, TOKEN_VARIABLE
 from entrypoint.plan.settings import Settings
 from entrypoint.plan.values import host_port
+from entrypoint.supervise import health
 from entrypoint.supervise.gpu_stats import Stats
 from entrypoint.supervise.launch_watch import Interrupted, Stop
 from entrypoint.supervise.worker_signals import SignalRelay
@@ -129,18 +130,21 @@ def _started(server, host: str, port: int | None) -> tuple[control_server.Server
     return server, host, port
 
 
-def collect_fingerprint(plan: Plan, settings: Settings) -> dict:
+def collect_fingerprint(plan: Plan, settings: Settings, healthy: bool = True) -> dict:
     """This node's fingerprint, as node 0 compares it: hardware, software, data, the plan's
-    layout."""
+    layout. A node that failed its checks does not count its data (the directory may hang)."""
     fp = fingerprint.collect(
-        gpus_per_node=plan.gpus_per_node, gpu_names=plan.gpu_names, data_dir=settings.data_dir
+        gpus_per_node=plan.gpus_per_node,
+        gpu_names=plan.gpu_names,
+        data_dir=settings.data_dir if healthy else None,
     )
     fp["layout"] = fingerprint.layout(plan)
     return fp
 
 
-def hello(plan: Plan, member: int | None, generation: int, fp: dict) -> dict:
-    """This member's hello to node 0: who it is, its start, its clock and its fingerprint."""
+def hello(plan: Plan, member: int | None, generation: int, fp: dict, unhealthy: str = "") -> dict:
+    """This member's hello to node 0: who it is, its start, its clock and its fingerprint, and
+    the checks it failed before this start."""
     return {
         "t": "hello",
         "protocol": control.PROTOCOL,
@@ -150,7 +154,7 @@ def hello(plan: Plan, member: int | None, generation: int, fp: dict) -> dict:
         "generation": generation,
         "time": time.time(),
         "fingerprint": fp,
-    }
+    } | ({"unhealthy": unhealthy[:4000]} if unhealthy else {})
 
 
 # Node 0 seated this node anew (node rank, nnodes): the plan for that seat and the trainer's
@@ -185,6 +189,7 @@ class Joining:
     _join_deadline: float
     _fp: dict
     _rejoins: int
+    _unhealthy: str  # the checks this node failed before this start, one line; "" healthy
 
     @property
     def node0(self) -> control_channel.Channel:
@@ -215,7 +220,8 @@ class Joining:
             raise RuntimeError("no control port to connect to: node 0 did not serve one")
         # Collected before connecting: node 0 drops a connection silent for 30 s, and counting
         # a large data directory on a network filesystem can take longer.
-        self._fp = collect_fingerprint(self.plan, self.settings)
+        self._check_health(restart=False)
+        self._fp = collect_fingerprint(self.plan, self.settings, not self._unhealthy)
         self._node0_at, self._rejoins = (host, port), 0
         self._join_deadline = time.monotonic() + self.settings.join_timeout
         self._connect()
@@ -273,12 +279,27 @@ class Joining:
         channel.close()
         time.sleep(delay)
         self._connect()
-        self.node0.send(hello(self.plan, self.member, self.generation, self._fp))
+        self.node0.send(hello(self.plan, self.member, self.generation, self._fp, self._unhealthy))
         return []
 
+    def _check_health(self, restart: bool) -> None:
+        """The checks before this start; what failed is said here and in the hello."""
+        began = time.monotonic()
+        failed = health.checks(self.plan, self.settings, restart)
+        self._unhealthy = "; ".join(f.line() for f in failed)
+        for f in failed:
+            self.log.error(f"health check failed: {f.line()}", check=f.check)
+        if failed:
+            self.log.error(
+                f"this node failed {len(failed)} health check(s) in "
+                f"{time.monotonic() - began:.1f} s: node 0 keeps it out of the job"
+            )
+
     def _hello(self, fp: dict | None = None) -> None:
-        fp = fp or collect_fingerprint(self.plan, self.settings)
-        self.node0.send(hello(self.plan, self.member, self.generation, fp))
+        if fp is None:
+            self._check_health(restart=True)
+            fp = collect_fingerprint(self.plan, self.settings, not self._unhealthy)
+        self.node0.send(hello(self.plan, self.member, self.generation, fp, self._unhealthy))
         if self.member != 0:
             self.log.info("joined node 0; waiting for every node", master=self.node0.address)
         self._await_go()

@@ -34,7 +34,7 @@ from entrypoint.plan import secrets
 from entrypoint.plan.errors import EXIT_CONFIG, EXIT_HUNG, EXIT_PEERS
 from entrypoint.plan.plan import Plan
 from entrypoint.plan.settings import Settings
-from entrypoint.supervise import failures, join, logs, procs
+from entrypoint.supervise import failures, health, join, logs, procs
 from entrypoint.supervise.gpu_stats import Stats
 from entrypoint.supervise.launch_watch import (
     LOST_PEER_GRACE,
@@ -178,6 +178,8 @@ class Supervisor(join.Joining):
         self._connecting = False
         self.inbox: Inbox | None = None  # the ranks' progress reports (rank_progress)
         self.beats: Beats | None = None  # the heartbeat while a launch runs
+        self._unhealthy = ""  # the checks failed before this start (join.Joining)
+        self.health: health.Watch | None = None  # GPU and link events, from the join on
 
     @property
     def launched(self) -> Launch:
@@ -199,6 +201,8 @@ class Supervisor(join.Joining):
             signal.signal(sig, self._on_signal)
         try:
             self._join()
+            if self.settings.health_checks:
+                self.health = health.watch(self.plan, self.log, lambda: self.channel)
             again = self.resolved() if self.resolved is not None else None
             if again is not None:
                 self.plan, self.env = again[0], join.without_token(again[1])
@@ -455,6 +459,8 @@ class Supervisor(join.Joining):
         getattr(self.log, level)(text)
 
     def _cleanup(self) -> None:
+        if self.health is not None:
+            self.health.stop()
         if self.launch is not None:
             self._kill_leftovers()
         if self.inbox is not None:

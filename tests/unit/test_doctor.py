@@ -134,7 +134,11 @@ def test_nothing_listening_is_fine_before_node_0_starts():
 def test_settings_that_name_missing_things():
     env = WORKER | {"ENTRYPOINT_SOCKET_IFNAME": "ib9", "ENTRYPOINT_DATA_DIR": "/data/set"}
     _, found, _ = found_for(
-        env, node(8), replace(GPU_OK, data_dir_exists=False), rendezvous="open", control="open"
+        env,
+        node(8),
+        replace(GPU_OK, health=("ENTRYPOINT_DATA_DIR=/data/set: not readable: FileNotFoundError",)),
+        rendezvous="open",
+        control="open",
     )
     assert [line.split(":")[0] for line in found] == [
         "ENTRYPOINT_DATA_DIR=/data/set",
