@@ -71,13 +71,23 @@ demo: $(VENV)/.done ## Build the image if needed, run its built-in job as 2 node
 doctor: ## Run `entrypoint doctor` in the image IMAGE here (ARGS: --json)
 	docker run --rm --shm-size=8g $(if $(wildcard /dev/nvidia0),--gpus all) $(IMAGE) doctor $(ARGS)
 
+# `make test`: the unit tests in UNIT_JOBS processes (pytest-xdist, a file to a process: most of
+# their time is real processes waiting on timeouts), then the container tests one at a time;
+# both run whatever the first gives. PYTEST_JUNIT=PREFIX: junit reports PREFIX-unit.xml and
+# PREFIX-containers.xml (CI reads them).
+UNIT_JOBS ?= 2
+junit = $(if $(PYTEST_JUNIT),--junitxml=$(PYTEST_JUNIT)-$(1).xml)
+
 test: $(VENV)/.done ## Run every test; builds the image first when a Docker engine answers
 	@if docker/build.sh --check-engine 2>/dev/null; then docker/build.sh; \
 	else echo "make test: no Docker engine answers; the image tests will skip (they fail under CI=true)"; fi
-	$(VENV)/bin/python -m pytest tests
+	@status=0; \
+	$(VENV)/bin/python -m pytest -n $(UNIT_JOBS) --dist loadfile tests/unit $(call junit,unit) || status=$$?; \
+	$(VENV)/bin/python -m pytest tests/image tests/cluster tests/compat $(call junit,containers) || status=$$?; \
+	exit $$status
 
-test-unit: $(VENV)/.done ## Run the unit tests
-	$(VENV)/bin/python -m pytest tests/unit
+test-unit: $(VENV)/.done ## Run the unit tests (UNIT_JOBS processes)
+	$(VENV)/bin/python -m pytest -n $(UNIT_JOBS) --dist loadfile tests/unit
 
 golden: $(VENV)/.done ## Rewrite tests/golden/render from `entrypoint render` (review the diff)
 	UPDATE_GOLDEN=1 $(VENV)/bin/python -m pytest -q tests/unit/test_render_golden.py
