@@ -183,6 +183,7 @@ class Conductor(Seating):
             last_seen=now,
             fingerprint=dict(message.fingerprint),
             clock_offset=message.time - wall_now,
+            domain=message.domain,
         )
         self.lost.pop(member, None)
         return self._maybe_go(now)

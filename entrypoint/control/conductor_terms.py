@@ -104,6 +104,7 @@ class MemberState:
     exit_code: int | None = None
     stats: dict = field(default_factory=dict)
     history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))  # GPU figures
+    domain: str = ""  # its GPUs' NVLink domain (a GB200 NVL72 rack's): spares go to the same
 
 
 def monitor_table(members: dict[int, MemberState], now: float) -> str:

@@ -84,6 +84,7 @@ class Hello(Message):
     nonce: str = ""
     proof: str = ""
     unhealthy: str = ""  # the checks this node failed before this start (supervise/health.py)
+    domain: str = ""  # the NVLink domain of its GPUs (NVML's fabric cluster and clique), or ""
 
     @classmethod
     def from_wire(cls, raw: dict) -> Hello:
@@ -108,6 +109,7 @@ class Hello(Message):
             nonce=hex_field(raw, "nonce", 32),
             proof=hex_field(raw, "proof", 64, allow_empty=True),
             unhealthy=str_field(raw, "unhealthy", 4096, ""),
+            domain=str_field(raw, "domain", 100, ""),
         )
 
 

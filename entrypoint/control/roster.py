@@ -45,22 +45,39 @@ class Roster:
         return {m: m for m in range(self.full)}
 
 
-def seat(roster: Roster, previous: Mapping[int, int], alive: Iterable[int]) -> dict[int, int]:
+def seat(
+    roster: Roster,
+    previous: Mapping[int, int],
+    alive: Iterable[int],
+    domains: Mapping[int, str] | None = None,
+) -> dict[int, int]:
     """member -> seat for the next start; the members alive and left out stand by. Fewer than
-    `roster.min_nodes` seats is the caller's to refuse (len() of the result)."""
+    `roster.min_nodes` seats is the caller's to refuse (len() of the result). `domains`: each
+    member's NVLink domain; a seat a lost member leaves goes to a standby of its domain first
+    (its GPUs share the NVLink fabric of the seats around it, as on a GB200 NVL72)."""
     alive = sorted(set(alive))
     if 0 not in alive:
         return {}
+    domains = domains or {}
     size = min(roster.full, len(alive))
     stayed = sorted((m for m in alive if m in previous), key=lambda m: previous[m])
     seats = {m: previous[m] for m in stayed if previous[m] < size}
     free = [s for s in range(size) if s not in seats.values()]
     moving = [m for m in stayed if m not in seats]  # seated past the new size: shrink
     waiting = [m for m in alive if m not in previous]  # standbys, lowest member first
-    for member in moving + waiting:
-        if not free:
+    for member in moving:
+        if free:
+            seats[member] = free.pop(0)
+    held = {place: m for m, place in previous.items()}  # who sat in each seat before
+    for place in list(free):
+        if not waiting:
             break
-        seats[member] = free.pop(0)
+        domain = domains.get(held.get(place, -1), "")
+        same = [m for m in waiting if domain and domains.get(m) == domain]
+        member = (same or waiting)[0]
+        waiting.remove(member)
+        seats[member] = place
+        free.remove(place)
     if seats.get(0, 0) != 0:  # cannot happen: member 0 is alive and seated in 0 from the start
         raise AssertionError(f"member 0 moved to seat {seats[0]}")
     return seats

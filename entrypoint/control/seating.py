@@ -63,6 +63,7 @@ class Seating:
     probe: object | None
     failures: dict
     lost: dict[int, str]
+    seen: dict[int, MemberState]
     health_events: dict[tuple[int, str], int]
     sick: dict[int, str]
     training_since: float | None
@@ -183,7 +184,11 @@ class Seating:
     def _seating(self) -> dict[int, int]:
         if not self.roster.elastic:
             return self.seats
-        return seat(self.roster, self.seats, self.members.keys())
+        return seat(self.roster, self.seats, self.members.keys(), self._domains())
+
+    def _domains(self) -> dict[int, str]:
+        """Each member's NVLink domain, as it last said (a lost member's included)."""
+        return {m: s.domain for m, s in dict(self.seen).items() if s.domain}
 
     def _full(self, seats: dict[int, int]) -> bool:
         return len(seats) >= self.roster.full
@@ -247,6 +252,7 @@ class Seating:
             last_seen=now,
             fingerprint=dict(message.fingerprint),
             clock_offset=message.time - wall_now,
+            domain=message.domain,
         )
         refusal = self._unlike_node0(member, state)
         if refusal:

@@ -56,6 +56,27 @@ def load_nvml(devices: Sequence[str], nvml: Any = None) -> Any:
         return None
 
 
+def nvlink_domain(devices: Sequence[str], nvml: Any = None) -> str:
+    """The NVLink domain of the plan's first GPU, `<cluster UUID>/<clique id>` as NVML's fabric
+    info gives it once the fabric manager has registered the GPU (GB200/GB300 NVL72); "" on
+    GPUs without one (an 8-GPU HGX board), or without GPUs."""
+    loaded = load_nvml(devices, nvml)
+    if loaded is None:
+        return ""
+    try:
+        import ctypes
+
+        handle = nvml_handle(loaded, devices[0])
+        info = loaded.c_nvmlGpuFabricInfo_t()
+        loaded.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+        if info.state != getattr(loaded, "NVML_GPU_FABRIC_STATE_COMPLETED", 3) or info.status:
+            return ""
+        cluster = bytes(info.clusterUuid).hex()
+        return f"{cluster}/{info.cliqueId}" if cluster.strip("0") else ""
+    except Exception:  # no fabric info on this GPU or driver
+        return ""
+
+
 # -- the plan's links ---------------------------------------------------------------------------
 
 

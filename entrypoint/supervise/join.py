@@ -142,7 +142,14 @@ def collect_fingerprint(plan: Plan, settings: Settings, healthy: bool = True) ->
     return fp
 
 
-def hello(plan: Plan, member: int | None, generation: int, fp: dict, unhealthy: str = "") -> dict:
+def hello(
+    plan: Plan,
+    member: int | None,
+    generation: int,
+    fp: dict,
+    unhealthy: str = "",
+    domain: str = "",
+) -> dict:
     """This member's hello to node 0: who it is, its start, its clock and its fingerprint, and
     the checks it failed before this start."""
     return {
@@ -154,7 +161,7 @@ def hello(plan: Plan, member: int | None, generation: int, fp: dict, unhealthy: 
         "generation": generation,
         "time": time.time(),
         "fingerprint": fp,
-    } | ({"unhealthy": unhealthy[:4000]} if unhealthy else {})
+    } | {k: v for k, v in (("unhealthy", unhealthy[:4000]), ("domain", domain)) if v}
 
 
 # Node 0 seated this node anew (node rank, nnodes): the plan for that seat and the trainer's
@@ -190,6 +197,7 @@ class Joining:
     _fp: dict
     _rejoins: int
     _unhealthy: str  # the checks this node failed before this start, one line; "" healthy
+    _domain: str  # this node's NVLink domain (supervise/health.py), "" without one
 
     @property
     def node0(self) -> control_channel.Channel:
@@ -279,13 +287,16 @@ class Joining:
         channel.close()
         time.sleep(delay)
         self._connect()
-        self.node0.send(hello(self.plan, self.member, self.generation, self._fp, self._unhealthy))
+        self.node0.send(
+            hello(self.plan, self.member, self.generation, self._fp, self._unhealthy, self._domain)
+        )
         return []
 
     def _check_health(self, restart: bool) -> None:
         """The checks before this start; what failed is said here and in the hello."""
         began = time.monotonic()
         failed = health.checks(self.plan, self.settings, restart)
+        self._domain = health.nvlink_domain(self.plan.devices)
         self._unhealthy = "; ".join(f.line() for f in failed)
         for f in failed:
             self.log.error(f"health check failed: {f.line()}", check=f.check)
@@ -299,7 +310,9 @@ class Joining:
         if fp is None:
             self._check_health(restart=True)
             fp = collect_fingerprint(self.plan, self.settings, not self._unhealthy)
-        self.node0.send(hello(self.plan, self.member, self.generation, fp, self._unhealthy))
+        self.node0.send(
+            hello(self.plan, self.member, self.generation, fp, self._unhealthy, self._domain)
+        )
         if self.member != 0:
             self.log.info("joined node 0; waiting for every node", master=self.node0.address)
         self._await_go()

@@ -178,7 +178,7 @@ class Supervisor(join.Joining):
         self._connecting = False
         self.inbox: Inbox | None = None  # the ranks' progress reports (rank_progress)
         self.beats: Beats | None = None  # the heartbeat while a launch runs
-        self._unhealthy = ""  # the checks failed before this start (join.Joining)
+        self._unhealthy, self._domain = "", ""  # the checks failed, the NVLink domain (join)
         self.health: health.Watch | None = None  # GPU and link events, from the join on
 
     @property

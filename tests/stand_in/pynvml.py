@@ -6,13 +6,15 @@ STAND_IN_NVML_GPUS GPUs (default 2); the test drives them through files in STAND
   `<gpu index> <event type number> <data>`; each is returned once by nvmlEventSetWait_v2, in order.
 - `gpu<i>.json`: that GPU's counters, read at every call: {"ecc_uncorrected": n,
   "remap": [corrected, uncorrected, pending, failed], "nvlinks": [0, 1, ...] (the links up),
-  "procs": [[pid, bytes], ...] (processes holding it), "missing": true (NVML cannot find it)}.
+  "procs": [[pid, bytes], ...] (processes holding it), "missing": true (NVML cannot find it),
+  "fabric": [cluster UUID as 32 hex digits, clique id] (its NVLink domain)}.
 
 Nothing of the entrypoint is changed for a test: it imports this module as it imports pynvml.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import time
@@ -27,6 +29,18 @@ NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_NO_PERMISSION = 4
 NVML_NVLINK_MAX_LINKS = 18
+NVML_GPU_FABRIC_STATE_COMPLETED = 3
+
+
+class c_nvmlGpuFabricInfo_t(ctypes.Structure):  # noqa: N801 - pynvml's name
+    _fields_ = [
+        ("clusterUuid", ctypes.c_uint8 * 16),
+        ("status", ctypes.c_uint),
+        ("cliqueId", ctypes.c_uint32),
+        ("state", ctypes.c_uint8),
+    ]
+
+
 nvmlEventTypeSingleBitEccError = 0x1
 nvmlEventTypeDoubleBitEccError = 0x2
 nvmlEventTypeXidCriticalError = 0x8
@@ -121,6 +135,16 @@ def nvmlDeviceGetNvLinkState(handle: int, link: int) -> int:
 
 def nvmlDeviceGetComputeRunningProcesses(handle: int) -> list:
     return [SimpleNamespace(pid=pid, usedGpuMemory=b) for pid, b in _gpu(handle).get("procs", [])]
+
+
+def nvmlDeviceGetGpuFabricInfo(handle: int, info) -> int:
+    fabric = _gpu(handle).get("fabric")
+    if fabric is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    target = ctypes.cast(info, ctypes.POINTER(c_nvmlGpuFabricInfo_t)).contents
+    target.clusterUuid[:] = list(bytes.fromhex(fabric[0]))
+    target.cliqueId, target.state, target.status = fabric[1], NVML_GPU_FABRIC_STATE_COMPLETED, 0
+    return NVML_SUCCESS
 
 
 def nvmlDeviceGetSupportedEventTypes(handle: int) -> int:

@@ -14,7 +14,7 @@ from test_seating import LIMITS, hello, logs, sent, started
 from entrypoint.control.conductor import Conductor
 from entrypoint.control.conductor_terms import Close
 from entrypoint.control.messages import BadMessage, Go, Health, Restart, Stop, decode, encode
-from entrypoint.control.roster import Roster
+from entrypoint.control.roster import Roster, seat
 from entrypoint.plan.errors import EXIT_PEERS
 from entrypoint.supervise import health
 from entrypoint.supervise.health_rules import (
@@ -248,3 +248,36 @@ def test_the_watch_reports_an_xid_and_a_link_going_down(tmp_path, nvml):
     finally:
         watch.stop()
     assert sorted((e.kind, e.where) for e in got) == [("nic_down", "eth9"), ("xid_79", "GPU 1")]
+
+
+# -- spares to the right place ------------------------------------------------------------------
+
+
+def test_a_lost_seat_goes_to_a_standby_of_its_nvlink_domain():
+    roster = Roster(5, 3, 3)  # members 0-2 train, 3 and 4 stand by
+    domains = {0: "rackA/1", 1: "rackA/1", 2: "rackB/7", 3: "rackA/1", 4: "rackB/7"}
+    previous = {0: 0, 1: 1, 2: 2}
+    assert seat(roster, previous, [0, 1, 3, 4], domains) == {0: 0, 1: 1, 4: 2}
+    assert seat(roster, previous, [0, 2, 3, 4], domains) == {0: 0, 2: 2, 3: 1}
+    # no standby of its domain, or none known: the lowest standby, as before
+    assert seat(roster, previous, [0, 1, 3], domains) == {0: 0, 1: 1, 3: 2}
+    assert seat(roster, previous, [0, 1, 3, 4]) == {0: 0, 1: 1, 3: 2}
+
+
+def test_node_0_seats_by_the_domains_the_nodes_said():
+    c = Conductor(4, LIMITS, 0.0, roster=Roster(4, 2, 2))
+    for m, domain in enumerate(["A/1", "B/2", "A/1", "B/2"]):
+        h = hello(m)
+        c.hello(m, type(h)(**{**h.__dict__, "domain": domain}), now=1.0, wall_now=1000.0)
+    c.health(1, XID79, now=5.0)  # node 1 (domain B) lost: node 3 (B), not node 2 (A)
+    for m in (0, 2, 3):
+        h = hello(m)
+        actions = c.hello(m, type(h)(**{**h.__dict__, "domain": c.seen[m].domain}), 6.0, 1000.0)
+    assert "node 3 takes node rank 1" in logs(actions)
+
+
+def test_the_nvlink_domain_from_nvmls_fabric_info(tmp_path, nvml):
+    assert health.nvlink_domain(("0",), nvml=nvml) == ""  # an HGX board: no fabric
+    (tmp_path / "gpu0.json").write_text('{"fabric": ["00112233445566778899aabbccddeeff", 7]}')
+    assert health.nvlink_domain(("0",), nvml=nvml) == "00112233445566778899aabbccddeeff/7"
+    assert health.nvlink_domain((), nvml=nvml) == ""
