@@ -15,6 +15,9 @@
 #             restart resumes from the checkpoint; /metrics scraped while it trains
 #   jax       the built-in JAX job on the GPU
 #   allreduce entrypoint doctor --allreduce (NCCL, one rank)
+#   health    the checks before a start against this GPU's NVML (timed), its readings (ECC,
+#             row remapping, NVLinks, fabric domain), NVML's event wait for 20 s: no event
+#             expected on a healthy GPU; the deepspeed part also counts health lines in its log
 #   spare     2 nodes + 1 spare on loopback sharing the GPU (benchmarks/gpu_trainer.py: DDP
 #             over gloo), node 1 killed: the spare takes rank 1, seconds to training again;
 #             entrypoint status and /metrics with the GPU's NVML figures while it trains
@@ -23,7 +26,7 @@ scrape() { python3 -c "import sys, urllib.request as u; sys.stdout.write(u.urlop
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu-machine}
 WHEELS=$(cd "${WHEELS:-.whl}" && pwd) || exit 1
-PARTS=${PARTS:-doctor kernels deepspeed jax allreduce spare}  # GPUS=0: the spare part on CPU (a dry run)
+PARTS=${PARTS:-doctor health kernels deepspeed jax allreduce spare}  # GPUS=0: the spare part on CPU (a dry run)
 mkdir -p "$OUT"
 repo=$PWD
 say() { printf '\n== %s (%s s)\n' "$*" "$SECONDS"; }
@@ -116,6 +119,33 @@ if has deepspeed; then
   grep -E "\[job\]|FusedAdam|fused_adam|restart|Time to load|injected" \
     "$OUT/deepspeed.log" | cut -c1-220 | head -40
   grep -E '^multinode_(node_up|node_gpu|job_restarts)' "$OUT/deepspeed-metrics.txt" | head -12
+  echo "health lines in the job's log (none on a healthy GPU): $(grep -ciE 'health|XID' "$OUT/deepspeed.log")"
+  grep -E '^multinode_node_(health|unhealthy)' "$OUT/deepspeed-metrics.txt" | head -5
+fi
+
+if has health; then
+  say "health: the checks before a start, the GPU's readings, NVML's event wait"
+  timeout 120 python3 - <<'PY'
+import time
+import pynvml
+from entrypoint.supervise import health
+t = time.perf_counter()
+failed = health.before_start(("0",), health.plan_links({"NCCL_SOCKET_IFNAME": "^lo,docker"}),
+                             [("ENTRYPOINT_CHECKPOINT_DIR", __import__("pathlib").Path("/tmp"), True)],
+                             None, 60)
+print(f"checks before a start: {[f.line() for f in failed]} in {time.perf_counter() - t:.3f} s")
+nvml = health.load_nvml(("0",))
+handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+print("reading:", health.gpu_reading(nvml, handle))
+print("NVLink domain:", repr(health.nvlink_domain(("0",))))
+events = []
+t = time.perf_counter()
+watch = health.Watch(("0",), {}, events.append)
+print(f"watch started in {time.perf_counter() - t:.3f} s; NVML event set: {watch.events is not None}")
+time.sleep(20)
+watch.stop()
+print(f"events in 20 s: {events}")
+PY
 fi
 
 if has jax; then
