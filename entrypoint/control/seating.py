@@ -322,19 +322,26 @@ class Seating:
         takes its seat (or the job shrinks) where the roster allows; else the job stops,
         naming it. Node 0 serves the job: its own sickness ends the job."""
         self.sick[member] = why
+        if member not in self.seen:  # for /metrics: a node that never joined, by its host
+            self.seen[member] = MemberState(host=host, connected=False, joined_at=now)
         name = f"{self.unit} {member} ({host})"
         bye = Stop(EXIT_PEERS, f"node 0 took this {self.unit} out of the job: {why}")
         if self.phase == END:
             return [Send(member, bye), Close(member)]
         if not self.roster.elastic or member == 0:
-            fix = (
-                "drain it and start the job on healthy nodes"
-                if member == 0 or self.roster.elastic
-                else "drain it and start the job on healthy nodes, or give the job spares "
-                "(ENTRYPOINT_SPARES) so that a standby takes its place"
-            )
             self.lost[member] = why
-            return self._end(EXIT_PEERS, f"{name}: {why}; {fix}")
+            spares = ", or give the job spares (ENTRYPOINT_SPARES) so a standby takes its place"
+            spares = "" if self.roster.elastic else spares
+            return self._end(
+                EXIT_PEERS, f"{name}: {why}; drain it and start the job on healthy nodes{spares}"
+            )
+        if self.phase == RUN and member not in self.members:  # a replaced node, sick
+            self.lost[member] = why
+            return [
+                Log("warning", f"{name}: {why}; it cannot stand by"),
+                Send(member, bye),
+                Close(member),
+            ]
         if self.phase == JOIN:
             self.members.pop(member, None)
             self.awaited.discard(member)

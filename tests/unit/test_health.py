@@ -281,3 +281,26 @@ def test_the_nvlink_domain_from_nvmls_fabric_info(tmp_path, nvml):
     (tmp_path / "gpu0.json").write_text('{"fabric": ["00112233445566778899aabbccddeeff", 7]}')
     assert health.nvlink_domain(("0",), nvml=nvml) == "00112233445566778899aabbccddeeff/7"
     assert health.nvlink_domain((), nvml=nvml) == ""
+
+
+def test_a_replaced_node_that_comes_back_sick_is_refused_and_the_job_goes_on():
+    c, _ = started(3, 2, 2)
+    c.health(2, XID79, now=5.0)  # the standby is lost; its platform starts it again, still sick
+    sick = hello(2)
+    sick = type(sick)(**{**sick.__dict__, "unhealthy": "GPU 0: NVML does not find it"})
+    actions = c.hello(2, sick, now=9.0, wall_now=1000.0)
+    assert "it cannot stand by" in logs(actions) and Close(2) in actions
+    assert c.phase == "run" and c.sick[2] == "GPU 0: NVML does not find it"
+
+
+def test_a_node_sick_at_its_first_hello_shows_in_metrics_by_its_host():
+    from prometheus_client import generate_latest
+
+    from entrypoint.control import metrics
+
+    c = Conductor(2, LIMITS, 0.0)
+    c.hello(0, hello(0), now=1.0, wall_now=1000.0)
+    sick = hello(1)
+    c.hello(1, type(sick)(**{**sick.__dict__, "unhealthy": "x"}), now=1.0, wall_now=1000.0)
+    text = generate_latest(metrics.registry(c, metrics.Job("j", "p", 1), lambda: 2.0)).decode()
+    assert 'multinode_node_unhealthy{host="worker-1",node="1"} 1.0' in text
