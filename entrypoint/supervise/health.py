@@ -410,8 +410,11 @@ def before_start(
     hook_timeout: float,
     restart: bool = False,
     nvml: Any = None,
+    alone: bool = True,
 ) -> list[Failed]:
-    """Every check before a start, each bounded; what failed."""
+    """Every check before a start, each bounded; what failed. `alone`: this entrypoint is the
+    node's only one, so any process on its GPUs is another job's (with one entrypoint per GPU,
+    a sibling's trainer may already run there: not checked)."""
     failed: list[Failed] = []
     loaded = load_nvml(devices, nvml)
     if devices and loaded is not None:
@@ -432,7 +435,8 @@ def before_start(
             elif reading.remap_pending:
                 reset = "reset the GPU (nvidia-smi -r) or reboot the node"
                 failed.append(Failed(f"GPU {device}", "a row remapping waits for a reset", reset))
-        failed += gpus_free(loaded, handles, GPU_FREE_WAIT if restart else 0.0)
+        if alone:
+            failed += gpus_free(loaded, handles, GPU_FREE_WAIT if restart else 0.0)
     for name, state in read_links(links).items():
         if not is_up(state):
             what = "InfiniBand port" if "/" in name else "network interface"
@@ -469,4 +473,5 @@ def checks(plan: Plan, settings: Settings, restart: bool) -> list[Failed]:
         settings.health_check,
         settings.health_check_timeout,
         restart=restart,
+        alone=plan.spawn,  # one entrypoint for the node (not one per GPU, as SLURM tasks may be)
     )

@@ -218,6 +218,12 @@ def test_checks_name_what_failed(tmp_path, nvml):
     )
 
 
+def test_with_one_entrypoint_per_gpu_a_siblings_trainer_is_no_failure(tmp_path, nvml):
+    (tmp_path / "gpu0.json").write_text('{"procs": [[4242, 2147483648]]}')
+    assert health.before_start(("0",), {}, [], None, 5, nvml=nvml)
+    assert health.before_start(("0",), {}, [], None, 5, nvml=nvml, alone=False) == []
+
+
 def test_a_restart_waits_for_the_last_workers_gpu_memory(tmp_path, nvml):
     held = tmp_path / "gpu0.json"
     held.write_text('{"procs": [[77, 1048576]]}')
