@@ -74,20 +74,26 @@ doctor: ## Run `entrypoint doctor` in the image IMAGE here (ARGS: --json)
 # `make test`: the unit tests in UNIT_JOBS processes (pytest-xdist, a file to a process: most of
 # their time is real processes waiting on timeouts), then the container tests one at a time;
 # both run whatever the first gives. PYTEST_JUNIT=PREFIX: junit reports PREFIX-unit.xml and
-# PREFIX-containers.xml (CI reads them).
+# PREFIX-containers.xml (CI reads them). SERIAL: unit tests that time signals against a
+# process's start run alone, with the container tests (beside a second test process, one
+# SIGTERM of 27 went unhandled once: being looked into).
 UNIT_JOBS ?= 2
+SERIAL = tests/unit/test_signals_early.py
 junit = $(if $(PYTEST_JUNIT),--junitxml=$(PYTEST_JUNIT)-$(1).xml)
 
 test: $(VENV)/.done ## Run every test; builds the image first when a Docker engine answers
 	@if docker/build.sh --check-engine 2>/dev/null; then docker/build.sh; \
 	else echo "make test: no Docker engine answers; the image tests will skip (they fail under CI=true)"; fi
 	@status=0; \
-	$(VENV)/bin/python -m pytest -n $(UNIT_JOBS) --dist loadfile tests/unit $(call junit,unit) || status=$$?; \
-	$(VENV)/bin/python -m pytest tests/image tests/cluster tests/compat $(call junit,containers) || status=$$?; \
+	$(VENV)/bin/python -m pytest -n $(UNIT_JOBS) --dist loadfile tests/unit $(addprefix --ignore=,$(SERIAL)) \
+		$(call junit,unit) || status=$$?; \
+	$(VENV)/bin/python -m pytest $(SERIAL) tests/image tests/cluster tests/compat $(call junit,containers) \
+		|| status=$$?; \
 	exit $$status
 
-test-unit: $(VENV)/.done ## Run the unit tests (UNIT_JOBS processes)
-	$(VENV)/bin/python -m pytest -n $(UNIT_JOBS) --dist loadfile tests/unit
+test-unit: $(VENV)/.done ## Run the unit tests (UNIT_JOBS processes; SERIAL alone after them)
+	$(VENV)/bin/python -m pytest -n $(UNIT_JOBS) --dist loadfile tests/unit $(addprefix --ignore=,$(SERIAL))
+	$(VENV)/bin/python -m pytest $(SERIAL)
 
 golden: $(VENV)/.done ## Rewrite tests/golden/render from `entrypoint render` (review the diff)
 	UPDATE_GOLDEN=1 $(VENV)/bin/python -m pytest -q tests/unit/test_render_golden.py
