@@ -11,10 +11,13 @@ import os
 import signal
 import sys
 
+from entrypoint import early_signals  # the package: imported already, nothing more
+
 STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _stop(number: int, _frame: object) -> None:
+    early_signals.append(number)  # kept, should the exception below be dropped
     raise KeyboardInterrupt(number)
 
 

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from entrypoint import early_signals
 from entrypoint.control import control_channel, control_server
 from entrypoint.control.conductor_terms import STOPPING, signal_name
 from entrypoint.control.control import PeersError
@@ -199,6 +200,9 @@ class Supervisor(join.Joining):
         procs.become_subreaper()
         for sig in FORWARDED:
             signal.signal(sig, self._on_signal)
+        # A signal whose exception Python dropped before these handlers (entrypoint/__init__.py)
+        self.signals.received.extend(early_signals)
+        early_signals.clear()
         try:
             self._join()
             if self.settings.health_checks:

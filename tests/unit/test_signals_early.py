@@ -84,3 +84,22 @@ def test_under_nohup_a_sighup_stays_ignored(tmp_path):
     handlers_installed(proc.pid)
     proc.send_signal(signal.SIGHUP)
     assert proc.wait(timeout=60) == 0
+
+
+def test_a_signal_whose_exception_python_dropped_still_stops_the_node(tmp_path):
+    """The early handler raises; where Python cannot propagate an exception (a __del__, a
+    finalizer) it drops it. The signal is kept (entrypoint.early_signals) and `run` acts on it
+    as on one received before the trainer started."""
+    env = {"PATH": os.environ["PATH"], "ENTRYPOINT_GPUS_PER_NODE": "0",
+           "ENTRYPOINT_RUN_DIR": str(tmp_path / "run")}  # fmt: skip
+    dropped = (
+        "import sys, signal, entrypoint.__main__ as m\n"
+        "try:\n    m._stop(signal.SIGTERM, None)\nexcept KeyboardInterrupt:\n    pass\n"
+        "sys.argv = ['entrypoint', 'run', '--', 'sleep', '30']\nsys.exit(m.main())\n"
+    )
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", dropped], env=env, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "received SIGTERM before the nodes joined: stopping" in proc.stdout + proc.stderr
+    assert time.monotonic() - started < 20
