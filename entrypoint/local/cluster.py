@@ -31,7 +31,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Self
 
-from entrypoint.local.cluster_docker import DEFAULT_OUTPUT, read_results, remove_quietly, sdk
+from entrypoint.local.cluster_docker import (
+    DEFAULT_OUTPUT,
+    held_signals,
+    read_results,
+    remove_quietly,
+    sdk,
+    sweep,
+)
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -189,13 +196,14 @@ class Cluster:
             # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so __exit__ still cleans up.
             self._old_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
-            self.network = self.client.networks.create(
-                self.network_name,
-                driver="bridge",
-                labels={LABEL: self.prefix},
-                check_duplicate=True,
-                **self._network_options(),
-            )
+            with held_signals():
+                self.network = self.client.networks.create(
+                    self.network_name,
+                    driver="bridge",
+                    labels={LABEL: self.prefix},
+                    check_duplicate=True,
+                    **self._network_options(),
+                )
             if self.shared:
                 self._make_volume()
         except BaseException:
@@ -205,16 +213,18 @@ class Cluster:
 
     def _make_volume(self) -> None:
         assert self.shared is not None
-        self.volume = self.client.volumes.create(self.volume_name, labels={LABEL: self.prefix})
+        with held_signals():
+            self.volume = self.client.volumes.create(self.volume_name, labels={LABEL: self.prefix})
         # A new volume's root belongs to root; the nodes run as uid 1000 (the image's user).
-        self.client.containers.run(
-            self.image,
-            entrypoint=["chown", "1000:0", self.shared],
-            user="0",
-            remove=True,
-            volumes={self.volume_name: {"bind": self.shared, "mode": "rw"}},
-            labels={LABEL: self.prefix},
-        )
+        with held_signals():
+            self.client.containers.run(
+                self.image,
+                entrypoint=["chown", "1000:0", self.shared],
+                user="0",
+                remove=True,
+                volumes={self.volume_name: {"bind": self.shared, "mode": "rw"}},
+                labels={LABEL: self.prefix},
+            )
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -257,6 +267,7 @@ class Cluster:
             volume = self.volume
             remove_quietly(f"volume {self.volume_name}", lambda: volume.remove(force=True))
             self.volume = None
+        sweep(self.client, f"{LABEL}={self.prefix}")
 
     # -- running -----------------------------------------------------------------------------
 
@@ -277,7 +288,8 @@ class Cluster:
         runs = {n.name: NodeRun(n.name) for n in nodes}
         for node in nodes:  # created up front: a bad option fails before anything runs
             self._remove(node.name)
-            self.containers[node.name] = self._create(node)
+            with held_signals():
+                self.containers[node.name] = self._create(node)
         state = _Collect(pending=sorted(nodes, key=lambda n: n.delay))
         with self._lock:
             first_line = len(self._lines)
@@ -358,7 +370,8 @@ class Cluster:
         log streamed like the others'; `close()` removes it with the rest."""
         if self.network is None:
             raise RuntimeError("use Cluster as a context manager: `with Cluster(image) as c:`")
-        container = self.containers[node.name] = self._create(node)
+        with held_signals():
+            container = self.containers[node.name] = self._create(node)
         node_run = NodeRun(node.name, started=0.0)
         container.start()
         threading.Thread(

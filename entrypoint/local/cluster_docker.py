@@ -1,14 +1,18 @@
 """The Docker SDK as the local cluster uses it, imported lazily: the entrypoint inside the image
 never loads it (`sdk()` says how to install it when missing). Reading a stopped container's
-results, and removing objects that may be gone already."""
+results, removing objects that may be gone already, and never losing one that dockerd made."""
 
 from __future__ import annotations
 
+import functools
 import io
 import json
+import signal
 import sys
 import tarfile
+import threading
 from collections.abc import Callable
+from contextlib import contextmanager
 
 from entrypoint.plan.errors import ConfigError
 
@@ -47,6 +51,48 @@ def remove_quietly(what: str, remove: Callable[[], None]) -> None:
         pass
     except APIError as err:
         print(f"cluster: could not remove {what}: {err}", file=sys.stderr)
+
+
+@contextmanager
+def held_signals():
+    """Around a call that makes a Docker object: a Ctrl-C or SIGTERM that comes during it is
+    raised once it returns and its object is recorded. Raised in the middle, the call would be
+    abandoned while dockerd still made the object, and nothing here would know to remove it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {
+        number: signal.signal(number, lambda signum, _frame: held.append(signum))
+        for number in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            if handler is not None:  # None: a handler set outside Python, left as it is
+                signal.signal(number, handler)
+    if held:
+        raise KeyboardInterrupt(held[0])
+
+
+def sweep(client, label: str) -> None:
+    """Remove whatever still carries `label` (`key=value`): an object dockerd made for a call
+    that never returned (a signal outside `held_signals`, a client timeout). Never raises."""
+    mine = {"label": label}
+    _sweep("container", lambda: client.containers.list(all=True, filters=mine), force=True, v=True)
+    _sweep("network", lambda: client.networks.list(filters=mine))
+    _sweep("volume", lambda: client.volumes.list(filters=mine), force=True)
+
+
+def _sweep(kind: str, listed: Callable[[], list], **removal: bool) -> None:
+    try:
+        found = listed()
+    except Exception as err:  # noqa: BLE001 - said; the other kinds are still swept
+        print(f"cluster: could not list the {kind}s to sweep: {err}", file=sys.stderr)
+        return
+    for obj in found:
+        remove_quietly(f"{kind} {obj.name}", functools.partial(obj.remove, **removal))
 
 
 def sdk():
