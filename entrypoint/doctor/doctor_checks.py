@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from entrypoint.doctor.cuda_kernels import Kernels, coverage
 from entrypoint.plan import network
 from entrypoint.plan.values import Kind
+from entrypoint.supervise.health_rules import driver_misfit
 
 SHM_MIN = 512 << 20  # below: NCCL and DataLoader workers fail ("Bus error"); Docker's is 64 MiB
 CONNECT_TIMEOUT = 2.0  # seconds per port check
@@ -55,13 +56,6 @@ class Findings:
 
 
 # -- pure -----------------------------------------------------------------------------------
-
-
-def major(version: str | None) -> int | None:
-    try:
-        return int(str(version).split(".")[0])
-    except ValueError:
-        return None
 
 
 def mib(nbytes: int) -> str:
@@ -123,13 +117,9 @@ def software_problems(facts, found: Findings) -> list[str]:
             "the GPUs, run doctor before it starts; else check the driver (nvidia-smi)"
         )
     if gpus:
-        runtime, driver_cuda = major(found.cuda_runtime), major(found.driver_cuda)
-        if runtime and driver_cuda and driver_cuda < runtime:
-            out.append(
-                f"NVIDIA driver {found.driver}: supports CUDA up to {found.driver_cuda}, "
-                f"older than torch's CUDA runtime {found.cuda_runtime}. Install a driver "
-                f"for CUDA {runtime}.x on the host (R525 or newer for CUDA 12)"
-            )
+        misfit = driver_fit(found)
+        if misfit:
+            out.append(misfit)
         elif found.torch and found.torch_gpus == 0:
             out.append(
                 f"torch {found.torch}: sees no GPU although the driver lists {gpus} "
@@ -145,6 +135,22 @@ def software_problems(facts, found: Findings) -> list[str]:
                 "JAX_PLATFORMS unset"
             )
     return out
+
+
+def driver_fit(found: Findings) -> str | None:
+    """The node's driver against the image's CUDA: which image fits, or which driver."""
+    if not (found.driver and found.driver_cuda and found.cuda_runtime):
+        return None
+    whole, _, minor = found.driver_cuda.partition(".")
+    try:
+        cuda = int(whole) * 1000 + int(minor or 0) * 10
+    except ValueError:
+        return None
+    misfit = driver_misfit(cuda, found.cuda_runtime)
+    if misfit is None:
+        return None
+    reason, fix = misfit
+    return f"NVIDIA driver {found.driver}: {reason}. {fix[:1].upper()}{fix[1:]}"
 
 
 def kernel_problems(found: Findings) -> list[str]:

@@ -27,10 +27,12 @@ from typing import Any
 from entrypoint.control.messages import Health
 from entrypoint.plan.plan import Plan
 from entrypoint.plan.settings import Settings
+from entrypoint.supervise import probe
 from entrypoint.supervise.gpu_stats import nvml_handle
 from entrypoint.supervise.health_rules import (
     Event,
     GpuReading,
+    driver_misfit,
     gpu_changes,
     is_up,
     link_changes,
@@ -402,6 +404,19 @@ def gpus_free(nvml: Any, handles: Mapping[str, Any], wait: float) -> list[Failed
         time.sleep(1.0)
 
 
+def driver_check(nvml: Any, runtime: str | None = None) -> Failed | None:
+    """The node's driver against the image's CUDA (the CUDA 13 image on a driver older than
+    580, say): one line with the fix before any trainer starts."""
+    runtime = runtime or probe.image_cuda()
+    cuda = _try(nvml.nvmlSystemGetCudaDriverVersion)
+    driver = _try(nvml.nvmlSystemGetDriverVersion)
+    if not runtime or not isinstance(cuda, int):
+        return None
+    driver = driver.decode() if isinstance(driver, bytes) else str(driver)
+    misfit = driver_misfit(cuda, runtime)
+    return Failed(f"NVIDIA driver {driver}", *misfit) if misfit else None
+
+
 def before_start(
     devices: Sequence[str],
     links: Mapping[str, str],
@@ -418,6 +433,9 @@ def before_start(
     failed: list[Failed] = []
     loaded = load_nvml(devices, nvml)
     if devices and loaded is not None:
+        misfit = driver_check(loaded)
+        if misfit is not None:
+            return [misfit]  # every other GPU check would only say the same again
         handles = {}
         for device in devices:
             handle = _try(nvml_handle, loaded, device)

@@ -135,3 +135,41 @@ def is_up(state: str) -> bool:
     port): traffic can pass."""
     state = state.strip().lower()
     return state in ("up", "unknown") or state.endswith("active")
+
+
+# The oldest Linux driver each CUDA major runs on (NVIDIA's CUDA compatibility tables): a
+# driver runs every runtime of the CUDA major it supports, the newer minors included.
+DRIVER_FOR_CUDA = {12: "525.60.13", 13: "580.65.06"}
+
+
+def torch_cuda(version_py: str) -> str | None:
+    """The CUDA version torch was built for, from the text of its torch/version.py (read, not
+    imported: a second or more); None for a CPU build."""
+    for line in version_py.splitlines():
+        name, _, value = line.partition("=")
+        if name.split(":")[0].strip() == "cuda":
+            value = value.strip().strip("'\"")
+            return value if value and value != "None" else None
+    return None
+
+
+def driver_misfit(driver_cuda: int, runtime: str) -> tuple[str, str] | None:
+    """(reason, fix) when the node's driver (the newest CUDA it runs, as NVML gives it: 12080
+    for 12.8) is older than the CUDA major of the image's torch (`runtime`,
+    "13.0"): every CUDA call would fail with "driver version is insufficient"."""
+    want = int(runtime.split(".")[0])
+    have = driver_cuda // 1000
+    if have >= want:
+        return None
+    reason = (
+        f"runs CUDA up to {have}.{driver_cuda % 1000 // 10}, older than this image's CUDA "
+        f"{runtime} (torch's)"
+    )
+    older = max((m for m in DRIVER_FOR_CUDA if m <= have), default=None)
+    image = (
+        f"; or run the CUDA {older} image on this node (make image CUDA={older})" if older else ""
+    )
+    return (
+        reason,
+        f"install driver {DRIVER_FOR_CUDA.get(want, 'for CUDA ' + str(want))} or newer{image}",
+    )

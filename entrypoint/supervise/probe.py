@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import glob
+import importlib.util
 import ipaddress
 import os
 import shutil
@@ -19,6 +20,7 @@ from pathlib import Path
 from entrypoint.control import sockets
 from entrypoint.plan import launch_lines
 from entrypoint.plan.facts import Facts, Gpu, Interface
+from entrypoint.supervise.health_rules import torch_cuda
 
 _SIOCGIFADDR = 0x8915
 
@@ -207,6 +209,19 @@ def nvidia_driver() -> tuple[str | None, str | None]:
             pynvml.nvmlShutdown()
     except Exception:  # no driver library or no device
         return None, None
+
+
+def image_cuda() -> str | None:
+    """The CUDA version of the torch beside this entrypoint, from torch/version.py: read, not
+    imported (a second or more); None for a CPU torch or none."""
+    try:
+        spec = importlib.util.find_spec("torch")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        text = Path(next(iter(spec.submodule_search_locations)), "version.py").read_text()
+    except (OSError, ImportError, ValueError):
+        return None
+    return torch_cuda(text)
 
 
 def source_address(ip: str) -> str | None:

@@ -1,6 +1,8 @@
 """A stand-in for pynvml (nvidia-ml-py) on a machine without a GPU: the one part of a node that
 cannot exist here. Put this directory first on PYTHONPATH of an `entrypoint run` and it sees
-STAND_IN_NVML_GPUS GPUs (default 2); the test drives them through files in STAND_IN_NVML_DIR:
+STAND_IN_NVML_GPUS GPUs (default 2) on driver STAND_IN_NVML_DRIVER (`<version>,<newest CUDA
+as NVML gives it>`, default `580.95.05,13000`); the test drives them through files in
+STAND_IN_NVML_DIR:
 
 - `events`: one line per NVML event, `<gpu index> xid <code>` (an XID critical error) or
   `<gpu index> <event type number> <data>`; each is returned once by nvmlEventSetWait_v2, in order.
@@ -78,12 +80,17 @@ def nvmlShutdown() -> None:
     pass
 
 
+def _driver() -> tuple[str, int]:
+    version, _, cuda = os.environ.get("STAND_IN_NVML_DRIVER", "580.95.05,13000").partition(",")
+    return version, int(cuda)
+
+
 def nvmlSystemGetDriverVersion() -> str:
-    return "580.95.05"
+    return _driver()[0]
 
 
 def nvmlSystemGetCudaDriverVersion() -> int:
-    return 13000
+    return _driver()[1]
 
 
 def nvmlDeviceGetCount() -> int:

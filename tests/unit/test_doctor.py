@@ -76,7 +76,15 @@ def test_healthy_single_cpu_node_has_no_problem():
         (
             replace(GPU_OK, driver="470.82", driver_cuda="11.4", torch_gpus=0),
             node(8),
-            "NVIDIA driver 470.82: supports CUDA up to 11.4, older than torch's CUDA runtime 12.8",
+            "NVIDIA driver 470.82: runs CUDA up to 11.4, older than this image's CUDA 12.8 "
+            "(torch's). Install driver 525.60.13 or newer",
+        ),
+        (
+            replace(GPU_OK, driver="570.86.15", driver_cuda="12.8", cuda_runtime="13.0"),
+            node(8),
+            "NVIDIA driver 570.86.15: runs CUDA up to 12.8, older than this image's CUDA 13.0 "
+            "(torch's). Install driver 580.65.06 or newer; or run the CUDA 12 image on this "
+            "node (make image CUDA=12)",
         ),
         (
             replace(GPU_OK, torch_gpus=0),

@@ -19,9 +19,11 @@ from entrypoint.plan.errors import EXIT_PEERS
 from entrypoint.supervise import health
 from entrypoint.supervise.health_rules import (
     GpuReading,
+    driver_misfit,
     gpu_changes,
     is_up,
     link_changes,
+    torch_cuda,
     xid_event,
 )
 
@@ -310,3 +312,54 @@ def test_a_node_sick_at_its_first_hello_shows_in_metrics_by_its_host():
     c.hello(1, type(sick)(**{**sick.__dict__, "unhealthy": "x"}), now=1.0, wall_now=1000.0)
     text = generate_latest(metrics.registry(c, metrics.Job("j", "p", 1), lambda: 2.0)).decode()
     assert 'multinode_node_unhealthy{host="worker-1",node="1"} 1.0' in text
+
+
+# -- the driver against the image's CUDA ------------------------------------------------------
+
+
+def test_torch_cuda_is_read_from_torchs_version_file():
+    assert torch_cuda("__version__ = '2.14.1+cu130'\ncuda: Optional[str] = '13.0'\n") == "13.0"
+    assert torch_cuda("cuda = '12.8'\n") == "12.8"
+    assert torch_cuda("cuda: Optional[str] = None\n") is None
+    assert torch_cuda("debug = False\n") is None
+
+
+@pytest.mark.parametrize(
+    "driver, cuda, runtime, want",
+    [
+        ("580.95.05", 13000, "13.0", None),
+        ("590.10", 13010, "13.0", None),
+        ("580.95.05", 13000, "12.8", None),  # a newer driver runs the CUDA 12 image
+        ("535.104.05", 12020, "12.8", None),  # a CUDA 12.2 driver runs 12.8 (same major)
+        ("570.86.15", 12080, "13.0",
+         ("runs CUDA up to 12.8, older than this image's CUDA 13.0 (torch's)",
+          "install driver 580.65.06 or newer; or run the CUDA 12 image on this node "
+          "(make image CUDA=12)")),
+        ("470.82.01", 11040, "12.8",
+         ("runs CUDA up to 11.4, older than this image's CUDA 12.8 (torch's)",
+          "install driver 525.60.13 or newer")),
+    ],
+)  # fmt: skip
+def test_a_driver_older_than_the_images_cuda_says_which_image_fits(driver, cuda, runtime, want):
+    assert driver_misfit(cuda, runtime) == want
+
+
+def test_the_check_before_start_reads_the_drivers_versions_from_nvml(nvml, monkeypatch):
+    assert health.driver_check(nvml, "13.0") is None
+    monkeypatch.setenv("STAND_IN_NVML_DRIVER", "570.86.15,12080")
+    failed = health.driver_check(nvml, "13.0")
+    assert failed.line() == (
+        "NVIDIA driver 570.86.15: runs CUDA up to 12.8, older than this image's CUDA 13.0 "
+        "(torch's). install driver 580.65.06 or newer; or run the CUDA 12 image on this node "
+        "(make image CUDA=12)"
+    )
+    assert health.driver_check(nvml, "12.8") is None
+    # a CPU torch (no CUDA), or no figure from NVML: nothing to compare
+    monkeypatch.setattr(health.probe, "image_cuda", lambda: None)
+    assert health.driver_check(nvml) is None
+
+
+def test_image_cuda_reads_the_installed_torch_without_importing_it():
+    import torch.version
+
+    assert health.probe.image_cuda() == torch.version.cuda
