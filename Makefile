@@ -5,22 +5,28 @@ SHELL := /bin/bash
 HOST_ARCH            := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
 ARCH                 ?= $(HOST_ARCH)
 ARCH_SUFFIX          := $(if $(filter-out $(HOST_ARCH),$(ARCH)),-$(ARCH))
-IMAGE                ?= multinode:dev$(ARCH_SUFFIX)
+CUDA                 ?= 12
+CUDA_SUFFIX          := $(if $(filter-out 12,$(CUDA)),-cu$(CUDA))
+IMAGE                ?= multinode:dev$(CUDA_SUFFIX)$(ARCH_SUFFIX)
 BASE_IMAGE           ?= debian:trixie-slim
 OFFLINE_BASE_IMAGE   ?= multinode-base:trixie-slim$(ARCH_SUFFIX)
-TORCH_CUDA_ARCH_LIST ?= 8.0;9.0+PTX;10.0;12.0
+# The GPUs DeepSpeed's prebuilt ops have cubins for (+PTX: and PTX), per CUDA line: CUDA 12.4's
+# nvcc writes no sm_100 or sm_120 itself (docker/nvcc_newarch.py), CUDA 13 writes them all.
+ARCHS_CUDA12         := 8.0;9.0+PTX;10.0;12.0
+ARCHS_CUDA13         := 8.0;9.0;10.0;10.3;12.0+PTX
+TORCH_CUDA_ARCH_LIST ?= $(ARCHS_CUDA$(CUDA))
 PYTHON               ?= python3
 VENV                 ?= .venv
 DEV_TORCH            ?= torch==2.13.0
 UV_COMPILE           := --generate-hashes --python-version 3.13 --custom-compile-command "make lock"
 
-export ARCH IMAGE BASE_IMAGE OFFLINE_BASE_IMAGE TORCH_CUDA_ARCH_LIST
+export ARCH CUDA IMAGE BASE_IMAGE OFFLINE_BASE_IMAGE TORCH_CUDA_ARCH_LIST
 
-.PHONY: help dev image smoke push base lock lint docs demo doctor test test-unit golden test-image bench-image bench-pull clean
+.PHONY: help dev image smoke push base lock lint docs demo doctor test test-cu13 test-unit golden test-image bench-image bench-pull clean
 
 help: ## List the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
-	@echo "  Variables: IMAGE=$(IMAGE) BASE_IMAGE=$(BASE_IMAGE) TORCH_CUDA_ARCH_LIST=\"$(TORCH_CUDA_ARCH_LIST)\" CA_BUNDLE=... OFFLINE_BASE=1"
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo "  Variables: CUDA=$(CUDA) (12 or 13) ARCH=$(ARCH) IMAGE=$(IMAGE) BASE_IMAGE=$(BASE_IMAGE) TORCH_CUDA_ARCH_LIST=\"$(TORCH_CUDA_ARCH_LIST)\" CA_BUNDLE=... OFFLINE_BASE=1"
 
 $(VENV)/.done: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +39,7 @@ $(VENV)/.done: pyproject.toml
 
 dev: $(VENV)/.done ## Create .venv: the package in editable mode, test tools, a CPU torch
 
-image: ## Build the image IMAGE (pulls the base, or builds it offline if no registry answers; ARCH=arm64: for Grace nodes, under QEMU)
+image: ## Build the image IMAGE (pulls the base, or builds it offline if no registry answers; CUDA=13: torch 2.14, driver 580+, multinode:dev-cu13, not finished (docs/IMAGE.md); ARCH=arm64: for Grace nodes, under QEMU)
 	docker/build.sh
 
 smoke: ## Smoke-test the built IMAGE of ARCH (run under QEMU for another architecture): imports, plan, CPU Adam
@@ -45,12 +51,17 @@ push: ## Push IMAGE to DEST=registry/repo:tag with skopeo (COMPRESSION=zstd: zst
 base: ## Build the offline base OFFLINE_BASE_IMAGE from Debian packages (debootstrap)
 	ARCH=$(ARCH) docker/base/build-base.sh $(OFFLINE_BASE_IMAGE) trixie
 
-lock: $(VENV)/.done ## Re-resolve the amd64 and arm64 locks (the same pins where both have them) and build-tools.lock, hashes for every wheel (UPGRADE=1: newest allowed)
+lock: $(VENV)/.done ## Re-resolve the four locks (CUDA 12 and 13, amd64 and arm64: the same pins wherever they can be) and build-tools.lock, hashes for every wheel (UPGRADE=1: newest allowed)
 	$(VENV)/bin/uv pip compile -q $(UV_COMPILE) --python-platform x86_64-manylinux_2_28 $(if $(UPGRADE),--upgrade) pyproject.toml docker/requirements.in -o docker/requirements.lock
 	sed -n 's/^\([A-Za-z0-9._-]*==[^ ]*\).*/\1/p' docker/requirements.lock >$(VENV)/amd64-pins.txt
 	$(VENV)/bin/uv pip compile -q $(UV_COMPILE) --python-platform aarch64-manylinux_2_28 -c $(VENV)/amd64-pins.txt pyproject.toml docker/requirements.in -o docker/requirements-arm64.lock
+	grep -v -P '^(nvidia-(?!ml-py)|cuda-|torch==|triton==|jax)' $(VENV)/amd64-pins.txt >$(VENV)/common-pins.txt
+	$(VENV)/bin/uv pip compile -q $(UV_COMPILE) --python-platform x86_64-manylinux_2_28 $(if $(UPGRADE),--upgrade) -c $(VENV)/common-pins.txt pyproject.toml docker/requirements-cu13.in -o docker/requirements-cu13.lock
+	sed -n 's/^\([A-Za-z0-9._-]*==[^ ]*\).*/\1/p' docker/requirements-cu13.lock >$(VENV)/cu13-pins.txt
+	$(VENV)/bin/uv pip compile -q $(UV_COMPILE) --python-platform aarch64-manylinux_2_28 -c $(VENV)/cu13-pins.txt pyproject.toml docker/requirements-cu13.in -o docker/requirements-cu13-arm64.lock
 	$(VENV)/bin/uv pip compile -q $(UV_COMPILE) --python-platform x86_64-manylinux_2_28 $(if $(UPGRADE),--upgrade) docker/build-tools.in -o docker/build-tools.lock
-	@echo "lock sha256: amd64 $$(sha256sum docker/requirements.lock | cut -d' ' -f1), arm64 $$(sha256sum docker/requirements-arm64.lock | cut -d' ' -f1)"
+	@for f in docker/requirements.lock docker/requirements-arm64.lock docker/requirements-cu13.lock docker/requirements-cu13-arm64.lock; do \
+		echo "lock sha256: $$(sha256sum $$f | cut -d' ' -f1) $$f"; done
 
 lint: $(VENV)/.done ## hadolint the Dockerfiles, shellcheck the scripts, ruff check and ruff format --check the Python, mypy entrypoint/, lint-imports (the layers)
 	$(VENV)/bin/hadolint docker/Dockerfile tests/slurm/Dockerfile tests/preflight/Dockerfile \
@@ -90,6 +101,15 @@ test: $(VENV)/.done ## Run every test; builds the image first when a Docker engi
 	$(VENV)/bin/python -m pytest $(SERIAL) tests/image tests/cluster tests/compat $(call junit,containers) \
 		|| status=$$?; \
 	exit $$status
+
+# The CUDA 13 image's own suites: its image tests (not the registry pull, the CUDA 12 image's
+# alone) and the users' trainers, each once (COMPAT_MATRIX=smoke; full: all 20 jobs).
+CU13_COMPAT ?= smoke
+
+test-cu13: $(VENV)/.done ## Build the CUDA 13 image (multinode:dev-cu13, not finished) and run its image tests and users' trainers (CU13_COMPAT=full: all 20 jobs)
+	CUDA=13 IMAGE=multinode:dev-cu13 TORCH_CUDA_ARCH_LIST="$(ARCHS_CUDA13)" docker/build.sh
+	CUDA=13 IMAGE=multinode:dev-cu13 COMPAT_MATRIX=$(CU13_COMPAT) $(VENV)/bin/python -m pytest \
+		tests/image tests/compat --ignore=tests/image/test_pull.py $(call junit,cu13)
 
 test-unit: $(VENV)/.done ## Run the unit tests (UNIT_JOBS processes; SERIAL alone after them)
 	$(VENV)/bin/python -m pytest -n $(UNIT_JOBS) --dist loadfile tests/unit $(addprefix --ignore=,$(SERIAL))

@@ -16,7 +16,10 @@
 #                         (default: PIP_CERT, SSL_CERT_FILE, REQUESTS_CA_BUNDLE, system bundle)
 #   ARCH                  amd64 (x86-64 nodes) or arm64 (Grace nodes: GH200, GB200),
 #                         built under QEMU on an amd64 machine       (this machine's)
-#   TORCH_CUDA_ARCH_LIST  GPU archs DeepSpeed's ops are built for ("8.0;9.0+PTX;10.0;12.0")
+#   CUDA                  12 (torch 2.10, any driver from 525) or 13 (torch 2.14, driver
+#                         580 or newer; CUDA torch on arm64 too)      (12)
+#   TORCH_CUDA_ARCH_LIST  GPU archs DeepSpeed's ops are built for
+#                         (CUDA 12: "8.0;9.0+PTX;10.0;12.0", CUDA 13: "8.0;9.0;10.0;10.3;12.0+PTX")
 #   MAX_JOBS              parallel compile jobs for those ops  (4)
 #   PROGRESS              BuildKit progress: auto, plain, tty  (auto)
 #   DOCKER                docker client with BuildKit          (found below)
@@ -27,11 +30,18 @@ cd "$(dirname "$0")/.."
 host_arch=$(dpkg --print-architecture 2>/dev/null || { [ "$(uname -m)" = aarch64 ] && echo arm64 || echo amd64; })
 ARCH=${ARCH:-$host_arch}
 case $ARCH in amd64|arm64) ;; *) echo "make image: ARCH=$ARCH: amd64 or arm64." >&2; exit 2;; esac
+CUDA=${CUDA:-12}
+case $CUDA in 12|13) ;; *) echo "make image: CUDA=$CUDA: 12 or 13 (13 needs driver 580 or newer on the nodes)." >&2; exit 2;; esac
 suffix=$([ "$ARCH" = "$host_arch" ] || echo "-$ARCH")
-IMAGE=${IMAGE:-multinode:dev$suffix}
+line=$([ "$CUDA" = 12 ] || echo "-cu$CUDA")
+IMAGE=${IMAGE:-multinode:dev$line$suffix}
 BASE_IMAGE=${BASE_IMAGE:-debian:trixie-slim}
 OFFLINE_BASE_IMAGE=${OFFLINE_BASE_IMAGE:-multinode-base:trixie-slim$suffix}
-TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-8.0;9.0+PTX;10.0;12.0}
+if [ "$CUDA" = 12 ]; then
+  TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-8.0;9.0+PTX;10.0;12.0}
+else
+  TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-8.0;9.0;10.0;10.3;12.0+PTX}
+fi
 MAX_JOBS=${MAX_JOBS:-4}
 PROGRESS=${PROGRESS:-auto}
 
@@ -83,16 +93,20 @@ if [ -n "$ca" ] && [ "$ca" != none ]; then
   secret=(--secret "id=ca,src=$ca")
 fi
 
-lock=docker/requirements.lock
+lock=docker/requirements$line$([ "$ARCH" = amd64 ] || echo "-$ARCH").lock
+# CUDA 13: no Debian toolkit; the lock's nvcc wheel compiles DeepSpeed's ops (docker/Dockerfile).
+cuda_args=(--build-arg "CUDA_MAJOR=$CUDA")
+if [ "$CUDA" != 12 ]; then cuda_args+=(--build-arg CUDA_TOOLKIT=); fi
 # Per architecture: the CPU code DeepSpeed's ops are compiled for (any x86-64 server since
-# 2013-2015; any Arm server core from Neoverse N1 and Graviton 2 up, Grace included), and on
-# arm64 no CUDA toolkit or CUDA op: PyPI's torch 2.10 for aarch64 is a CPU build.
+# 2013-2015; any Arm server core from Neoverse N1 and Graviton 2 up, Grace included). On
+# arm64 under CUDA 12, no CUDA toolkit or CUDA op: PyPI's torch 2.10 for aarch64 is a CPU
+# build; torch 2.14 for aarch64 (CUDA 13) is a CUDA one.
 arch_args=()
 if [ "$ARCH" = arm64 ]; then
-  lock=docker/requirements-arm64.lock
-  arch_args=(--platform linux/arm64 --build-arg CUDA_TOOLKIT= --build-arg DS_CUDA_OPS=0
+  arch_args=(--platform linux/arm64
              --build-arg "DS_CPU_ARCH=${DS_CPU_ARCH:--march=armv8.2-a}"
              --build-arg "DS_SIMD_WIDTH=${DS_SIMD_WIDTH:--D__SCALAR__}")
+  if [ "$CUDA" = 12 ]; then arch_args+=(--build-arg CUDA_TOOLKIT= --build-arg DS_CUDA_OPS=0); fi
 elif [ -n "$suffix" ]; then
   arch_args=(--platform linux/amd64)
 fi
@@ -106,7 +120,7 @@ source_url=$(git config --get remote.origin.url 2>/dev/null || true)
 case $source_url in git@github.com:*) source_url="https://github.com/${source_url#git@github.com:}";; esac
 source_url=${source_url%.git}
 
-say "building $IMAGE for $ARCH on $base (lock sha256 ${lock_sha:0:12}, CUDA archs $TORCH_CUDA_ARCH_LIST)"
+say "building $IMAGE for $ARCH, CUDA $CUDA, on $base (lock sha256 ${lock_sha:0:12}, CUDA archs $TORCH_CUDA_ARCH_LIST)"
 # shellcheck disable=SC2086
 "$DOCKER" build \
   --progress="$PROGRESS" \
@@ -120,6 +134,7 @@ say "building $IMAGE for $ARCH on $base (lock sha256 ${lock_sha:0:12}, CUDA arch
   ${source_url:+--build-arg SOURCE="$source_url"} \
   --build-arg TORCH_CUDA_ARCH_LIST="$TORCH_CUDA_ARCH_LIST" \
   --build-arg MAX_JOBS="$MAX_JOBS" \
+  "${cuda_args[@]}" \
   "${arch_args[@]}" \
   ${BUILD_ARGS:-} \
   -t "$IMAGE" .

@@ -43,16 +43,19 @@ MATCH_ORDER = ["nvidia", "torch", "jax", "deepspeed", "rest"]
 PARTS: dict[str, list[tuple[str, str]]] = {
     "nvidia": [
         ("cudnn", r"nvidia/cudnn/|nvidia_cudnn_"),
-        ("cublas", r"nvidia/cublas/|nvidia_cublas_"),
+        ("cublas", r"nvidia/cublas/|nvidia_cublas[_-]|nvidia/cu\d+/(lib|include)/(lib)?cublas"),
         ("nccl", r"nvidia/(nccl|nvshmem)/|nvidia_(nccl|nvshmem)_"),
         (
             "math",
             r"nvidia/(cusparselt|cusolver|cusparse|cufft|curand)/"
-            r"|nvidia_(cusparselt|cusolver|cusparse|cufft|curand)_",
+            r"|nvidia_(cusparselt|cusolver|cusparse|cufft|curand)[_-]"
+            r"|nvidia/cu\d+/(lib|include)/(lib)?(cusolver|cusparse|cufft|curand)",
         ),
         ("cuda", r""),
     ],
 }
+# CUDA 12's wheels each have a directory (nvidia/cublas/lib); CUDA 13's toolkit wheels share
+# one (nvidia/cu13/lib/libcublas.so.13), while cuDNN, NCCL, NVSHMEM and cuSPARSELt keep theirs.
 
 SITE = "lib/python3.13/site-packages"
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==")

@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-IMAGE = os.environ.get("IMAGE", "multinode:dev")
-LOCK = REPO / "docker" / "requirements.lock"
+# The CUDA line under test (`make test CUDA=13`: the CUDA 13 image, multinode:dev-cu13).
+CUDA = os.environ.get("CUDA", "12")
+LINE = "" if CUDA == "12" else f"-cu{CUDA}"
+IMAGE = os.environ.get("IMAGE", f"multinode:dev{LINE}")
+LOCK = REPO / "docker" / f"requirements{LINE}.lock"
 LOCK_IN_IMAGE = "/etc/entrypoint/lock.sha256"
 
 

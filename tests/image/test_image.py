@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from .image_helpers import LOCK_IN_IMAGE, REPO
+from .image_helpers import CUDA, LOCK_IN_IMAGE, REPO
 
 # A read-only root filesystem with a writable /tmp, as platforms that harden pods run it.
 READ_ONLY = ("--read-only", "--tmpfs", "/tmp")
@@ -43,7 +43,7 @@ def test_frameworks_import_at_locked_versions(image, locked):
     )
     got = json.loads(out.strip().splitlines()[-1])
     assert got["torch"].split("+")[0] == locked["torch"]
-    assert got["cuda"].startswith("12.")
+    assert got["cuda"].startswith(f"{CUDA}.")
     assert got["jax"] == locked["jax"]
     assert got["deepspeed"].split("+")[0] == locked["deepspeed"]
     assert got["accelerate"] == locked["accelerate"]
@@ -153,3 +153,27 @@ def test_base_has_the_official_slim_package_set(image, docker):
         for p in in_image
         if p.startswith(("gcc", "g++", "cpp-", "nvidia-cuda", "libcuda")) and p != "gcc-14-base"
     }
+
+
+def test_a_driver_older_than_the_images_cuda_is_refused_before_the_trainer(image):
+    """Issue 33: the node's driver against the image's own CUDA (its torch's), checked before any
+    trainer starts. The GPUs and the driver are NVIDIA's library stand-in (tests/stand_in), as no
+    GPU exists here; the image, its torch and `entrypoint run` are the real ones."""
+    cuda = image.python("import torch; print(torch.version.cuda)").split()[-1]
+    stand_in = str(REPO / "tests" / "stand_in")
+    proc = image.run(
+        "run", "--", "python", "-c", "print('the trainer started')",
+        docker_args=(
+            "-v", f"{stand_in}:/stand_in:ro", "-e", "PYTHONPATH=/stand_in",
+            "-e", "STAND_IN_NVML_DIR=/tmp", "-e", "STAND_IN_NVML_DRIVER=470.82.01,11040",
+        ),
+        check=False,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "the trainer started" not in out, out
+    assert (
+        f"NVIDIA driver 470.82.01: runs CUDA up to 11.4, older than this image's CUDA {cuda} "
+        f"(torch's). install driver {'525.60.13' if cuda.startswith('12.') else '580.65.06'}"
+    ) in out, out
+    assert "Traceback" not in out, out

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from entrypoint.plan.secrets import is_secret
 
+from .image_helpers import CUDA
+
 # The CUDA user-space libraries torch and JAX load; each must exist exactly once.
 CUDA_LIB = re.compile(
     r"^lib(cudart|cublas|cublasLt|cudnn\w*|nccl|cufft|cufftw|curand|cusolver|cusolverMg|cusparse"
@@ -35,7 +37,10 @@ def test_one_copy_of_each_nvidia_library(image):
     # nvidia-nccl-cu12 and nvidia-nccl-cu13 (or an unsuffixed nvidia-nccl) would be two NCCLs
     families = [re.sub(r"-cu\d+$", "", d) for d in nvidia]
     assert len(families) == len(set(families)), nvidia
-    assert all(d.endswith("-cu12") for d in nvidia if d != "nvidia-cuda-pathfinder"), nvidia
+    if CUDA == "12":
+        assert all(d.endswith("-cu12") for d in nvidia if d != "nvidia-cuda-pathfinder"), nvidia
+    else:  # CUDA 13's toolkit wheels have no suffix; cuDNN, NCCL, NVSHMEM, cuSPARSELt do
+        assert not [d for d in nvidia if re.search(r"-cu(?!13$)\d+$", d)], nvidia
     libs: dict[str, list[str]] = {}
     for line in out.splitlines():
         if line.startswith("SO "):

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from .image_helpers import DOCKER
+from .image_helpers import CUDA, DOCKER
 
 USER_DOCKERFILE = """\
 ARG IMAGE
@@ -70,12 +70,12 @@ def extended(image, tmp_path_factory):
 def test_from_image_adds_a_package_without_moving_the_pins(image, extended):
     probe = (
         "import mytrainer, torch, importlib.metadata as md;"
-        "print(mytrainer.hello(), torch.__version__, md.version('nvidia-nccl-cu12'))"
-    )
+        "print(mytrainer.hello(), torch.__version__, md.version('nvidia-nccl-cu{CUDA}'))"
+    ).replace("{CUDA}", CUDA)
     base_probe = (
         "import torch, importlib.metadata as md;"
-        " print(torch.__version__, md.version('nvidia-nccl-cu12'))"
-    )
+        " print(torch.__version__, md.version('nvidia-nccl-cu{CUDA}'))"
+    ).replace("{CUDA}", CUDA)
     base = subprocess.run(
         [DOCKER, "run", "--rm", "--entrypoint", "python", image.tag, "-c", base_probe],
         capture_output=True,

@@ -1,7 +1,8 @@
 """The image for each architecture (issue 23): a lock per architecture with the same pins where
 both have a package, a wheel for every pin on its architecture (uv resolves each lock for its
 platform against PyPI, hashes required), and `make image ARCH=arm64` building for linux/arm64
-from the arm64 lock, without a CUDA toolkit (docker/build.sh run against a stand-in docker)."""
+from the arm64 lock, without a CUDA toolkit (docker/build.sh run against a stand-in docker).
+The CUDA 13 line (issue 33) the same, with CUDA torch on arm64 too."""
 
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ REPO = Path(__file__).resolve().parents[2]
 LOCKS = {
     "amd64": (REPO / "docker" / "requirements.lock", "x86_64-manylinux_2_28"),
     "arm64": (REPO / "docker" / "requirements-arm64.lock", "aarch64-manylinux_2_28"),
+    "cu13-amd64": (REPO / "docker" / "requirements-cu13.lock", "x86_64-manylinux_2_28"),
+    "cu13-arm64": (REPO / "docker" / "requirements-cu13-arm64.lock", "aarch64-manylinux_2_28"),
 }
+CUDA_OWN = re.compile(r"^(nvidia-(?!ml-py$)|cuda-|torch$|triton$|jax-cuda)")
 
 
 def pins(path: Path) -> dict[str, str]:
@@ -36,6 +40,19 @@ def test_the_arm64_lock_pins_what_the_amd64_lock_pins():
     assert alone <= {"triton", "cuda-bindings", "cuda-pathfinder"} | {
         n for n in alone if n.startswith("nvidia-")
     }, alone
+
+
+def test_the_cuda_13_locks_pin_what_the_cuda_12_lock_pins_but_cuda_s_own():
+    """Both arm64 and amd64 CUDA 13 locks: torch 2.14 with CUDA on both (PyPI's aarch64 torch
+    2.14 is a CUDA build), the same nvcc 13.0 as torch's runtime, and every pin that is not
+    CUDA's (numpy, transformers, the hub...) the CUDA 12 image's own."""
+    cu12, amd64, arm64 = (pins(LOCKS[k][0]) for k in ("amd64", "cu13-amd64", "cu13-arm64"))
+    assert amd64 == arm64
+    assert amd64["torch"].startswith("2.14.") and amd64["jax-cuda13-plugin"] == cu12["jax"]
+    assert amd64["nvidia-cuda-nvcc"] == amd64["nvidia-cuda-crt"] == amd64["nvidia-nvvm"]
+    assert amd64["nvidia-cuda-nvcc"].startswith("13.0.")
+    moved = {k: (cu12[k], v) for k, v in amd64.items() if k in cu12 and cu12[k] != v}
+    assert {k for k in moved if not CUDA_OWN.match(k)} == set(), moved
 
 
 @pytest.mark.parametrize("arch", sorted(LOCKS))
@@ -67,7 +84,7 @@ exit 1
 """
 
 
-@pytest.mark.parametrize("arch", ["amd64", "arm64"])
+@pytest.mark.parametrize("arch", ["amd64", "arm64", "cu13-amd64", "cu13-arm64"])
 def test_make_image_arch_builds_for_that_platform_from_its_lock(arch, tmp_path):
     stub = tmp_path / "docker"
     stub.write_text(STUB)
@@ -77,7 +94,8 @@ def test_make_image_arch_builds_for_that_platform_from_its_lock(arch, tmp_path):
         "PATH": os.environ["PATH"],
         "DOCKER": str(stub),
         "RECORD": str(record),
-        "ARCH": arch,
+        "ARCH": arch.removeprefix("cu13-"),
+        "CUDA": "13" if arch.startswith("cu13") else "12",
         "CA_BUNDLE": "none",
         "OFFLINE_BASE": "1",
     }
@@ -89,7 +107,16 @@ def test_make_image_arch_builds_for_that_platform_from_its_lock(arch, tmp_path):
     lock = LOCKS[arch][0]
     assert f"LOCK_SHA256={hashlib.sha256(lock.read_bytes()).hexdigest()}" in args
     host = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True)
-    if arch == "arm64":
+    if arch.startswith("cu13"):
+        assert "CUDA_MAJOR=13" in args and "CUDA_TOOLKIT=" in args, args
+        assert "DS_CUDA_OPS=0" not in args  # CUDA ops on arm64 too
+        assert "TORCH_CUDA_ARCH_LIST=8.0;9.0;10.0;10.3;12.0+PTX" in args
+        if arch == "cu13-arm64" and host.stdout.strip() == "amd64":
+            assert args[args.index("-t") + 1] == "multinode:dev-cu13-arm64"
+            assert args[args.index("--platform") + 1] == "linux/arm64"
+        elif arch == "cu13-amd64" and host.stdout.strip() == "amd64":
+            assert args[args.index("-t") + 1] == "multinode:dev-cu13"
+    elif arch == "arm64":
         assert args[args.index("--platform") + 1] == "linux/arm64"
         assert "CUDA_TOOLKIT=" in args and "DS_CUDA_OPS=0" in args
         assert "DS_CPU_ARCH=-march=armv8.2-a" in args
@@ -101,7 +128,9 @@ def test_make_image_arch_builds_for_that_platform_from_its_lock(arch, tmp_path):
 
 def test_the_dockerfile_takes_each_architecture_s_lock():
     text = (REPO / "docker" / "Dockerfile").read_text()
-    assert "ARG TARGETARCH" in text
-    assert "requirements-${TARGETARCH:-amd64}.lock" in text
+    assert "ARG TARGETARCH" in text and "ARG CUDA_MAJOR=12" in text
+    assert 'lock="/tmp/requirements-${CUDA_MAJOR}-${TARGETARCH:-amd64}.lock"' in text
     ignored = (REPO / "docker" / "Dockerfile.dockerignore").read_text()
-    assert "!docker/requirements-arm64.lock" in ignored
+    for _, (lock, _) in LOCKS.items():
+        assert f"!docker/{lock.name}" in ignored, lock.name
+        assert f"source=docker/{lock.name}," in text, lock.name

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-LOCK = REPO / "docker" / "requirements.lock"
 _spec = importlib.util.spec_from_file_location("venv_layers", REPO / "docker" / "venv_layers.py")
 venv_layers = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(venv_layers)
@@ -20,8 +19,12 @@ def _pins(text: str) -> list[str]:
     return [m[1] for m in re.finditer(r"(?m)^([A-Za-z0-9][A-Za-z0-9._-]*)==", text)]
 
 
-def test_every_pin_in_exactly_one_group_with_its_hashes():
-    text = LOCK.read_text()
+@pytest.mark.parametrize(
+    "lock", ["requirements.lock", "requirements-arm64.lock", "requirements-cu13.lock",
+             "requirements-cu13-arm64.lock"],
+)  # fmt: skip
+def test_every_pin_in_exactly_one_group_with_its_hashes(lock):
+    text = (REPO / "docker" / lock).read_text()
     groups = venv_layers.split_lock(text)
     assert [name for name, _ in venv_layers.GROUPS] == list(groups)
     assert all(_pins(sub) for sub in groups.values()), {g: _pins(s) for g, s in groups.items()}
@@ -74,6 +77,18 @@ SITE = "/opt/venv/lib/python3.13/site-packages/"
         (SITE + "nvidia/__init__.py", "cuda"),
         (SITE + "cuda/bindings/driver.py", "cuda"),
         ("/opt/venv/bin/something", "cuda"),
+        # CUDA 13: the toolkit's wheels share nvidia/cu13/
+        (SITE + "nvidia/cu13/lib/libcublasLt.so.13", "cublas"),
+        (SITE + "nvidia/cu13/include/cublas_v2.h", "cublas"),
+        (SITE + "nvidia_cublas-13.1.1.3.dist-info/RECORD", "cublas"),
+        (SITE + "nvidia/cu13/lib/libcusparse.so.12", "math"),
+        (SITE + "nvidia/cu13/lib/libcufft.so.12", "math"),
+        (SITE + "nvidia_curand-10.4.0.35.dist-info/METADATA", "math"),
+        (SITE + "nvidia_cudnn_cu13-9.24.0.43.dist-info/RECORD", "cudnn"),
+        (SITE + "nvidia_nccl_cu13-2.30.7.dist-info/RECORD", "nccl"),
+        (SITE + "nvidia/cu13/lib/libcudart.so.13", "cuda"),
+        (SITE + "nvidia/cu13/bin/nvcc", "cuda"),
+        (SITE + "nvidia/cu13/lib/libnvJitLink.so.13", "cuda"),
     ],
 )
 def test_the_cuda_wheels_split_into_layers_by_library(path, part):
