@@ -162,7 +162,7 @@ def test_a_driver_older_than_the_images_cuda_is_refused_before_the_trainer(image
     cuda = image.python("import torch; print(torch.version.cuda)").split()[-1]
     stand_in = str(REPO / "tests" / "stand_in")
     proc = image.run(
-        "run", "--", "python", "-c", "print('the trainer started')",
+        "run", "--", "python", "-c", "print('the trainer', 'started')",
         docker_args=(
             "-v", f"{stand_in}:/stand_in:ro", "-e", "PYTHONPATH=/stand_in",
             "-e", "STAND_IN_NVML_DIR=/tmp", "-e", "STAND_IN_NVML_DRIVER=470.82.01,11040",
