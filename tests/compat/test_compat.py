@@ -320,7 +320,7 @@ TRAINER_OF_LINE = {
 }
 
 
-LAUNCH_LINES = [
+LAUNCH_CASES = [
     ("torchrun", "commercial"),
     ("python -m torch.distributed.run", "slurm"),
     ("torchrun", "pytorchjob"),
@@ -331,7 +331,7 @@ LAUNCH_LINES = [
 
 @pytest.mark.parametrize(
     ("form", "convention"),
-    [f for f in LAUNCH_LINES if MATRIX != "smoke" or f[0] in ("torchrun", "deepspeed")],
+    [f for f in LAUNCH_CASES if MATRIX != "smoke" or f[0] in ("torchrun", "deepspeed")],
 )
 def test_a_users_launch_line_forms_one_world(docker_client, image, form, convention):
     """`entrypoint run -- torchrun --nproc-per-node=2 ddp_tutorial.py` on 2 node containers:
