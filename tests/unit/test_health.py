@@ -325,22 +325,22 @@ def test_torch_cuda_is_read_from_torchs_version_file():
 
 
 @pytest.mark.parametrize(
-    "driver, cuda, runtime, want",
+    "cuda, runtime, want",
     [
-        ("580.95.05", 13000, "13.0", None),
-        ("590.10", 13010, "13.0", None),
-        ("580.95.05", 13000, "12.8", None),  # a newer driver runs the CUDA 12 image
-        ("535.104.05", 12020, "12.8", None),  # a CUDA 12.2 driver runs 12.8 (same major)
-        ("570.86.15", 12080, "13.0",
+        (13000, "13.0", None),
+        (13010, "13.0", None),
+        (13000, "12.8", None),  # a 580 driver runs the CUDA 12 image
+        (12020, "12.8", None),  # a 535 driver (CUDA 12.2) runs 12.8 (same major)
+        (12080, "13.0",
          ("runs CUDA up to 12.8, older than this image's CUDA 13.0 (torch's)",
           "install driver 580.65.06 or newer; or run the CUDA 12 image on this node "
           "(make image CUDA=12)")),
-        ("470.82.01", 11040, "12.8",
+        (11040, "12.8",
          ("runs CUDA up to 11.4, older than this image's CUDA 12.8 (torch's)",
           "install driver 525.60.13 or newer")),
     ],
 )  # fmt: skip
-def test_a_driver_older_than_the_images_cuda_says_which_image_fits(driver, cuda, runtime, want):
+def test_a_driver_older_than_the_images_cuda_says_which_image_fits(cuda, runtime, want):
     assert driver_misfit(cuda, runtime) == want
 
 
