@@ -10,11 +10,7 @@ CUDA_SUFFIX          := $(if $(filter-out 12,$(CUDA)),-cu$(CUDA))
 IMAGE                ?= multinode:dev$(CUDA_SUFFIX)$(ARCH_SUFFIX)
 BASE_IMAGE           ?= debian:trixie-slim
 OFFLINE_BASE_IMAGE   ?= multinode-base:trixie-slim$(ARCH_SUFFIX)
-# The GPUs DeepSpeed's prebuilt ops have cubins for (+PTX: and PTX), per CUDA line: CUDA 12.4's
-# nvcc writes no sm_100 or sm_120 itself (docker/nvcc_newarch.py), CUDA 13 writes them all.
-ARCHS_CUDA12         := 8.0;9.0+PTX;10.0;12.0
-ARCHS_CUDA13         := 8.0;9.0;10.0;10.3;12.0+PTX
-TORCH_CUDA_ARCH_LIST ?= $(ARCHS_CUDA$(CUDA))
+# TORCH_CUDA_ARCH_LIST: unset, docker/build.sh picks its CUDA line's (ARCHS_CUDA12, ARCHS_CUDA13).
 PYTHON               ?= python3
 VENV                 ?= .venv
 DEV_TORCH            ?= torch==2.13.0
@@ -26,7 +22,7 @@ export ARCH CUDA IMAGE BASE_IMAGE OFFLINE_BASE_IMAGE TORCH_CUDA_ARCH_LIST
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
-	@echo "  Variables: CUDA=$(CUDA) (12 or 13) ARCH=$(ARCH) IMAGE=$(IMAGE) BASE_IMAGE=$(BASE_IMAGE) TORCH_CUDA_ARCH_LIST=\"$(TORCH_CUDA_ARCH_LIST)\" CA_BUNDLE=... OFFLINE_BASE=1"
+	@echo "  Variables: CUDA=$(CUDA) (12 or 13) ARCH=$(ARCH) IMAGE=$(IMAGE) BASE_IMAGE=$(BASE_IMAGE) TORCH_CUDA_ARCH_LIST=\"$(or $(TORCH_CUDA_ARCH_LIST),per CUDA line)\" CA_BUNDLE=... OFFLINE_BASE=1"
 
 $(VENV)/.done: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -107,7 +103,7 @@ test: $(VENV)/.done ## Run every test; builds the image first when a Docker engi
 CU13_COMPAT ?= smoke
 
 test-cu13: $(VENV)/.done ## Build the CUDA 13 image (multinode:dev-cu13, not finished) and run its image tests and users' trainers (CU13_COMPAT=full: all 20 jobs)
-	CUDA=13 IMAGE=multinode:dev-cu13 TORCH_CUDA_ARCH_LIST="$(ARCHS_CUDA13)" docker/build.sh
+	CUDA=13 IMAGE=multinode:dev-cu13 docker/build.sh
 	CUDA=13 IMAGE=multinode:dev-cu13 COMPAT_MATRIX=$(CU13_COMPAT) $(VENV)/bin/python -m pytest \
 		tests/image tests/compat --ignore=tests/image/test_pull.py $(call junit,cu13)
 

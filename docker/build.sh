@@ -37,11 +37,13 @@ line=$([ "$CUDA" = 12 ] || echo "-cu$CUDA")
 IMAGE=${IMAGE:-multinode:dev$line$suffix}
 BASE_IMAGE=${BASE_IMAGE:-debian:trixie-slim}
 OFFLINE_BASE_IMAGE=${OFFLINE_BASE_IMAGE:-multinode-base:trixie-slim$suffix}
-if [ "$CUDA" = 12 ]; then
-  TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-8.0;9.0+PTX;10.0;12.0}
-else
-  TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-8.0;9.0;10.0;10.3;12.0+PTX}
-fi
+# The GPUs DeepSpeed's prebuilt ops have cubins for (+PTX: and PTX), per CUDA line: CUDA 12.4's
+# nvcc writes no sm_100 or sm_120 itself (docker/nvcc_newarch.py), CUDA 13 writes them all.
+ARCHS_CUDA12="8.0;9.0+PTX;10.0;12.0"
+ARCHS_CUDA13="8.0;9.0;10.0;10.3;12.0+PTX"
+archs=$ARCHS_CUDA12
+if [ "$CUDA" = 13 ]; then archs=$ARCHS_CUDA13; fi
+TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$archs}
 MAX_JOBS=${MAX_JOBS:-4}
 PROGRESS=${PROGRESS:-auto}
 
