@@ -18,21 +18,26 @@ offload) at start. The two accelerators' ops share module names
 cannot be installed beside the CUDA ones. Not async_io: DeepSpeed's JIT path first
 compiles a test program against libaio, which needs a compiler at every start, so NVMe
 offload is served on the CUDA accelerator only. The others are built into
-EXTENSIONS_DIR (TORCH_EXTENSIONS_DIR in the image), and each op's build lock is made a
-dangling symlink: torch then never takes the lock, so it neither rebuilds (no compiler
-in the image) nor writes (read-only root, non-root user); it imports the prebuilt .so.
+EXTENSIONS_DIR (TORCH_EXTENSIONS_DIR in the image) with their objects, ninja files and
+ninja logs, and no build lock: at load torch takes the lock (torch 2.14: an flock on
+`lock`, which it creates; 2.13 and before: a lock file it creates and removes) and runs ninja,
+which finds nothing to do, so no compiler is needed (the image has none;
+TORCH_DONT_CHECK_COMPILER_ABI=1 quiets torch's warning about it). Taking the lock needs
+the op's directory writable: the image makes it group-writable for its user, and where the
+root filesystem is read-only `entrypoint run` links the ops into a writable directory
+(entrypoint/supervise/dsops.py, writable_extensions).
 """
 
 from __future__ import annotations
 
 import os
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 
 CPU_ARCH = os.environ.get("DS_CPU_ARCH", "-march=x86-64-v3")
 SIMD_WIDTH = os.environ.get("DS_SIMD_WIDTH", "-D__AVX256__")
-NEVER = "/nonexistent/prebuilt-at-image-build"  # the target of the lock symlink
 
 
 def pin_cpu_flags(*builders: type) -> None:
@@ -74,9 +79,10 @@ def jit(extensions_dir: str) -> None:
     for builder in (cls() for cls in builders):
         builder.jit_load(verbose=False)
         op_dir = Path(extensions_dir) / builder.name
-        for obj in op_dir.glob("*.o"):
-            obj.unlink()  # ninja never runs again; the .so is all that is loaded
-        (op_dir / "lock").symlink_to(NEVER)
+        (op_dir / "lock").unlink(missing_ok=True)  # torch 2.14 leaves its flock file
+        dry = subprocess.run(["ninja", "-n", "-C", str(op_dir)], capture_output=True, text=True)
+        if "no work to do" not in dry.stdout:
+            sys.exit(f"{op_dir}: ninja would build again at load:\n{dry.stdout}{dry.stderr}")
         print(f"prebuilt {builder.name} ({CPU_ARCH} {SIMD_WIDTH}) in {op_dir}")
 
 

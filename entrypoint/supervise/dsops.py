@@ -15,6 +15,12 @@ reads): the ops setup.py compiled into the wheel (`deepspeed/git_version_info_in
 used only when their accelerator is the one running) and, on the CPU accelerator, ops
 prebuilt into TORCH_EXTENSIONS_DIR (docker/deepspeed_ops.py), which DeepSpeed loads through
 its JIT path, so only while `ninja` answers on PATH.
+
+That JIT path takes a lock in the op's directory (torch 2.14 opens `lock` read-write for an
+flock) and runs ninja, which finds nothing to do. Where TORCH_EXTENSIONS_DIR is read-only
+(`docker run --read-only`, a pod's readOnlyRootFilesystem) the lock cannot be taken, so the
+trainer is given a writable copy made of links (trainer_side/prebuilt_ops.py: node.py before
+the trainer starts, the image's .pth hook in a process started without `entrypoint run`).
 """
 
 from __future__ import annotations

@@ -126,6 +126,7 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
     _say_plan(plan, settings, log, values)
     launch.check_command(plan, env)
     dsops.check(plan, launch.child_env(plan, env))  # a DeepSpeed op the image lacks: say so now
+    env = _prebuilt_ops_lockable(env, settings, log)
     if plan.standby:
         log.info(
             f"standby: node {plan.member} of {plan.members} stands by "
@@ -154,6 +155,17 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
 
     trainer_env = _trainer_env(plan, env, settings)
     return supervise.run(plan, trainer_env, settings, log, replan, resolved)
+
+
+def _prebuilt_ops_lockable(env: Mapping[str, str], settings: Settings, log) -> dict[str, str]:
+    """On a read-only root, DeepSpeed's prebuilt CPU ops linked where torch can take their
+    lock, and the trainer's TORCH_EXTENSIONS_DIR there (trainer_side/prebuilt_ops.py)."""
+    from entrypoint.trainer_side import prebuilt_ops
+
+    out, level, line = prebuilt_ops.writable_extensions(env, Path(settings.run_dir))
+    if level:
+        getattr(log, level)(line)
+    return out
 
 
 def _trainer_env(plan: Plan, env: Mapping[str, str], settings: Settings) -> dict[str, str]:

@@ -29,9 +29,12 @@ READ_ONLY = ("--read-only", "--tmpfs", "/tmp")
 TRAINERS = REPO / "tests" / "trainers"
 IMAGE_PATH = "/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NINJA_STUB = """#!/bin/sh
-# DeepSpeed asks `ninja --version` before loading a JIT op; anything else would be a build.
-if [ "$1" = --version ]; then echo 1.13.2; exit 0; fi
-echo "ninja stub: a build was attempted: $*" >&2
+# torch asks `ninja --version`, then runs `ninja -v` in the op's directory before it loads a
+# prebuilt op: allowed only when ninja has nothing to do; anything else would be a build.
+real=/opt/venv/bin/ninja
+if [ "$1" = --version ]; then exec "$real" --version; fi
+if "$real" -n "$@" | grep -q "no work to do"; then exec "$real" "$@"; fi
+echo "ninja stub: a build was attempted in $PWD: $*" >&2
 exit 99
 """
 
@@ -77,15 +80,26 @@ def test_entrypoint_sees_the_ops_deepspeed_sees(image):
 
 
 @pytest.mark.parametrize("builder", ["FusedAdamBuilder", "CPUAdamBuilder", "ShareMemCommBuilder"])
-def test_cpu_accelerator_op_loads_with_no_build(image, no_build, builder):
-    out = image.python(
+def test_cpu_accelerator_op_loads_with_no_build_on_a_read_only_root(image, no_build, builder):
+    """Straight `python`, no `entrypoint run`: the image's .pth hook (trainer_side/prebuilt_ops.py)
+    links the ops where torch can lock them and says so in one line. (A writable root:
+    tests/image/test_image.py.)"""
+    proc = image.run(
+        "-c",
         "import time; from deepspeed.ops.op_builder.cpu import " + builder + " as B;"
         "t = time.time(); m = B().load(verbose=False);"
         "print('loaded', m.__file__, 'in', round(time.time() - t, 1))",
+        entrypoint="python",
         docker_args=("-e", "DS_ACCELERATOR=cpu", *no_build, *READ_ONLY),
     )
-    assert "/opt/venv/share/torch_extensions/" in out, out
+    out = proc.stdout.strip().splitlines()[-1]
+    assert out.startswith("loaded /tmp/entrypoint-1000/torch_extensions/"), proc
     assert float(out.split(" in ")[-1]) < 10, out
+    assert (
+        "entrypoint: TORCH_EXTENSIONS_DIR=/opt/venv/share/torch_extensions is read-only: its 3 "
+        "prebuilt ops are linked into /tmp/entrypoint-1000/torch_extensions" in proc.stderr
+    ), proc.stderr
+    assert "ninja stub" not in proc.stderr, proc.stderr
 
 
 ZERO2_STEP = """
@@ -136,6 +150,37 @@ def test_zero2_adamw_step_on_cpu_with_no_build(image, no_build):
     assert got["optimizer"] == "FusedAdam", got
     assert got["losses"][-1] < got["losses"][0], got
     assert "ninja stub" not in proc.stderr, proc.stderr
+
+
+def test_zero2_adamw_on_a_read_only_root_through_entrypoint_run(image, no_build):
+    """torch takes a lock in the op's directory before it loads a prebuilt op (torch 2.14:
+    an flock it opens read-write). On a read-only root `entrypoint run` links the ops into its
+    run directory on /tmp, says so, and the step runs with no build."""
+    proc = image.run(
+        "run",
+        "--",
+        "python",
+        "-c",
+        ZERO2_STEP,
+        timeout=300,
+        docker_args=(
+            "-e",
+            "DS_ACCELERATOR=cpu",
+            "-e",
+            "ENTRYPOINT_GPUS_PER_NODE=0",
+            *no_build,
+            *READ_ONLY,
+        ),
+    )
+    log = proc.stdout + proc.stderr
+    assert (
+        "TORCH_EXTENSIONS_DIR=/opt/venv/share/torch_extensions is read-only: its 3 prebuilt "
+        "ops are linked into /tmp/entrypoint-run/torch_extensions" in log
+    ), log
+    got = json.loads(re.findall(r'^.*(\{"optimizer".*\})$', log, re.M)[-1])
+    assert got["optimizer"] == "FusedAdam", got
+    assert got["losses"][-1] < got["losses"][0], got
+    assert "ninja stub" not in log, log
 
 
 AIO_ROUND_TRIP = """
