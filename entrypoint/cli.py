@@ -13,6 +13,8 @@ Commands:
                               with its fix; --allreduce: measure bandwidth across all nodes
   status [HOST[:PORT]] [--json]
                               every node of a running job, live, from node 0's /metrics
+  CMD...                      any other program on PATH (`docker run IMAGE bash`) runs as
+                              given: no plan, no supervision; `run -- CMD...` has both
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 
@@ -30,7 +33,11 @@ from entrypoint.render import options as render_options
 _EPILOG = """Every value comes from, in order: ENTRYPOINT_* settings, the platform's own variables
 (SLURM, Kubeflow, torchrun-style, WORLD_SIZE/RANK platforms, MPI, SkyPilot, AWS Batch,
 SageMaker, Volcano, Kubernetes Indexed Jobs/JobSet), probes of this node, defaults.
-`entrypoint plan` shows each value with its source. `entrypoint settings` lists the settings."""
+`entrypoint plan` shows each value with its source. `entrypoint settings` lists the settings.
+Any other program on PATH runs as given (`docker run IMAGE python -c ...`, `... bash`), with no
+plan and no supervision; `entrypoint run -- CMD...` plans, checks and supervises it."""
+
+COMMANDS = ("plan", "run", "settings", "render", "local", "doctor", "status")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -215,7 +222,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def as_given(argv: Sequence[str]) -> str | None:
+    """The program to run as given, when argv names one rather than an entrypoint command."""
+    if not argv or argv[0] in COMMANDS or argv[0].startswith("-"):
+        return None
+    return shutil.which(argv[0])
+
+
+def _exec_as_given(program: str, argv: Sequence[str]) -> int:
+    print(
+        f"entrypoint: {argv[0]} is not an entrypoint command: running it as given, with no plan "
+        f"and no supervision (entrypoint run -- {argv[0]} ... plans, checks and supervises it)",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        os.execv(program, list(argv))
+    except OSError as err:
+        print(f"entrypoint: error: {argv[0]}: {err.strerror}", file=sys.stderr)
+    return 127
+
+
 def _main(argv: Sequence[str] | None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    program = as_given(argv)
+    if program is not None:
+        return _exec_as_given(program, argv)
     parser = _parser()
     args = parser.parse_args(argv)
     env = dict(os.environ)

@@ -49,6 +49,23 @@ def test_frameworks_import_at_locked_versions(image, locked):
     assert got["accelerate"] == locked["accelerate"]
 
 
+def test_another_program_runs_as_given_through_the_images_entrypoint(image, locked):
+    """`docker run --rm IMAGE python -c ...` as a user types it: no --entrypoint, the image's
+    ENTRYPOINT hands the program over with one line on stderr."""
+    proc = image.run(
+        "python",
+        "-c",
+        "import torch, jax, deepspeed;"
+        "print(torch.__version__, torch.version.cuda, jax.__version__)",
+    )
+    # the last line: importing DeepSpeed logs its accelerator choice to stdout first
+    torch_version, cuda, jax_version = proc.stdout.splitlines()[-1].split()
+    assert torch_version.split("+")[0] == locked["torch"], proc.stdout
+    assert cuda.startswith(f"{CUDA}."), proc.stdout
+    assert jax_version == locked["jax"], proc.stdout
+    assert proc.stderr.startswith("entrypoint: python is not an entrypoint command"), proc.stderr
+
+
 def test_pip_check_is_clean(image):
     assert "No broken requirements" in image.run("check", entrypoint="pip").stdout
 
@@ -74,13 +91,16 @@ def test_ds_report_shows_fused_adam_and_cpu_adam_installed(image):
 @pytest.mark.parametrize("builder", ["ShareMemCommBuilder", "CPUAdamBuilder"])
 def test_cpu_accelerator_ops_load_prebuilt_without_a_compiler(image, builder):
     # DS_ACCELERATOR=cpu (the CPU runs) loads these through the JIT path; the image
-    # carries them prebuilt, and has no compiler to build them with.
+    # carries them prebuilt, and has no compiler to build them with. Where they are: a
+    # writable root (a read-only one: tests/image/test_deepspeed_ops.py).
     image.run("-c", "command -v c++ g++ gcc nvcc && exit 1; exit 0", entrypoint="sh")
     out = image.python(
         "import time; from deepspeed.ops.op_builder.cpu import " + builder + " as B;"
-        "t = time.time(); B().load(verbose=False); print('loaded in', round(time.time() - t, 1))",
-        docker_args=("-e", "DS_ACCELERATOR=cpu", *READ_ONLY),
+        "t = time.time(); m = B().load(verbose=False);"
+        "print(m.__file__, 'loaded in', round(time.time() - t, 1))",
+        docker_args=("-e", "DS_ACCELERATOR=cpu"),
     )
+    assert out.startswith("/opt/venv/share/torch_extensions/"), out
     seconds = float(out.split("loaded in")[-1])
     assert seconds < 10, out
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -194,3 +195,35 @@ def test_empty_program_word_refused_by_render():
     )
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.startswith("entrypoint: error: CMD='': the trainer's program is an empty")
+
+
+def test_the_commands_are_the_parsers():
+    from entrypoint import cli
+
+    sub = next(a for a in cli._parser()._actions if a.dest == "command")
+    assert set(cli.COMMANDS) == set(sub.choices)
+
+
+def test_what_runs_as_given():
+    from entrypoint.cli import as_given
+
+    assert as_given(["sh", "-c", "true"]) == shutil.which("sh")
+    for argv in ([], ["run"], ["plan", "--json"], ["--help"], ["rnu"], ["no-such-program-here"]):
+        assert as_given(argv) is None, argv
+
+
+def test_another_program_runs_as_given_with_one_line_and_its_own_exit_code():
+    """`docker run IMAGE python -c ...` (or bash): the image's ENTRYPOINT hands it over."""
+    out = entrypoint("sh", "-c", "echo out; echo err >&2; exit 3")
+    assert out.returncode == 3
+    assert out.stdout == "out\n"
+    assert out.stderr.splitlines() == [
+        "entrypoint: sh is not an entrypoint command: running it as given, with no plan and no "
+        "supervision (entrypoint run -- sh ... plans, checks and supervises it)",
+        "err",
+    ]
+
+
+def test_a_misspelt_command_is_still_an_error():
+    out = entrypoint("rnu")
+    assert out.returncode == 2 and "invalid choice: 'rnu'" in out.stderr
