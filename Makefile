@@ -35,7 +35,7 @@ $(VENV)/.done: pyproject.toml
 
 dev: $(VENV)/.done ## Create .venv: the package in editable mode, test tools, a CPU torch
 
-image: ## Build the image IMAGE (pulls the base, or builds it offline if no registry answers; CUDA=13: torch 2.14, driver 580+, multinode:dev-cu13, not finished (docs/IMAGE.md); ARCH=arm64: for Grace nodes, under QEMU)
+image: ## Build the image IMAGE (pulls the base, or builds it offline if no registry answers; CUDA=13: torch 2.14, driver 580+, multinode:dev-cu13; ARCH=arm64: for Grace nodes, under QEMU)
 	docker/build.sh
 
 smoke: ## Smoke-test the built IMAGE of ARCH (run under QEMU for another architecture): imports, plan, CPU Adam
@@ -102,7 +102,7 @@ test: $(VENV)/.done ## Run every test; builds the image first when a Docker engi
 # alone) and the users' trainers, each once (COMPAT_MATRIX=smoke; full: all 20 jobs).
 CU13_COMPAT ?= smoke
 
-test-cu13: $(VENV)/.done ## Build the CUDA 13 image (multinode:dev-cu13, not finished) and run its image tests and users' trainers (CU13_COMPAT=full: all 20 jobs)
+test-cu13: $(VENV)/.done ## Build the CUDA 13 image (multinode:dev-cu13) and run its image tests and users' trainers (CU13_COMPAT=full: all 20 jobs)
 	CUDA=13 IMAGE=multinode:dev-cu13 docker/build.sh
 	CUDA=13 IMAGE=multinode:dev-cu13 COMPAT_MATRIX=$(CU13_COMPAT) $(VENV)/bin/python -m pytest \
 		tests/image tests/compat --ignore=tests/image/test_pull.py $(call junit,cu13)

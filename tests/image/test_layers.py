@@ -48,10 +48,11 @@ def test_one_copy_of_each_nvidia_library(image):
             if CUDA_LIB.match(os.path.basename(path)):
                 libs.setdefault(os.path.basename(path), []).append(path)
     assert "libnccl.so.2" in libs and "libcudnn.so.9" in libs, sorted(libs)
-    # Triton's proton profiler carries a private CUPTI, loaded only when profiling with
-    # triton.profiler; torch and JAX load the nvidia-cuda-cupti-cu12 one.
+    # Triton's proton profiler carries private CUPTIs (lib/cupti; with CUDA 13's Triton also
+    # lib/cupti-blackwell, its knobs.py's path for Blackwell), loaded only when profiling with
+    # triton.profiler; torch and JAX load the CUDA wheels' one.
     libs = {
-        name: [p for p in paths if "/triton/backends/nvidia/lib/cupti/" not in p]
+        name: [p for p in paths if not re.search(r"/triton/backends/nvidia/lib/cupti[-/]", p)]
         for name, paths in libs.items()
     }
     twice = {name: paths for name, paths in libs.items() if len(paths) > 1}
