@@ -37,8 +37,6 @@ SageMaker, Volcano, Kubernetes Indexed Jobs/JobSet), probes of this node, defaul
 Any other program on PATH runs as given (`docker run IMAGE python -c ...`, `... bash`), with no
 plan and no supervision; `entrypoint run -- CMD...` plans, checks and supervises it."""
 
-COMMANDS = ("plan", "run", "settings", "render", "local", "doctor", "status")
-
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -224,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def as_given(argv: Sequence[str]) -> str | None:
     """The program to run as given, when argv names one rather than an entrypoint command."""
-    if not argv or argv[0] in COMMANDS or argv[0].startswith("-"):
+    if not argv or argv[0] in HANDLERS or argv[0].startswith("-"):
         return None
     return shutil.which(argv[0])
 
@@ -251,22 +249,25 @@ def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     env = dict(os.environ)
-    handlers = {
-        "plan": cmd_plan,
-        "run": cmd_run,
-        "settings": cmd_settings,
-        "render": render_options.cmd_render,
-        "local": cmd_local,
-        "doctor": cmd_doctor,
-        "status": cmd_status,
-    }
     if args.command is None:
         parser.print_help()
         return EXIT_CONFIG
     try:
-        return handlers[args.command](args, env)
+        return HANDLERS[args.command](args, env)
     except ConfigError as err:
         from entrypoint.supervise import logs
 
         logs.last_word(f"entrypoint: error: {err.line()}")
         return EXIT_CONFIG
+
+
+# Each command's handler; any other first word that names a program runs as given (as_given).
+HANDLERS = {
+    "plan": cmd_plan,
+    "run": cmd_run,
+    "settings": cmd_settings,
+    "render": render_options.cmd_render,
+    "local": cmd_local,
+    "doctor": cmd_doctor,
+    "status": cmd_status,
+}

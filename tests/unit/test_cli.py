@@ -201,7 +201,7 @@ def test_the_commands_are_the_parsers():
     from entrypoint import cli
 
     sub = next(a for a in cli._parser()._actions if a.dest == "command")
-    assert set(cli.COMMANDS) == set(sub.choices)
+    assert set(cli.HANDLERS) == set(sub.choices)
 
 
 def test_what_runs_as_given():
