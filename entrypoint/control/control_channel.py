@@ -266,9 +266,12 @@ def connect(
     sleep: Callable[[float], None] = time.sleep,
     identity: Identity = NO_IDENTITY,
     challenge_wait: float = 30.0,
+    setting: float | None = None,
 ) -> Channel:
-    """Connect to node 0's control port, waiting for it in any start order (bounded), and
-    take its challenge."""
+    """Connect to node 0's control port, waiting for it in any start order (bounded by
+    `timeout`, the time left), and take its challenge. `setting`: ENTRYPOINT_JOIN_TIMEOUT as
+    given, which the messages name (the time left is less once the node has done anything)."""
+    named = timeout if setting is None else setting
     start = time.monotonic()
     deadline = start + timeout
     delay, next_progress, why = QUICK_RETRY, start + progress_every, "not tried"
@@ -289,14 +292,14 @@ def connect(
         if now >= deadline:
             raise PeersError(
                 f"node 0's entrypoint at {where} did not answer within {now - start:.0f} s "
-                f"(ENTRYPOINT_JOIN_TIMEOUT={timeout:g}); last try: {why}. Likely causes: node 0 "
+                f"(ENTRYPOINT_JOIN_TIMEOUT={named:g}); last try: {why}. Likely causes: node 0 "
                 "did not start or failed (see its log), MASTER_ADDR is not node 0's address, or "
                 "a firewall or network policy blocks the port between nodes"
             )
         if now >= next_progress:
             log(
                 f"waiting for node 0 at {where}: {why}; {now - start:.0f} s so far, giving "
-                f"up after {timeout:g} s"
+                f"up after {timeout:.0f} s"
             )
             next_progress = now + progress_every
         sleep(min(delay, max(0.0, deadline - now)))

@@ -244,6 +244,7 @@ class Joining:
             self.channel = control_channel.connect(
                 *self._node0_at,
                 timeout=max(1.0, self._join_deadline - time.monotonic()),
+                setting=self.settings.join_timeout,
                 log=lambda line: self.log.warning(line),
                 identity=self.identity,
             )

@@ -693,3 +693,21 @@ def test_a_node_tries_node_0_every_tenth_of_a_second_while_the_nodes_start():
     with pytest.raises(control.PeersError):
         control_channel.connect("127.0.0.1", port, timeout=1.0, log=lambda _: None, sleep=sleep)
     assert len(slept) >= 5 and all(d <= control_channel.QUICK_RETRY for d in slept), slept
+
+
+def test_the_join_timeout_named_is_the_setting_not_the_time_left():
+    """CI, 2026-11-28: a node that had spent a moment before connecting named
+    ENTRYPOINT_JOIN_TIMEOUT=19.9999 for a setting of 20; the message names the setting as
+    given, and the time waited."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens on it once closed
+    lines: list[str] = []
+    with pytest.raises(control.PeersError) as err:
+        control_channel.connect(
+            "127.0.0.1", port, timeout=1.0, setting=20.0, log=lines.append, progress_every=0.3
+        )
+    assert f"at 127.0.0.1:{port} did not answer within 1 s (ENTRYPOINT_JOIN_TIMEOUT=20);" in str(
+        err.value
+    )
+    assert lines and all(line.endswith("giving up after 1 s") for line in lines), lines
