@@ -4,8 +4,10 @@ credential and no variable named like a secret (entrypoint/plan/secrets.py)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
+import stat
 import subprocess
 import tarfile
 from pathlib import Path
@@ -78,9 +80,51 @@ def _pem_bodies(pem: bytes) -> set[bytes]:
     return {m.split(b"\n")[1] for m in re.findall(rb"-----BEGIN CERTIFICATE-----\r?\n[^\n]+", pem)}
 
 
+SMALL = 4 << 20  # certificates and secrets are small; the big .so files are skipped
+
+
 def _layer_members(docker: str, tag: str):
-    """(layer, member, content or None) for every entry of every layer of `docker save`, and
-    (layer, None, None) first for each layer, empty ones (WORKDIR's) included."""
+    """(layer, name, content or None) for every entry of every layer, and (layer, None, None)
+    first for each layer, empty ones (WORKDIR's) included. From the engine's own layer folders
+    where it keeps them in overlay2 and this test can read them (root, on the engine's machine):
+    `docker save` of the CUDA 12 image took 112 s here (2026-11-28), most of this test's time."""
+    driver = json.loads(
+        subprocess.run(
+            [docker, "image", "inspect", "--format", "{{json .GraphDriver}}", tag],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    data = driver.get("Data") or {}
+    dirs = [d for key in ("UpperDir", "LowerDir") for d in (data.get(key) or "").split(":") if d]
+    if (
+        driver.get("Name") == "overlay2"
+        and dirs
+        and all(os.access(d, os.R_OK | os.X_OK) for d in dirs)
+    ):
+        yield from _overlay_members(dirs)
+    else:
+        yield from _saved_members(docker, tag)
+
+
+def _overlay_members(dirs: list[str]):
+    for layer in dirs:
+        yield layer, None, None
+        for root, subdirs, files in os.walk(layer):
+            for name in subdirs + files:
+                path = os.path.join(root, name)
+                st = os.lstat(path)
+                if stat.S_ISCHR(st.st_mode):  # a whiteout: a file the layer deletes
+                    continue
+                content = None
+                if stat.S_ISREG(st.st_mode) and st.st_size < SMALL:
+                    with open(path, "rb") as f:
+                        content = f.read()
+                yield layer, os.path.relpath(path, layer), content
+
+
+def _saved_members(docker: str, tag: str):
     proc = subprocess.Popen([docker, "save", tag], stdout=subprocess.PIPE)
     with tarfile.open(fileobj=proc.stdout, mode="r|") as outer:
         for blob in outer:
@@ -94,10 +138,9 @@ def _layer_members(docker: str, tag: str):
                 yield blob.name, None, None
                 for member in layer:
                     content = None
-                    # certificates and secrets are small; the big .so files are skipped
-                    if member.isfile() and member.size < 4 << 20:
+                    if member.isfile() and member.size < SMALL:
                         content = layer.extractfile(member).read()
-                    yield blob.name, member, content
+                    yield blob.name, member.name, content
     assert proc.wait() == 0, "docker save failed"
 
 
@@ -149,11 +192,10 @@ def test_no_ca_bundle_and_no_secret_in_any_layer(image, docker):
     same_as_image = _pem_bodies(host_pem) <= _pem_bodies(image_pem)
     values = _secret_values_here()
     found, layers = [], set()
-    for layer, member, content in _layer_members(docker, image.tag):
+    for layer, name, content in _layer_members(docker, image.tag):
         layers.add(layer)
-        if member is None:
+        if name is None:
             continue
-        name = member.name
         # BuildKit leaves the empty mount point run/secrets/ in a layer: entries under it are not
         if re.search(r"(^|/)run/secrets/.", name) or name.endswith(("with-ca.sh", "99-build-ca")):
             found.append(f"{layer}: {name}")
@@ -170,7 +212,7 @@ def test_no_ca_bundle_and_no_secret_in_any_layer(image, docker):
                 found.append(f"{layer}: {name} holds a certificate from {host_ca}")
                 break
     # every layer of the image was read: the venv's groups, the project, the base
-    assert len(layers) == len(set(image.config["RootFS"]["Layers"])), layers
+    assert len(layers) >= len(set(image.config["RootFS"]["Layers"])), layers
     assert not found, found
     history = subprocess.run(
         [docker, "history", "--no-trunc", image.tag], capture_output=True, text=True, check=True

@@ -73,8 +73,25 @@ def tools(unavailable):
         unavailable("containerd's overlay snapshots need root")
 
 
+def _room(image) -> None:
+    """skopeo copies the image out of the engine to a file under /var/tmp, then containerd
+    keeps the pulled blobs and their unpacked layers under the test's folder: each needs about
+    the image's size, one after the other. Short of room, say so before minutes of pushing."""
+    need = int(image.config["Size"]) * 1.7
+    for where in {Path("/var/tmp"), Path(tempfile.gettempdir())}:
+        free = shutil.disk_usage(where).free
+        if free < need:
+            pytest.fail(
+                f"{where} has {free / 1e9:.1f} GB free; pushing and pulling {image.tag} "
+                f"needs {need / 1e9:.1f} GB: free some (docker image prune, docker builder "
+                "prune --filter until=24h), then run it again",
+                pytrace=False,
+            )
+
+
 @pytest.fixture(scope="module")
 def pushed(image, tools):
+    _room(image)
     with tempfile.TemporaryDirectory(prefix="pull-test-") as tmp:
         # the blobs in memory: the disk holds containerd's copy, 14 GB, at the same time
         with pull.Registry(Path(tmp), memory="6g") as registry:
