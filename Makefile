@@ -78,8 +78,8 @@ demo: $(VENV)/.done ## Build the image if needed, run its built-in job as 2 node
 doctor: ## Run `entrypoint doctor` in the image IMAGE here (ARGS: --json)
 	docker run --rm --shm-size=8g $(if $(wildcard /dev/nvidia0),--gpus all) $(IMAGE) doctor $(ARGS)
 
-# `make test`: the unit tests in UNIT_JOBS processes (pytest-xdist, a file to a process: most of
-# their time is real processes waiting on timeouts), then the container tests one at a time;
+# `make test`: the unit tests in UNIT_JOBS processes (pytest-xdist, a file to a process; they
+# keep 2 cores busy: 4 processes took as long as 2), then the container tests one at a time;
 # both run whatever the first gives. PYTEST_JUNIT=PREFIX: junit reports PREFIX-unit.xml and
 # PREFIX-containers.xml (CI reads them). SERIAL: unit tests that time signals against a
 # process's start run alone, with the container tests (beside a second test process, one
