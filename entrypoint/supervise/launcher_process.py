@@ -47,6 +47,11 @@ class Launch:
     started: float
     command: tuple[str, ...] = ()
     pump: threading.Thread | None = None  # passes the launcher's stderr on; ends at its EOF
+    # When the launcher ended (time.time()), noted by a thread that waits for it: a node that
+    # sees the exit a turn later still reports the launcher's own time, which node 0 compares
+    # with other nodes' failures to name the first (a killed torchrun against the ranks on
+    # other nodes that failed because of it).
+    ended_at: float | None = None
 
     def running(self) -> bool:
         return self.process.poll() is None
@@ -247,7 +252,7 @@ def start(
     pumping.start()
     if log_dir is not None:
         WorkerOutput(log_dir, process, echo, out).start()
-    return Launch(
+    launch = Launch(
         process,
         plan.launcher in ("torchrun", "accelerate"),
         tail,
@@ -255,3 +260,15 @@ def start(
         tuple(plan.command),
         pumping,
     )
+    threading.Thread(target=_note_end, args=(launch,), daemon=True, name="launcher-end").start()
+    return launch
+
+
+def _note_end(launch: Launch) -> None:
+    """Wait for the launcher to end without collecting it (WNOWAIT: Popen reads its code),
+    and note when."""
+    try:
+        os.waitid(os.P_PID, launch.process.pid, os.WEXITED | os.WNOWAIT)
+    except ChildProcessError:  # Popen collected it first: it has just ended
+        pass
+    launch.ended_at = time.time()

@@ -314,7 +314,7 @@ class Supervisor(join.Joining):
         code = self.launched.process.poll()
         watch.code = exit_status(code) if code is not None else None
         if watch.code is not None and not watch.reported:
-            watch.reported, seen = True, time.time()
+            watch.reported, seen = True, self.launched.ended_at or time.time()
             self._kill_leftovers()  # a launcher that died leaves its workers headless
             self._report_exit(watch.code, watch.signalled, seen)
 

@@ -4,11 +4,14 @@ of torchrun's log directories, exit statuses within 0-255."""
 
 import collections
 import os
+import signal
+import subprocess
+import threading
 import time
 
 import pytest
 
-from entrypoint.supervise import failures, logs
+from entrypoint.supervise import failures, launcher_process, logs
 from entrypoint.supervise.launcher_process import exit_status
 
 
@@ -129,3 +132,22 @@ def test_a_trainer_line_without_end_cannot_grow_the_entrypoint():
 def test_a_carriage_return_ends_a_line_so_progress_bars_show():
     lines, _ = _through_a_pipe([b"step 1/3\rstep 2/3\r", b"\nstep 3/3\r\n", b"done\n\nlast"])
     assert lines == ["step 1/3", "step 2/3", "step 3/3", "done", "", "last"]
+
+
+def test_the_launchers_end_is_noted_when_it_happens_and_popen_still_reads_its_code():
+    """CI, 2026-11-28: a node saw its SIGKILLed torchrun a second late under load and reported
+    that later time; node 0 then named a rank on another node, which failed because of it, as
+    the first failure. The launch notes the launcher's end as it happens, without collecting
+    it."""
+    process = subprocess.Popen(["sleep", "30"])
+    launch = launcher_process.Launch(process, True, collections.deque(), time.monotonic())
+    noting = threading.Thread(target=launcher_process._note_end, args=(launch,), daemon=True)
+    noting.start()
+    time.sleep(0.3)
+    assert launch.ended_at is None
+    killed = time.time()
+    os.kill(process.pid, signal.SIGKILL)
+    time.sleep(1.5)  # the node's loop a turn late: it has not looked yet
+    noting.join(timeout=5)
+    assert launch.ended_at is not None and killed <= launch.ended_at < killed + 0.5
+    assert process.poll() == -signal.SIGKILL  # left for Popen to collect, with its code
