@@ -198,7 +198,9 @@ def test_sigterm_reaches_every_worker_which_checkpoint_then_the_next_start_resum
     sent = time.monotonic()
     c.procs[1].send_signal(signal.SIGTERM)  # one node preempted: every node checkpoints
     assert c.wait(60) == {0: 143, 1: 143}
-    assert time.monotonic() - sent < 10
+    # The workers checkpointed and exited within their grace (20 s), not killed when it ended.
+    # (A bound of 10 s failed twice on 2026-11-28 with both cores busy: 13 and 15 s.)
+    assert time.monotonic() - sent < 20
     got = c.reports()
     assert [r["signal"] for r in got] == [15] * 4
     saved = int((c.tmp / "out" / "ckpt").read_text())
