@@ -71,8 +71,9 @@ lint: $(VENV)/.done ## hadolint the Dockerfiles, shellcheck the scripts, ruff ch
 docs: $(VENV)/.done ## Build the docs site into site/ with MkDocs (strict: a broken link or anchor, a page left out of nav fails)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
-demo: $(VENV)/.done ## Build the image if needed, run its built-in job as 2 node containers here, 2 CPU workers each (ARGS: more `entrypoint local` options)
-	docker/build.sh
+# The venv installs while the image builds (a fresh clone's `make demo` waits for neither alone).
+demo: ## Build the image if needed, run its built-in job as 2 node containers here, 2 CPU workers each (ARGS: more `entrypoint local` options)
+	@$(MAKE) --no-print-directory -j2 $(VENV)/.done image
 	$(VENV)/bin/entrypoint local --nodes 2 --image $(IMAGE) $(ARGS)
 
 doctor: ## Run `entrypoint doctor` in the image IMAGE here (ARGS: --json)

@@ -3,6 +3,7 @@
     python deepspeed_ops.py wheel SDIST_DIR WHEEL_DIR   # setup.py bdist_wheel, ops compiled in
     python deepspeed_ops.py check OP...                 # fail unless the wheel installed OP...
     python deepspeed_ops.py jit EXTENSIONS_DIR          # the CPU accelerator's ops, prebuilt
+    python deepspeed_ops.py times DIR                   # the slowest compiles in DIR's ninja logs
 
 Why not plain `pip wheel`: DeepSpeed compiles its CPU ops with -march=native and
 picks AVX-512 or AVX2 from the build machine's CPU, so an image built on one machine
@@ -25,7 +26,9 @@ which finds nothing to do, so no compiler is needed (the image has none;
 TORCH_DONT_CHECK_COMPILER_ABI=1 quiets torch's warning about it). Taking the lock needs
 the op's directory writable: the image makes it group-writable for its user, and where the
 root filesystem is read-only `entrypoint run` links the ops into a writable directory
-(entrypoint/supervise/dsops.py, writable_extensions).
+(entrypoint/trainer_side/prebuilt_ops.py, writable_extensions). The three ops build side by
+side, each in a process of its own (each has two source files: one op alone would leave a core
+idle).
 """
 
 from __future__ import annotations
@@ -70,22 +73,48 @@ def check(*ops: str) -> None:
     print(f"deepspeed wheel ({accelerator_name}): installed {', '.join(ops)}")
 
 
-def jit(extensions_dir: str) -> None:
-    os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir
-    from deepspeed.ops.op_builder.cpu import CPUAdamBuilder, FusedAdamBuilder, ShareMemCommBuilder
+CPU_BUILDERS = ("ShareMemCommBuilder", "CPUAdamBuilder", "FusedAdamBuilder")
 
-    builders = (ShareMemCommBuilder, CPUAdamBuilder, FusedAdamBuilder)
-    pin_cpu_flags(*builders)
-    for builder in (cls() for cls in builders):
-        builder.jit_load(verbose=False)
-        op_dir = Path(extensions_dir) / builder.name
-        (op_dir / "lock").unlink(missing_ok=True)  # torch 2.14 leaves its flock file
-        dry = subprocess.run(["ninja", "-n", "-C", str(op_dir)], capture_output=True, text=True)
-        if "no work to do" not in dry.stdout:
-            sys.exit(f"{op_dir}: ninja would build again at load:\n{dry.stdout}{dry.stderr}")
-        print(f"prebuilt {builder.name} ({CPU_ARCH} {SIMD_WIDTH}) in {op_dir}")
+
+def jit(extensions_dir: str) -> None:
+    """Each CPU op built by a process of its own, all at once; fails if any fails."""
+    started = [
+        subprocess.Popen([sys.executable, __file__, "jit-one", extensions_dir, name])
+        for name in CPU_BUILDERS
+    ]
+    failed = [name for name, proc in zip(CPU_BUILDERS, started) if proc.wait() != 0]
+    if failed:
+        sys.exit(f"prebuilding the CPU ops failed: {', '.join(failed)} (their errors above)")
+
+
+def jit_one(extensions_dir: str, class_name: str) -> None:
+    os.environ["TORCH_EXTENSIONS_DIR"] = extensions_dir
+    from deepspeed.ops.op_builder import cpu
+
+    builder_class = getattr(cpu, class_name)
+    pin_cpu_flags(builder_class)
+    builder = builder_class()
+    builder.jit_load(verbose=False)
+    op_dir = Path(extensions_dir) / builder.name
+    (op_dir / "lock").unlink(missing_ok=True)  # torch 2.14 leaves its flock file
+    dry = subprocess.run(["ninja", "-n", "-C", str(op_dir)], capture_output=True, text=True)
+    if "no work to do" not in dry.stdout:
+        sys.exit(f"{op_dir}: ninja would build again at load:\n{dry.stdout}{dry.stderr}")
+    print(f"prebuilt {builder.name} ({CPU_ARCH} {SIMD_WIDTH}) in {op_dir}")
+
+
+def times(root: str, top: int = 8) -> None:
+    """The slowest compiles that ninja logged under root (.ninja_log: start and end in ms)."""
+    rows = []
+    for log in Path(root).rglob(".ninja_log"):
+        for line in log.read_text().splitlines():
+            fields = line.split("\t")
+            if len(fields) >= 4 and fields[0].isdigit() and fields[1].isdigit():
+                rows.append(((int(fields[1]) - int(fields[0])) / 1000, fields[3]))
+    for seconds, target in sorted(rows, reverse=True)[:top]:
+        print(f"compile {seconds:6.1f} s  {Path(target).name}")
 
 
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
-    {"wheel": wheel, "check": check, "jit": jit}[command](*args)
+    {"wheel": wheel, "check": check, "jit": jit, "jit-one": jit_one, "times": times}[command](*args)
