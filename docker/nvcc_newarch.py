@@ -22,7 +22,9 @@ whose `-gencode` flags name architectures 12.4 does not know:
 PTX can only come from the front end (cicc): a `code=compute_XY` newer than 12.4's is
 refused. compute_90 PTX is also the one that serves the most future GPUs: a driver compiles
 it for any architecture from 9.0 up, where compute_120 PTX would not run on sm_100 or sm_103.
-Any other nvcc call is passed through unchanged.
+Any other nvcc call is passed through unchanged. A compile that ninja asks for its header
+dependencies (`--generate-dependencies-with-compile`: DeepSpeed's build with DS_ENABLE_NINJA)
+gets a dependency file naming the source alone.
 """
 
 from __future__ import annotations
@@ -136,6 +138,31 @@ def shell_line(line: str) -> str:
     return f"export {m[1]}={shlex.quote(m[2])}" if m else line
 
 
+def without_depfile(args: list[str]) -> tuple[list[str], str | None]:
+    """The arguments without ninja's dependency output (`--generate-dependencies-with-compile
+    --dependency-output FILE`, which `--dryrun` cannot print steps for), and FILE."""
+    out, depfile, skip = [], None, False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+        elif arg == "--generate-dependencies-with-compile":
+            continue
+        elif arg == "--dependency-output":
+            depfile, skip = args[i + 1], True
+        else:
+            out.append(arg)
+    return out, depfile
+
+
+def write_depfile(path: str, args: list[str]) -> None:
+    """The object depends on its source: enough for a build tree made once and thrown away
+    (the image's); a changed header is not seen."""
+    obj = args[args.index("-o") + 1]
+    source = next(a for a in args if a.endswith(".cu"))
+    with open(path, "w") as f:
+        f.write(f"{obj}: {source}\n")
+
+
 def main(args: list[str]) -> int:
     known = known_archs()
     kept, new = split(args, known)
@@ -143,10 +170,14 @@ def main(args: list[str]) -> int:
         return subprocess.call([NVCC, *args])
     if not NEW_PTXAS or not os.access(NEW_PTXAS, os.X_OK):
         sys.exit(f"nvcc_newarch: NEW_PTXAS={NEW_PTXAS!r}: no ptxas for sm_{new}")
+    kept, depfile = without_depfile(kept)
     with tempfile.TemporaryDirectory(prefix="nvcc-newarch-") as keep:
         lines = with_new_cubins(steps(kept, keep), new)
         script = "set -e\n" + "\n".join(map(shell_line, lines)) + "\n"
-        return subprocess.call(["bash", "-c", script])
+        status = subprocess.call(["bash", "-c", script])
+    if status == 0 and depfile:
+        write_depfile(depfile, kept)
+    return status
 
 
 if __name__ == "__main__":

@@ -80,3 +80,15 @@ def test_nvcc_s_variables_are_exported_to_the_steps_quoted():
         "export LIBRARIES='  -L/usr/lib/x86_64-linux-gnu/stubs -L/usr/lib/x86_64-linux-gnu'"
     )
     assert nv.shell_line(STEPS[2]) == STEPS[2]
+
+
+def test_ninja_s_dependency_output_is_taken_out_of_the_dry_run_and_written_after(tmp_path):
+    # DeepSpeed's build under ninja (DS_ENABLE_NINJA=1) asks nvcc for a depfile, which
+    # `--dryrun` cannot print steps for ("Could not open input file ..._stdout").
+    depfile = tmp_path / "k.o.d"
+    args = ["--generate-dependencies-with-compile", "--dependency-output", str(depfile), *ARGS]
+    kept, found = nv.without_depfile(args)
+    assert kept == ARGS and found == str(depfile)
+    assert nv.without_depfile(ARGS) == (ARGS, None)
+    nv.write_depfile(found, kept)
+    assert depfile.read_text() == "k.o: k.cu\n"
