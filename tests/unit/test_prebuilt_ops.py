@@ -210,3 +210,16 @@ def test_no_writable_run_dir_is_a_warning_not_a_failure(tmp_path):
     assert level == "warning"
     assert line.startswith(f"TORCH_EXTENSIONS_DIR={source} is read-only and its ops could not")
     assert line.endswith(f"make {tmp_path / 'file'} writable (a tmpfs on /tmp)")
+
+
+def test_the_pth_line_is_silent_where_the_entrypoint_package_is_missing(tmp_path):
+    """The image build runs Python before the package's layer is in: no traceback there."""
+    repo = Path(__file__).resolve().parents[2]
+    line = (repo / "docker" / "entrypoint-prebuilt-ops.pth").read_text().splitlines()[-1]
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", f"{line}\nprint('started')"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert (out.returncode, out.stdout, out.stderr) == (0, "started\n", "")
