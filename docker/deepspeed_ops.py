@@ -14,25 +14,29 @@ would die with SIGILL on a node with an older CPU. Both choices are pinned here
 Why `jit`: setup.py builds one accelerator's ops only (cuda, here), and DeepSpeed uses
 installed ops only when the accelerator matches; with DS_ACCELERATOR=cpu (the CPU runs)
 it JIT-builds shm_comm, cpu_adam (ZeRO-Offload) and fused_adam (Adam/AdamW without
-offload) at start. The two accelerators' ops share module names
-(deepspeed.ops.adam.fused_adam_op is the CUDA kernel or the CPU loop), so the CPU ones
-cannot be installed beside the CUDA ones. Not async_io: DeepSpeed's JIT path first
-compiles a test program against libaio, which needs a compiler at every start, so NVMe
-offload is served on the CUDA accelerator only. The others are built into
-EXTENSIONS_DIR (TORCH_EXTENSIONS_DIR in the image) with their objects, ninja files and
-ninja logs, and no build lock: at load torch takes the lock (torch 2.14: an flock on
+offload) at start. Not cpu_adam where the CUDA wheel holds it: DeepSpeed's CUDA accelerator
+builds it with the CPU accelerator's own builder and the same pinned flags, and the image's
+hook has the CPU accelerator load the wheel's (entrypoint/trainer_side/prebuilt_ops.py,
+share). The two accelerators' other ops share module names (deepspeed.ops.adam.fused_adam_op
+is the CUDA kernel or the CPU loop), so the CPU ones cannot be installed beside the CUDA ones.
+Not async_io: DeepSpeed's JIT path first compiles a test program against libaio, which needs a
+compiler at every start, so NVMe offload is served on the CUDA accelerator only. The others
+are built into EXTENSIONS_DIR (TORCH_EXTENSIONS_DIR in the image) with their objects, ninja
+files and ninja logs, and no build lock: at load torch takes the lock (torch 2.14: an flock on
 `lock`, which it creates; 2.13 and before: a lock file it creates and removes) and runs ninja,
 which finds nothing to do, so no compiler is needed (the image has none;
 TORCH_DONT_CHECK_COMPILER_ABI=1 quiets torch's warning about it). Taking the lock needs
 the op's directory writable: the image makes it group-writable for its user, and where the
 root filesystem is read-only `entrypoint run` links the ops into a writable directory
-(entrypoint/trainer_side/prebuilt_ops.py, writable_extensions). The three ops build side by
-side, each in a process of its own (each has two source files: one op alone would leave a core
+(entrypoint/trainer_side/prebuilt_ops.py, writable_extensions). The ops build side by side,
+each in a process of its own (each has two source files: one op alone would leave a core
 idle).
 """
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import os
 import runpy
 import subprocess
@@ -73,16 +77,51 @@ def check(*ops: str) -> None:
     print(f"deepspeed wheel ({accelerator_name}): installed {', '.join(ops)}")
 
 
-CPU_BUILDERS = ("ShareMemCommBuilder", "CPUAdamBuilder", "FusedAdamBuilder")
+# builder class -> op name. cpu_adam is also one of the host-side optimizers that DeepSpeed's
+# CUDA accelerator builds with this same builder (entrypoint/trainer_side/prebuilt_ops.py,
+# SHARED_CPU_OPS): where the wheel holds it, the CPU accelerator loads the wheel's.
+CPU_BUILDERS = {
+    "ShareMemCommBuilder": "deepspeed_shm_comm",
+    "CPUAdamBuilder": "cpu_adam",
+    "FusedAdamBuilder": "fused_adam",
+}
+SHARED = ("cpu_adam",)
+
+
+def wheel_ops() -> dict[str, object]:
+    """The installed DeepSpeed wheel's record: accelerator_name, installed_ops (read, not
+    imported: importing deepspeed imports torch)."""
+    spec = importlib.util.find_spec("deepspeed")
+    assert spec and spec.submodule_search_locations, "deepspeed is not installed"
+    path = Path(next(iter(spec.submodule_search_locations))) / "git_version_info_installed.py"
+    record: dict[str, object] = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            try:
+                record[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass
+    return record
 
 
 def jit(extensions_dir: str) -> None:
-    """Each CPU op built by a process of its own, all at once; fails if any fails."""
+    """Each CPU op built by a process of its own, all at once (but those the CUDA wheel holds
+    for both accelerators); fails if any fails."""
+    record = wheel_ops()
+    installed = record.get("installed_ops") or {}
+    names = []
+    for name, op in CPU_BUILDERS.items():
+        if op in SHARED and record.get("accelerator_name") != "cpu" and installed.get(op):
+            print(
+                f"{op}: the {record['accelerator_name']} wheel's, shared with the CPU accelerator"
+            )
+        else:
+            names.append(name)
     started = [
         subprocess.Popen([sys.executable, __file__, "jit-one", extensions_dir, name])
-        for name in CPU_BUILDERS
+        for name in names
     ]
-    failed = [name for name, proc in zip(CPU_BUILDERS, started) if proc.wait() != 0]
+    failed = [name for name, proc in zip(names, started) if proc.wait() != 0]
     if failed:
         sys.exit(f"prebuilding the CPU ops failed: {', '.join(failed)} (their errors above)")
 

@@ -1,4 +1,4 @@
-"""Node 0's control port against strangers and floods (issue 28): why a hello is refused,
+"""Node 0's control port against strangers and floods: why a hello is refused,
 which connection still waiting for its hello gives way when too many wait, and warnings that
 a flood cannot turn into a flood of log lines. Used by entrypoint.control.control_server."""
 

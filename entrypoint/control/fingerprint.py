@@ -2,9 +2,9 @@
 
 Each node sends its fingerprint to node 0 before launch (entrypoint.control.control). Node 0
 compares them all: one mismatch stops every node before any training step, with one message naming
-the odd node(s) and each field that differs (seed 000's check_environment, made automatic). Clocks
-and a shared data directory ride along (seed 004: synchronized clocks, the same dataset path on
-every machine).
+the odd node(s) and each field that differs (the environment check users ran by hand, made
+automatic). Clocks and a shared data directory ride along (synchronized clocks, the same dataset
+path on every machine).
 
 `collect` is the edge (files, package metadata, NVML); everything else is pure.
 """

@@ -1,5 +1,5 @@
-"""`entrypoint doctor`: the checks users ran by hand before a multi-node job (seed 000's
-check_environment, seed 001's test_distributed), on one node, each problem with its fix.
+"""`entrypoint doctor`: the checks users ran by hand before a multi-node job (an environment
+check script, a test all-reduce), on one node, each problem with its fix.
 
     look()      the edge (here): imports torch and JAX, asks NVML, connects to the master's ports
     problems()  pure (doctor_checks.py): plan, facts and findings in; one line per problem out

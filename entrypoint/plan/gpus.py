@@ -33,7 +33,8 @@ def visible_ids(env: Mapping[str, str], facts: Facts) -> tuple[list[str] | None,
         ids = list(device_list("CUDA_VISIBLE_DEVICES", cvd))  # '' or -1: no GPU, as CUDA reads it
         if not ids:
             return [], env_var("CUDA_VISIBLE_DEVICES", "(hides every GPU)")
-        if facts.gpus is not None:  # probed: every listed GPU must exist here (seed 004)
+        # Probed: every listed GPU must exist here (no GPUs 0-15 listed on an 8-GPU node).
+        if facts.gpus is not None:
             uuids = [g.uuid for g in facts.gpus if g.uuid]
             missing = [
                 x

@@ -1,7 +1,7 @@
-"""Machines started by hand: one `docker run` per machine, the case of seed 004.
+"""Machines started by hand: one `docker run` per machine, no scheduler.
 
 Nothing assigns ranks, so each command states NNODES, NODE_RANK, MASTER_ADDR and MASTER_PORT,
-the torchrun-style names entrypoint/plan/platforms/torchrun.py reads (seeds 001, 003 and 004 export
+the torchrun-style names entrypoint/plan/platforms/torchrun.py reads (per-worker scripts export
 the same by hand; https://pytorch.org/docs/stable/elastic/run.html), and GPUS_PER_NODE, which
 `entrypoint run` checks against the machine before it starts anything. Docker's side:
 https://docs.docker.com/reference/cli/docker/container/run/ (--gpus needs the NVIDIA Container

@@ -12,9 +12,10 @@ image lacks would die there, on every rank, in a ninja traceback. `run` says it 
 
 What counts as installed is what DeepSpeed itself loads without a build (what `ds_report`
 reads): the ops setup.py compiled into the wheel (`deepspeed/git_version_info_installed.py`,
-used only when their accelerator is the one running) and, on the CPU accelerator, ops
-prebuilt into TORCH_EXTENSIONS_DIR (docker/deepspeed_ops.py), which DeepSpeed loads through
-its JIT path, so only while `ninja` answers on PATH.
+used only when their accelerator is the one running, but for the host-side optimizers that
+the image's hook shares with the CPU accelerator: trainer_side/prebuilt_ops.py, share) and, on
+the CPU accelerator, ops prebuilt into TORCH_EXTENSIONS_DIR (docker/deepspeed_ops.py), which
+DeepSpeed loads through its JIT path, so only while `ninja` answers on PATH.
 
 That JIT path takes a lock in the op's directory (torch 2.14 opens `lock` read-write for an
 flock) and runs ninja, which finds nothing to do. Where TORCH_EXTENSIONS_DIR is read-only
@@ -37,6 +38,7 @@ import yaml
 
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.plan import BUILTIN_JOBS
+from entrypoint.trainer_side.prebuilt_ops import SHARED_CPU_OPS
 
 # deepspeed/runtime/config.py's optimizer names; engine._configure_basic_optimizer picks the op.
 _ADAM = ("adam", "adamw", "muon")  # muon's auxiliary Adam is FusedAdam or CPUAdam too
@@ -230,8 +232,11 @@ def installed_ops(env: Mapping[str, str]) -> dict[str, frozenset[str]] | None:
     record = _literals(package / "git_version_info_installed.py")
     ops: dict[str, set[str]] = {"cuda": set(), "cpu": set()}
     built = record.get("installed_ops")
-    if isinstance(built, dict) and record.get("accelerator_name") in ops:
-        ops[str(record["accelerator_name"])] |= {str(op) for op, on in built.items() if on}
+    wheel = record.get("accelerator_name")
+    if isinstance(built, dict) and wheel in ops:
+        ops[str(wheel)] |= {str(op) for op, on in built.items() if on}
+        if wheel != "cpu":  # the CPU accelerator loads these from the wheel (prebuilt_ops.share)
+            ops["cpu"] |= ops[str(wheel)] & SHARED_CPU_OPS
     extensions = env.get("TORCH_EXTENSIONS_DIR")
     if extensions and shutil.which("ninja", path=env.get("PATH")):
         ops["cpu"] |= {

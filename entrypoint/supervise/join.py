@@ -259,7 +259,7 @@ class Joining:
     def _receive_joining(self, timeout: float) -> list[dict]:
         """Node 0's messages; before its welcome, a closed connection is node 0 making room
         (a flood of connections, or more joining at once than it holds): this node joins
-        again, with backoff, until its join timeout (issue 28)."""
+        again, with backoff, until its join timeout."""
         channel = self.node0
         if channel.welcomed:
             return self._receive(timeout)

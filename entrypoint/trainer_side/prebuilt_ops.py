@@ -20,10 +20,17 @@ cannot work:
   and TORCH_EXTENSIONS_DIR points there (writable_extensions). `entrypoint run` does it once per
   node before the trainer starts, in its run directory, and logs it; a process started without
   it does it here, under the temporary directory, with one line on stderr.
+
+One op is not prebuilt there but shared: DeepSpeed's CUDA accelerator builds its host-side
+optimizers (cpu_adam) with the CPU accelerator's own builder, so the op the CUDA wheel holds is
+the one the CPU accelerator would build, from the same sources with the same pinned flags. The
+image builds it once; on the CPU accelerator, DeepSpeed's builder loads the wheel's (share),
+where DeepSpeed itself would take an op installed for another accelerator as missing.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shutil
@@ -42,6 +49,10 @@ _SIMD = re.compile(r"^-D__(AVX\d+|SCALAR|SVE\w*|NEON\w*)__$")
 # The small files ninja reads (and may rewrite) are copied; the objects and the op are linked.
 # Copies keep their times: ninja compares them with the objects'.
 _NINJA_FILES = ("build.ninja", ".ninja_log", ".ninja_deps")
+# The ops DeepSpeed's CUDA accelerator builds with the CPU accelerator's builder
+# (deepspeed/accelerator/cuda_accelerator.py: host-side optimizers run on the CPU wherever the
+# model lives); docker/deepspeed_ops.py leaves those the wheel holds out of the prebuilt ones.
+SHARED_CPU_OPS = frozenset({"cpu_adam", "cpu_adagrad", "cpu_lion"})
 
 
 def built_flags(build_ninja: str) -> tuple[str | None, str | None]:
@@ -82,6 +93,43 @@ def pin(module: ModuleType) -> None:
         return simd or own_simd(self)
 
     builder.cpu_arch, builder.simd_width = cpu_arch, simd_width
+
+
+def share(module: ModuleType) -> None:
+    """DeepSpeed's OpBuilder.load, on the CPU accelerator, loads a SHARED_CPU_OPS op that the
+    wheel holds for the CUDA accelerator, instead of building it just in time."""
+    builder = module.OpBuilder
+    own_load = getattr(builder, "load", None)
+    if own_load is None:
+        return
+
+    def load(self, verbose: bool = False) -> object:
+        if self.name in SHARED_CPU_OPS:
+            op = wheels_op(self)
+            if op is not None:
+                getattr(builder, "_loaded_ops", {})[self.name] = op
+                return op
+        return own_load(self, verbose)
+
+    builder.load = load
+
+
+def wheels_op(op: object) -> ModuleType | None:
+    """The op as the wheel built it for another accelerator, while the CPU accelerator runs;
+    None: DeepSpeed's own load decides (another accelerator runs, or the wheel lacks it)."""
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.git_version_info import accelerator_name, installed_ops, torch_info
+
+    name = getattr(op, "name", "")
+    if get_accelerator()._name != "cpu" or accelerator_name == "cpu":
+        return None
+    if not installed_ops.get(name):
+        return None
+    op.validate_torch_version(torch_info)  # type: ignore[attr-defined]
+    try:
+        return importlib.import_module(op.absolute_name())  # type: ignore[attr-defined]
+    except ImportError:
+        return None
 
 
 def writable_extensions(
@@ -153,9 +201,11 @@ def _link_op(op: Path, dest: Path) -> None:
 
 
 def _in_this_process(module: ModuleType) -> None:
-    """Once DeepSpeed's builder is imported: its flags pinned, the ops' directory writable."""
+    """Once DeepSpeed's builder is imported: its flags pinned, the shared ops loaded from the
+    wheel, the ops' directory writable."""
     try:
         pin(module)
+        share(module)
         base = Path(tempfile.gettempdir()) / f"entrypoint-{os.getuid()}"
         env, level, line = writable_extensions(os.environ, base)
         if level == "info":

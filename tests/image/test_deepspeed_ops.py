@@ -79,11 +79,23 @@ def test_entrypoint_sees_the_ops_deepspeed_sees(image):
     assert {"fused_adam", "cpu_adam", "deepspeed_shm_comm"} <= set(ops["cpu"]), ops
 
 
-@pytest.mark.parametrize("builder", ["FusedAdamBuilder", "CPUAdamBuilder", "ShareMemCommBuilder"])
+# The CPU accelerator's ops and where each loads from: the prebuilt cache, linked on a read-only
+# root, or (cpu_adam, a host-side optimizer DeepSpeed's CUDA accelerator builds with the CPU
+# accelerator's builder) the CUDA wheel's own, built once (trainer_side/prebuilt_ops.py, share).
+SITE = "/opt/venv/lib/python3.13/site-packages/deepspeed/ops/"
+CPU_OPS = {
+    "FusedAdamBuilder": "/tmp/entrypoint-1000/torch_extensions/fused_adam/",
+    "CPUAdamBuilder": SITE + "adam/cpu_adam_op.",
+    "ShareMemCommBuilder": "/tmp/entrypoint-1000/torch_extensions/deepspeed_shm_comm/",
+}
+PREBUILT = 2  # in TORCH_EXTENSIONS_DIR: fused_adam and deepspeed_shm_comm
+
+
+@pytest.mark.parametrize("builder", sorted(CPU_OPS))
 def test_cpu_accelerator_op_loads_with_no_build_on_a_read_only_root(image, no_build, builder):
     """Straight `python`, no `entrypoint run`: the image's .pth hook (trainer_side/prebuilt_ops.py)
-    links the ops where torch can lock them and says so in one line. (A writable root:
-    tests/image/test_image.py.)"""
+    links the ops where torch can lock them and says so in one line, and has the CPU Adam op
+    come from the wheel. (A writable root: tests/image/test_image.py.)"""
     proc = image.run(
         "-c",
         "import time; from deepspeed.ops.op_builder.cpu import " + builder + " as B;"
@@ -93,11 +105,12 @@ def test_cpu_accelerator_op_loads_with_no_build_on_a_read_only_root(image, no_bu
         docker_args=("-e", "DS_ACCELERATOR=cpu", *no_build, *READ_ONLY),
     )
     out = proc.stdout.strip().splitlines()[-1]
-    assert out.startswith("loaded /tmp/entrypoint-1000/torch_extensions/"), proc
+    assert out.startswith(f"loaded {CPU_OPS[builder]}"), proc
     assert float(out.split(" in ")[-1]) < 10, out
     assert (
-        "entrypoint: TORCH_EXTENSIONS_DIR=/opt/venv/share/torch_extensions is read-only: its 3 "
-        "prebuilt ops are linked into /tmp/entrypoint-1000/torch_extensions" in proc.stderr
+        f"entrypoint: TORCH_EXTENSIONS_DIR=/opt/venv/share/torch_extensions is read-only: its "
+        f"{PREBUILT} prebuilt ops are linked into /tmp/entrypoint-1000/torch_extensions"
+        in proc.stderr
     ), proc.stderr
     assert "ninja stub" not in proc.stderr, proc.stderr
 
@@ -174,8 +187,8 @@ def test_zero2_adamw_on_a_read_only_root_through_entrypoint_run(image, no_build)
     )
     log = proc.stdout + proc.stderr
     assert (
-        "TORCH_EXTENSIONS_DIR=/opt/venv/share/torch_extensions is read-only: its 3 prebuilt "
-        "ops are linked into /tmp/entrypoint-run/torch_extensions" in log
+        f"TORCH_EXTENSIONS_DIR=/opt/venv/share/torch_extensions is read-only: its {PREBUILT} "
+        "prebuilt ops are linked into /tmp/entrypoint-run/torch_extensions" in log
     ), log
     got = json.loads(re.findall(r'^.*(\{"optimizer".*\})$', log, re.M)[-1])
     assert got["optimizer"] == "FusedAdam", got

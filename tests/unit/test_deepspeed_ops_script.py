@@ -30,13 +30,17 @@ def test_times_lists_the_slowest_compiles_of_every_ninja_log(tmp_path):
     ]
 
 
-def test_each_cpu_op_builds_in_its_own_process_and_a_failure_is_named(tmp_path):
-    # A stand-in deepspeed.ops.op_builder.cpu: each builder notes its process and writes its
-    # op; the CPU Adam one fails. `ninja -n` is a script that always has nothing to do.
-    pkg = tmp_path / "deepspeed" / "ops" / "op_builder"
+def _stand_in_deepspeed(root: Path, wheel: str, installed: dict) -> dict[str, str]:
+    """A stand-in deepspeed: the wheel's record, and deepspeed.ops.op_builder.cpu whose
+    builders note their process and write their op, the CPU Adam one failing. `ninja -n` is a
+    script that always has nothing to do. Returns the environment to run the script in."""
+    pkg = root / "deepspeed" / "ops" / "op_builder"
     pkg.mkdir(parents=True)
-    for d in (tmp_path / "deepspeed", tmp_path / "deepspeed" / "ops", pkg):
+    for d in (root / "deepspeed", root / "deepspeed" / "ops", pkg):
         (d / "__init__.py").write_text("")
+    (root / "deepspeed" / "git_version_info_installed.py").write_text(
+        f"installed_ops = {installed!r}\naccelerator_name = {wheel!r}\n"
+    )
     (pkg / "cpu.py").write_text(
         textwrap.dedent(
             """
@@ -66,15 +70,19 @@ def test_each_cpu_op_builds_in_its_own_process_and_a_failure_is_named(tmp_path):
             """
         )
     )
-    bin_dir = tmp_path / "bin"
+    bin_dir = root / "bin"
     bin_dir.mkdir()
     (bin_dir / "ninja").write_text("#!/bin/sh\necho 'ninja: no work to do.'\n")
     (bin_dir / "ninja").chmod(0o755)
-    env = {
+    return {
         **os.environ,
-        "PYTHONPATH": str(tmp_path),
+        "PYTHONPATH": str(root),
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
     }
+
+
+def test_each_cpu_op_builds_in_its_own_process_and_a_failure_is_named(tmp_path):
+    env = _stand_in_deepspeed(tmp_path, "cpu", {"cpu_adam": False})  # arm64's CPU-only wheel
     ext = tmp_path / "ext"
     out = subprocess.run(
         [sys.executable, str(SCRIPT), "jit", str(ext)], capture_output=True, text=True, env=env
@@ -87,3 +95,14 @@ def test_each_cpu_op_builds_in_its_own_process_and_a_failure_is_named(tmp_path):
     pids = {(ext / op / "pid").read_text() for op in ("deepspeed_shm_comm", "fused_adam")}
     assert len(pids) == 2 and str(os.getpid()) not in pids
     assert "prebuilt fused_adam (-march=x86-64-v3 -D__AVX256__)" in out.stdout
+
+
+def test_cpu_adam_is_not_built_again_where_the_cuda_wheel_holds_it(tmp_path):
+    env = _stand_in_deepspeed(tmp_path, "cuda", {"cpu_adam": True, "fused_adam": True})
+    ext = tmp_path / "ext"
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "jit", str(ext)], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out
+    assert "cpu_adam: the cuda wheel's, shared with the CPU accelerator" in out.stdout
+    assert sorted(p.name for p in ext.iterdir()) == ["deepspeed_shm_comm", "fused_adam"]

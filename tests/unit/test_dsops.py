@@ -237,7 +237,7 @@ def test_installed_ops_read_without_importing_deepspeed(tmp_path):
         {"fused_adam": 1, "cpu_adam": 1, "async_io": 1, "fused_lamb": False},
     )
     extensions = tmp_path / "ext"
-    for op in ("cpu_adam", "fused_adam"):
+    for op in ("deepspeed_shm_comm", "fused_adam"):
         (extensions / op).mkdir(parents=True)
         (extensions / op / f"{op}.so").write_bytes(b"")
     (extensions / "half").mkdir()  # a build that never finished: no .so
@@ -248,10 +248,19 @@ def test_installed_ops_read_without_importing_deepspeed(tmp_path):
     env = {"TORCH_EXTENSIONS_DIR": str(extensions)}
     assert _probe(root, env | {"PATH": str(bin_dir)}) == {
         "cuda": ["async_io", "cpu_adam", "fused_adam"],
-        "cpu": ["cpu_adam", "fused_adam"],
+        # cpu_adam: the wheel's, which the image's hook shares with the CPU accelerator
+        "cpu": ["cpu_adam", "deepspeed_shm_comm", "fused_adam"],
     }
-    # DeepSpeed's JIT path asks for ninja before it looks for a prebuilt op
-    assert _probe(root, env | {"PATH": str(tmp_path)})["cpu"] == []
+    # DeepSpeed's JIT path asks for ninja before it looks for a prebuilt op; the shared op
+    # is the wheel's own, loaded with no JIT path
+    assert _probe(root, env | {"PATH": str(tmp_path)})["cpu"] == ["cpu_adam"]
+
+
+def test_a_cpu_wheel_shares_nothing_and_a_cuda_wheel_only_host_optimizers(tmp_path):
+    cpu_wheel = _fake_deepspeed(tmp_path / "cpu", "cpu", {"cpu_adam": 1, "fused_adam": 1})
+    assert _probe(cpu_wheel, {}) == {"cuda": [], "cpu": ["cpu_adam", "fused_adam"]}
+    cuda_wheel = _fake_deepspeed(tmp_path / "cuda", "cuda", {"fused_adam": 1, "cpu_lion": 1})
+    assert _probe(cuda_wheel, {}) == {"cuda": ["cpu_lion", "fused_adam"], "cpu": ["cpu_lion"]}
 
 
 def test_no_deepspeed_no_check(tmp_path):
@@ -297,7 +306,8 @@ def test_run_refuses_in_one_line_before_launch(tmp_path):
     assert errors == [
         (
             f"entrypoint: error: {config}: optimizer.type='AdamW': needs DeepSpeed's fused_adam op "
-            "for the cpu accelerator, which this image does not have prebuilt (it has: none) and "
+            "for the cpu accelerator, which this image does not have prebuilt (it has: cpu_adam) "
+            "and "
             'cannot build at start (no compiler). Set "torch_adam": true in optimizer.params '
             "(torch's own Adam, no op), or build the op into an image derived from this one "
             "(docs/IMAGE.md)"

@@ -223,3 +223,70 @@ def test_the_pth_line_is_silent_where_the_entrypoint_package_is_missing(tmp_path
         text=True,
     )
     assert (out.returncode, out.stdout, out.stderr) == (0, "started\n", "")
+
+
+def _deepspeed_modules(monkeypatch, running: str, wheel: str, installed: dict) -> list:
+    """Stand-ins for what share() reads: the running accelerator, the wheel's record, and the
+    wheel's op module. Returns the torch versions validated."""
+    validated: list = []
+    accelerator = types.ModuleType("deepspeed.accelerator")
+    accelerator.get_accelerator = lambda: types.SimpleNamespace(_name=running)
+    record = types.ModuleType("deepspeed.git_version_info")
+    record.accelerator_name, record.installed_ops = wheel, installed
+    record.torch_info = {"version": "2.10"}
+    op_module = types.ModuleType("stand_in_ops.cpu_adam_op")
+    for name, module in {
+        "deepspeed": types.ModuleType("deepspeed"),
+        "deepspeed.accelerator": accelerator,
+        "deepspeed.git_version_info": record,
+        "stand_in_ops": types.ModuleType("stand_in_ops"),
+        "stand_in_ops.cpu_adam_op": op_module,
+    }.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    return validated
+
+
+def _loading_builder_module(validated: list) -> types.ModuleType:
+    module = types.ModuleType("builder")
+
+    class OpBuilder:
+        _loaded_ops: dict = {}
+
+        def __init__(self, name):
+            self.name = name
+
+        def absolute_name(self):
+            return f"stand_in_ops.{self.name}_op"
+
+        def validate_torch_version(self, info):
+            validated.append(info["version"])
+
+        def load(self, verbose=False):
+            return f"jit:{self.name}"
+
+    module.OpBuilder = OpBuilder
+    return module
+
+
+@pytest.mark.parametrize(
+    ("running", "wheel", "installed", "name", "want"),
+    [
+        ("cpu", "cuda", {"cpu_adam": True}, "cpu_adam", "wheel"),  # the image on a CPU node
+        ("cpu", "cuda", {"cpu_adam": True}, "fused_adam", "jit:fused_adam"),  # not shared
+        ("cpu", "cuda", {"cpu_adam": False}, "cpu_adam", "jit:cpu_adam"),  # not in the wheel
+        ("cuda", "cuda", {"cpu_adam": True}, "cpu_adam", "jit:cpu_adam"),  # DeepSpeed's own
+        ("cpu", "cpu", {"cpu_adam": True}, "cpu_adam", "jit:cpu_adam"),  # DeepSpeed's own
+    ],
+)
+def test_the_cpu_accelerator_loads_a_host_optimizer_from_the_cuda_wheel(
+    monkeypatch, running, wheel, installed, name, want
+):
+    validated = _deepspeed_modules(monkeypatch, running, wheel, installed)
+    module = _loading_builder_module(validated)
+    prebuilt_ops.share(module)
+    got = module.OpBuilder(name).load()
+    if want == "wheel":
+        assert got is sys.modules["stand_in_ops.cpu_adam_op"]
+        assert module.OpBuilder._loaded_ops == {"cpu_adam": got} and validated == ["2.10"]
+    else:
+        assert got == want and validated == []

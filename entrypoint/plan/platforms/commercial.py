@@ -1,6 +1,6 @@
 """Container platforms that start one container per node and give WORLD_SIZE, RANK,
 MASTER_ADDR, MASTER_PORT, where WORLD_SIZE counts nodes and RANK is the node's index
-(seed 002: `WORLD_SIZE=2`, `RANK=0|1`, `MASTER_ADDR=<job>-worker-0`).
+(for example `WORLD_SIZE=2`, `RANK=0|1`, `MASTER_ADDR=<job>-worker-0`).
 
 WORLD_SIZE is ambiguous across platforms: torch means processes. The reading is decided here
 from the whole environment, written into `notes`, and ENTRYPOINT_WORLD_SIZE_MEANS forces it.

@@ -1,7 +1,7 @@
 """Hand-started nodes with torchrun's variables: the same names users put in per-worker scripts.
 
 torchrun reads every flag from a PET_-prefixed variable too (torch/distributed/run.py,
-`env` argument action); seeds 001, 003 and 004 export NNODES/NODE_RANK/GPUS_PER_NODE by hand.
+`env` argument action); per-worker scripts export NNODES/NODE_RANK/GPUS_PER_NODE by hand.
 https://pytorch.org/docs/stable/elastic/run.html
 """
 
