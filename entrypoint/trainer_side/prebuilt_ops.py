@@ -30,7 +30,7 @@ where DeepSpeed itself would take an op installed for another accelerator as mis
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import os
 import re
 import shutil
@@ -127,7 +127,15 @@ def wheels_op(op: object) -> ModuleType | None:
         return None
     op.validate_torch_version(torch_info)  # type: ignore[attr-defined]
     try:
-        return importlib.import_module(op.absolute_name())  # type: ignore[attr-defined]
+        spec = importlib.util.find_spec(op.absolute_name())  # type: ignore[attr-defined]
+        if spec is None or spec.loader is None:
+            return None
+        # Loaded as torch loads a JIT-built op, outside sys.modules: a module there is emptied
+        # at interpreter exit before the optimizer's __del__ calls it (DeepSpeed's own import
+        # of the op prints a TypeError then).
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
     except ImportError:
         return None
 

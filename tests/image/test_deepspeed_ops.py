@@ -136,6 +136,34 @@ print(json.dumps({"optimizer": type(inner).__name__, "losses": losses}))
 """
 
 
+CPU_ADAM_STEP = """
+import torch
+from deepspeed.ops.adam import DeepSpeedCPUAdam
+p = torch.nn.Parameter(torch.ones(4))
+opt = DeepSpeedCPUAdam([p], lr=0.1)
+p.grad = torch.ones(4)
+opt.step()
+print(opt.ds_opt_adam.__file__, p.data.tolist())
+"""
+
+
+def test_zero_offload_s_cpu_adam_on_the_cpu_accelerator_is_the_wheel_s_and_exits_clean(
+    image, no_build
+):
+    """The optimizer lives until the interpreter exits; its __del__ then calls the op, which
+    must still be whole (an op module in sys.modules is emptied first: a TypeError)."""
+    proc = image.run(
+        "-c",
+        CPU_ADAM_STEP,
+        entrypoint="python",
+        docker_args=("-e", "DS_ACCELERATOR=cpu", *no_build),
+    )
+    where, weights = proc.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert where.startswith(SITE + "adam/cpu_adam_op."), proc
+    assert weights == str([0.8999999761581421] * 4), proc
+    assert "Traceback" not in proc.stderr and "ninja stub" not in proc.stderr, proc.stderr
+
+
 def test_zero2_adamw_step_on_cpu_with_no_build(image, no_build):
     """The issue's failure: AdamW on the CPU accelerator selects fused_adam (FusedAdam)."""
     env = (
