@@ -104,10 +104,11 @@ def share(module: ModuleType) -> None:
         return
 
     def load(self, verbose: bool = False) -> object:
-        if self.name in SHARED_CPU_OPS:
+        loaded = getattr(builder, "_loaded_ops", {})
+        if self.name in SHARED_CPU_OPS and self.name not in loaded:  # loaded: DeepSpeed's cache
             op = wheels_op(self)
             if op is not None:
-                getattr(builder, "_loaded_ops", {})[self.name] = op
+                loaded[self.name] = op
                 return op
         return own_load(self, verbose)
 

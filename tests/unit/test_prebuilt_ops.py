@@ -294,3 +294,18 @@ def test_the_cpu_accelerator_loads_a_host_optimizer_from_the_cuda_wheel(
         assert "stand_in_ops.cpu_adam_op" not in sys.modules
     else:
         assert got == want and validated == []
+
+
+def test_a_shared_op_is_loaded_once_per_process(tmp_path, monkeypatch):
+    """A second optimizer (DeepSpeed creates one per engine) gets DeepSpeed's cached op, not
+    the extension executed again."""
+    validated = _deepspeed_modules(monkeypatch, "cpu", "cuda", {"cpu_adam": True})
+    (tmp_path / "stand_in_ops").mkdir()
+    (tmp_path / "stand_in_ops" / "__init__.py").write_text("")
+    (tmp_path / "stand_in_ops" / "cpu_adam_op.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = _loading_builder_module(validated)
+    module.OpBuilder.load = lambda self, verbose=False: module.OpBuilder._loaded_ops[self.name]
+    prebuilt_ops.share(module)
+    first, second = module.OpBuilder("cpu_adam").load(), module.OpBuilder("cpu_adam").load()
+    assert first is second and validated == ["2.10"]
