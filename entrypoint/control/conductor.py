@@ -35,6 +35,7 @@ from entrypoint.control.conductor_terms import (
     JOIN,
     RUN,
     STOPPING,
+    Action,
     Close,
     Limits,
     Log,
@@ -134,7 +135,7 @@ class Conductor(Seating):
 
     # -- events ----------------------------------------------------------------------------
 
-    def hello(self, member: int, message: Hello, now: float, wall_now: float) -> list:
+    def hello(self, member: int, message: Hello, now: float, wall_now: float) -> list[Action]:
         """A node of this job (the handshake passed) says hello: join, or join again."""
         host = message.host
         if not 0 <= member < self.expected:
@@ -188,7 +189,7 @@ class Conductor(Seating):
         self.lost.pop(member, None)
         return self._maybe_go(now)
 
-    def beat(self, member: int, message: Beat, now: float) -> list:
+    def beat(self, member: int, message: Beat, now: float) -> list[Action]:
         state = self.members.get(member)
         if state is not None:
             state.last_seen = now
@@ -205,7 +206,7 @@ class Conductor(Seating):
             self.limits.hang_timeout, p.longest, p.warmed, self.limits.collective_timeout
         )
 
-    def stacks(self, member: int, message: Stacks, now: float) -> list:
+    def stacks(self, member: int, message: Stacks, now: float) -> list[Action]:
         """A node's ranks' stacks, asked for when no rank stepped: once every node training
         has answered (or STACKS_WAIT ran out), the hang is named and acted on."""
         state = self.members.get(member)
@@ -219,7 +220,7 @@ class Conductor(Seating):
         training = {m for m, s in self.members.items() if s.connected and m in self.seats}
         return training <= self.probe.answers.keys()
 
-    def _check_hang(self, now: float) -> list:
+    def _check_hang(self, now: float) -> list[Action]:
         if self.probe is not None:
             return self._judge_hang(now) if now >= self.probe.deadline else []
         rule = self.hang_rule()
@@ -236,7 +237,7 @@ class Conductor(Seating):
             Send(ALL, Dump(round(silent, 1))),
         ]
 
-    def _judge_hang(self, now: float) -> list:
+    def _judge_hang(self, now: float) -> list[Action]:
         probe, self.probe = self.probe, None
         assert probe is not None
         training = [m for m, s in self.members.items() if s.connected and m in self.seats]
@@ -247,7 +248,7 @@ class Conductor(Seating):
         member = blamed if blamed is not None else min(training, default=0)
         return self._failure(member, None, reason, EXIT_HUNG, now)
 
-    def _check_slow_ranks(self, now: float) -> list:
+    def _check_slow_ranks(self, now: float) -> list[Action]:
         slow = slow_ranks(self.progress.ranks.values(), now, self.limits.slow_window)
         said = slow_rank_news(self.slow_ranks, slow, self.progress.ranks.keys())
         self.slow_ranks = slow
@@ -255,7 +256,7 @@ class Conductor(Seating):
             Log(level, f"{ranks_text([r])} on {self.name(m)} {text}") for level, m, r, text in said
         ]
 
-    def exited(self, member: int, message: Exit, now: float) -> list:
+    def exited(self, member: int, message: Exit, now: float) -> list[Action]:
         state = self.members.get(member)
         code = message.code
         # A stop is a signal's only when a node received that signal (the exit message says so,
@@ -283,7 +284,7 @@ class Conductor(Seating):
             seated = [self.members.get(m) for m in self.seats]
             if self.phase == RUN and all(s is not None and s.exit_code == 0 for s in seated):
                 self.phase, self.outcome = END, (0, "every node finished")
-                done = [Send(ALL, Done())]
+                done: list[Action] = [Send(ALL, Done())]
                 return (
                     done
                     if self.expected == 1
@@ -300,7 +301,7 @@ class Conductor(Seating):
         )
         return self._judge(now) if now >= self.decide_at or everyone else []
 
-    def signalled(self, member: int, message: Signal, now: float) -> list:
+    def signalled(self, member: int, message: Signal, now: float) -> list[Action]:
         """A node received a signal and passed it to its workers; a stopping one goes to every
         node's workers too (one pod preempted: its peers must checkpoint with it)."""
         sig = message.signal
@@ -324,7 +325,7 @@ class Conductor(Seating):
             Send(ALL, Signal(sig, reason)),
         ]
 
-    def closed(self, member: int, now: float) -> list:
+    def closed(self, member: int, now: float) -> list[Action]:
         state = self.members.get(member)
         if self.phase == JOIN and self.generation and self.roster.elastic:
             return self._lost_in_restart(member, now)
@@ -351,7 +352,7 @@ class Conductor(Seating):
             )
         return []
 
-    def tick(self, now: float) -> list:
+    def tick(self, now: float) -> list[Action]:
         if self.phase == JOIN and now > self.join_deadline and self._late_go_allowed():
             missing = sorted(self.awaited - self.members.keys())
             self.awaited -= set(missing)
@@ -373,7 +374,7 @@ class Conductor(Seating):
                 "0's address, and that the port is open between nodes"
             )
             return self._end(EXIT_PEERS, reason)
-        actions: list = []
+        actions: list[Action] = []
         if self.phase == RUN and self.decide_at is not None and now >= self.decide_at:
             return self._judge(now)
         if self.phase == RUN:
@@ -405,7 +406,7 @@ class Conductor(Seating):
                 actions.append(Log("info", monitor_table(self.members, now)))
         return actions
 
-    def _check_slow(self) -> list:
+    def _check_slow(self) -> list[Action]:
         """Nodes whose GPUs lag the job's, named once, and once caught up (slow_nodes)."""
         window, seated = self.limits.slow_window, not self.roster.elastic
         training = {m: s.history for m, s in self.members.items() if seated or m in self.seats}
@@ -416,7 +417,7 @@ class Conductor(Seating):
 
     # -- decisions -------------------------------------------------------------------------
 
-    def _judge(self, now: float) -> list:
+    def _judge(self, now: float) -> list[Action]:
         """The failure that came first, by the failing rank's own time on node 0's clock (the
         report's order when a time is missing), is the one shown and acted on."""
 
@@ -438,7 +439,7 @@ class Conductor(Seating):
 
     def _failure(
         self, member: int, failure: dict | None, reason: str, code: int, now: float
-    ) -> list:
+    ) -> list[Action]:
         summary = failure_summary(failure, self.name(member)) if failure else ""
         stopping = next((sig for sig in self.received if sig in STOPPING), None)
         if stopping is not None:
@@ -456,7 +457,7 @@ class Conductor(Seating):
             alive = [m for m, s in self.members.items() if s.connected]
             self._next_start(alive if self.roster.elastic else range(self.expected), now)
             used = self.limits.max_restarts - self.restarts_left
-            actions: list = [Log("error", summary)] if summary else []
+            actions: list[Action] = [Log("error", summary)] if summary else []
             actions += [
                 Log(
                     "warning",
@@ -468,10 +469,12 @@ class Conductor(Seating):
             return actions
         return self._end(code, reason, summary)
 
-    def _end(self, code: int, reason: str, summary: str = "", sig: int | None = None) -> list:
+    def _end(
+        self, code: int, reason: str, summary: str = "", sig: int | None = None
+    ) -> list[Action]:
         self.phase, self.outcome = END, (code, reason)
         self.failures, self.decide_at = {}, None
-        actions: list = [Log("error", summary)] if summary else []
+        actions: list[Action] = [Log("error", summary)] if summary else []
         actions += [
             Log("error", f"stopping every {self.unit} (exit {code}): {reason}"),
             Send(ALL, self._stop_message(code, reason, sig)),

@@ -50,6 +50,10 @@ class Close:
     member: int
 
 
+# What every event of the Conductor returns, in order; control_server carries them out.
+Action = Send | Log | Close
+
+
 @dataclass(frozen=True)
 class Limits:
     join_timeout: float = 300.0

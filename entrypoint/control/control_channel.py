@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from entrypoint.control import messages as m
 from entrypoint.control import sockets
@@ -74,39 +75,44 @@ class Channel:
     def last_heard(self, when: float) -> None:
         self._last_heard = when
 
-    def send(self, message: dict) -> bool:
-        """Send one message given as a dict (its wire form); a hello gets this node's proof."""
-        if message.get("t") == "hello":
-            self.member = int(message["member"])
-            challenge = self.challenge
-            proof = (
-                m.hello_proof(
-                    self.identity.token, challenge.nonce, self.nonce, self.identity.job, self.member
+    def send(self, message: m.Message) -> bool:
+        """Send one message; a hello gets this node's proof, a beat its GPUs' figures only
+        every STATS_EVERY seconds. False: node 0 took nothing for SEND_TIMEOUT seconds."""
+        match message:
+            case m.Hello():
+                self.member = message.member
+                challenge = self.challenge
+                proof = (
+                    m.hello_proof(
+                        self.identity.token,
+                        challenge.nonce,
+                        self.nonce,
+                        self.identity.job,
+                        self.member,
+                    )
+                    if self.identity.token and challenge
+                    else ""
                 )
-                if self.identity.token and challenge
-                else ""
-            )
-            message = message | {
-                "protocol": PROTOCOL,
-                "job": self.identity.job,
-                "auth": self.identity.auth,
-                "nonce": self.nonce,
-                "proof": proof,
-            }
-        elif message.get("t") == "beat" and message.get("stats"):
-            # The figures are for node 0's table (every few minutes); a bare beat costs node 0
-            # a fifth of the CPU of one with 8 GPUs' figures, at 1,024 nodes every second.
-            now = time.monotonic()
-            if now - self.stats_sent < STATS_EVERY:
-                # The ranks' progress goes every beat: hangs and slow ranks are judged from it.
-                message = {"t": "beat", "ranks": message.get("ranks")}
-            else:
-                self.stats_sent = now
-        try:
-            data = m.encode(m.from_dict(message))
-        except m.BadMessage:
-            # This node's own bug: node 0 skips the line and logs why; this node goes on.
-            data = (json.dumps(message, default=str) + "\n").encode()
+                message = replace(
+                    message,
+                    protocol=PROTOCOL,
+                    job=self.identity.job,
+                    auth=self.identity.auth,
+                    nonce=self.nonce,
+                    proof=proof,
+                )
+            case m.Beat(stats=stats) if stats:
+                # The figures are for node 0's table (every few minutes); a bare beat costs
+                # node 0 a fifth of the CPU of one with 8 GPUs' figures, at 1,024 nodes every
+                # second.
+                now = time.monotonic()
+                if now - self.stats_sent < STATS_EVERY:
+                    # The ranks' progress goes every beat: hangs and slow ranks are judged
+                    # from it.
+                    message = m.Beat(ranks=message.ranks)
+                else:
+                    self.stats_sent = now
+        data = _checked(message)
         with self._sending:
             try:
                 self._send_all(data, SEND_TIMEOUT)
@@ -124,7 +130,7 @@ class Channel:
                 if left <= 0 or not select.select([], [self.sock], [], left)[1]:
                     raise TimeoutError(f"node 0 took nothing for {timeout:g} s") from None
 
-    def receive(self, timeout: float) -> list[dict]:
+    def receive(self, timeout: float) -> list[m.Message]:
         """Messages from node 0 that arrived within `timeout` seconds, each checked; sets
         `closed` on EOF. Raises Refused when node 0 refused this node or failed its proof."""
         if self.closed:
@@ -148,19 +154,20 @@ class Channel:
         except ValueError:
             self.closed = True
             return []
-        out = []
+        out: list[m.Message] = []
         for line in lines:
             try:
                 message = m.decode(line, m.FROM_NODE_0)
             except m.BadMessage:
                 continue  # node 0 is the same program: a line it did not mean is skipped
-            if isinstance(message, m.Refuse):
-                raise Refused(shown(message.reason, 2000))  # node 0's word, not yet proven
-            if isinstance(message, m.Welcome):
-                self._check_welcome(message)
-                continue
-            if isinstance(message, m.Challenge):
-                continue
+            match message:
+                case m.Refuse(reason=reason):
+                    raise Refused(shown(reason, 2000))  # node 0's word, not yet proven
+                case m.Welcome():
+                    self._check_welcome(message)
+                    continue
+                case m.Challenge():
+                    continue
             if self.identity.token and not self.welcomed:
                 # Before node 0's proof nothing it says is acted on: an impostor without the
                 # token must not start (or stop) this node's trainer.
@@ -169,7 +176,7 @@ class Channel:
                     "holds this job's ENTRYPOINT_JOB_TOKEN (no welcome): it is not this "
                     "job's node 0. Check MASTER_ADDR and give every node the same token"
                 )
-            out.append(message.to_wire())
+            out.append(message)
         return out
 
     def _check_welcome(self, welcome: m.Welcome) -> None:
@@ -195,6 +202,19 @@ class Channel:
             self.sock.close()
         except OSError:
             pass
+
+
+def _checked(message: m.Message) -> bytes:
+    """The message's line, checked as node 0 will check it. A message this node's own bug
+    made unacceptable goes as it is: node 0 skips the line and logs why; this node goes on."""
+    try:
+        line = m.encode(message)
+    except (TypeError, ValueError):  # a value JSON cannot hold
+        return (json.dumps(message.to_wire(), default=str) + "\n").encode()
+    try:
+        return m.encode(m.decode(line, m.FROM_NODES))
+    except m.BadMessage:
+        return line
 
 
 def _why(err: OSError) -> str:

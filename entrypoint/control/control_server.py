@@ -15,7 +15,7 @@ from collections.abc import Callable
 from entrypoint.control import messages as m
 from entrypoint.control import sockets
 from entrypoint.control.conductor import Conductor
-from entrypoint.control.conductor_terms import ALL, Close, Log, Send
+from entrypoint.control.conductor_terms import ALL, Action, Close, Log, Send
 from entrypoint.control.control import NO_IDENTITY, Lines, raise_open_files_limit
 from entrypoint.control.control_guard import REFUSAL_WINDOW, Pending, Warnings, refusal
 from entrypoint.control.identity import Identity
@@ -240,25 +240,29 @@ class Server(threading.Thread):
             self._dispatch(peer, message, time.monotonic())
 
     def _dispatch(self, peer: Peer, message: m.Message, now: float) -> None:
+        member, c = peer.member, self.conductor
         if isinstance(message, m.Hello):
             self._hello(peer, message, now)
-        elif peer.member is None:
+            return
+        if member is None:
             self._dropped_log(f"dropped {peer.name()}: sent {message.kind} before its hello")
             self._drop(peer)
-        elif isinstance(message, m.Beat):
-            self._apply(self.conductor.beat(peer.member, message, now))
-        elif isinstance(message, m.Exit):
-            self._apply(self.conductor.exited(peer.member, message, now))
-        elif isinstance(message, m.Signal):
-            self._apply(self.conductor.signalled(peer.member, message, now))
-        elif isinstance(message, m.Stacks):
-            self._apply(self.conductor.stacks(peer.member, message, now))
-        elif isinstance(message, m.Health):
-            # The event's words are the node's: escaped, as its host name is.
-            message = dataclasses.replace(
-                message, where=shown(message.where, 200), text=shown(message.text, 1000)
-            )
-            self._apply(self.conductor.health(peer.member, message, now))
+            return
+        match message:
+            case m.Beat():
+                self._apply(c.beat(member, message, now))
+            case m.Exit():
+                self._apply(c.exited(member, message, now))
+            case m.Signal():
+                self._apply(c.signalled(member, message, now))
+            case m.Stacks():
+                self._apply(c.stacks(member, message, now))
+            case m.Health(where=where, text=text):
+                # The event's words are the node's: escaped, as its host name is.
+                shown_message = dataclasses.replace(
+                    message, where=shown(where, 200), text=shown(text, 1000)
+                )
+                self._apply(c.health(member, shown_message, now))
 
     def _hello(self, peer: Peer, hello: m.Hello, now: float) -> None:
         # The host is the peer's word, in every line logged about it from now on: escaped.
@@ -327,20 +331,21 @@ class Server(threading.Thread):
 
     # -- actions and writes ---------------------------------------------------------------
 
-    def _apply(self, actions: list) -> None:
+    def _apply(self, actions: list[Action]) -> None:
         for action in actions:
-            if isinstance(action, Send):
-                self._send(action.to, action.message)
-            elif isinstance(action, Log):
-                self.log(action.level, action.text)
-            elif isinstance(action, Close):
-                peer = self.members.pop(action.member, None)
-                if peer is not None:
-                    self._forget(peer)
-                    peer.closing = True
-                    self._flush(peer)
-                    if not peer.out:
-                        self._drop(peer)
+            match action:
+                case Send(to=to, message=message):
+                    self._send(to, message)
+                case Log(level=level, text=text):
+                    self.log(level, text)
+                case Close(member=member):
+                    peer = self.members.pop(member, None)
+                    if peer is not None:
+                        self._forget(peer)
+                        peer.closing = True
+                        self._flush(peer)
+                        if not peer.out:
+                            self._drop(peer)
 
     def _send(self, to: int, message: m.Message) -> None:
         data = m.encode(message)

@@ -362,11 +362,6 @@ def decode(line: bytes, allowed: frozenset[str] = FROM_NODES) -> Message:
     return KINDS[kind].from_wire(raw)
 
 
-def from_dict(raw: dict, allowed: frozenset[str] = FROM_NODES) -> Message:
-    """A message built in this process as a dict (the wire form), checked the same way."""
-    return decode(json.dumps(raw).encode(), allowed)
-
-
 def encode(message: Message) -> bytes:
     return (json.dumps(message.to_wire(), separators=(",", ":")) + "\n").encode()
 

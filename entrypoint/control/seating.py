@@ -25,6 +25,7 @@ from entrypoint.control.conductor_terms import (
     JOIN,
     RUN,
     STOPPING,
+    Action,
     Close,
     Limits,
     Log,
@@ -75,25 +76,27 @@ class Seating:
     def name(self, member: int) -> str:
         raise NotImplementedError
 
-    def hello(self, member: int, message: Hello, now: float, wall_now: float) -> list:
+    def hello(self, member: int, message: Hello, now: float, wall_now: float) -> list[Action]:
         raise NotImplementedError
 
-    def _end(self, code: int, reason: str, summary: str = "", sig: int | None = None) -> list:
+    def _end(
+        self, code: int, reason: str, summary: str = "", sig: int | None = None
+    ) -> list[Action]:
         raise NotImplementedError
 
     def _failure(
         self, member: int, failure: dict | None, reason: str, code: int, now: float
-    ) -> list:
+    ) -> list[Action]:
         raise NotImplementedError
 
-    def _maybe_go(self, now: float) -> list:
+    def _maybe_go(self, now: float) -> list[Action]:
         if self.phase != JOIN or not self.awaited <= self.members.keys():
             return []
         if self.roster.elastic and self.generation == 0:
             return self._refuse_odd_standbys() + self._go(now)
         return self._go(now)
 
-    def _go(self, now: float) -> list:
+    def _go(self, now: float) -> list[Action]:
         """Every member the start waits for is here: compare them, seat them, say go."""
         members = [
             Member(m, s.host, s.fingerprint, s.clock_offset)
@@ -125,7 +128,7 @@ class Seating:
             state.last_seen, state.exit_code = now, None
         took = now - self.join_started
         first = members[0].fingerprint
-        actions: list = [Log("warning", w) for w in warnings]
+        actions: list[Action] = [Log("warning", w) for w in warnings]
         if self.expected > 1:
             lock = str(first.get("image_lock"))
             lock = lock if lock.startswith("none") else lock[:12]
@@ -148,7 +151,7 @@ class Seating:
             for m in sorted(self.members)
         ]
 
-    def _lost(self, member: int, why: str, now: float) -> list:
+    def _lost(self, member: int, why: str, now: float) -> list[Action]:
         reason = f"lost {self.name(member)}: {why}"
         self.lost[member] = why
         if self.roster.elastic and not any(s in STOPPING for s in self.received):
@@ -172,7 +175,7 @@ class Seating:
 
     # -- spares and shrinking (entrypoint.control.roster) -----------------------------------
 
-    def _restart(self, reason: str, alive: list[int], now: float) -> list:
+    def _restart(self, reason: str, alive: list[int], now: float) -> list[Action]:
         """A node lost with a standby to take its seat, or enough nodes left to shrink: every
         node's trainer starts again, seated anew at the next `go`."""
         self._next_start(alive, now)
@@ -210,7 +213,7 @@ class Seating:
             f"ENTRYPOINT_MIN_NODES below {r.full} to go on with fewer {self.units}"
         )
 
-    def _too_few(self, seats: dict[int, int]) -> list:
+    def _too_few(self, seats: dict[int, int]) -> list[Action]:
         alive = sorted(self.members)
         need = self.roster.full if self.generation == 0 else self.roster.min_nodes
         return self._end(
@@ -231,7 +234,7 @@ class Seating:
 
     def _hello_while_running(
         self, member: int, message: Hello, now: float, wall_now: float
-    ) -> list:
+    ) -> list[Action]:
         """A spare late for the start, or a lost node its platform replaced, stands by; a
         seated node that says hello again was restarted by its platform: the job restarts."""
         if member not in self.members:
@@ -244,7 +247,9 @@ class Seating:
         )
         return actions + self.hello(member, message, now, wall_now)
 
-    def _standby_joins(self, member: int, message: Hello, now: float, wall_now: float) -> list:
+    def _standby_joins(
+        self, member: int, message: Hello, now: float, wall_now: float
+    ) -> list[Action]:
         """A node that joins the running job stands by, once it matches node 0."""
         state = MemberState(
             host=message.host,
@@ -270,7 +275,7 @@ class Seating:
             Send(member, Go(self.generation, (), None, len(self.seats))),
         ]
 
-    def _unlike_node0(self, member: int, state: MemberState) -> list:
+    def _unlike_node0(self, member: int, state: MemberState) -> list[Action]:
         """A standby that does not match node 0 is refused (its actions), the job goes on."""
         ref = self.members.get(0)
         pair = [
@@ -291,10 +296,10 @@ class Seating:
             Close(member),
         ]
 
-    def _refuse_odd_standbys(self) -> list:
+    def _refuse_odd_standbys(self) -> list[Action]:
         """At the first start, each spare is compared with node 0 alone: one that differs is
         refused now, not when it is needed, and the job starts without it."""
-        actions: list = []
+        actions: list[Action] = []
         for member in sorted(m for m in self.members if m not in self.seats):
             refusal = self._unlike_node0(member, self.members[member])
             if refusal:
@@ -303,7 +308,7 @@ class Seating:
                 actions += refusal
         return actions
 
-    def health(self, member: int, message: Health, now: float) -> list:
+    def health(self, member: int, message: Health, now: float) -> list[Action]:
         """A GPU or link event on a node: counted; a fatal one takes the node out of the job at
         once, without waiting for its trainer to fail or hang."""
         state = self.members.get(member)
@@ -317,7 +322,7 @@ class Seating:
             return [Log("warning", text)] if first else []
         return self._unhealthy(member, state.host, message.text, now)
 
-    def _unhealthy(self, member: int, host: str, why: str, now: float) -> list:
+    def _unhealthy(self, member: int, host: str, why: str, now: float) -> list[Action]:
         """`member` failed a check before its start, or a fatal event struck it: a standby
         takes its seat (or the job shrinks) where the roster allows; else the job stops,
         naming it. Node 0 serves the job: its own sickness ends the job."""
@@ -355,7 +360,7 @@ class Seating:
         lose = self._lost if member in self.seats else self._standby_lost
         return [Send(member, bye), Close(member), *lose(member, why, now)]
 
-    def _not_planned(self, member: int, host: str) -> list:
+    def _not_planned(self, member: int, host: str) -> list[Action]:
         """A member beyond the node count node 0 plans: refused; at the join, the job ends."""
         reason = (
             f"{self.unit} {member} ({host}) joined, but node 0 plans {self.expected} "
@@ -370,7 +375,7 @@ class Seating:
             ]
         return [Send(member, Stop(EXIT_CONFIG, reason)), Close(member)]
 
-    def _lost_in_restart(self, member: int, now: float) -> list:
+    def _lost_in_restart(self, member: int, now: float) -> list[Action]:
         """A member's connection closed while the job restarts: the others go on without it."""
         if member not in self.awaited and member not in self.members:
             return []
@@ -382,7 +387,7 @@ class Seating:
             *self._maybe_go(now),
         ]
 
-    def _standby_lost(self, member: int, why: str, now: float) -> list:
+    def _standby_lost(self, member: int, why: str, now: float) -> list[Action]:
         state = self.members.pop(member)
         self.lost[member] = why
         waiting = len([m for m in self.members if m not in self.seats])

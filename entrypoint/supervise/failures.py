@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from entrypoint.control.messages import Exit
 from entrypoint.plan.plan import Plan
 from entrypoint.supervise.launcher_process import Launch, exit_status
 
@@ -133,31 +134,30 @@ def exit_report(
     seen: float,
     who: str,
     mask: Callable[[str], str],
-) -> dict:
+) -> Exit:
     """The exit message to node 0 for a launch that ended with `code` (0-255): a signal's
     stop, or a failure with its summary (rank, exit code, masked last lines) and reason."""
-    message: dict = {"t": "exit", "code": code}
+    found: dict | None = None
     if code != 0 and signalled is None:
         if launch.pump is not None:
             launch.pump.join(timeout=3)  # the error's last lines are in the summary
-        found = failure(plan, launch, launch.process.returncode, log_dir, seen=seen)
-        found["tail"] = [mask(line) for line in found["tail"]]
-        by = found["exitcode"] - 128
-        if found["exitcode"] > 128 and delivered.get(by):
+        seen_failure = failure(plan, launch, launch.process.returncode, log_dir, seen=seen)
+        seen_failure["tail"] = [mask(line) for line in seen_failure["tail"]]
+        by = seen_failure["exitcode"] - 128
+        if seen_failure["exitcode"] > 128 and delivered.get(by):
             # Its workers had that signal from this node (SIGUSR1: checkpoint and stop).
             signalled = by
         else:
             # Whatever the code, 134, 139, 255 or 130: the trainer's own, not a signal the
             # entrypoint passed on; node 0 decides (a signal another node received makes
             # it a stop, else a failure).
-            message["failure"] = found
-            message["code"] = exit_status(found["exitcode"])  # -9 from torchrun: 137
+            found = seen_failure
+            code = exit_status(found["exitcode"])  # -9 from torchrun: 137
     if signalled is not None:
-        message["signal"] = signalled
-    elif code != 0:
-        found = message["failure"]
-        first, last = plan.ranks
-        ranks = f"rank {found['rank']}" if found["rank"] is not None else f"ranks {first}-{last}"
-        what = found["killed"] or f"{ranks} failed with exit code {found['exitcode']}"
-        message["reason"] = f"{who}: {what}"
-    return message
+        return Exit(code, signal=signalled, failure=found)
+    if code == 0 or found is None:
+        return Exit(code)
+    first, last = plan.ranks
+    ranks = f"rank {found['rank']}" if found["rank"] is not None else f"ranks {first}-{last}"
+    what = found["killed"] or f"{ranks} failed with exit code {found['exitcode']}"
+    return Exit(code, failure=found, reason=f"{who}: {what}")

@@ -293,7 +293,7 @@ def watch(plan: Plan, log, channel: Callable[[], Any]) -> Watch:
             log.warning(f"{event.text} (counted; the job goes on)", health=event.kind)
         to = channel()
         if to is not None:
-            to.send(Health(event.kind, event.where, event.text, event.fatal).to_wire())
+            to.send(Health(event.kind, event.where, event.text, event.fatal))
 
     return Watch(plan.devices, plan_links(plan.env), report)
 

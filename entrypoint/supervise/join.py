@@ -9,7 +9,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from entrypoint.control import control, control_channel, control_server, fingerprint, sockets
+from entrypoint.control import control_channel, control_server, fingerprint, sockets
+from entrypoint.control import messages as m
 from entrypoint.control.conductor import Conductor
 from entrypoint.control.conductor_terms import STOPPING, Limits, signal_name
 from entrypoint.control.identity import Identity, job_identity, read_token
@@ -144,24 +145,24 @@ def collect_fingerprint(plan: Plan, settings: Settings, healthy: bool = True) ->
 
 def hello(
     plan: Plan,
-    member: int | None,
+    member: int,
     generation: int,
     fp: dict,
     unhealthy: str = "",
     domain: str = "",
-) -> dict:
+) -> m.Hello:
     """This member's hello to node 0: who it is, its start, its clock and its fingerprint, and
-    the checks it failed before this start."""
-    return {
-        "t": "hello",
-        "protocol": control.PROTOCOL,
-        "member": member,
-        "node_rank": plan.node_rank,
-        "host": socket.gethostname(),
-        "generation": generation,
-        "time": time.time(),
-        "fingerprint": fp,
-    } | {k: v for k, v in (("unhealthy", unhealthy[:4000]), ("domain", domain)) if v}
+    the checks it failed before this start. The channel adds the job's identity and proof."""
+    return m.Hello(
+        member=member,
+        host=socket.gethostname(),
+        fingerprint=fp,
+        time=time.time(),
+        node_rank=plan.node_rank,
+        generation=generation,
+        unhealthy=unhealthy[:4000],
+        domain=domain,
+    )
 
 
 # Node 0 seated this node anew (node rank, nnodes): the plan for that seat and the trainer's
@@ -179,7 +180,7 @@ class Joining:
     log: Any
     env: dict[str, str]
     identity: Identity
-    member: int | None
+    member: int
     expected: int
     unit: str
     generation: int
@@ -206,7 +207,7 @@ class Joining:
         return self.channel
 
     # the Supervisor's
-    def _receive(self, timeout: float) -> list[dict]:
+    def _receive(self, timeout: float) -> list[m.Message]:
         raise NotImplementedError
 
     def _check_master(self, timeout: float) -> None:
@@ -256,7 +257,7 @@ class Joining:
         finally:
             self._connecting = False
 
-    def _receive_joining(self, timeout: float) -> list[dict]:
+    def _receive_joining(self, timeout: float) -> list[m.Message]:
         """Node 0's messages; before its welcome, a closed connection is node 0 making room
         (a flood of connections, or more joining at once than it holds): this node joins
         again, with backoff, until its join timeout."""
@@ -334,7 +335,7 @@ class Joining:
         if self.stop_signal is not None:
             sig = self.stop_signal
             # Said to node 0, so that the other nodes stop now, not at the join timeout.
-            self.node0.send({"t": "exit", "code": 128 + sig, "signal": sig})
+            self.node0.send(m.Exit(128 + sig, signal=sig))
             raise Stop(
                 128 + sig,
                 f"received {signal_name(sig)} before the trainer started"
@@ -347,17 +348,18 @@ class Joining:
         while True:
             self._stop_before_start()
             for message in self._receive_joining(0.5):
-                kind = message.get("t")
-                if kind == "go":
-                    for warning in message.get("warnings", []):
-                        self.log.warning(warning)
-                    # A node its platform started again joins the job's restart, not start 0.
-                    self.generation = int(message.get("generation", self.generation))
-                    if message.get("nnodes") is not None:
-                        self._take_seat(message.get("seat"), int(message["nnodes"]))
-                    return
-                if kind == "stop":
-                    raise Stop(int(message["code"]), self._from_node0(message["reason"]))
+                match message:
+                    case m.Go():
+                        for warning in message.warnings:
+                            self.log.warning(warning)
+                        # A node its platform started again joins the job's restart, not
+                        # start 0.
+                        self.generation = message.generation
+                        if message.nnodes is not None:
+                            self._take_seat(message.seat, message.nnodes)
+                        return
+                    case m.Stop(code=code, reason=reason):
+                        raise Stop(code, self._from_node0(reason))
             self._check_master(deadline_silent)
 
     def _take_seat(self, seat: int | None, nnodes: int) -> None:
@@ -390,19 +392,19 @@ class Joining:
             now = time.monotonic()
             if now - last_beat >= self.settings.heartbeat_interval:
                 last_beat = now
-                self.node0.send({"t": "beat", "stats": stats.read()})
+                self.node0.send(m.Beat(stats.read()))
             for sig in self.signals.take():
                 if sig in STOPPING:
-                    self.node0.send({"t": "exit", "code": 128 + sig, "signal": sig})
+                    self.node0.send(m.Exit(128 + sig, signal=sig))
                     raise Stop(128 + sig, f"received {signal_name(sig)} while standing by")
             for message in self._receive(0.5):
-                kind = message.get("t")
-                if kind == "stop":
-                    raise Stop(int(message["code"]), self._from_node0(message["reason"]))
-                if kind == "done":
-                    return 0
-                if kind == "restart":
-                    self.generation = int(message["generation"])
-                    self._hello()
-                    return None
+                match message:
+                    case m.Stop(code=code, reason=reason):
+                        raise Stop(code, self._from_node0(reason))
+                    case m.Done():
+                        return 0
+                    case m.Restart(generation=generation):
+                        self.generation = generation
+                        self._hello()
+                        return None
             self._check_master(self.settings.heartbeat_timeout)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from entrypoint import early_signals
 from entrypoint.control import control_channel, control_server
+from entrypoint.control import messages as m
 from entrypoint.control.conductor_terms import STOPPING, signal_name
 from entrypoint.control.control import PeersError
 from entrypoint.plan import secrets
@@ -89,8 +90,8 @@ class Beats(threading.Thread):
                 )
             last = now
             if now - self.turn.began <= self.stuck_after:
-                beat = {"t": "beat", "stats": self.stats.read(), "ranks": self.inbox.reports(now)}
-                self.channel.send(beat)
+                ranks = tuple(tuple(r) for r in self.inbox.reports(now))
+                self.channel.send(m.Beat(self.stats.read(), ranks))
             self.halt.wait(self.interval)
 
     def stop(self) -> None:
@@ -162,7 +163,7 @@ class Supervisor(join.Joining):
             raw_echo(secrets.mask(line, self.secret_values))
 
         self.echo = passed_on
-        self.member = plan.member if plan.spawn else plan.rank
+        self.member = plan.member if plan.spawn or plan.rank is None else plan.rank
         self.expected = plan.members if plan.spawn else plan.world_size
         self.standing_by = plan.standby  # a spare: no trainer until node 0 seats it
         self.unit = "node" if plan.spawn else "process"
@@ -263,7 +264,7 @@ class Supervisor(join.Joining):
         self._handle_signals(watch, now)
         if watch.code is None:
             for sig in self.signals.deliver_late(launch, watch.signalled, watch.signalled_at, now):
-                self.node0.send({"t": "signal", "signal": sig})
+                self.node0.send(m.Signal(sig))
         if watch.kill_at is not None and now > watch.kill_at and launch.running():
             self.log.error(
                 f"workers still running {s.grace_period:g} s after the signal: killing them"
@@ -301,13 +302,13 @@ class Supervisor(join.Joining):
                     self.signals.pass_on(self.launched, sig, f"received {signal_name(sig)}")
                     watch.stopping(sig, now, self.settings.grace_period)
                 # Node 0 passes a stopping signal to every node's workers (one pod preempted).
-                self.node0.send({"t": "signal", "signal": sig})
+                self.node0.send(m.Signal(sig))
             elif watch.code is None:
                 if not self.signals.pass_on(self.launched, sig, f"received {signal_name(sig)}"):
                     self.signals.pending.append(sig)  # no worker yet: for them when they start
                 else:
                     self.signals.told.add(sig)
-                    self.node0.send({"t": "signal", "signal": sig})
+                    self.node0.send(m.Signal(sig))
 
     def _note_exit(self, watch: Watch) -> None:
         """Once the launcher exited: kill what it left and say its exit to node 0."""
@@ -318,56 +319,56 @@ class Supervisor(join.Joining):
             self._kill_leftovers()  # a launcher that died leaves its workers headless
             self._report_exit(watch.code, watch.signalled, seen)
 
-    def _on_message(self, message: dict, watch: Watch, now: float) -> tuple[bool, int | None]:
+    def _on_message(self, message: m.Message, watch: Watch, now: float) -> tuple[bool, int | None]:
         """One message from node 0; (True, what `_supervise` returns) when the launch ends."""
-        kind = message.get("t")
-        if kind == "stop":
-            return True, self._stopped(message, watch.signalled, watch.kill_at)
-        if kind == "signal" and watch.signalled is None and watch.code is None:
-            sig = int(message["signal"])
-            self.signals.pass_on(
-                self.launched, sig, str(message.get("reason", "another node received it"))
-            )
-            watch.stopping(sig, now, self.settings.grace_period)
-            self.stop_signal = sig
-        if kind == "dump" and self.inbox is not None:
-            self.log.warning(
-                f"node 0 says no rank has stepped for {float(message.get('silent', 0)):.0f} s: "
-                f"writing this node's ranks' stacks into {self.inbox.stacks_dir}"
-            )
-            self.inbox.dump(now)
-        if kind == "done":
-            self.launched.stop(5)
-            return True, 0 if watch.code == 0 else (watch.code or 0)
-        if kind == "restart":
-            if self.beats is not None:
-                self.beats.stop()  # the old launch's ranks are no news for the new one
-            # A restart follows a lost node or a failed trainer: the workers' collectives are
-            # broken, no checkpoint can complete, and every second here is every GPU's.
-            began = time.monotonic()
-            self._end_launch(LOST_PEER_GRACE)
-            self.generation = int(message["generation"])
-            if self.member != 0 and self.stop_signal is None:
-                # node 0's conductor has said it already
+        match message:
+            case m.Stop():
+                return True, self._stopped(message, watch.signalled, watch.kill_at)
+            case m.Signal(signal=sig, reason=reason):
+                if watch.signalled is None and watch.code is None:
+                    self.signals.pass_on(self.launched, sig, reason)
+                    watch.stopping(sig, now, self.settings.grace_period)
+                    self.stop_signal = sig
+            case m.Dump(silent=silent) if self.inbox is not None:
                 self.log.warning(
-                    f"restarting the trainer ({message.get('reason', '')})", restart=self.generation
+                    f"node 0 says no rank has stepped for {silent:.0f} s: "
+                    f"writing this node's ranks' stacks into {self.inbox.stacks_dir}"
                 )
-            # Where a restart's seconds go: the old workers' exit, then the join and the start.
-            self.log.info(
-                f"the last start's launcher and workers ended {time.monotonic() - began:.2f} s "
-                "after the restart was called; joining node 0 again",
-                restart=self.generation,
-            )
-            self._hello()  # with a stop signal: says so to node 0 and stops
-            return True, None
+                self.inbox.dump(now)
+            case m.Done():
+                self.launched.stop(5)
+                return True, 0 if watch.code == 0 else (watch.code or 0)
+            case m.Restart():
+                self._restart(message)
+                return True, None
         return False, None
+
+    def _restart(self, message: m.Restart) -> None:
+        """Node 0 restarts the job: end this launch, join again (None: start anew)."""
+        if self.beats is not None:
+            self.beats.stop()  # the old launch's ranks are no news for the new one
+        # A restart follows a lost node or a failed trainer: the workers' collectives are
+        # broken, no checkpoint can complete, and every second here is every GPU's.
+        began = time.monotonic()
+        self._end_launch(LOST_PEER_GRACE)
+        self.generation = message.generation
+        if self.member != 0 and self.stop_signal is None:
+            # node 0's conductor has said it already
+            self.log.warning(f"restarting the trainer ({message.reason})", restart=self.generation)
+        # Where a restart's seconds go: the old workers' exit, then the join and the start.
+        self.log.info(
+            f"the last start's launcher and workers ended {time.monotonic() - began:.2f} s "
+            "after the restart was called; joining node 0 again",
+            restart=self.generation,
+        )
+        self._hello()  # with a stop signal: says so to node 0 and stops
 
     def _report_exit(self, code: int, signalled: int | None, seen: float) -> None:
         who = f"{self.unit} {self.member} ({socket.gethostname()})"
         if code != 0 and self.world_error is not None and signalled is None:
             # Every node stops with the site hook's line: a restart would form the same world.
             reason = f"{who}: {secrets.mask(self.world_error, self.secret_values)}"
-            self.node0.send({"t": "exit", "code": EXIT_CONFIG, "reason": reason[:4000]})
+            self.node0.send(m.Exit(EXIT_CONFIG, reason=reason[:4000]))
             return
         self.node0.send(
             failures.exit_report(
@@ -383,9 +384,8 @@ class Supervisor(join.Joining):
             )
         )
 
-    def _stopped(self, message: dict, signalled: int | None, kill_at: float | None) -> int:
-        code, reason = int(message["code"]) & 0xFF, str(message.get("reason", ""))
-        sig = message.get("signal")
+    def _stopped(self, message: m.Stop, signalled: int | None, kill_at: float | None) -> int:
+        code, reason, sig = message.code & 0xFF, message.reason, message.signal
         launch = self.launched
         if launch.running() and signalled is not None and kill_at is not None:
             # The workers have the signal already: what is left of their grace.
@@ -402,7 +402,7 @@ class Supervisor(join.Joining):
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _receive(self, timeout: float) -> list[dict]:
+    def _receive(self, timeout: float) -> list[m.Message]:
         messages = self.node0.receive(timeout)
         if self.node0.closed:
             self._end_workers(LOST_PEER_GRACE)
@@ -434,7 +434,7 @@ class Supervisor(join.Joining):
 
     def _send_stacks(self, inbox: Inbox) -> None:
         stacks = inbox.stacks()
-        self.node0.send({"t": "stacks", "ranks": stacks})
+        self.node0.send(m.Stacks(tuple(stacks)))
 
     def _end_workers(self, grace: float) -> None:
         """SIGTERM to a running launch's workers, `grace` to exit, then SIGKILL."""

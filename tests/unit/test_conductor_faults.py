@@ -179,6 +179,7 @@ def test_an_old_connections_late_beats_and_close_are_not_the_new_nodes():
 
     from entrypoint.control import control_channel, control_server
     from tests.unit.test_control import hello as wire_hello
+    from tests.unit.test_control import typed as wire
 
     c = Conductor(2, RESTARTS, now=time.monotonic())
     logged = []
@@ -198,16 +199,16 @@ def test_an_old_connections_late_beats_and_close_are_not_the_new_nodes():
 
     node0, old = connect(), connect()
     try:
-        node0.send(wire_hello(0))
-        old.send(wire_hello(1))
+        node0.send(wire(wire_hello(0)))
+        old.send(wire(wire_hello(1)))
         until(lambda: c.phase == "run")
         new = connect()
-        new.send(wire_hello(1, host="worker-1b"))
+        new.send(wire(wire_hello(1, host="worker-1b")))
         until(lambda: c.generation == 1 and 1 in c.members)
-        node0.send(wire_hello(0))
+        node0.send(wire(wire_hello(0)))
         until(lambda: c.phase == "run")
         seen = c.members[1].last_seen
-        old.send({"t": "beat"})
+        old.send(wire({"t": "beat"}))
         old.close()
         time.sleep(1.0)
         assert c.members[1].last_seen == seen and c.members[1].connected

@@ -60,6 +60,11 @@ def hello(member: int, **fields) -> dict:
     } | fields
 
 
+def typed(raw: dict) -> m.Message:
+    """A message given in its wire form, as the channel takes it."""
+    return m.KINDS[raw["t"]](**{k: v for k, v in raw.items() if k != "t"})
+
+
 class Node0:
     """A Server and its Conductor for `expected` nodes; what it logged."""
 
@@ -99,7 +104,7 @@ class Node0:
         channel = control_channel.connect(
             "127.0.0.1", self.port, timeout=10, log=print, identity=identity
         )
-        channel.send(hello(member))
+        channel.send(typed(hello(member)))
         return channel
 
     def close(self) -> None:
@@ -162,7 +167,7 @@ def goes(*channels: control_channel.Channel, timeout: float = 5.0) -> None:
     """Every channel receives `go`."""
     for channel in channels:
         end = time.monotonic() + timeout
-        while not any(msg["t"] == "go" for msg in channel.receive(0.2)):
+        while not any(msg.kind == "go" for msg in channel.receive(0.2)):
             assert time.monotonic() < end and not channel.closed, "no go"
 
 
@@ -391,8 +396,8 @@ def test_go_without_node_0s_proof_is_refused_by_a_node_with_a_token():
     channel = control_channel.connect(
         "127.0.0.1", port, timeout=5, log=print, identity=Identity("", TOKEN)
     )
-    channel.send(hello(1))
-    got: list[dict] = []
+    channel.send(typed(hello(1)))
+    got: list[m.Message] = []
     with pytest.raises(control.Refused) as refused:
         end = time.monotonic() + 5
         while time.monotonic() < end:
@@ -408,7 +413,7 @@ def test_a_welcome_with_no_proof_is_refused_by_a_node_with_a_token():
     channel = control_channel.connect(
         "127.0.0.1", port, timeout=5, log=print, identity=Identity("", TOKEN)
     )
-    channel.send(hello(1))
+    channel.send(typed(hello(1)))
     with pytest.raises(control.Refused, match="could not prove that it holds"):
         end = time.monotonic() + 5
         while time.monotonic() < end:
@@ -442,7 +447,7 @@ def test_a_forged_welcome_is_refused_by_the_node():
     channel = control_channel.connect(
         "127.0.0.1", port, timeout=5, log=print, identity=Identity("", TOKEN)
     )
-    channel.send(hello(1))
+    channel.send(typed(hello(1)))
     with pytest.raises(control.Refused, match="could not prove that it holds") as refused:
         while True:
             channel.receive(1.0)
@@ -494,18 +499,18 @@ def test_the_layout_is_compared_and_the_odd_node_named(node0):
     b = control_channel.connect("127.0.0.1", n.port, timeout=5, log=print)
     shape = hello(1)
     shape["fingerprint"]["layout"] |= {"nnodes": 4, "world_size": 8}
-    b.send(shape)
+    b.send(typed(shape))
     for channel in (a, b):
         end = time.monotonic() + 5
         stops = []
         while not stops:
-            stops = [msg for msg in channel.receive(0.2) if msg["t"] == "stop"]
+            stops = [msg for msg in channel.receive(0.2) if isinstance(msg, m.Stop)]
             assert time.monotonic() < end
-        assert stops[0]["code"] == 2
+        assert stops[0].code == 2
         assert (
             "node 1 (node-1) plans another job shape: nnodes 4 vs 2 on node 0 (node-0); "
             "world_size 8 vs 4"
-        ) in stops[0]["reason"]
+        ) in stops[0].reason
 
 
 FAKE = "evil\n2026-11-25T03:00:00Z [error    ] node 0: stopping the job\x1b[2K\r\x1b]0;x\x07"
@@ -545,7 +550,7 @@ def test_a_member_with_a_hostile_host_is_named_escaped(node0):
 def test_a_refusal_from_an_unproven_node_0_is_logged_escaped():
     port, _ = fake_node0(m.Refuse(FAKE))
     channel = control_channel.connect("127.0.0.1", port, timeout=5, log=print)
-    channel.send(hello(1))
+    channel.send(typed(hello(1)))
     with pytest.raises(control.Refused) as refused:
         end = time.monotonic() + 5
         while time.monotonic() < end:
@@ -620,7 +625,7 @@ class Unstarted:
         thread.start()
         until(lambda: self.server._accept() or bool(self.server.peers))
         thread.join(5)
-        got[0].send(hello(member))
+        got[0].send(typed(hello(member)))
         time.sleep(0.2)  # its hello waits in node 0's socket, unread
         return got[0]
 

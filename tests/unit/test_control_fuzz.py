@@ -19,7 +19,7 @@ from entrypoint.control import messages as m
 from entrypoint.control.conductor import Conductor
 from entrypoint.control.conductor_terms import Limits
 from entrypoint.control.identity import Identity
-from tests.unit.test_control import TOKEN, goes, hello
+from tests.unit.test_control import TOKEN, goes, hello, typed
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -125,7 +125,7 @@ def test_nothing_a_peer_sends_stops_node_0():
         channel = control_channel.connect(
             "127.0.0.1", node0.server.port, timeout=10, log=print, identity=identity
         )
-        channel.send(hello(member))
+        channel.send(typed(hello(member)))
         nodes.append(channel)
     goes(*nodes)
     assert node0.conductor.phase == "run"

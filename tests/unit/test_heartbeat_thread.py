@@ -110,7 +110,7 @@ def test_two_threads_sending_at_once_never_mix_their_lines():
 
     def send(kind: str) -> None:
         for _ in range(300):
-            channel.send({"t": "signal", "signal": 10} if kind == "s" else {"t": "beat"})
+            channel.send(m.Signal(10) if kind == "s" else m.Beat())
 
     threads = [threading.Thread(target=send, args=(k,)) for k in "sb"]
     for t in threads:

@@ -15,7 +15,7 @@ from entrypoint.control import control_channel, control_server, sockets
 from entrypoint.control.conductor import Conductor
 from entrypoint.control.conductor_terms import Limits
 from entrypoint.plan.values import host_port
-from tests.unit.test_control import goes, hello
+from tests.unit.test_control import goes, hello, typed
 
 
 def _ipv6_loopback() -> bool:
@@ -161,7 +161,7 @@ def test_nodes_join_a_dual_stack_node_0(dual_stack_node0, monkeypatch, host, res
     channels = []
     for member in (0, 1):
         channel = control_channel.connect(host, server.port, timeout=10, log=print)
-        channel.send(hello(member))
+        channel.send(typed(hello(member)))
         channels.append(channel)
     goes(*channels)
     assert channels[0].address == host_port(host, server.port)
