@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_plan_run_settings(sub) -> None:
+def _add_plan_run_settings(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     plan = sub.add_parser(
         "plan",
         help="print this node's launch plan; launches nothing",
@@ -101,7 +101,7 @@ def _add_plan_run_settings(sub) -> None:
     settings.add_argument("--markdown", action="store_true", help="as a Markdown table")
 
 
-def _add_doctor(sub) -> None:
+def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     doctor = sub.add_parser(  # entrypoint/doctor/doctor.py, imported when it runs
         "doctor",
         help="check this node: versions, GPUs, plan, network, master; each problem with its fix",
@@ -134,7 +134,7 @@ def _add_doctor(sub) -> None:
     )
 
 
-def _trainer(args) -> list[str] | None:
+def _trainer(args: argparse.Namespace) -> list[str] | None:
     rest = list(args.trainer or [])
     if rest and rest[0] == "--":
         rest = rest[1:]
@@ -145,7 +145,7 @@ def _trainer(args) -> list[str] | None:
 # the plan's modules bring pydantic (~200 ms), doctor and local more.
 
 
-def cmd_plan(args, env: dict[str, str]) -> int:
+def cmd_plan(args: argparse.Namespace, env: dict[str, str]) -> int:
     from entrypoint.plan import secrets
     from entrypoint.supervise import node, report
 
@@ -158,14 +158,14 @@ def cmd_plan(args, env: dict[str, str]) -> int:
     return 0
 
 
-def cmd_run(args, env: dict[str, str]) -> int:
+def cmd_run(args: argparse.Namespace, env: dict[str, str]) -> int:
     from entrypoint.supervise import node
 
     plan, facts, settings = node.prepare(env, _trainer(args), always_probe_gpus=True)
     return node.run_plan(plan, facts, env, settings)
 
 
-def cmd_settings(args, env) -> int:
+def cmd_settings(args: argparse.Namespace, env: dict[str, str]) -> int:
     from entrypoint.plan.settings import Settings, markdown_table
 
     if args.markdown:
@@ -177,19 +177,19 @@ def cmd_settings(args, env) -> int:
     return 0
 
 
-def cmd_doctor(args, env: dict[str, str]) -> int:
+def cmd_doctor(args: argparse.Namespace, env: dict[str, str]) -> int:
     from entrypoint.doctor.doctor import cmd_doctor as doctor
 
     return doctor(args, env)
 
 
-def cmd_status(args, env: dict[str, str]) -> int:
+def cmd_status(args: argparse.Namespace, env: dict[str, str]) -> int:
     from entrypoint.doctor.status import cmd_status as status
 
     return status(args, env)
 
 
-def cmd_local(args, env: dict[str, str]) -> int:
+def cmd_local(args: argparse.Namespace, env: dict[str, str]) -> int:
     from entrypoint.local.local import cmd_local as run_local
 
     return run_local(args, env)

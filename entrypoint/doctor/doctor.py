@@ -15,6 +15,7 @@ error (the same one-line error `run` gives).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -25,6 +26,7 @@ from collections import Counter
 from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from entrypoint.control import fingerprint
 from entrypoint.doctor import cuda_kernels
@@ -35,6 +37,11 @@ from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.plan import ALLREDUCE
 from entrypoint.supervise import health, launch, node, probe
 from entrypoint.supervise import report as plan_report
+
+if TYPE_CHECKING:
+    from entrypoint.plan.facts import Facts
+    from entrypoint.plan.plan import Plan
+    from entrypoint.plan.settings import Settings
 
 # -- the edge -------------------------------------------------------------------------------
 
@@ -113,7 +120,7 @@ def _jax(found: dict, has_gpus: bool) -> None:
         found["jax_error"] = _error(err)
 
 
-def look(plan, facts, settings) -> Findings:
+def look(plan: Plan, facts: Facts, settings: Settings) -> Findings:
     has_gpus = bool(facts.gpus)
     found: dict = {
         "os": _os_name(),
@@ -184,7 +191,7 @@ def _sizes(text: str | None) -> list[float]:
     )
 
 
-def allreduce_trainer(args) -> list[str]:
+def allreduce_trainer(args: argparse.Namespace) -> list[str]:
     if args.iters is not None and not 1 <= args.iters <= MAX_ITERS:
         raise ConfigError(
             "--iters",
@@ -202,7 +209,7 @@ def allreduce_trainer(args) -> list[str]:
     return trainer
 
 
-def cmd_doctor(args, env: Mapping[str, str]) -> int:
+def cmd_doctor(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     plan, facts, settings = node.prepare(
         env, allreduce_trainer(args) if args.allreduce else None, always_probe_gpus=True
     )

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from entrypoint.doctor.cuda_kernels import Kernels, coverage
 from entrypoint.plan import network
 from entrypoint.plan.values import Kind
 from entrypoint.supervise.health_rules import driver_misfit
+
+if TYPE_CHECKING:
+    from entrypoint.plan.facts import Facts
+    from entrypoint.plan.plan import Plan
+    from entrypoint.plan.settings import Settings
 
 SHM_MIN = 512 << 20  # below: NCCL and DataLoader workers fail ("Bus error"); Docker's is 64 MiB
 CONNECT_TIMEOUT = 2.0  # seconds per port check
@@ -88,7 +94,7 @@ def port_meaning(port: Port, node0: bool) -> tuple[str, bool]:
     return state, True
 
 
-def problems(plan, facts, found: Findings, settings) -> list[str]:
+def problems(plan: Plan, facts: Facts, found: Findings, settings: Settings) -> list[str]:
     """Each problem as one line: `<what>: <problem>. <fix>`."""
     return (
         software_problems(facts, found)
@@ -97,7 +103,7 @@ def problems(plan, facts, found: Findings, settings) -> list[str]:
     )
 
 
-def software_problems(facts, found: Findings) -> list[str]:
+def software_problems(facts: Facts, found: Findings) -> list[str]:
     """torch, JAX and the driver against the GPUs the node has."""
     out: list[str] = []
     gpus = len(facts.gpus or ())
@@ -165,7 +171,7 @@ def kernel_problems(found: Findings) -> list[str]:
     ]
 
 
-def node_problems(plan, facts, found: Findings, settings) -> list[str]:
+def node_problems(plan: Plan, facts: Facts, found: Findings, settings: Settings) -> list[str]:
     """Limits, directories and the interface setting of this node."""
     out: list[str] = []
     if facts.ib_hcas and plan.device == "cuda" and found.memlock_bytes is not None:
@@ -195,7 +201,7 @@ def node_problems(plan, facts, found: Findings, settings) -> list[str]:
     return out
 
 
-def network_problems(plan, facts, found: Findings, settings) -> list[str]:
+def network_problems(plan: Plan, facts: Facts, found: Findings, settings: Settings) -> list[str]:
     """Between the nodes: the master's name, an interface, node 0's ports."""
     out: list[str] = []
     source = plan.sources.get("master_addr")

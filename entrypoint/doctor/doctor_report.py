@@ -5,13 +5,21 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from entrypoint.doctor.cuda_kernels import coverage
 from entrypoint.doctor.doctor_checks import Findings, Port, mib, port_meaning
 from entrypoint.plan import network
 
+if TYPE_CHECKING:
+    from entrypoint.plan.facts import Facts
+    from entrypoint.plan.plan import Plan
+    from entrypoint.plan.settings import Settings
 
-def report(plan, facts, found: Findings, settings, found_problems: list[str]) -> dict:
+
+def report(
+    plan: Plan, facts: Facts, found: Findings, settings: Settings, found_problems: list[str]
+) -> dict:
     """Everything doctor says, as one JSON-ready dict."""
     iface, why = network.choose_interface(facts, settings)
     node0 = plan.node_rank == 0

@@ -10,6 +10,7 @@ slow), 1 degraded (a node lost or slow, or fewer nodes than the full size), 2 un
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -23,7 +24,7 @@ TIMEOUT = 5.0
 LABEL_LIMIT = 64  # characters of a label value shown
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     status = sub.add_parser(
         "status",
         help="show every node of a running job (node 0's /metrics)",
@@ -227,7 +228,7 @@ def rank_table(job: dict) -> list[str]:
     return lines
 
 
-def cmd_status(args, env: Mapping[str, str]) -> int:
+def cmd_status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if not args.interval > 0:
         raise ConfigError("--interval", args.interval, "must be above 0", "Give --interval 2")
     url = target(args.address, env)

@@ -25,8 +25,12 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from entrypoint.job.common import read_plan
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_SIZES_MIB = (1, 16, 64)
 STORE_PREFIX = "entrypoint/allreduce"
@@ -221,7 +225,7 @@ def _init_group(backend: str, rank: int, world: int) -> None:
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
-def _sync(device) -> None:
+def _sync(device: torch.device) -> None:
     import torch
 
     if device.type == "cuda":
@@ -229,7 +233,7 @@ def _sync(device) -> None:
 
 
 def _time_size(
-    mib: float, rank: int, world: int, device, warmup: int, iters: int
+    mib: float, rank: int, world: int, device: torch.device, warmup: int, iters: int
 ) -> tuple[int, float, int]:
     """One size on this rank: (bytes, seconds per call, elements the checked call got wrong)."""
     import torch
@@ -252,7 +256,7 @@ def _time_size(
 
 
 def _every_rank(
-    mine: list[tuple[int, float, int]], world: int, device
+    mine: list[tuple[int, float, int]], world: int, device: torch.device
 ) -> list[tuple[int, float, float, int]]:
     """Each size over every rank: (bytes, mean seconds per call, the slowest rank's, wrong)."""
     import torch

@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from entrypoint.plan import configs
@@ -137,7 +138,7 @@ class StopRequest:
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._note)
 
-    def _note(self, number, _frame) -> None:
+    def _note(self, number: int, _frame: FrameType | None) -> None:
         self.signal = self.signal or int(number)
 
     @staticmethod
@@ -206,7 +207,7 @@ class Console:
     live bar would be one endless line of carriage returns, so each log line carries the bar
     instead."""
 
-    def __init__(self, rank: int, prefix: str = "job"):
+    def __init__(self, rank: int, prefix: str = "job") -> None:
         self.rank, self.prefix = rank, prefix
         self.bar: Any = None
         self.total: int | None = None

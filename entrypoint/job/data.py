@@ -7,6 +7,7 @@ DeepSpeed and JAX jobs share it and see the same sequences.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,7 +54,9 @@ def shard_indices(n: int, rank: int, world_size: int, epoch: int, seed: int) -> 
     return order[rank:total:world_size]
 
 
-def batches(n: int, rank: int, world_size: int, batch: int, seed: int, start: int = 0):
+def batches(
+    n: int, rank: int, world_size: int, batch: int, seed: int, start: int = 0
+) -> Iterator[np.ndarray]:
     """Endless stream of this rank's index batches, starting at batch number `start`
     (so that a resumed job continues where the checkpoint left off)."""
     per_epoch = (-(-n // world_size)) // batch

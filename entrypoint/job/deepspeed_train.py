@@ -18,9 +18,13 @@ import os
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from entrypoint.job import common
 from entrypoint.job.data import batches, make_task
+
+if TYPE_CHECKING:
+    import torch
 
 DESCRIPTION = (
     "The image's built-in DeepSpeed ZeRO-2 job: a tiny transformer language model on a "
@@ -31,13 +35,15 @@ META_FILE = "job.json"
 WEIGHTS_ONLY = "weights only: "
 
 
-def build_model(vocab: int, seq_len: int, d_model: int = 64, layers: int = 2, heads: int = 4):
+def build_model(
+    vocab: int, seq_len: int, d_model: int = 64, layers: int = 2, heads: int = 4
+) -> torch.nn.Module:
     import torch
     from torch import nn
     from torch.nn import functional as F
 
     class Block(nn.Module):
-        def __init__(self):
+        def __init__(self) -> None:
             super().__init__()
             self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
             self.qkv, self.proj = nn.Linear(d_model, 3 * d_model), nn.Linear(d_model, d_model)
@@ -45,7 +51,7 @@ def build_model(vocab: int, seq_len: int, d_model: int = 64, layers: int = 2, he
                 nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
             )
 
-        def forward(self, h):
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
             b, t, _ = h.shape
             q, k, v = (
                 x.view(b, t, heads, -1).transpose(1, 2)
@@ -56,7 +62,7 @@ def build_model(vocab: int, seq_len: int, d_model: int = 64, layers: int = 2, he
             return h + self.mlp(self.norm2(h))
 
     class TinyLM(nn.Module):
-        def __init__(self):
+        def __init__(self) -> None:
             super().__init__()
             self.embed = nn.Embedding(vocab, d_model)
             self.position = nn.Parameter(torch.randn(seq_len, d_model) * 0.02)
@@ -64,7 +70,7 @@ def build_model(vocab: int, seq_len: int, d_model: int = 64, layers: int = 2, he
             self.norm = nn.LayerNorm(d_model)
             self.head = nn.Linear(d_model, vocab, bias=False)
 
-        def forward(self, tokens, targets):
+        def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             h = self.embed(tokens) + self.position[: tokens.shape[1]]
             for block in self.blocks:
                 h = block(h)
@@ -157,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
     world = dist.get_world_size()
 
-    def barrier():  # naming the GPU spares nccl's guess (and its warning)
+    def barrier() -> None:  # naming the GPU spares nccl's guess (and its warning)
         dist.barrier(device_ids=[place.local_rank] if device == "cuda" else None)
 
     config, config_from = common.deepspeed_config(world, device)
@@ -232,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     stream = batches(len(task.tokens), place.rank, world, micro, args.seed, start * accumulation)
     tokens = torch.from_numpy(task.tokens)
 
-    def next_batch():
+    def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
         rows = tokens[next(stream)].to(engine.device)
         return rows[:, :-1], rows[:, 1:]
 

@@ -15,7 +15,9 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -31,7 +33,7 @@ DESCRIPTION = (
 D_MODEL, LAYERS, HEADS = 64, 2, 4
 
 
-def initialize_distributed(jax, processes: int, process_id: int) -> None:
+def initialize_distributed(jax: ModuleType, processes: int, process_id: int) -> None:
     """Join the job: jax.distributed reads the coordinator address and local device ids from the
     environment itself, but not the process count and id."""
     if processes <= 1:
@@ -42,14 +44,14 @@ def initialize_distributed(jax, processes: int, process_id: int) -> None:
     jax.distributed.initialize(**kwargs)
 
 
-def init_params(jax, key, vocab: int, seq_len: int) -> dict:
+def init_params(jax: ModuleType, key: Any, vocab: int, seq_len: int) -> dict:
     jnp = jax.numpy
     keys = iter(jax.random.split(key, 4 + 4 * LAYERS))
 
-    def dense(n_in, n_out):
+    def dense(n_in: int, n_out: int) -> Any:
         return jax.random.normal(next(keys), (n_in, n_out)) * (1.0 / math.sqrt(n_in))
 
-    def norm():
+    def norm() -> dict[str, Any]:
         return {"scale": jnp.ones(D_MODEL), "bias": jnp.zeros(D_MODEL)}
 
     return {
@@ -71,12 +73,12 @@ def init_params(jax, key, vocab: int, seq_len: int) -> dict:
     }
 
 
-def loss_fn(jax, params, tokens):
+def loss_fn(jax: ModuleType, params: dict[str, Any], tokens: Any) -> Any:
     jnp = jax.numpy
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     b, t = inputs.shape
 
-    def layer_norm(x, p):
+    def layer_norm(x: Any, p: dict[str, Any]) -> Any:
         mean = x.mean(-1, keepdims=True)
         var = ((x - mean) ** 2).mean(-1, keepdims=True)
         return (x - mean) / jnp.sqrt(var + 1e-5) * p["scale"] + p["bias"]
@@ -109,11 +111,13 @@ def optimizer_settings(config: dict) -> dict:
     }
 
 
-def make_train_step(jax, opt: dict):
+def make_train_step(jax: ModuleType, opt: dict) -> Callable[..., Any]:
     jnp = jax.numpy
     tree = jax.tree_util
 
-    def step(params, state, tokens):
+    def step(
+        params: dict[str, Any], state: dict[str, Any], tokens: Any
+    ) -> tuple[dict[str, Any], dict[str, Any], Any]:
         loss, grads = jax.value_and_grad(lambda p: loss_fn(jax, p, tokens))(params)
         if opt["clip"] > 0:
             norm = jnp.sqrt(sum(jnp.sum(g * g) for g in tree.tree_leaves(grads)))
@@ -138,7 +142,9 @@ def make_train_step(jax, opt: dict):
     return jax.jit(step, donate_argnums=(0, 1))
 
 
-def save_checkpoint(jax, directory: Path, step: int, params, state, meta: dict) -> Path:
+def save_checkpoint(
+    jax: ModuleType, directory: Path, step: int, params: Any, state: Any, meta: dict
+) -> Path:
     """Process 0 only: params and Adam state are replicated, so its local copy is the whole."""
     leaves = jax.tree_util.tree_leaves((params, state))
     arrays: dict[str, Any] = {
@@ -224,7 +230,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{global_batch} sharded over a data mesh; Adam lr {opt['lr']} (config {config_from})"
     )
 
-    def put(tree):  # the same host values on every process -> one replicated global array
+    def put(
+        tree: Any,
+    ) -> Any:  # the same host values on every process -> one replicated global array
         return jax.tree_util.tree_map(
             lambda x: jax.make_array_from_callback(
                 np.shape(x), replicated, lambda index: np.asarray(x)[index]
@@ -277,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     stream = batches(len(task.tokens), process_id, processes, local_batch, args.seed, start)
     eval_loss = jax.jit(lambda p, t: loss_fn(jax, p, t))
 
-    def next_batch():
+    def next_batch() -> Any:
         return jax.make_array_from_process_local_data(sharded, task.tokens[next(stream)])
 
     is_writer = jax.process_index() == 0

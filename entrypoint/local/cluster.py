@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, NoReturn, Self
 
 from entrypoint.local.cluster_docker import (
     DEFAULT_OUTPUT,
@@ -163,7 +163,7 @@ class Cluster:
         client: DockerClient | None = None,
         output: str = DEFAULT_OUTPUT,
         shared: str | None = None,
-    ):
+    ) -> None:
         self.image = image
         self.output = output  # the job's ENTRYPOINT_JOB_OUTPUT in the nodes: results/ is there
         # Unique per cluster, so that concurrent runs (CI, several developers) never collide.
@@ -226,7 +226,7 @@ class Cluster:
                 labels={LABEL: self.prefix},
             )
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
@@ -248,7 +248,11 @@ class Cluster:
             signal.signal(signal.SIGTERM, self._old_sigterm)
             self._old_sigterm = None
 
-    def _remove_all(self, APIError, NotFound) -> None:  # noqa: N803 - docker's classes
+    def _remove_all(
+        self,
+        APIError: type[Exception],  # noqa: N803 - docker's classes
+        NotFound: type[Exception],  # noqa: N803
+    ) -> None:
         for name, container in list(self.containers.items()):
             try:
                 container.reload()
@@ -379,7 +383,7 @@ class Cluster:
         ).start()
         return node_run
 
-    def _create(self, node: Node):
+    def _create(self, node: Node) -> Container:
         # Explicit device ids: each node sees only its own GPUs, numbered from 0 inside.
         gpus = (
             [sdk().types.DeviceRequest(device_ids=list(node.gpus), capabilities=[["gpu"]])]
@@ -440,7 +444,7 @@ class Cluster:
         if self.echo is not None and not self._closing:
             self.echo(text)
 
-    def _follow(self, name: str, container, node_run: NodeRun) -> None:
+    def _follow(self, name: str, container: Container, node_run: NodeRun) -> None:
         """Stream one container's stdout and stderr, line by line (a progress bar's carriage
         returns end a line too)."""
         from docker.errors import APIError, NotFound
@@ -471,9 +475,9 @@ class Cluster:
         return [r for r in found if r.get("node", name) == name] if self.shared else found
 
 
-def _raise_interrupt(signum, frame):
+def _raise_interrupt(signum: int, frame: FrameType | None) -> NoReturn:
     raise KeyboardInterrupt(signum)
 
 
-def _ignored_while_closing(signum, frame) -> None:
+def _ignored_while_closing(signum: int, frame: FrameType | None) -> None:
     """A second Ctrl-C while the containers are removed: the removal goes on."""

@@ -11,16 +11,22 @@ import signal
 import sys
 import tarfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from entrypoint.plan.errors import ConfigError
+
+if TYPE_CHECKING:
+    from docker import DockerClient
+    from docker.models.containers import Container
 
 # Where the built-in job writes when ENTRYPOINT_JOB_OUTPUT is unset (entrypoint/job/common.py).
 DEFAULT_OUTPUT = "/tmp/entrypoint-job"
 
 
-def read_results(container, output: str = DEFAULT_OUTPUT) -> list[dict]:
+def read_results(container: Container, output: str = DEFAULT_OUTPUT) -> list[dict]:
     """The rank<R>.json files in <output>/results of a container (running or stopped), read
     through the Docker API, so no host directory or uid has to match."""
     from docker.errors import APIError, NotFound
@@ -54,7 +60,7 @@ def remove_quietly(what: str, remove: Callable[[], None]) -> None:
 
 
 @contextmanager
-def held_signals():
+def held_signals() -> Iterator[None]:
     """Around a call that makes a Docker object: a Ctrl-C or SIGTERM that comes during it is
     raised once it returns and its object is recorded. Raised in the middle, the call would be
     abandoned while dockerd still made the object, and nothing here would know to remove it."""
@@ -76,7 +82,7 @@ def held_signals():
         raise KeyboardInterrupt(held[0])
 
 
-def sweep(client, label: str) -> None:
+def sweep(client: DockerClient, label: str) -> None:
     """Remove whatever still carries `label` (`key=value`): an object dockerd made for a call
     that never returned (a signal outside `held_signals`, a client timeout). Never raises."""
     mine = {"label": label}
@@ -95,7 +101,7 @@ def _sweep(kind: str, listed: Callable[[], list], **removal: bool) -> None:
         remove_quietly(f"{kind} {obj.name}", functools.partial(obj.remove, **removal))
 
 
-def sdk():
+def sdk() -> ModuleType:
     """The Docker SDK, or a one-line error saying how to get it."""
     try:
         import docker

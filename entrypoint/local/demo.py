@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from entrypoint.local.cluster import Cluster, ClusterRun, NodeRun
 from entrypoint.plan.errors import ConfigError
@@ -61,7 +62,7 @@ class KillingCluster(Cluster):
     """A Cluster that kills nodes at steps while it runs (`kills` and `names` set before `run`;
     node i's container is `names[i]`)."""
 
-    def __init__(self, image: str, *, kills: Sequence[Kill] = (), **options) -> None:
+    def __init__(self, image: str, *, kills: Sequence[Kill] = (), **options: Any) -> None:
         super().__init__(image, **options)
         self.kills = list(kills)
         self.names: list[str] = []
@@ -178,7 +179,9 @@ def save_results(results: list[dict], directory: str) -> None:
         (out / f"rank{r['rank']}.json").write_text(json.dumps(r, indent=2) + "\n")
 
 
-def verdict(run, results_dir: str | None, command: list[str], elastic: bool, node0: str) -> int:
+def verdict(
+    run: ClusterRun, results_dir: str | None, command: list[str], elastic: bool, node0: str
+) -> int:
     """Save the reports, say how the run went, and its exit code. With spares or a minimum,
     node 0's exit is the job's: a node lost on the way is said, not a failure."""
     if results_dir:

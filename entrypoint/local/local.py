@@ -16,14 +16,17 @@ import functools
 import os
 import secrets
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from entrypoint.plan.errors import EXIT_CONFIG, ConfigError
 
 # The CLI imports this module at every start: entrypoint.local.cluster only when run.
 if TYPE_CHECKING:
+    from docker import DockerClient
+
     from entrypoint.local.cluster import Node
 
 MASTER_PORT = "29500"  # a private network per run: the usual port never collides
@@ -36,7 +39,7 @@ MAX_GPUS = 256
 
 
 @dataclass(frozen=True)
-class Layout:
+class ClusterLayout:
     """How many nodes, and what each gets: GPUs (host indices, per node) or CPU workers."""
 
     nnodes: int
@@ -68,7 +71,7 @@ def layout(
     gpu_probe: str,
     spares: int = 0,
     min_nodes: int | None = None,
-) -> Layout:
+) -> ClusterLayout:
     """Check the request against this machine and split its GPUs; raises ConfigError.
     `nnodes` nodes train, `spares` more stand by: every container gets its share."""
     _within("--nodes", nnodes, 1, MAX_NODES, "Pass --nodes 2 for two node containers")
@@ -112,7 +115,9 @@ def layout(
         tuple(str(i) for i in range(n * gpus_per_node, (n + 1) * gpus_per_node))
         for n in range(nnodes)
     )
-    return Layout(nnodes, gpus_per_node, workers, job, gpu_ids, why, nnodes - training, min_nodes)
+    return ClusterLayout(
+        nnodes, gpus_per_node, workers, job, gpu_ids, why, nnodes - training, min_nodes
+    )
 
 
 def _within(option: str, value: int, low: int, high: int, fix: str) -> None:
@@ -133,8 +138,8 @@ def _option(option: str, raw: str | None, low: int, high: int, what: str) -> int
 
 
 def nodes(
-    plan: Layout,
-    name,
+    plan: ClusterLayout,
+    name: Callable[[int], str],
     *,
     env: Mapping[str, str] = {},  # noqa: B006 - read only
     command: Sequence[str] | None = None,
@@ -143,7 +148,7 @@ def nodes(
 ) -> list[Node]:
     """The node containers: `name(i)` is node i's host name; node 0 is the master. `env` (the
     user's -e) wins over what is set here. The job is named after node 0 and, with `token`
-    (a fresh one per run), its nodes prove it at the join (entrypoint.control.control)."""
+    (a fresh one per run), its nodes prove it at the join (entrypoint.control.transport)."""
     from entrypoint.local.cluster import Node
 
     master = name(0)
@@ -199,7 +204,7 @@ def _env_pairs(pairs: Sequence[str]) -> dict[str, str]:
     return env
 
 
-def add_parser(sub) -> argparse.ArgumentParser:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """The `local` subcommand, for the CLI's parser."""
     p = sub.add_parser(
         "local",
@@ -299,7 +304,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _layout_of(args, host_gpus: int, gpu_probe: str) -> Layout:
+def _layout_of(args: argparse.Namespace, host_gpus: int, gpu_probe: str) -> ClusterLayout:
     """The command line's numbers, each refused in one line, checked against this machine."""
     return layout(
         nnodes=_option("--nodes", args.nodes, 1, MAX_NODES, "the number of node containers") or 0,
@@ -315,7 +320,7 @@ def _layout_of(args, host_gpus: int, gpu_probe: str) -> Layout:
     )
 
 
-def cmd_local(args, env: Mapping[str, str]) -> int:
+def cmd_local(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """The edge: probe, check, talk to Docker, run, report. Returns the exit code."""
     from entrypoint.local import demo
     from entrypoint.local.cluster_docker import DEFAULT_OUTPUT
@@ -377,7 +382,12 @@ def cmd_local(args, env: Mapping[str, str]) -> int:
 
 
 def _announce(
-    echo, plan: Layout, network: str, image: str, specs: list[Node], killing: bool
+    echo: Callable[[str], None],
+    plan: ClusterLayout,
+    network: str,
+    image: str,
+    specs: list[Node],
+    killing: bool,
 ) -> None:
     """Say what runs where before it starts."""
     per_node = (
@@ -406,7 +416,7 @@ def _announce(
         )
 
 
-def _engine(env: Mapping[str, str], image: str):
+def _engine(env: Mapping[str, str], image: str) -> tuple[ModuleType, DockerClient]:
     """(the Docker SDK, a client of an engine that answers and has `image`)."""
     from entrypoint.local.cluster_docker import sdk  # when run only, as the cluster above
 

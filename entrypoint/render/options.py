@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 
 from entrypoint.plan.errors import ConfigError
@@ -165,7 +166,9 @@ def _listing() -> dict[str, str]:
     }
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
+def add_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
     """Add `render` and one sub-command per platform to the entrypoint's sub-commands."""
     parser = subparsers.add_parser(
         "render",
@@ -199,7 +202,7 @@ def _dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
-def cmd_render(args, env=None) -> int:
+def cmd_render(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     """Build the request from the options, render it, write it."""
     extra = {_dest(flag): getattr(args, _dest(flag), None) for flag in _OPTIONS}
     request = build(

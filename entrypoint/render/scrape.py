@@ -6,13 +6,18 @@ ENTRYPOINT_METRICS_PORT given with --env (0: off, nothing is wired)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from entrypoint.plan import ports, values
+
+if TYPE_CHECKING:
+    from entrypoint.render.request import Request
 
 PORT_NAME = "metrics"
 VARIABLE = "ENTRYPOINT_METRICS_PORT"
 
 
-def port(request, master_port: int | None) -> int | None:
+def port(request: Request, master_port: int | None) -> int | None:
     """Node 0's metrics port; None when it is off, or unknown here (SLURM derives the
     rendezvous port from the job id)."""
     env = dict(request.env)
@@ -46,7 +51,11 @@ def pod_annotations(metrics_port: int | None) -> dict:
 
 
 def kube_lines(
-    request, metrics_port: int | None, pod0: str, selector: dict[str, str], named: bool = True
+    request: Request,
+    metrics_port: int | None,
+    pod0: str,
+    selector: dict[str, str],
+    named: bool = True,
 ) -> list[str]:
     """Header lines: where node 0 serves its metrics, how to read them, and a PodMonitor."""
     if not metrics_port:

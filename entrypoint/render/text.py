@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from entrypoint.render import quote
+
+if TYPE_CHECKING:
+    from entrypoint.render.request import Request
 
 GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's resource name
 SHM_VOLUME = "dshm"
@@ -29,7 +33,7 @@ def count(number: int, noun: str) -> str:
     return f"{number} {noun}" + ("" if number == 1 else "s")
 
 
-def shape(request, noun: str = "node") -> str:
+def shape(request: Request, noun: str = "node") -> str:
     """`2 nodes x 8 GPUs`, `2 CPU nodes`, `2 nodes + 1 spare x 8 GPUs`."""
     spares = f" + {count(request.spares, 'spare')}" if request.spares else ""
     if request.gpus_per_node:
@@ -37,7 +41,7 @@ def shape(request, noun: str = "node") -> str:
     return count(request.nodes, f"CPU {noun}") + spares
 
 
-def when_a_node_dies(request, platform_part: str) -> list[str]:
+def when_a_node_dies(request: Request, platform_part: str) -> list[str]:
     """The header's lines on a lost node, with spares or a minimum (none without them)."""
     if not request.elastic:
         return []
@@ -59,7 +63,7 @@ def when_a_node_dies(request, platform_part: str) -> list[str]:
     ]
 
 
-def header(request, title: str, lines: Sequence[str] = ()) -> list[str]:
+def header(request: Request, title: str, lines: Sequence[str] = ()) -> list[str]:
     """The opening lines every spec starts with: what it is and how to get it again."""
     return [title, f"Rendered by: {request.command_line()}", *lines]
 
@@ -84,7 +88,7 @@ def annotate(text: str, notes: Sequence[tuple[str, str]]) -> str:
     return "\n".join(out + lines[position:]) + "\n"
 
 
-def _yaml_scalar(value) -> str:
+def _yaml_scalar(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -94,7 +98,7 @@ def _yaml_scalar(value) -> str:
     raise TypeError(f"no YAML form for {value!r}")
 
 
-def _yaml_value(value) -> str | None:
+def _yaml_value(value: object) -> str | None:
     """The text after `key: ` when the value fits on the key's line, else None."""
     if isinstance(value, dict):
         return None if value else "{}"
@@ -149,11 +153,11 @@ JOB_ID, JOB_TOKEN, TOKEN_KEY = "ENTRYPOINT_JOB_ID", "ENTRYPOINT_JOB_TOKEN", "tok
 TOKEN_COMMAND = "openssl rand -hex 32"
 
 
-def control_secret(request) -> str:
+def control_secret(request: Request) -> str:
     return f"{request.name}-control"
 
 
-def kube_env(request, fixed: Sequence[tuple[str, str]] = ()) -> list[dict]:
+def kube_env(request: Request, fixed: Sequence[tuple[str, str]] = ()) -> list[dict]:
     """Container env: what the platform cannot say, the job's identity and control token, then
     --env; secrets from the Secret."""
     entries: list[dict] = [{"name": key, "value": value} for key, value in fixed]
@@ -181,7 +185,10 @@ def kube_env(request, fixed: Sequence[tuple[str, str]] = ()) -> list[dict]:
 
 
 def kube_container(
-    request, name: str, fixed_env: Sequence[tuple[str, str]] = (), ports: Sequence[dict] = ()
+    request: Request,
+    name: str,
+    fixed_env: Sequence[tuple[str, str]] = (),
+    ports: Sequence[dict] = (),
 ) -> dict:
     """The node's container: the image's entrypoint with `run`, GPUs as limits, /dev/shm."""
     container: dict = {
@@ -231,20 +238,20 @@ def shm_volume() -> dict:
     return {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}
 
 
-def kube_pod_spec(container: dict, restart: str | None = "Never", **more) -> dict:
+def kube_pod_spec(container: dict, restart: str | None = "Never", **more: Any) -> dict:
     """A pod of one container with /dev/shm in memory; restart None: the operator decides."""
     spec = {**more, "restartPolicy": restart} if restart else dict(more)
     return spec | {"containers": [container], "volumes": [shm_volume()]}
 
 
-def kube_metadata(request) -> dict:
+def kube_metadata(request: Request) -> dict:
     meta = {"name": request.name}
     if request.namespace:
         meta["namespace"] = request.namespace
     return meta
 
 
-def kube_notes(request) -> list[str]:
+def kube_notes(request: Request) -> list[str]:
     """Opening lines every Kubernetes spec shares: how to apply it, where secrets come from."""
     ns = f" -n {request.namespace}" if request.namespace else ""
     lines = [

@@ -11,6 +11,8 @@ entrypoint/plan/platforms/volcano.py reads.
 
 from __future__ import annotations
 
+from typing import Any
+
 from entrypoint.render import scrape, text
 from entrypoint.render.request import Request
 
@@ -32,7 +34,7 @@ def metrics_port(request: Request) -> int | None:
     return scrape.port(request, request.master_port or DEFAULT_PORT)
 
 
-def _task(request: Request, name: str, replicas: int, **more) -> dict:
+def _task(request: Request, name: str, replicas: int, **more: Any) -> dict:
     node0 = name == MASTER
     ports = scrape.container_port(metrics_port(request)) if node0 else []
     container = text.kube_container(request, "node", ports=ports)

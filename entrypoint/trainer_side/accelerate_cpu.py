@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 from types import ModuleType
+from typing import Any
 
 from entrypoint.trainer_side.after_import import when_imported
 
@@ -35,7 +36,9 @@ def patch(state: ModuleType) -> None:
     if getattr(original, "_entrypoint_cpu", False):
         return
 
-    def _prepare_backend(self, cpu=False, sagemaker_dp=False, backend=None):
+    def _prepare_backend(
+        self: Any, cpu: bool = False, sagemaker_dp: bool = False, backend: str | None = None
+    ) -> tuple[Any, Any]:
         chosen, kind = original(self, cpu, sagemaker_dp, backend)
         workers = int(os.environ.get("WORLD_SIZE", "1") or 1)
         if (

@@ -6,7 +6,8 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from importlib.machinery import ModuleSpec
 from types import ModuleType
 
 
@@ -15,7 +16,12 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         self.target = target
         self.then: list[Callable[[ModuleType], None]] = []
 
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None = None,
+        target: ModuleType | None = None,
+    ) -> ModuleSpec | None:
         if fullname != self.target:
             return None
         sys.meta_path.remove(self)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from entrypoint.trainer_side.after_import import when_imported
 
@@ -29,7 +30,7 @@ COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 SITE_HOOK = Path(__file__).parent / "site-hook"  # the directory the plan puts on PYTHONPATH
 
 
-def register(clusters) -> type:
+def register(clusters: ModuleType) -> type:
     """Define EntrypointCluster as a subclass of `clusters.ClusterEnv` (JAX records every
     subclass when it is defined) and move it to the front of JAX's list."""
     base = clusters.ClusterEnv
@@ -46,7 +47,9 @@ def register(clusters) -> type:
             )
 
         @classmethod
-        def get_coordinator_address(cls, timeout_secs=None, override_coordinator_port=None):
+        def get_coordinator_address(
+            cls, timeout_secs: int | None = None, override_coordinator_port: str | None = None
+        ) -> str:
             address = os.environ[COORDINATOR]
             if override_coordinator_port:  # JAX_COORDINATOR_PORT
                 return f"{address.rsplit(':', 1)[0]}:{override_coordinator_port}"
@@ -71,7 +74,7 @@ def register(clusters) -> type:
     return EntrypointCluster
 
 
-def _register_quietly(clusters) -> None:
+def _register_quietly(clusters: ModuleType) -> None:
     try:
         register(clusters)
     except Exception as err:  # a JAX without ClusterEnv: the trainer passes arguments itself

@@ -39,7 +39,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Literal
+from typing import Any, Literal
 
 from entrypoint.trainer_side.after_import import when_imported
 
@@ -84,11 +84,11 @@ def pin(module: ModuleType) -> None:
     builder = module.OpBuilder
     own_arch, own_simd = builder.cpu_arch, builder.simd_width
 
-    def cpu_arch(self) -> str:
+    def cpu_arch(self: Any) -> str:
         arch, _ = prebuilt_flags(self.name, os.environ.get("TORCH_EXTENSIONS_DIR"))
         return arch or own_arch(self)
 
-    def simd_width(self) -> str:
+    def simd_width(self: Any) -> str:
         _, simd = prebuilt_flags(self.name, os.environ.get("TORCH_EXTENSIONS_DIR"))
         return simd or own_simd(self)
 
@@ -103,7 +103,7 @@ def share(module: ModuleType) -> None:
     if own_load is None:
         return
 
-    def load(self, verbose: bool = False) -> object:
+    def load(self: Any, verbose: bool = False) -> object:
         loaded = getattr(builder, "_loaded_ops", {})
         if self.name in SHARED_CPU_OPS and self.name not in loaded:  # loaded: DeepSpeed's cache
             op = wheels_op(self)

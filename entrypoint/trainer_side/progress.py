@@ -39,10 +39,14 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from types import ModuleType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from entrypoint.trainer_side.after_import import when_imported
+
+if TYPE_CHECKING:
+    from torch.nn import Module
 
 SOCKET_VARIABLE = "ENTRYPOINT_PROGRESS_SOCKET"  # "@name": the abstract socket \0name
 STACKS_VARIABLE = "ENTRYPOINT_STACKS_DIR"
@@ -61,7 +65,9 @@ VERSION = 2
 class Reporter:
     """This process's progress and its channel to the node's entrypoint."""
 
-    def __init__(self, address: str, stacks_dir: str | None, clock=time.monotonic) -> None:
+    def __init__(
+        self, address: str, stacks_dir: str | None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.address = "\0" + address[1:] if address.startswith("@") else address
         self.stacks_dir = stacks_dir
         self.clock = clock
@@ -194,17 +200,17 @@ def step() -> None:
         _reporter.step()
 
 
-def _on_optimizer_step(_optimizer, _args, _kwargs) -> None:
+def _on_optimizer_step(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
     if _reporter is not None:
         _reporter.step()
 
 
-def _saving(function):
+def _saving(function: Callable[..., Any]) -> Callable[..., Any]:
     """`function`, saying to the entrypoint while it runs that this rank is saving."""
     if getattr(function, "_entrypoint_saving", False):
         return function
 
-    def saving(*args, **kwargs):
+    def saving(*args: Any, **kwargs: Any) -> Any:
         reporter = _reporter
         if reporter is None:
             return function(*args, **kwargs)
@@ -221,11 +227,11 @@ def _saving(function):
     return saving
 
 
-def _timed_backward(function):
+def _timed_backward(function: Callable[..., Any]) -> Callable[..., Any]:
     if getattr(function, "_entrypoint_backward", False):
         return function
 
-    def backward(*args, **kwargs):
+    def backward(*args: Any, **kwargs: Any) -> Any:
         reporter = _reporter
         if reporter is not None:
             reporter.backward_started()
@@ -253,7 +259,7 @@ _watched: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _switching = threading.local()  # inside a module's train(mode): its children's calls pass
 
 
-def _watching_eval(function):
+def _watching_eval(function: Callable[..., Any]) -> Callable[..., Any]:
     """`Module.train`, which after `train(False)` (`eval()`: DeepSpeed's engine calls its
     module's `train(False)` itself) watches the module's forward passes and its direct
     children's (a Lightning `validation_step` calls a child: `self.encoder(x)`), until the
@@ -261,7 +267,7 @@ def _watching_eval(function):
     if getattr(function, "_entrypoint_eval", False):
         return function
 
-    def train(self, mode=True):
+    def train(self: Module, mode: bool = True) -> Any:
         if getattr(_switching, "on", False):
             return function(self, mode)
         _switching.on = True
@@ -284,7 +290,7 @@ def _watching_eval(function):
     return train
 
 
-def _eval_forward(module, _args, _output) -> None:
+def _eval_forward(module: Module, _args: Any, _output: Any) -> None:
     grad: Any = sys.modules.get("torch")
     # Training again, or a module kept in eval mode inside training (a frozen BatchNorm): the
     # hook goes, training pays nothing for it. An evaluation runs without gradients.

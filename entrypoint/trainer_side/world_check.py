@@ -15,6 +15,7 @@ import json
 import os
 import sys
 from types import ModuleType
+from typing import Any
 
 from entrypoint.trainer_side.after_import import when_imported
 
@@ -74,7 +75,7 @@ def _wrap(c10d: ModuleType) -> None:
     if getattr(original, "_entrypoint_checked", False):
         return
 
-    def init_process_group(*args, **kwargs):
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
         _check(c10d)
         return result

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from entrypoint.local.local import Layout, layout, nodes
+from entrypoint.local.local import ClusterLayout, layout, nodes
 from entrypoint.plan.errors import ConfigError
 
 NONE = "probe: no NVIDIA driver found"
@@ -121,7 +121,7 @@ def test_nodes_are_hand_started_nodes_with_their_own_gpus():
 
 def test_nodes_share_a_job_name_and_a_fresh_token():
     """`entrypoint local` generates the job's token: nodes of another run are refused."""
-    plan = Layout(2, 0, 2, "deepspeed", ((), ()), "no GPU here")
+    plan = ClusterLayout(2, 0, 2, "deepspeed", ((), ()), "no GPU here")
     a, b = nodes(plan, lambda r: f"n{r}", token="f" * 64)
     assert a.env["ENTRYPOINT_JOB_ID"] == b.env["ENTRYPOINT_JOB_ID"] == "n0"
     assert a.env["ENTRYPOINT_JOB_TOKEN"] == b.env["ENTRYPOINT_JOB_TOKEN"] == "f" * 64
@@ -129,7 +129,7 @@ def test_nodes_share_a_job_name_and_a_fresh_token():
 
 
 def test_cpu_nodes_get_workers_and_the_users_env_wins():
-    plan = Layout(2, 0, 2, "deepspeed", ((), ()), "no GPU here")
+    plan = ClusterLayout(2, 0, 2, "deepspeed", ((), ()), "no GPU here")
     a, b = nodes(plan, lambda r: f"n{r}", env={"ENTRYPOINT_NPROC_PER_NODE": "1"})
     assert a.env["ENTRYPOINT_NPROC_PER_NODE"] == "1" and a.command is None and not a.gpus
     assert (a.env["ENTRYPOINT_GPUS_PER_NODE"], a.env["NVIDIA_VISIBLE_DEVICES"]) == ("0", "void")
