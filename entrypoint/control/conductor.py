@@ -2,7 +2,7 @@
 
 The actions, phases and limits it shares with its caller are in entrypoint.control.conductor_terms.
 
-The entrypoints of all nodes talk over their own small channel (entrypoint.control.control), which
+The entrypoints of all nodes talk over their own small channel (entrypoint.control.transport), which
 does not depend on NCCL, gloo or the trainer. Node 0 runs the Conductor; it decides:
 
 - join: every node says hello with its fingerprint; when all have come, they are compared

@@ -16,16 +16,16 @@ from dataclasses import replace
 
 from entrypoint.control import messages as m
 from entrypoint.control import sockets
-from entrypoint.control.control import (
+from entrypoint.control.identity import Identity
+from entrypoint.control.message_fields import shown
+from entrypoint.control.slow_nodes import STATS_EVERY
+from entrypoint.control.transport import (
     NO_IDENTITY,
     PROTOCOL,
     Lines,
     PeersError,
     Refused,
 )
-from entrypoint.control.identity import Identity
-from entrypoint.control.message_fields import shown
-from entrypoint.control.slow_nodes import STATS_EVERY
 from entrypoint.plan.values import host_port
 
 SEND_TIMEOUT = 2.0  # seconds a message may wait for room in the socket's buffer

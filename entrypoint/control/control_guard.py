@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator
 from typing import Generic, Protocol, TypeVar
 
 from entrypoint.control import messages as m
-from entrypoint.control.control import PROTOCOL
 from entrypoint.control.identity import Identity
 from entrypoint.control.message_fields import shown
+from entrypoint.control.transport import PROTOCOL
 
 DROPS_LOGGED = 20  # drop lines per minute; past that, the next one says how many more
 REFUSALS_LOGGED = 5  # refusal lines per address per window; past that, one line says how many

@@ -16,10 +16,10 @@ from entrypoint.control import messages as m
 from entrypoint.control import sockets
 from entrypoint.control.conductor import Conductor
 from entrypoint.control.conductor_terms import ALL, Action, Close, Log, Send
-from entrypoint.control.control import NO_IDENTITY, Lines, raise_open_files_limit
 from entrypoint.control.control_guard import REFUSAL_WINDOW, Pending, Warnings, refusal
 from entrypoint.control.identity import Identity
 from entrypoint.control.message_fields import shown
+from entrypoint.control.transport import NO_IDENTITY, Lines, raise_open_files_limit
 from entrypoint.plan.errors import ConfigError
 
 HELLO_TIMEOUT = 30.0  # seconds from connect to a valid hello; a node collects its fingerprint

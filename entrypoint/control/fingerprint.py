@@ -1,6 +1,6 @@
 """What must be the same on every node, and the pure checks that compare nodes.
 
-Each node sends its fingerprint to node 0 before launch (entrypoint.control.control). Node 0
+Each node sends its fingerprint to node 0 before launch (entrypoint.control.transport). Node 0
 compares them all: one mismatch stops every node before any training step, with one message naming
 the odd node(s) and each field that differs (the environment check users ran by hand, made
 automatic). Clocks and a shared data directory ride along (synchronized clocks, the same dataset

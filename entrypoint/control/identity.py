@@ -1,5 +1,5 @@
 """Which job a node belongs to, and the job's shared secret: what the control channel's
-handshake checks before a connection counts as a node of this job (entrypoint.control.control).
+handshake checks before a connection counts as a node of this job (entrypoint.control.transport).
 
 The job identity comes from the platform, the same value on every node of one job and a
 different one for the next job: SLURM's job id, the MPI launcher's job namespace, AWS Batch's

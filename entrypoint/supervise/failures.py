@@ -12,7 +12,7 @@ from pathlib import Path
 
 from entrypoint.control.messages import Exit
 from entrypoint.plan.plan import Plan
-from entrypoint.supervise.launcher_process import Launch, exit_status
+from entrypoint.supervise.launcher_process import LauncherProcess, exit_status
 
 KEEP_LOG_RUNS = 3  # torchrun log directories kept: this start's and the two before
 TAIL_BYTES = 64 << 10  # the failure summary reads at most this much of a rank's log
@@ -46,7 +46,7 @@ def tail(path: Path, lines: int) -> list[str]:
 
 
 def _root_cause(
-    plan: Plan, launch: Launch, text: list[str], code: int
+    plan: Plan, launch: LauncherProcess, text: list[str], code: int
 ) -> tuple[int | None, int | None, int | None]:
     """Rank, local rank and exit code: from torchrun's "Root Cause" table, or the trainer's."""
     rank = local = exitcode = None
@@ -78,7 +78,7 @@ def _rank_log(log_dir: Path, local: int, lines: int) -> tuple[list[str], float] 
         return None
 
 
-def _launcher_killed(launch: Launch, code: int) -> str:
+def _launcher_killed(launch: LauncherProcess, code: int) -> str:
     """The launcher itself was killed (OOM killer, a stray kill): its workers are orphans."""
     args = launch.process.args  # a list: start() passes one
     command = launch.command or tuple(str(arg) for arg in args)  # type: ignore[union-attr]
@@ -87,7 +87,12 @@ def _launcher_killed(launch: Launch, code: int) -> str:
 
 
 def failure(
-    plan: Plan, launch: Launch, code: int, log_dir: Path, lines: int = 12, seen: float | None = None
+    plan: Plan,
+    launch: LauncherProcess,
+    code: int,
+    log_dir: Path,
+    lines: int = 12,
+    seen: float | None = None,
 ) -> dict:
     """Rank, local rank, exit code (0-255, as the job exits), the last lines of the failing
     rank's stderr, and when it failed (its error file's last write, else `seen`: when the
@@ -125,7 +130,7 @@ def failure(
 
 def exit_report(
     plan: Plan,
-    launch: Launch,
+    launch: LauncherProcess,
     code: int,
     signalled: int | None,
     *,

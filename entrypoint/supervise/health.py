@@ -1,8 +1,8 @@
 """The node's health at its edge (what each finding means: entrypoint.supervise.health_rules).
 
-- `Watch`: a thread for the node's life that waits on NVML's critical events (XID errors, double
-  bit ECC, a GPU gone or asking for a recovery action) and, every few seconds, reads each GPU's
-  uncorrected ECC count, row remapping and NVLink states and the plan's NICs and InfiniBand
+- `HealthWatch`: a thread for the node's life that waits on NVML's critical events (XID errors,
+  double bit ECC, a GPU gone or asking for a recovery action) and, every few seconds, reads each
+  GPU's uncorrected ECC count, row remapping and NVLink states and the plan's NICs and InfiniBand
   ports; each finding goes to `report` the moment it is seen.
 - `before_start`: the checks before every start (the first and each restart), each bounded in
   time: the plan's GPUs there and free, no row remapping failed or pending, the plan's links up,
@@ -176,7 +176,7 @@ def nvml_event(gpu: str, kind: int, data: int) -> Event | None:
     return None
 
 
-class Watch(threading.Thread):
+class HealthWatch(threading.Thread):
     """This node's GPUs and links while it lives; `report(event)` for each finding."""
 
     def __init__(
@@ -278,7 +278,7 @@ def _address(handle: Any) -> int | None:
         return None
 
 
-def watch(plan: Plan, log, channel: Callable[[], Any]) -> Watch:
+def watch(plan: Plan, log, channel: Callable[[], Any]) -> HealthWatch:
     """The watch over the plan's GPUs and links for a node's life: each finding said in this
     node's log (once for one that is not fatal) and sent to node 0 (`channel()`: the channel to
     node 0 now), which takes the node out of the job for a fatal one."""
@@ -295,7 +295,7 @@ def watch(plan: Plan, log, channel: Callable[[], Any]) -> Watch:
         if to is not None:
             to.send(Health(event.kind, event.where, event.text, event.fatal))
 
-    return Watch(plan.devices, plan_links(plan.env), report)
+    return HealthWatch(plan.devices, plan_links(plan.env), report)
 
 
 # -- before every start -----------------------------------------------------------------------

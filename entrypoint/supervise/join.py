@@ -1,5 +1,5 @@
 """The join's parts: the job's identity, node 0's control server, each member's hello, and
-`Joining`, a node's side of the join (the base of the Supervisor)."""
+`Join`, a node's side of the join, which the Supervisor holds with the `NodeState` they share."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import random
 import socket
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from entrypoint.control import control_channel, control_server, fingerprint, sockets
@@ -22,7 +23,7 @@ from entrypoint.plan.settings import Settings
 from entrypoint.plan.values import host_port
 from entrypoint.supervise import health
 from entrypoint.supervise.gpu_stats import Stats
-from entrypoint.supervise.launch_watch import Interrupted, Stop
+from entrypoint.supervise.launch_watch import LOST_PEER_GRACE, Interrupted, NodeExit
 from entrypoint.supervise.worker_signals import SignalRelay
 
 # A crash breaks its peers' collectives a moment later: node 0 waits this long for every
@@ -170,92 +171,136 @@ def hello(
 Replan = Callable[[int, int], tuple[Plan, dict[str, str]]]
 
 
-class Joining:
-    """A node's join, the first time and at every restart: reach node 0 (serve it, on node 0), say
-    hello, wait for `go` and the seat node 0 gives (entrypoint.control.seating), or stand by. The
-    base of entrypoint.supervise.supervise's Supervisor, whose state it shares."""
+@dataclass
+class NodeState:
+    """What a node's join (`Join`) and its supervising loop (entrypoint.supervise.supervisor)
+    share: the plan it trains with, who it is in the job, this start's generation, the signals
+    it received, and its ends of the control channel."""
 
     plan: Plan
     settings: Settings
-    log: Any
-    env: dict[str, str]
+    log: Any  # the node's structlog logger (entrypoint.supervise.logs)
+    env: dict[str, str]  # the trainer's environment, less the job's token
     identity: Identity
-    member: int
-    expected: int
-    unit: str
-    generation: int
-    standing_by: bool
-    replan: Replan | None
+    member: int  # this member's id in the job (node 0 is 0)
+    expected: int  # the members the platform started, spares included
+    unit: str  # "node", or "process" when the platform started one per GPU
     signals: SignalRelay
-    stop_signal: int | None
-    server: control_server.Server | None
-    channel: control_channel.Channel | None
-    _connecting: bool
-    # the join in progress: node 0's address, when the join times out, this node's
-    # fingerprint, and how many times node 0 closed the connection before its welcome
-    _node0_at: tuple[str, int]
-    _join_deadline: float
-    _fp: dict
-    _rejoins: int
-    _unhealthy: str  # the checks this node failed before this start, one line; "" healthy
-    _domain: str  # this node's NVLink domain (supervise/health.py), "" without one
+    replan: Replan | None = None
+    generation: int = 0  # this start: 0, then one more at every restart
+    standing_by: bool = False  # a spare: no trainer until node 0 seats it
+    # A stopping signal this node received, or that node 0 passed on: the job is ending and no
+    # restart may start it again.
+    stop_signal: int | None = None
+    server: control_server.Server | None = None  # node 0's control server, on node 0
+    channel: control_channel.Channel | None = None  # this node's channel to node 0
+    connecting: bool = False  # in a blocking connect, which a stopping signal ends at once
+
+
+class Join:
+    """A node's join, the first time and at every restart: reach node 0 (serve it, on node 0), say
+    hello, wait for `go` and the seat node 0 gives (entrypoint.control.seating), or stand by.
+    It owns the node's word with node 0 (`receive`, `check_node0`); `on_lost(grace)` ends the
+    running workers when node 0 is lost."""
+
+    def __init__(self, node: NodeState, on_lost: Callable[[float], None]) -> None:
+        self.node = node
+        self.on_lost = on_lost
+        # the join in progress: node 0's address, when the join times out, this node's
+        # fingerprint, and how many times node 0 closed the connection before its welcome
+        self._node0_at: tuple[str, int] = ("", 0)
+        self._join_deadline = 0.0
+        self._fp: dict = {}
+        self._rejoins = 0
+        self._unhealthy = ""  # the checks this node failed before this start, one line
+        self._domain = ""  # this node's NVLink domain (supervise/health.py), "" without one
 
     @property
     def node0(self) -> control_channel.Channel:
         """The channel to node 0, which exists from the join on."""
-        assert self.channel is not None, "no channel before the join"
-        return self.channel
+        assert self.node.channel is not None, "no channel before the join"
+        return self.node.channel
 
-    # the Supervisor's
-    def _receive(self, timeout: float) -> list[m.Message]:
-        raise NotImplementedError
+    def receive(self, timeout: float) -> list[m.Message]:
+        """Node 0's messages within `timeout`; NodeExit when its connection closed."""
+        messages = self.node0.receive(timeout)
+        if self.node0.closed:
+            self.on_lost(LOST_PEER_GRACE)
+            raise NodeExit(
+                EXIT_PEERS,
+                f"lost node 0 ({self.node.plan.master_addr}): its connection "
+                "closed (container killed, node crashed or rebooted)",
+            )
+        return messages
 
-    def _check_master(self, timeout: float) -> None:
-        raise NotImplementedError
+    def check_node0(self, timeout: float) -> None:
+        """NodeExit when node 0 has been silent for more than `timeout` seconds."""
+        silent = time.monotonic() - self.node0.last_heard
+        if silent > timeout:
+            self.on_lost(LOST_PEER_GRACE)
+            raise NodeExit(
+                EXIT_PEERS,
+                f"node 0 ({self.node.plan.master_addr}) silent for {silent:.0f} s "
+                f"(ENTRYPOINT_HEARTBEAT_TIMEOUT={timeout:g}): it hangs, is "
+                "paused or this node is cut off from it",
+            )
 
-    def _from_node0(self, reason: str) -> str:
-        raise NotImplementedError
+    def from_node0(self, reason: str) -> str:
+        """A stop's reason as this node logs it (node 0 has logged its own already)."""
+        return f"stopped by node 0: {reason}" if self.node.member != 0 else ""
 
     def _server_log(self, level: str, text: str) -> None:
-        raise NotImplementedError
+        # From the control server's thread: through the log writer's queue, never blocking.
+        log = self.node.log
+        if text.startswith("worker failed"):  # the failure summary, once, at node 0
+            head, *lines = text.split("\n")
+            log.error(head, traceback=[line.removeprefix("    ") for line in lines])
+            return
+        getattr(log, level)(text)
 
-    def _join(self) -> None:
-        host, port = self.plan.master_addr, self.plan.control_port
-        if self.member == 0:
-            self.server, host, port = serve(
-                self.plan, self.settings, self.expected, self.unit, self._server_log, self.identity
+    def start(self) -> None:
+        """The first join: serve node 0 (on node 0), check this node, connect, hello, go."""
+        host, port = self.node.plan.master_addr, self.node.plan.control_port
+        if self.node.member == 0:
+            self.node.server, host, port = serve(
+                self.node.plan,
+                self.node.settings,
+                self.node.expected,
+                self.node.unit,
+                self._server_log,
+                self.node.identity,
             )
         if port is None:  # the plan leaves it open only for a single node, which serves it
             raise RuntimeError("no control port to connect to: node 0 did not serve one")
         # Collected before connecting: node 0 drops a connection silent for 30 s, and counting
         # a large data directory on a network filesystem can take longer.
         self._check_health(restart=False)
-        self._fp = collect_fingerprint(self.plan, self.settings, not self._unhealthy)
+        self._fp = collect_fingerprint(self.node.plan, self.node.settings, not self._unhealthy)
         self._node0_at, self._rejoins = (host, port), 0
-        self._join_deadline = time.monotonic() + self.settings.join_timeout
+        self._join_deadline = time.monotonic() + self.node.settings.join_timeout
         self._connect()
-        self._hello(self._fp)
+        self.hello(self._fp)
 
     def _connect(self) -> None:
-        waiting = "while waiting for node 0" if self.member != 0 else "before the nodes joined"
+        waiting = "while waiting for node 0" if self.node.member != 0 else "before the nodes joined"
         try:
-            self._connecting = True
-            for sig in [x for x in self.signals.received if x in STOPPING][:1]:
+            self.node.connecting = True
+            for sig in [x for x in self.node.signals.received if x in STOPPING][:1]:
                 raise Interrupted(sig)
-            self.channel = control_channel.connect(
+            self.node.channel = control_channel.connect(
                 *self._node0_at,
                 timeout=max(1.0, self._join_deadline - time.monotonic()),
-                setting=self.settings.join_timeout,
-                log=lambda line: self.log.warning(line),
-                identity=self.identity,
+                setting=self.node.settings.join_timeout,
+                log=lambda line: self.node.log.warning(line),
+                identity=self.node.identity,
             )
         except Interrupted as got:
-            raise Stop(
+            raise NodeExit(
                 128 + got.sig,
                 f"received {signal_name(got.sig)} {waiting}: stopping (nothing was started)",
             ) from None
         finally:
-            self._connecting = False
+            self.node.connecting = False
 
     def _receive_joining(self, timeout: float) -> list[m.Message]:
         """Node 0's messages; before its welcome, a closed connection is node 0 making room
@@ -263,25 +308,25 @@ class Joining:
         again, with backoff, until its join timeout."""
         channel = self.node0
         if channel.welcomed:
-            return self._receive(timeout)
+            return self.receive(timeout)
         messages = channel.receive(timeout)
         if not channel.closed:
             return messages
         if channel.welcomed:
-            return self._receive(0)  # closed after the welcome: node 0 is lost
+            return self.receive(0)  # closed after the welcome: node 0 is lost
         self._rejoins += 1
         left = self._join_deadline - time.monotonic()
         if left <= 0:
-            raise Stop(
+            raise NodeExit(
                 EXIT_PEERS,
                 f"node 0 at {channel.address} closed this node's connection before answering "
                 f"its hello, {self._rejoins} times in ENTRYPOINT_JOIN_TIMEOUT="
-                f"{self.settings.join_timeout:g} s: its control port is flooded or overloaded "
+                f"{self.node.settings.join_timeout:g} s: its control port is flooded or overloaded "
                 "(node 0's log names what it dropped: 'connections waiting for their hello'). "
                 "Find what floods the port; give the job a token and a network policy",
             )
         delay = min(left, 5.0, 0.25 * 2 ** min(self._rejoins - 1, 5)) * random.uniform(0.5, 1)
-        self.log.warning(
+        self.node.log.warning(
             f"node 0 at {channel.address} closed the connection before answering this node's "
             f"hello (node 0 busy, or its control port flooded): joining again in {delay:.1f} s",
             tries=self._rejoins,
@@ -290,121 +335,137 @@ class Joining:
         time.sleep(delay)
         self._connect()
         self.node0.send(
-            hello(self.plan, self.member, self.generation, self._fp, self._unhealthy, self._domain)
+            hello(
+                self.node.plan,
+                self.node.member,
+                self.node.generation,
+                self._fp,
+                self._unhealthy,
+                self._domain,
+            )
         )
         return []
 
     def _check_health(self, restart: bool) -> None:
         """The checks before this start; what failed is said here and in the hello."""
         began = time.monotonic()
-        failed = health.checks(self.plan, self.settings, restart)
-        self._domain = health.nvlink_domain(self.plan.devices)
+        failed = health.checks(self.node.plan, self.node.settings, restart)
+        self._domain = health.nvlink_domain(self.node.plan.devices)
         self._unhealthy = "; ".join(f.line() for f in failed)
         for f in failed:
-            self.log.error(f"health check failed: {f.line()}", check=f.check)
+            self.node.log.error(f"health check failed: {f.line()}", check=f.check)
         if failed:
-            self.log.error(
+            self.node.log.error(
                 f"this node failed {len(failed)} health check(s) in "
                 f"{time.monotonic() - began:.1f} s: node 0 keeps it out of the job"
             )
 
-    def _hello(self, fp: dict | None = None) -> None:
+    def hello(self, fp: dict | None = None) -> None:
+        """Say hello (again, at a restart: `fp` None checks and fingerprints anew) and wait
+        for `go`."""
         if fp is None:
             self._check_health(restart=True)
-            fp = collect_fingerprint(self.plan, self.settings, not self._unhealthy)
+            fp = collect_fingerprint(self.node.plan, self.node.settings, not self._unhealthy)
         self.node0.send(
-            hello(self.plan, self.member, self.generation, fp, self._unhealthy, self._domain)
+            hello(
+                self.node.plan,
+                self.node.member,
+                self.node.generation,
+                fp,
+                self._unhealthy,
+                self._domain,
+            )
         )
-        if self.member != 0:
-            self.log.info("joined node 0; waiting for every node", master=self.node0.address)
+        if self.node.member != 0:
+            self.node.log.info("joined node 0; waiting for every node", master=self.node0.address)
         self._await_go()
 
-    def _stop_before_start(self) -> None:
+    def stop_before_start(self) -> None:
         """Keep the signals received before the trainer starts; a stopping one ends the node."""
-        if self.stop_signal is None:
-            for sig in self.signals.take():
+        if self.node.stop_signal is None:
+            for sig in self.node.signals.take():
                 if sig in STOPPING:
-                    self.stop_signal = sig
+                    self.node.stop_signal = sig
                     break
-                if sig not in self.signals.pending:
-                    self.signals.pending.append(sig)
-                    self.log.warning(
+                if sig not in self.node.signals.pending:
+                    self.node.signals.pending.append(sig)
+                    self.node.log.warning(
                         f"received {signal_name(sig)} before the trainer started: "
                         "passed to the workers once they run"
                     )
-        if self.stop_signal is not None:
-            sig = self.stop_signal
+        if self.node.stop_signal is not None:
+            sig = self.node.stop_signal
             # Said to node 0, so that the other nodes stop now, not at the join timeout.
             self.node0.send(m.Exit(128 + sig, signal=sig))
-            raise Stop(
+            raise NodeExit(
                 128 + sig,
                 f"received {signal_name(sig)} before the trainer started"
-                + (" again" if self.generation else "")
+                + (" again" if self.node.generation else "")
                 + ": stopping",
             )
 
     def _await_go(self) -> None:
-        deadline_silent = self.settings.heartbeat_timeout
+        deadline_silent = self.node.settings.heartbeat_timeout
         while True:
-            self._stop_before_start()
+            self.stop_before_start()
             for message in self._receive_joining(0.5):
                 match message:
                     case m.Go():
                         for warning in message.warnings:
-                            self.log.warning(warning)
+                            self.node.log.warning(warning)
                         # A node its platform started again joins the job's restart, not
                         # start 0.
-                        self.generation = message.generation
+                        self.node.generation = message.generation
                         if message.nnodes is not None:
                             self._take_seat(message.seat, message.nnodes)
                         return
                     case m.Stop(code=code, reason=reason):
-                        raise Stop(code, self._from_node0(reason))
-            self._check_master(deadline_silent)
+                        raise NodeExit(code, self.from_node0(reason))
+            self.check_node0(deadline_silent)
 
     def _take_seat(self, seat: int | None, nnodes: int) -> None:
         """Node 0's seating for this start: stand by, or train in node rank `seat` of `nnodes`
         (planned again when that is not the seat the plan has)."""
-        self.standing_by = seat is None
-        plan = self.plan
+        self.node.standing_by = seat is None
+        plan = self.node.plan
         if seat is None or (not plan.standby and (seat, nnodes) == (plan.node_rank, plan.nnodes)):
             return
-        if self.replan is None:  # pragma: no cover - run() always passes one
+        if self.node.replan is None:  # pragma: no cover - run() always passes one
             raise RuntimeError("node 0 seated this node anew, but it cannot plan again")
-        self.plan, env = self.replan(seat, nnodes)
-        self.env = without_token(env)
-        self.log.warning(
+        self.node.plan, env = self.node.replan(seat, nnodes)
+        self.node.env = without_token(env)
+        self.node.log.warning(
             f"node 0 seated this node in node rank {seat} of {nnodes}"
             + (
                 " (it stood by)" if plan.standby else f" (it was {plan.node_rank} of {plan.nnodes})"
             ),
-            world_size=self.plan.world_size,
-            config=self.plan.config,
+            world_size=self.node.plan.world_size,
+            config=self.node.plan.config,
         )
 
-    def _stand_by(self) -> int | None:
+    def stand_by(self) -> int | None:
         """A standby's life: beat, start no trainer, wait for node 0 to seat it (a restart),
         or for the job's end. None: the job restarts (and this node may train now)."""
-        self.log.info("standing by: this node starts no trainer until node 0 gives it a seat")
-        stats = Stats(self.plan.devices)
+        self.node.log.info("standing by: this node starts no trainer until node 0 gives it a seat")
+        stats = Stats(self.node.plan.devices)
         last_beat = 0.0
         while True:
             now = time.monotonic()
-            if now - last_beat >= self.settings.heartbeat_interval:
+            if now - last_beat >= self.node.settings.heartbeat_interval:
                 last_beat = now
                 self.node0.send(m.Beat(stats.read()))
-            for sig in self.signals.take():
+            for sig in self.node.signals.take():
                 if sig in STOPPING:
                     self.node0.send(m.Exit(128 + sig, signal=sig))
-                    raise Stop(128 + sig, f"received {signal_name(sig)} while standing by")
-            for message in self._receive(0.5):
+                    raise NodeExit(128 + sig, f"received {signal_name(sig)} while standing by")
+            for message in self.receive(0.5):
                 match message:
                     case m.Stop(code=code, reason=reason):
-                        raise Stop(code, self._from_node0(reason))
+                        raise NodeExit(code, self.from_node0(reason))
                     case m.Done():
                         return 0
                     case m.Restart(generation=generation):
-                        self.generation = generation
-                        self._hello()
+                        self.node.generation = generation
+                        self.hello()
                         return None
-            self._check_master(self.settings.heartbeat_timeout)
+            self.check_node0(self.node.settings.heartbeat_timeout)

@@ -1,4 +1,4 @@
-"""The supervising loop's small values: one launch as the loop sees it (`Watch`), the `Stop`
+"""The supervising loop's small values: one launch as the loop sees it (`Watch`), the `NodeExit`
 that ends this node with a code, the `Interrupted` wait for node 0, and the graces the workers
 get when the job ends elsewhere."""
 
@@ -13,7 +13,7 @@ PEER_STOP_GRACE = 10.0  # seconds for workers to exit after another node failed
 LOST_PEER_GRACE = 2.0
 
 
-class Stop(Exception):
+class NodeExit(Exception):
     """End this node with `code`; `reason` is logged unless empty (node 0's conductor has
     logged the reasons it sends)."""
 

@@ -38,7 +38,7 @@ _END = re.compile(rb"\r\n?|\n")  # a line ends at \n, \r\n, or a lone \r (a prog
 
 
 @dataclass
-class Launch:
+class LauncherProcess:
     """One start of the launcher, and how to reach its workers."""
 
     process: subprocess.Popen
@@ -230,7 +230,7 @@ def start(
     generation: int,
     echo: Callable[[str], None],
     out: Callable[[str], None] = _print,
-) -> Launch:
+) -> LauncherProcess:
     """Start the plan's launcher, its stderr relayed to `echo` by a thread of its own (and under
     torchrun, the workers' output by another, WorkerOutput)."""
     tail: collections.deque = collections.deque(maxlen=_TAIL_LINES)
@@ -252,7 +252,7 @@ def start(
     pumping.start()
     if log_dir is not None:
         WorkerOutput(log_dir, process, echo, out).start()
-    launch = Launch(
+    launch = LauncherProcess(
         process,
         plan.launcher in ("torchrun", "accelerate"),
         tail,
@@ -264,7 +264,7 @@ def start(
     return launch
 
 
-def _note_end(launch: Launch) -> None:
+def _note_end(launch: LauncherProcess) -> None:
     """Wait for the launcher to end without collecting it (WNOWAIT: Popen reads its code),
     and note when."""
     try:

@@ -99,7 +99,7 @@ def is_ip(text: str) -> bool:
 def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Settings) -> int:
     """Check the plan against this node, write its configs, then join the other nodes and
     supervise the launcher (`run`, and `doctor --allreduce` with its own trainer)."""
-    from entrypoint.supervise import dsops, launch, logs, supervise
+    from entrypoint.supervise import dsops, launch, logs, supervisor
 
     values = secrets.secret_values(env)
     log = logs.setup(
@@ -154,7 +154,7 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
         return again, _trainer_env(again, env, settings)
 
     trainer_env = _trainer_env(plan, env, settings)
-    return supervise.run(plan, trainer_env, settings, log, replan, resolved)
+    return supervisor.run(plan, trainer_env, settings, log, replan, resolved)
 
 
 def _prebuilt_ops_lockable(env: Mapping[str, str], settings: Settings, log) -> dict[str, str]:

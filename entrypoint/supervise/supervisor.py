@@ -28,10 +28,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from entrypoint import early_signals
-from entrypoint.control import control_channel, control_server
+from entrypoint.control import control_channel
 from entrypoint.control import messages as m
 from entrypoint.control.conductor_terms import STOPPING, signal_name
-from entrypoint.control.control import PeersError
+from entrypoint.control.transport import PeersError
 from entrypoint.plan import secrets
 from entrypoint.plan.errors import EXIT_CONFIG, EXIT_HUNG, EXIT_PEERS
 from entrypoint.plan.plan import Plan
@@ -42,10 +42,10 @@ from entrypoint.supervise.launch_watch import (
     LOST_PEER_GRACE,
     PEER_STOP_GRACE,
     Interrupted,
-    Stop,
+    NodeExit,
     Watch,
 )
-from entrypoint.supervise.launcher_process import Launch, exit_status, start
+from entrypoint.supervise.launcher_process import LauncherProcess, exit_status, start
 from entrypoint.supervise.rank_progress import Inbox
 from entrypoint.supervise.worker_signals import FORWARDED, SignalRelay
 from entrypoint.trainer_side.world_check import MISMATCH as WORLD_MISMATCH
@@ -132,7 +132,7 @@ class Turn:
         return now
 
 
-class Supervisor(join.Joining):
+class Supervisor:
     """This node's life: join, start the launcher, watch it, restart it with the others, end."""
 
     def __init__(
@@ -145,12 +145,8 @@ class Supervisor(join.Joining):
         replan: join.Replan | None = None,
         resolved: Callable[[], tuple[Plan, dict[str, str]] | None] | None = None,
     ) -> None:
-        self.plan, self.settings, self.log = plan, settings, log
-        self.replan = replan
         self.resolved = resolved  # the plan again once the master's name resolves (node.py)
         self.secret_values = secrets.secret_values(env)
-        self.identity = join.identity(env, plan, settings)
-        self.env = join.without_token(env)  # the job's token is not the trainer's
         raw_echo = echo or logs.echo
         # The site hook's word that the trainer formed another world than the plan's
         # (trainer_side/world_check.py): the failure's reason, and exit 2 on every node.
@@ -163,28 +159,40 @@ class Supervisor(join.Joining):
             raw_echo(secrets.mask(line, self.secret_values))
 
         self.echo = passed_on
-        self.member = plan.member if plan.spawn or plan.rank is None else plan.rank
-        self.expected = plan.members if plan.spawn else plan.world_size
-        self.standing_by = plan.standby  # a spare: no trainer until node 0 seats it
-        self.unit = "node" if plan.spawn else "process"
-        self.signals = SignalRelay(log, settings.grace_period)
-        self.server: control_server.Server | None = None
-        self.channel: control_channel.Channel | None = None
-        self.launch: Launch | None = None
+        self.node = join.NodeState(
+            plan=plan,
+            settings=settings,
+            log=log,
+            env=join.without_token(env),  # the job's token is not the trainer's
+            identity=join.identity(env, plan, settings),
+            member=plan.member if plan.spawn or plan.rank is None else plan.rank,
+            expected=plan.members if plan.spawn else plan.world_size,
+            unit="node" if plan.spawn else "process",
+            signals=SignalRelay(log, settings.grace_period),
+            replan=replan,
+            standing_by=plan.standby,  # a spare: no trainer until node 0 seats it
+        )
+        self.join = join.Join(self.node, on_lost=self._end_workers)
+        self.settings, self.log = settings, log
+        self.launch: LauncherProcess | None = None
         self.guard: procs.Guard | None = None
-        self.generation = 0
         self.log_dir = Path(settings.run_dir) / f"node{plan.member}" / "logs"
-        # A stopping signal this node received, or that node 0 passed on: the job is ending
-        # and no restart may start it again.
-        self.stop_signal: int | None = None
-        self._connecting = False
         self.inbox: Inbox | None = None  # the ranks' progress reports (rank_progress)
         self.beats: Beats | None = None  # the heartbeat while a launch runs
-        self._unhealthy, self._domain = "", ""  # the checks failed, the NVLink domain (join)
-        self.health: health.Watch | None = None  # GPU and link events, from the join on
+        self.health: health.HealthWatch | None = None  # GPU and link events, from the join on
 
     @property
-    def launched(self) -> Launch:
+    def plan(self) -> Plan:
+        """The plan this node trains with now (node 0 may seat it anew at a restart)."""
+        return self.node.plan
+
+    @property
+    def node0(self) -> control_channel.Channel:
+        """The channel to node 0, which exists from the join on."""
+        return self.join.node0
+
+    @property
+    def launched(self) -> LauncherProcess:
         """The current launch, which exists from the first start on."""
         assert self.launch is not None, "no launch before the first start"
         return self.launch
@@ -192,30 +200,30 @@ class Supervisor(join.Joining):
     # signals arrive in the main thread; they are handled in the loop, except while this node
     # waits for node 0 (a blocking connect), which a stopping signal ends at once
     def _on_signal(self, number, _frame) -> None:
-        if self._connecting and number in STOPPING:
-            self._connecting = False
+        if self.node.connecting and number in STOPPING:
+            self.node.connecting = False
             raise Interrupted(number)
-        self.signals.received.append(number)
+        self.node.signals.received.append(number)
 
     def run(self) -> int:
         procs.become_subreaper()
         for sig in FORWARDED:
             signal.signal(sig, self._on_signal)
         # A signal whose exception Python dropped before these handlers (entrypoint/__init__.py)
-        self.signals.received.extend(early_signals)
+        self.node.signals.received.extend(early_signals)
         early_signals.clear()
         try:
-            self._join()
+            self.join.start()
             if self.settings.health_checks:
-                self.health = health.watch(self.plan, self.log, lambda: self.channel)
+                self.health = health.watch(self.plan, self.log, lambda: self.node.channel)
             again = self.resolved() if self.resolved is not None else None
             if again is not None:
-                self.plan, self.env = again[0], join.without_token(again[1])
+                self.node.plan, self.node.env = again[0], join.without_token(again[1])
             while True:
-                code = self._stand_by() if self.standing_by else self._supervise()
+                code = self.join.stand_by() if self.node.standing_by else self._supervise()
                 if code is not None:
                     return code & 0xFF
-        except Stop as stop:
+        except NodeExit as stop:
             if stop.reason:
                 level = "info" if stop.code == 0 else "error"
                 getattr(self.log, level)(stop.reason, exit_code=stop.code)
@@ -236,10 +244,12 @@ class Supervisor(join.Joining):
         failures.prune(self.log_dir, failures.KEEP_LOG_RUNS)
         inbox = self._inbox()
         inbox.new_launch()
-        launch = self.launch = start(self.plan, self.env | inbox.env(), self.generation, self.echo)
+        launch = self.launch = start(
+            self.plan, self.node.env | inbox.env(), self.node.generation, self.echo
+        )
         last_reap = 0.0
         watch = Watch()
-        self.signals.new_launch()
+        self.node.signals.new_launch()
         turn = Turn(s.heartbeat_timeout, self.log)
         beats = self.beats = Beats(self.node0, s, Stats(self.plan.devices), inbox, turn)
         try:
@@ -254,7 +264,9 @@ class Supervisor(join.Joining):
         finally:
             beats.stop()
 
-    def _turn(self, turn: Turn, inbox: Inbox, launch: Launch, watch: Watch) -> int | None | bool:
+    def _turn(
+        self, turn: Turn, inbox: Inbox, launch: LauncherProcess, watch: Watch
+    ) -> int | None | bool:
         """One turn of the supervising loop; False: go on."""
         s = self.settings
         now = turn.next()
@@ -263,7 +275,9 @@ class Supervisor(join.Joining):
             turn.mark("the ranks' stacks")
         self._handle_signals(watch, now)
         if watch.code is None:
-            for sig in self.signals.deliver_late(launch, watch.signalled, watch.signalled_at, now):
+            for sig in self.node.signals.deliver_late(
+                launch, watch.signalled, watch.signalled_at, now
+            ):
                 self.node0.send(m.Signal(sig))
         if watch.kill_at is not None and now > watch.kill_at and launch.running():
             self.log.error(
@@ -274,17 +288,17 @@ class Supervisor(join.Joining):
         turn.mark("signals")
         self._note_exit(watch)
         turn.mark("the trainer's exit")
-        for message in self._receive(0.2 if watch.code is None else 0.5):
+        for message in self.join.receive(0.2 if watch.code is None else 0.5):
             ended, code = self._on_message(message, watch, now)
             if ended:
                 return code
         turn.mark("node 0's messages")
-        self._check_master(s.heartbeat_timeout)
+        self.join.check_node0(s.heartbeat_timeout)
         return False
 
     def _handle_signals(self, watch: Watch, now: float) -> None:
         """The signals this node received since the last turn of the loop."""
-        for sig in self.signals.take():
+        for sig in self.node.signals.take():
             if sig in STOPPING and watch.signalled is not None:
                 self.log.warning(
                     f"received {signal_name(sig)} again: already "
@@ -292,22 +306,24 @@ class Supervisor(join.Joining):
                 )
                 continue
             if sig in STOPPING:
-                self.stop_signal = sig
+                self.node.stop_signal = sig
                 if watch.code is not None:  # the trainer has exited: the job must not restart
                     self.log.warning(
                         f"received {signal_name(sig)} after the trainer exited: "
                         "the job stops, no restart"
                     )
                 else:
-                    self.signals.pass_on(self.launched, sig, f"received {signal_name(sig)}")
+                    self.node.signals.pass_on(self.launched, sig, f"received {signal_name(sig)}")
                     watch.stopping(sig, now, self.settings.grace_period)
                 # Node 0 passes a stopping signal to every node's workers (one pod preempted).
                 self.node0.send(m.Signal(sig))
             elif watch.code is None:
-                if not self.signals.pass_on(self.launched, sig, f"received {signal_name(sig)}"):
-                    self.signals.pending.append(sig)  # no worker yet: for them when they start
+                if not self.node.signals.pass_on(
+                    self.launched, sig, f"received {signal_name(sig)}"
+                ):
+                    self.node.signals.pending.append(sig)  # no worker yet: for them when they start
                 else:
-                    self.signals.told.add(sig)
+                    self.node.signals.told.add(sig)
                     self.node0.send(m.Signal(sig))
 
     def _note_exit(self, watch: Watch) -> None:
@@ -326,9 +342,9 @@ class Supervisor(join.Joining):
                 return True, self._stopped(message, watch.signalled, watch.kill_at)
             case m.Signal(signal=sig, reason=reason):
                 if watch.signalled is None and watch.code is None:
-                    self.signals.pass_on(self.launched, sig, reason)
+                    self.node.signals.pass_on(self.launched, sig, reason)
                     watch.stopping(sig, now, self.settings.grace_period)
-                    self.stop_signal = sig
+                    self.node.stop_signal = sig
             case m.Dump(silent=silent) if self.inbox is not None:
                 self.log.warning(
                     f"node 0 says no rank has stepped for {silent:.0f} s: "
@@ -351,20 +367,22 @@ class Supervisor(join.Joining):
         # broken, no checkpoint can complete, and every second here is every GPU's.
         began = time.monotonic()
         self._end_launch(LOST_PEER_GRACE)
-        self.generation = message.generation
-        if self.member != 0 and self.stop_signal is None:
+        self.node.generation = message.generation
+        if self.node.member != 0 and self.node.stop_signal is None:
             # node 0's conductor has said it already
-            self.log.warning(f"restarting the trainer ({message.reason})", restart=self.generation)
+            self.log.warning(
+                f"restarting the trainer ({message.reason})", restart=self.node.generation
+            )
         # Where a restart's seconds go: the old workers' exit, then the join and the start.
         self.log.info(
             f"the last start's launcher and workers ended {time.monotonic() - began:.2f} s "
             "after the restart was called; joining node 0 again",
-            restart=self.generation,
+            restart=self.node.generation,
         )
-        self._hello()  # with a stop signal: says so to node 0 and stops
+        self.join.hello()  # with a stop signal: says so to node 0 and stops
 
     def _report_exit(self, code: int, signalled: int | None, seen: float) -> None:
-        who = f"{self.unit} {self.member} ({socket.gethostname()})"
+        who = f"{self.node.unit} {self.node.member} ({socket.gethostname()})"
         if code != 0 and self.world_error is not None and signalled is None:
             # Every node stops with the site hook's line: a restart would form the same world.
             reason = f"{who}: {secrets.mask(self.world_error, self.secret_values)}"
@@ -376,7 +394,7 @@ class Supervisor(join.Joining):
                 self.launched,
                 code,
                 signalled,
-                delivered=self.signals.delivered,
+                delivered=self.node.signals.delivered,
                 log_dir=self.log_dir,
                 seen=seen,
                 who=who,
@@ -398,31 +416,9 @@ class Supervisor(join.Joining):
             # they do not exit (at once after a lost node: their collectives cannot complete).
             grace = LOST_PEER_GRACE if code in (EXIT_PEERS, EXIT_HUNG) else PEER_STOP_GRACE
             launch.stop(grace, signal.SIGTERM)
-        raise Stop(code, self._from_node0(reason))
+        raise NodeExit(code, self.join.from_node0(reason))
 
     # -- helpers ----------------------------------------------------------------------------
-
-    def _receive(self, timeout: float) -> list[m.Message]:
-        messages = self.node0.receive(timeout)
-        if self.node0.closed:
-            self._end_workers(LOST_PEER_GRACE)
-            raise Stop(
-                EXIT_PEERS,
-                f"lost node 0 ({self.plan.master_addr}): its connection "
-                "closed (container killed, node crashed or rebooted)",
-            )
-        return messages
-
-    def _check_master(self, timeout: float) -> None:
-        silent = time.monotonic() - self.node0.last_heard
-        if silent > timeout:
-            self._end_workers(LOST_PEER_GRACE)
-            raise Stop(
-                EXIT_PEERS,
-                f"node 0 ({self.plan.master_addr}) silent for {silent:.0f} s "
-                f"(ENTRYPOINT_HEARTBEAT_TIMEOUT={timeout:g}): it hangs, is "
-                "paused or this node is cut off from it",
-            )
 
     def _inbox(self) -> Inbox:
         if self.inbox is None:
@@ -444,23 +440,12 @@ class Supervisor(join.Joining):
     def _end_launch(self, grace: float) -> None:
         self._end_workers(grace)
         self._kill_leftovers()  # a restart must not start beside the last launch's orphans
-        self.signals.drop_pending()
+        self.node.signals.drop_pending()
 
     def _kill_leftovers(self) -> None:
         guard = self.guard.pid if self.guard is not None else -1
         launcher = self.launch.process.pid if self.launch else -1
         procs.kill_leftovers(self.log, guard, launcher)
-
-    def _from_node0(self, reason: str) -> str:
-        return f"stopped by node 0: {reason}" if self.member != 0 else ""
-
-    def _server_log(self, level: str, text: str) -> None:
-        # From the control server's thread: through the log writer's queue, never blocking.
-        if text.startswith("worker failed"):  # the failure summary, once, at node 0
-            head, *lines = text.split("\n")
-            self.log.error(head, traceback=[line.removeprefix("    ") for line in lines])
-            return
-        getattr(self.log, level)(text)
 
     def _cleanup(self) -> None:
         if self.health is not None:
@@ -469,11 +454,11 @@ class Supervisor(join.Joining):
             self._kill_leftovers()
         if self.inbox is not None:
             self.inbox.close()
-        if self.channel is not None:
-            self.channel.close()
-        if self.server is not None:
-            self.server.finished.wait(timeout=12)
-            self.server.stop()
+        if self.node.channel is not None:
+            self.node.channel.close()
+        if self.node.server is not None:
+            self.node.server.finished.wait(timeout=12)
+            self.node.server.stop()
         if self.guard is not None:
             self.guard.close()
 

@@ -7,7 +7,7 @@ import signal
 
 from entrypoint.control.conductor_terms import STOPPING, signal_name
 from entrypoint.supervise import procs
-from entrypoint.supervise.launcher_process import Launch
+from entrypoint.supervise.launcher_process import LauncherProcess
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -34,7 +34,7 @@ class SignalRelay:
     def new_launch(self) -> None:
         self.delivered, self.told = {}, set()
 
-    def pass_on(self, launch: Launch, sig: int, why: str) -> list[int]:
+    def pass_on(self, launch: LauncherProcess, sig: int, why: str) -> list[int]:
         pids = launch.forward(sig) if launch.running() else []
         self.delivered.setdefault(sig, set()).update(pids)
         grace = (
@@ -47,7 +47,7 @@ class SignalRelay:
         return pids
 
     def deliver_late(
-        self, launch: Launch, signalled: int | None, signalled_at: float, now: float
+        self, launch: LauncherProcess, signalled: int | None, signalled_at: float, now: float
     ) -> list[int]:
         """Workers that started after a signal arrived get it too: as soon as they catch it
         (their handler is installed), or a stopping signal once 3/4 of the grace period are

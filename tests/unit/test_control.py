@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from entrypoint.control import control, control_channel, control_server
+from entrypoint.control import control_channel, control_server, transport
 from entrypoint.control import messages as m
 from entrypoint.control.conductor import Conductor
 from entrypoint.control.conductor_terms import Limits
@@ -69,7 +69,7 @@ class Node0:
     """A Server and its Conductor for `expected` nodes; what it logged."""
 
     def __init__(
-        self, expected: int = 2, identity: Identity = control.NO_IDENTITY, **kwargs
+        self, expected: int = 2, identity: Identity = transport.NO_IDENTITY, **kwargs
     ) -> None:
         self.lines: list[tuple[str, str]] = []
         self.conductor = Conductor(
@@ -99,7 +99,7 @@ class Node0:
         raise AssertionError(f"{text!r} not logged; logged: {self.lines}")
 
     def node(
-        self, member: int, identity: Identity = control.NO_IDENTITY
+        self, member: int, identity: Identity = transport.NO_IDENTITY
     ) -> control_channel.Channel:
         channel = control_channel.connect(
             "127.0.0.1", self.port, timeout=10, log=print, identity=identity
@@ -334,7 +334,7 @@ def test_job_identity_and_token_checked_both_ways(node0):
     ]
     for identity, why in cases:
         channel = n.node(1, identity)
-        with pytest.raises(control.Refused) as refused:
+        with pytest.raises(transport.Refused) as refused:
             while True:
                 channel.receive(1.0)
         assert str(refused.value).startswith("node 0 refused node 1 (node-1, 127.0.0.1:")
@@ -353,7 +353,7 @@ def test_a_node_0_without_the_token_cannot_pass_as_node_0(node0):
     """The node checks node 0 too: a node 0 that says it uses no token gets no hello (and no
     proof) from a node that holds one; the node stops, exit 2, naming both ends."""
     n = node0(identity=Identity("", None))
-    with pytest.raises(control.Refused) as refused:
+    with pytest.raises(transport.Refused) as refused:
         control_channel.connect(
             "127.0.0.1", n.port, timeout=5, log=print, identity=Identity("", TOKEN)
         )
@@ -398,7 +398,7 @@ def test_go_without_node_0s_proof_is_refused_by_a_node_with_a_token():
     )
     channel.send(typed(hello(1)))
     got: list[m.Message] = []
-    with pytest.raises(control.Refused) as refused:
+    with pytest.raises(transport.Refused) as refused:
         end = time.monotonic() + 5
         while time.monotonic() < end:
             got += channel.receive(0.5)
@@ -414,7 +414,7 @@ def test_a_welcome_with_no_proof_is_refused_by_a_node_with_a_token():
         "127.0.0.1", port, timeout=5, log=print, identity=Identity("", TOKEN)
     )
     channel.send(typed(hello(1)))
-    with pytest.raises(control.Refused, match="could not prove that it holds"):
+    with pytest.raises(transport.Refused, match="could not prove that it holds"):
         end = time.monotonic() + 5
         while time.monotonic() < end:
             assert channel.receive(0.5) == []
@@ -422,7 +422,7 @@ def test_a_welcome_with_no_proof_is_refused_by_a_node_with_a_token():
 
 def test_a_node_with_a_token_sends_no_proof_to_a_challenge_without_one():
     port, got = fake_node0(auth=m.AUTH_NONE)
-    with pytest.raises(control.Refused, match="runs without a job token, this node has one"):
+    with pytest.raises(transport.Refused, match="runs without a job token, this node has one"):
         control_channel.connect(
             "127.0.0.1", port, timeout=5, log=print, identity=Identity("", TOKEN)
         )
@@ -448,7 +448,7 @@ def test_a_forged_welcome_is_refused_by_the_node():
         "127.0.0.1", port, timeout=5, log=print, identity=Identity("", TOKEN)
     )
     channel.send(typed(hello(1)))
-    with pytest.raises(control.Refused, match="could not prove that it holds") as refused:
+    with pytest.raises(transport.Refused, match="could not prove that it holds") as refused:
         while True:
             channel.receive(1.0)
     assert refused.value.exit_code == 2
@@ -464,7 +464,7 @@ def test_something_else_on_the_port_is_named():
         time.sleep(2)
 
     threading.Thread(target=http, daemon=True).start()
-    with pytest.raises(control.PeersError, match="is not node 0's entrypoint"):
+    with pytest.raises(transport.PeersError, match="is not node 0's entrypoint"):
         control_channel.connect(
             "127.0.0.1", listener.getsockname()[1], timeout=5, log=print, challenge_wait=1
         )
@@ -474,7 +474,7 @@ def test_something_else_on_the_port_is_named():
 def test_lines_split_once_however_the_bytes_arrive():
     """4 MiB of lines in 1460-byte pieces: every line comes out once, in order, each byte
     looked at once (issue 17: re-splitting the buffer cost 6.9 s of CPU)."""
-    lines = control.Lines(limit=1 << 20)
+    lines = transport.Lines(limit=1 << 20)
     payload = b"".join(b'{"t":"beat","n":%d}\n' % i for i in range(200_000))
     out: list[bytes] = []
     began = time.process_time()
@@ -483,12 +483,12 @@ def test_lines_split_once_however_the_bytes_arrive():
     spent = time.process_time() - began
     assert len(out) == 200_000 and out[-1] == b'{"t":"beat","n":199999}'
     print(f"MEASURED {len(payload) >> 20} MiB in 1460-byte pieces: {spent:.2f} s of CPU")
-    one, began = control.Lines(limit=8 << 20), time.process_time()
+    one, began = transport.Lines(limit=8 << 20), time.process_time()
     for i in range(0, 4 << 20, 1460):  # one 4 MiB line, no newline yet: 4.35 s before
         assert one.feed(b"x" * 1460) == []
     print(f"MEASURED one 4 MiB line in 1460-byte pieces: {time.process_time() - began:.2f} s")
     with pytest.raises(ValueError, match="more than 16 bytes"):
-        control.Lines(limit=16).feed(b"x" * 17)
+        transport.Lines(limit=16).feed(b"x" * 17)
 
 
 def test_the_layout_is_compared_and_the_odd_node_named(node0):
@@ -551,7 +551,7 @@ def test_a_refusal_from_an_unproven_node_0_is_logged_escaped():
     port, _ = fake_node0(m.Refuse(FAKE))
     channel = control_channel.connect("127.0.0.1", port, timeout=5, log=print)
     channel.send(typed(hello(1)))
-    with pytest.raises(control.Refused) as refused:
+    with pytest.raises(transport.Refused) as refused:
         end = time.monotonic() + 5
         while time.monotonic() < end:
             channel.receive(0.5)
@@ -695,7 +695,7 @@ def test_a_node_tries_node_0_every_tenth_of_a_second_while_the_nodes_start():
         slept.append(seconds)
         time.sleep(seconds)
 
-    with pytest.raises(control.PeersError):
+    with pytest.raises(transport.PeersError):
         control_channel.connect("127.0.0.1", port, timeout=1.0, log=lambda _: None, sleep=sleep)
     assert len(slept) >= 5 and all(d <= control_channel.QUICK_RETRY for d in slept), slept
 
@@ -708,7 +708,7 @@ def test_the_join_timeout_named_is_the_setting_not_the_time_left():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens on it once closed
     lines: list[str] = []
-    with pytest.raises(control.PeersError) as err:
+    with pytest.raises(transport.PeersError) as err:
         control_channel.connect(
             "127.0.0.1", port, timeout=1.0, setting=20.0, log=lines.append, progress_every=0.3
         )

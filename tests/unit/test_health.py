@@ -246,7 +246,7 @@ def test_the_watch_reports_an_xid_and_a_link_going_down(tmp_path, nvml):
     state = tmp_path / "operstate"
     state.write_text("up\n")
     got = []
-    watch = health.Watch(("0", "1"), {"eth9": str(state)}, got.append, nvml=nvml, every=0.2)
+    watch = health.HealthWatch(("0", "1"), {"eth9": str(state)}, got.append, nvml=nvml, every=0.2)
     try:
         (tmp_path / "events").write_text("1 xid 79\n")
         state.write_text("down\n")

@@ -1,5 +1,5 @@
 """The node's heartbeat while its trainer runs comes from a thread of its own
-(entrypoint.supervise.supervise.Beats): a supervising loop held up in one of its steps does not
+(entrypoint.supervise.supervisor.Beats): a supervising loop held up in one of its steps does not
 silence the node; a loop stuck for good does; a beat that comes late is said. Over a real TCP
 connection, read as node 0 reads it (CI's run of 2026-11-27 lost a node whose heartbeats
 stopped for 5 s under stress-ng)."""
@@ -11,11 +11,11 @@ import threading
 import time
 
 from entrypoint.control import messages as m
-from entrypoint.control.control import Lines
 from entrypoint.control.control_channel import Channel
 from entrypoint.control.progress import RankReport
+from entrypoint.control.transport import Lines
 from entrypoint.plan.settings import Settings
-from entrypoint.supervise.supervise import Beats, Turn
+from entrypoint.supervise.supervisor import Beats, Turn
 
 
 class Log:

@@ -175,7 +175,7 @@ def test_the_cli_s_help_and_render_start_without_pydantic(argv):
 # What `entrypoint plan` may not load: the supervisor, the control channel, the log writer
 # (structlog, rich), pydantic-settings (0.33 s of import alone in the image), metrics, Docker.
 NOT_FOR_PLAN = (
-    "entrypoint.supervise.supervise",
+    "entrypoint.supervise.supervisor",
     "entrypoint.supervise.logs",
     "entrypoint.control.control_channel",
     "entrypoint.control.conductor",

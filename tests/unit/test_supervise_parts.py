@@ -140,7 +140,7 @@ def test_the_launchers_end_is_noted_when_it_happens_and_popen_still_reads_its_co
     the first failure. The launch notes the launcher's end as it happens, without collecting
     it."""
     process = subprocess.Popen(["sleep", "30"])
-    launch = launcher_process.Launch(process, True, collections.deque(), time.monotonic())
+    launch = launcher_process.LauncherProcess(process, True, collections.deque(), time.monotonic())
     noting = threading.Thread(target=launcher_process._note_end, args=(launch,), daemon=True)
     noting.start()
     time.sleep(0.3)
