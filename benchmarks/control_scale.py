@@ -4,7 +4,7 @@ nodes on this machine (issue 17).
 Node 0 is its own process: the real Server and Conductor with the default settings
 (ENTRYPOINT_HEARTBEAT_INTERVAL, ENTRYPOINT_HEARTBEAT_TIMEOUT). The simulated nodes are a few
 processes, each driving its share of the nodes over real sockets on loopback: the handshake
-(challenge, hello with a real fingerprint from fingerprint.collect(), welcome), then `go`, then
+(challenge, hello with a real fingerprint from probe.fingerprint(), welcome), then `go`, then
 a heartbeat every interval, with 8 GPUs' figures every 10 s, as a GPU node's entrypoint
 sends them (control_channel.Channel). Then one
 node goes silent (its connection stays open, as a paused node's does) and the time until node
@@ -95,7 +95,7 @@ def node0(n: int, steady: float, settle: float, scrape: float) -> None:
         ),
         flush=True,
     )
-    while conductor.phase == "join":
+    while conductor.job.phase == "join":
         time.sleep(0.01)
     time.sleep(settle)
     before = resource.getrusage(resource.RUSAGE_SELF)
@@ -125,12 +125,15 @@ def nodes(
     members: list[int], n: int, port: int, interval: float, silent_member: int, silence_after: float
 ) -> None:
     """A worker process driving `members`: join, beat, go silent (one of them), report."""
-    from entrypoint.control import control_channel, fingerprint
+    from entrypoint.control import control_channel
     from entrypoint.control import messages as m
+    from entrypoint.supervise import probe
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    fp = fingerprint.collect(gpus_per_node=8, gpu_names=("NVIDIA H100 80GB HBM3",), data_dir=None)
+    fp = probe.fingerprint(
+        gpus_per_node=8, gpu_names=("NVIDIA H100 80GB HBM3",), data_dir=None
+    ).to_wire()
     fp["cuda_driver"] = "12"
     print("ready", flush=True)
     sys.stdin.readline()

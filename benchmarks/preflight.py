@@ -3,7 +3,7 @@ entrypoints' channel and node 0 compares their fingerprints (entrypoint/supervis
 supervise.py).
 
 Simulated nodes are processes on loopback. Each does what a node's entrypoint does before
-launch: fingerprint.collect() (files, package metadata), connect to node 0's control_server.Server,
+launch: probe.fingerprint() (files, package metadata), connect to node 0's control_server.Server,
 send its hello, wait for `go`. Python start-up and imports happen before the clock starts (a
 real node pays them once, whatever the preflight). Prints figures; asserts nothing.
 
@@ -23,12 +23,13 @@ import time
 
 def node(member: int, port: int, n: int) -> None:
     """One simulated node: ready, wait for the start line, then join as the supervisor does."""
-    from entrypoint.control import control_channel, fingerprint
+    from entrypoint.control import control_channel
+    from entrypoint.supervise import probe
 
     print("ready", flush=True)
     sys.stdin.readline()
     start = time.monotonic()
-    fp = fingerprint.collect(gpus_per_node=0, gpu_names=(), data_dir=None)
+    fp = probe.fingerprint(gpus_per_node=0, gpu_names=(), data_dir=None).to_wire()
     fp["layout"] = {
         "nnodes": n,
         "node_rank": member,

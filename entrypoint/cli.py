@@ -27,7 +27,7 @@ import sys
 from collections.abc import Sequence
 
 from entrypoint import __version__
-from entrypoint.plan.errors import EXIT_CONFIG, ConfigError
+from entrypoint.plan.errors import EXIT_CONFIG, EntrypointError
 from entrypoint.render import options as render_options
 
 _EPILOG = """Every value comes from, in order: ENTRYPOINT_* settings, the platform's own variables
@@ -254,11 +254,11 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_CONFIG
     try:
         return HANDLERS[args.command](args, env)
-    except ConfigError as err:
+    except EntrypointError as err:
         from entrypoint.supervise import logs
 
         logs.last_word(f"entrypoint: error: {err.line()}")
-        return EXIT_CONFIG
+        return err.exit_code
 
 
 # Each command's handler; any other first word that names a program runs as given (as_given).

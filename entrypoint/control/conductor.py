@@ -27,8 +27,6 @@ returned actions. That is what makes every rule above a unit test.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from entrypoint.control.conductor_terms import (
     ALL,
     END,
@@ -37,11 +35,12 @@ from entrypoint.control.conductor_terms import (
     STOPPING,
     Action,
     Close,
+    JobState,
     Limits,
     Log,
     MemberState,
-    Phase,
     Send,
+    StackProbe,
     failure_summary,
     monitor_table,
     signal_name,
@@ -51,6 +50,7 @@ from entrypoint.control.messages import (
     Done,
     Dump,
     Exit,
+    Health,
     Hello,
     Restart,
     Signal,
@@ -60,8 +60,6 @@ from entrypoint.control.messages import (
 from entrypoint.control.progress import (
     STACKS_WAIT,
     HangRule,
-    JobProgress,
-    RankStack,
     hang_reason,
     hang_rule,
     ranks_text,
@@ -74,17 +72,12 @@ from entrypoint.control.slow_nodes import STATS_EVERY, news, slow_nodes
 from entrypoint.plan.errors import EXIT_CONFIG, EXIT_HUNG, EXIT_PEERS
 
 
-@dataclass
-class StackProbe:
-    """Node 0 asked every node for its ranks' stacks: the answers so far."""
+class Conductor:
+    """Node 0's decisions for the job: a method per event (a hello, a beat, an exit, a signal,
+    the ranks' stacks, a GPU's health, a closed connection, the clock's tick), each taking `now`
+    and returning the actions its caller (entrypoint.control.control_server) carries out. The
+    job's state is `job`; each start's join is `seating`'s."""
 
-    silent: float  # seconds no rank had stepped when asked
-    rule: HangRule
-    deadline: float
-    answers: dict[int, list[RankStack]] = field(default_factory=dict)
-
-
-class Conductor(Seating):
     def __init__(
         self,
         expected: int,
@@ -95,72 +88,50 @@ class Conductor(Seating):
         address: str = "?",
         roster: Roster | None = None,
     ) -> None:
-        self.expected = expected  # members the platform started, spares included
-        self.roster = roster or Roster(expected, expected, expected)
-        self.seats = self.roster.first()  # member: node rank, this start (control/roster.py)
-        self.awaited = set(range(expected))  # the members the next `go` waits for
-        self.limits = limits
-        self.unit = unit  # "node", or "process" when the platform started one per GPU
-        self.units = "processes" if unit == "process" else f"{unit}s"
-        self.address = address  # where node 0 listens, for messages
-        self.members: dict[int, MemberState] = {}
-        self.phase: Phase = JOIN
-        self.generation = 0
-        self.restarts_left = limits.max_restarts
-        self.join_deadline = now + limits.join_timeout
-        self.join_started = now
-        self.outcome: tuple[int, str] | None = None  # (exit code, reason) once the job ended
+        self.job = JobState(
+            expected, limits, roster or Roster(expected, expected, expected), now, unit, address
+        )
+        self.seating = Seating(self.job, end=self._end, failure=self._failure, hello=self.hello)
         self._last_monitor = now
-        self.failures: dict[int, tuple[Exit, int, int]] = {}  # member: (message, code, order)
-        self.decide_at: float | None = None  # when the failures reported so far are judged
-        self.received: dict[int, int] = {}  # signal number: the member that received it first
-        # For /metrics (entrypoint.control.metrics): each member's last state, across restarts; lost
-        # and slow members, with why.
-        self.seen: dict[int, MemberState] = {}
-        self.lost, self.slow = {}, {}  # type: dict[int, str], dict[int, str]
-        self.training_since: float | None = None  # the first `go`
         self._last_slow_check = now
-        # Every rank's steps (control/progress.py): hangs, slow ranks, goodput.
-        self.progress = JobProgress()
-        self.probe: StackProbe | None = None  # the stacks asked for, once ranks stopped stepping
-        self.slow_ranks: dict[tuple[int, int], str] = {}
-        # Health (supervise/health.py): events by (member, kind); members taken out, with why
-        self.health_events, self.sick = {}, {}  # type: dict[tuple[int, str], int], dict[int, str]
 
     # -- names -----------------------------------------------------------------------------
 
     def name(self, member: int) -> str:
-        state = self.members.get(member)
-        return f"{self.unit} {member}" + (f" ({state.host})" if state else "")
+        return self.job.name(member)
+
+    def health(self, member: int, message: Health, now: float) -> list[Action]:
+        """A GPU or link event on a node: counted; a fatal one takes the node out of the job."""
+        return self.seating.health(member, message, now)
 
     # -- events ----------------------------------------------------------------------------
 
     def hello(self, member: int, message: Hello, now: float, wall_now: float) -> list[Action]:
         """A node of this job (the handshake passed) says hello: join, or join again."""
         host = message.host
-        if not 0 <= member < self.expected:
-            return self._not_planned(member, host)
-        old = self.members.get(member)
+        if not 0 <= member < self.job.expected:
+            return self.seating.not_planned(member, host)
+        old = self.job.members.get(member)
         if (
             old is not None
             and old.connected
             and old.host != host
-            and self.phase == JOIN
-            and self.generation == 0
+            and self.job.phase == JOIN
+            and self.job.generation == 0
         ):
             # Two nodes at the first start with one rank. Later, a new host is a replacement
             # (the platform started the node elsewhere) and takes the rank over.
             reason = (
-                f"{self.unit} {member} claimed by both {old.host} and {host}: give each node "
+                f"{self.job.unit} {member} claimed by both {old.host} and {host}: give each node "
                 "its own node rank (NODE_RANK, RANK or the platform's index)"
             )
             return self._end(EXIT_CONFIG, reason)
         if message.unhealthy:
-            return self._unhealthy(member, host, message.unhealthy, now)
-        self.sick.pop(member, None)  # a node back healthy (serviced, or a passing problem)
-        if self.phase == RUN and self.roster.elastic:
-            return self._hello_while_running(member, message, now, wall_now)
-        if self.phase == RUN:
+            return self.seating.unhealthy(member, host, message.unhealthy, now)
+        self.job.sick.pop(member, None)  # a node back healthy (serviced, or a passing problem)
+        if self.job.phase == RUN and self.job.roster.elastic:
+            return self.seating.hello_while_running(member, message, now, wall_now)
+        if self.job.phase == RUN:
             # A node that comes back while the job runs was restarted by its platform: the job it
             # belonged to is gone on that node. With restarts left, the newcomer is the first
             # member of the next start, whatever became of its old connection.
@@ -172,13 +143,13 @@ class Conductor(Seating):
                 EXIT_PEERS,
                 now,
             )
-            if self.phase == JOIN:
+            if self.job.phase == JOIN:
                 actions += self.hello(member, message, now, wall_now)
             return actions
-        if self.phase == END:
-            code, reason = self.outcome or (EXIT_PEERS, "the job has ended")
+        if self.job.phase == END:
+            code, reason = self.job.outcome or (EXIT_PEERS, "the job has ended")
             return [Send(member, self._stop_message(code, reason)), Close(member)]
-        self.members[member] = self.seen[member] = MemberState(
+        self.job.members[member] = self.job.seen[member] = MemberState(
             host=host,
             joined_at=now,
             last_seen=now,
@@ -186,89 +157,89 @@ class Conductor(Seating):
             clock_offset=message.time - wall_now,
             domain=message.domain,
         )
-        self.lost.pop(member, None)
-        return self._maybe_go(now)
+        self.job.lost.pop(member, None)
+        return self.seating.maybe_go(now)
 
     def beat(self, member: int, message: Beat, now: float) -> list[Action]:
-        state = self.members.get(member)
+        state = self.job.members.get(member)
         if state is not None:
             state.last_seen = now
             if message.stats:
                 state.stats = dict(message.stats)
                 state.history.append(state.stats.get("gpus") or [])
-            if message.ranks is not None and self.phase == RUN and member in self.seats:
-                self.progress.beat(member, message.reports(), now)
+            if message.ranks is not None and self.job.phase == RUN and member in self.job.seats:
+                self.job.progress.beat(member, message.reports(), now)
         return []
 
     def hang_rule(self) -> HangRule:
-        p = self.progress
+        p = self.job.progress
         return hang_rule(
-            self.limits.hang_timeout, p.longest, p.warmed, self.limits.collective_timeout
+            self.job.limits.hang_timeout, p.longest, p.warmed, self.job.limits.collective_timeout
         )
 
     def stacks(self, member: int, message: Stacks, now: float) -> list[Action]:
         """A node's ranks' stacks, asked for when no rank stepped: once every node training
         has answered (or STACKS_WAIT ran out), the hang is named and acted on."""
-        state = self.members.get(member)
-        if self.probe is None or self.phase != RUN or state is None:
+        state = self.job.members.get(member)
+        if self.job.probe is None or self.job.phase != RUN or state is None:
             return []
-        self.probe.answers[member] = message.stacks(member, state.host)
+        self.job.probe.answers[member] = message.stacks(member, state.host)
         return self._judge_hang(now) if self._all_answered() else []
 
     def _all_answered(self) -> bool:
-        assert self.probe is not None
-        training = {m for m, s in self.members.items() if s.connected and m in self.seats}
-        return training <= self.probe.answers.keys()
+        assert self.job.probe is not None
+        training = {m for m, s in self.job.members.items() if s.connected and m in self.job.seats}
+        return training <= self.job.probe.answers.keys()
 
     def _check_hang(self, now: float) -> list[Action]:
-        if self.probe is not None:
-            return self._judge_hang(now) if now >= self.probe.deadline else []
+        if self.job.probe is not None:
+            return self._judge_hang(now) if now >= self.job.probe.deadline else []
         rule = self.hang_rule()
-        silent = self.progress.stalled(now, rule.seconds)
+        silent = self.job.progress.stalled(now, rule.seconds)
         if silent is None:
             return []
-        self.probe = StackProbe(silent, rule, now + STACKS_WAIT)
+        self.job.probe = StackProbe(silent, rule, now + STACKS_WAIT)
         return [
             Log(
                 "warning",
                 f"no rank has stepped for {silent:.0f} s (hang timeout {rule.seconds:g} s, "
-                f"{rule.source}): asking every {self.unit} for its ranks' stacks",
+                f"{rule.source}): asking every {self.job.unit} for its ranks' stacks",
             ),
             Send(ALL, Dump(round(silent, 1))),
         ]
 
     def _judge_hang(self, now: float) -> list[Action]:
-        probe, self.probe = self.probe, None
+        probe, self.job.probe = self.job.probe, None
         assert probe is not None
-        training = [m for m, s in self.members.items() if s.connected and m in self.seats]
+        training = [m for m, s in self.job.members.items() if s.connected and m in self.job.seats]
         blamed, reason = hang_reason(
-            probe.answers, probe.silent, probe.rule, {m: self.name(m) for m in self.members},
+            probe.answers, probe.silent, probe.rule, {m: self.name(m) for m in self.job.members},
             [m for m in sorted(training) if m not in probe.answers],
         )  # fmt: skip
         member = blamed if blamed is not None else min(training, default=0)
         return self._failure(member, None, reason, EXIT_HUNG, now)
 
     def _check_slow_ranks(self, now: float) -> list[Action]:
-        slow = slow_ranks(self.progress.ranks.values(), now, self.limits.slow_window)
-        said = slow_rank_news(self.slow_ranks, slow, self.progress.ranks.keys())
-        self.slow_ranks = slow
+        slow = slow_ranks(self.job.progress.ranks.values(), now, self.job.limits.slow_window)
+        said = slow_rank_news(self.job.slow_ranks, slow, self.job.progress.ranks.keys())
+        self.job.slow_ranks = slow
         return [
             Log(level, f"{ranks_text([r])} on {self.name(m)} {text}") for level, m, r, text in said
         ]
 
     def exited(self, member: int, message: Exit, now: float) -> list[Action]:
-        state = self.members.get(member)
+        state = self.job.members.get(member)
         code = message.code
         # A stop is a signal's only when a node received that signal (the exit message says so,
         # or another node's signal is known here): a trainer that exits 134 (abort), 139 or 130
         # by itself has failed, and its peers get SIGTERM, never SIGABRT.
         sig = (message.signal or 0) or (
-            code - 128 if code > 128 and code - 128 in self.received else 0
+            code - 128 if code > 128 and code - 128 in self.job.received else 0
         )
-        if state is not None and member not in self.seats and self.phase == RUN:
-            return self._standby_lost(member, f"it exited with code {code}", now)
-        if sig and self.phase != END and 0 <= member < self.expected:
-            who = self.name(self.received.get(sig, member))
+        if state is not None and member not in self.job.seats and self.job.phase == RUN:
+            return self.seating.standby_lost(member, f"it exited with code {code}", now)
+        if sig and self.job.phase != END and 0 <= member < self.job.expected:
+            who = self.name(self.job.received.get(sig, member))
             return self._end(
                 128 + sig,
                 f"stopped on {signal_name(sig)}, which {who} received "
@@ -276,40 +247,40 @@ class Conductor(Seating):
                 "stops",
                 sig=sig,
             )
-        if state is None or self.phase == END:
+        if state is None or self.job.phase == END:
             return []
         state.last_seen = now
         state.exit_code = code
         if code == 0:
-            seated = [self.members.get(m) for m in self.seats]
-            if self.phase == RUN and all(s is not None and s.exit_code == 0 for s in seated):
-                self.phase, self.outcome = END, (0, "every node finished")
+            seated = [self.job.members.get(m) for m in self.job.seats]
+            if self.job.phase == RUN and all(s is not None and s.exit_code == 0 for s in seated):
+                self.job.phase, self.job.outcome = END, (0, "every node finished")
                 done: list[Action] = [Send(ALL, Done())]
                 return (
                     done
-                    if self.expected == 1
-                    else [Log("info", f"all {len(seated)} {self.units} finished"), *done]
+                    if self.job.expected == 1
+                    else [Log("info", f"all {len(seated)} {self.job.units} finished"), *done]
                 )
             return []
-        self.failures[member] = (message, code, len(self.failures))
-        if self.decide_at is None:
-            self.decide_at = now + self.limits.failure_window
+        self.job.failures[member] = (message, code, len(self.job.failures))
+        if self.job.decide_at is None:
+            self.job.decide_at = now + self.job.limits.failure_window
         everyone = all(
             s.exit_code is not None or not s.connected
-            for m, s in self.members.items()
-            if m in self.seats
+            for m, s in self.job.members.items()
+            if m in self.job.seats
         )
-        return self._judge(now) if now >= self.decide_at or everyone else []
+        return self._judge(now) if now >= self.job.decide_at or everyone else []
 
     def signalled(self, member: int, message: Signal, now: float) -> list[Action]:
         """A node received a signal and passed it to its workers; a stopping one goes to every
         node's workers too (one pod preempted: its peers must checkpoint with it)."""
         sig = message.signal
-        if member not in self.members or self.phase != RUN or sig in self.received:
+        if member not in self.job.members or self.job.phase != RUN or sig in self.job.received:
             return []
-        if member not in self.seats:  # a standby's pod is going away: the job goes on
+        if member not in self.job.seats:  # a standby's pod is going away: the job goes on
             return [Log("info", f"standby {self.name(member)} received {signal_name(sig)}")]
-        self.received[sig] = member
+        self.job.received[sig] = member
         if sig not in STOPPING:
             return [
                 Log(
@@ -317,34 +288,34 @@ class Conductor(Seating):
                     f"{self.name(member)} received {signal_name(sig)}: passed to its workers",
                 )
             ]
-        if self.failures:  # a failure awaits its verdict: the signal ends the job, no restart
+        if self.job.failures:  # a failure awaits its verdict: the signal ends the job, no restart
             return self._judge(now)
         reason = f"{self.name(member)} received {signal_name(sig)}"
         return [
-            Log("warning", f"{reason}: passing it to every {self.unit}'s workers"),
+            Log("warning", f"{reason}: passing it to every {self.job.unit}'s workers"),
             Send(ALL, Signal(sig, reason)),
         ]
 
     def closed(self, member: int, now: float) -> list[Action]:
-        state = self.members.get(member)
-        if self.phase == JOIN and self.generation and self.roster.elastic:
-            return self._lost_in_restart(member, now)
+        state = self.job.members.get(member)
+        if self.job.phase == JOIN and self.job.generation and self.job.roster.elastic:
+            return self.seating.lost_in_restart(member, now)
         if state is None:
             return []
         state.connected = False
-        if self.phase == JOIN:
-            del self.members[member]  # it may come back before the deadline
+        if self.job.phase == JOIN:
+            del self.job.members[member]  # it may come back before the deadline
             return [
                 Log(
                     "warning",
-                    f"{self.unit} {member} ({state.host}) left before the job "
+                    f"{self.job.unit} {member} ({state.host}) left before the job "
                     "started; waiting for it to come back",
                 )
             ]
-        if self.phase == RUN and member not in self.seats:
-            return self._standby_lost(member, "its connection closed", now)
-        if self.phase == RUN and state.exit_code is None:
-            return self._lost(
+        if self.job.phase == RUN and member not in self.job.seats:
+            return self.seating.standby_lost(member, "its connection closed", now)
+        if self.job.phase == RUN and state.exit_code is None:
+            return self.seating.lose(
                 member,
                 "its connection closed without an exit report (container "
                 "killed, node crashed or rebooted)",
@@ -353,66 +324,74 @@ class Conductor(Seating):
         return []
 
     def tick(self, now: float) -> list[Action]:
-        if self.phase == JOIN and now > self.join_deadline and self._late_go_allowed():
-            missing = sorted(self.awaited - self.members.keys())
-            self.awaited -= set(missing)
+        if (
+            self.job.phase == JOIN
+            and now > self.job.join_deadline
+            and self.seating.late_go_allowed()
+        ):
+            missing = sorted(self.job.awaited - self.job.members.keys())
+            self.job.awaited -= set(missing)
             return [
                 Log(
                     "warning",
                     f"{self._list(missing)} did not join within "
-                    f"{now - self.join_started:.0f} s: going on without them",
+                    f"{now - self.job.join_started:.0f} s: going on without them",
                 ),
-                *self._maybe_go(now),
+                *self.seating.maybe_go(now),
             ]
-        if self.phase == JOIN and now > self.join_deadline:
-            missing = [m for m in sorted(self.awaited) if m not in self.members]
-            waited = now - self.join_started
+        if self.job.phase == JOIN and now > self.job.join_deadline:
+            missing = [m for m in sorted(self.job.awaited) if m not in self.job.members]
+            waited = now - self.job.join_started
             reason = (
                 f"{self._list(missing)} did not join within {waited:.0f} s "
-                f"(ENTRYPOINT_JOIN_TIMEOUT={self.limits.join_timeout:g}); node 0 listens at "
-                f"{self.address}. Check that they started, that their MASTER_ADDR is node "
+                f"(ENTRYPOINT_JOIN_TIMEOUT={self.job.limits.join_timeout:g}); node 0 listens at "
+                f"{self.job.address}. Check that they started, that their MASTER_ADDR is node "
                 "0's address, and that the port is open between nodes"
             )
             return self._end(EXIT_PEERS, reason)
         actions: list[Action] = []
-        if self.phase == RUN and self.decide_at is not None and now >= self.decide_at:
+        if self.job.phase == RUN and self.job.decide_at is not None and now >= self.job.decide_at:
             return self._judge(now)
-        if self.phase == RUN:
-            for member, state in sorted(self.members.items()):
+        if self.job.phase == RUN:
+            for member, state in sorted(self.job.members.items()):
                 silent = now - state.last_seen
-                if state.exit_code is None and silent > self.limits.heartbeat_timeout:
+                if state.exit_code is None and silent > self.job.limits.heartbeat_timeout:
                     why = (
                         f"silent for {silent:.0f} s (no heartbeat within "
-                        f"ENTRYPOINT_HEARTBEAT_TIMEOUT={self.limits.heartbeat_timeout:g} s): "
+                        f"ENTRYPOINT_HEARTBEAT_TIMEOUT={self.job.limits.heartbeat_timeout:g} s): "
                         "it hangs, is paused or is cut off from the network"
                     )
-                    if not self.roster.elastic:
-                        return self._lost(member, why, now)
+                    if not self.job.roster.elastic:
+                        return self.seating.lose(member, why, now)
                     # The job goes on without it: what it reads if it ever runs again.
-                    bye = Stop(EXIT_PEERS, f"node 0 dropped this {self.unit}, {why}")
-                    lose = self._lost if member in self.seats else self._standby_lost
+                    bye = Stop(EXIT_PEERS, f"node 0 dropped this {self.job.unit}, {why}")
+                    lose = (
+                        self.seating.lose if member in self.job.seats else self.seating.standby_lost
+                    )
                     return [Send(member, bye), Close(member), *lose(member, why, now)]
-            self.progress.tick(now, self.limits.heartbeat_interval)
+            self.job.progress.tick(now, self.job.limits.heartbeat_interval)
             actions += self._check_hang(now)
-            if self.phase != RUN:
+            if self.job.phase != RUN:
                 return actions
             if now - self._last_slow_check >= STATS_EVERY:
                 self._last_slow_check = now
                 actions += self._check_slow()
                 actions += self._check_slow_ranks(now)
-            interval = self.limits.monitor_interval
+            interval = self.job.limits.monitor_interval
             if interval > 0 and now - self._last_monitor >= interval:
                 self._last_monitor = now
-                actions.append(Log("info", monitor_table(self.members, now)))
+                actions.append(Log("info", monitor_table(self.job.members, now)))
         return actions
 
     def _check_slow(self) -> list[Action]:
         """Nodes whose GPUs lag the job's, named once, and once caught up (slow_nodes)."""
-        window, seated = self.limits.slow_window, not self.roster.elastic
-        training = {m: s.history for m, s in self.members.items() if seated or m in self.seats}
+        window, seated = self.job.limits.slow_window, not self.job.roster.elastic
+        training = {
+            m: s.history for m, s in self.job.members.items() if seated or m in self.job.seats
+        }
         slow = slow_nodes(training, max(1, round(window / STATS_EVERY)))
-        said = news(self.slow, slow, training, window)
-        self.slow = slow
+        said = news(self.job.slow, slow, training, window)
+        self.job.slow = slow
         return [Log(level, f"{self.name(m)} {text}") for level, m, text in said]
 
     # -- decisions -------------------------------------------------------------------------
@@ -424,11 +403,11 @@ class Conductor(Seating):
         def first(item):
             member, (message, _code, order) = item
             when = (message.failure or {}).get("time")
-            offset = self.members[member].clock_offset if member in self.members else 0.0
+            offset = self.job.members[member].clock_offset if member in self.job.members else 0.0
             return (float(when) - offset if when is not None else float("inf"), order)
 
-        member, (message, code, _) = min(self.failures.items(), key=first)
-        self.failures, self.decide_at = {}, None
+        member, (message, code, _) = min(self.job.failures.items(), key=first)
+        self.job.failures, self.job.decide_at = {}, None
         return self._failure(
             member,
             message.failure,
@@ -441,30 +420,32 @@ class Conductor(Seating):
         self, member: int, failure: dict | None, reason: str, code: int, now: float
     ) -> list[Action]:
         summary = failure_summary(failure, self.name(member)) if failure else ""
-        stopping = next((sig for sig in self.received if sig in STOPPING), None)
+        stopping = next((sig for sig in self.job.received if sig in STOPPING), None)
         if stopping is not None:
             # The job is being stopped (preemption, scancel): a failure on the way out is no
             # reason to start it again.
-            who = self.name(self.received[stopping])
+            who = self.name(self.job.received[stopping])
             return self._end(
                 128 + stopping,
                 f"{reason}; no restart: {who} received {signal_name(stopping)}",
                 summary,
                 sig=stopping,
             )
-        if self.restarts_left > 0 and code != EXIT_CONFIG:
-            self.restarts_left -= 1
-            alive = [m for m, s in self.members.items() if s.connected]
-            self._next_start(alive if self.roster.elastic else range(self.expected), now)
-            used = self.limits.max_restarts - self.restarts_left
+        if self.job.restarts_left > 0 and code != EXIT_CONFIG:
+            self.job.restarts_left -= 1
+            alive = [m for m, s in self.job.members.items() if s.connected]
+            self.seating.next_start(
+                alive if self.job.roster.elastic else range(self.job.expected), now
+            )
+            used = self.job.limits.max_restarts - self.job.restarts_left
             actions: list[Action] = [Log("error", summary)] if summary else []
             actions += [
                 Log(
                     "warning",
-                    f"{reason}; restarting every {self.unit}'s trainer "
-                    f"(restart {used} of {self.limits.max_restarts})",
+                    f"{reason}; restarting every {self.job.unit}'s trainer "
+                    f"(restart {used} of {self.job.limits.max_restarts})",
                 ),
-                Send(ALL, Restart(self.generation, reason)),
+                Send(ALL, Restart(self.job.generation, reason)),
             ]
             return actions
         return self._end(code, reason, summary)
@@ -472,11 +453,11 @@ class Conductor(Seating):
     def _end(
         self, code: int, reason: str, summary: str = "", sig: int | None = None
     ) -> list[Action]:
-        self.phase, self.outcome = END, (code, reason)
-        self.failures, self.decide_at = {}, None
+        self.job.phase, self.job.outcome = END, (code, reason)
+        self.job.failures, self.job.decide_at = {}, None
         actions: list[Action] = [Log("error", summary)] if summary else []
         actions += [
-            Log("error", f"stopping every {self.unit} (exit {code}): {reason}"),
+            Log("error", f"stopping every {self.job.unit} (exit {code}): {reason}"),
             Send(ALL, self._stop_message(code, reason, sig)),
         ]
         return actions
@@ -489,6 +470,6 @@ class Conductor(Seating):
 
     def _list(self, members: list[int]) -> str:
         if len(members) == 1:
-            return f"{self.unit} {members[0]}"
+            return f"{self.job.unit} {members[0]}"
         shown = ", ".join(str(m) for m in members[:10]) + (" ..." if len(members) > 10 else "")
-        return f"{len(members)} {self.units} ({shown})"
+        return f"{len(members)} {self.job.units} ({shown})"

@@ -9,7 +9,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from entrypoint.control.messages import Message
+from entrypoint.control.messages import Exit, Message
+from entrypoint.control.progress import HangRule, JobProgress, RankStack
+from entrypoint.control.roster import Roster
 
 ALL = -1  # Send.to: every connected member
 STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # these end the job; USR1/2 do not
@@ -128,3 +130,60 @@ def monitor_table(members: dict[int, MemberState], now: float) -> str:
             f"{member:<6}{state.host[:27]:<28}{now - state.last_seen:>5.0f} s ago {devices}"
         )
     return "nodes:\n  " + "\n  ".join(rows)
+
+
+@dataclass
+class StackProbe:
+    """Node 0 asked every node for its ranks' stacks: the answers so far."""
+
+    silent: float  # seconds no rank had stepped when asked
+    rule: HangRule
+    deadline: float
+    answers: dict[int, list[RankStack]] = field(default_factory=dict)
+
+
+@dataclass
+class JobState:
+    """What node 0 knows of the job, which the Conductor's events and its Seating (each start's
+    join) both read and change; /metrics reads it at scrape time."""
+
+    expected: int  # members the platform started, spares included
+    limits: Limits
+    roster: Roster
+    join_started: float
+    unit: str = "node"  # "node", or "process" when the platform started one per GPU
+    address: str = "?"  # where node 0 listens, for messages
+    members: dict[int, MemberState] = field(default_factory=dict)
+    phase: Phase = JOIN
+    generation: int = 0
+    outcome: tuple[int, str] | None = None  # (exit code, reason) once the job ended
+    failures: dict[int, tuple[Exit, int, int]] = field(default_factory=dict)  # (msg, code, order)
+    decide_at: float | None = None  # when the failures reported so far are judged
+    received: dict[int, int] = field(default_factory=dict)  # signal: the member that had it first
+    # each member's last state, across restarts; lost and slow members, with why
+    seen: dict[int, MemberState] = field(default_factory=dict)
+    lost: dict[int, str] = field(default_factory=dict)
+    slow: dict[int, str] = field(default_factory=dict)
+    training_since: float | None = None  # the first `go`
+    progress: JobProgress = field(default_factory=JobProgress)  # every rank's steps
+    probe: StackProbe | None = None  # the stacks asked for, once ranks stopped stepping
+    slow_ranks: dict[tuple[int, int], str] = field(default_factory=dict)
+    # health (supervise/health.py): events by (member, kind); members taken out, with why
+    health_events: dict[tuple[int, str], int] = field(default_factory=dict)
+    sick: dict[int, str] = field(default_factory=dict)
+    units: str = field(init=False)  # "nodes" or "processes"
+    seats: dict[int, int] = field(init=False)  # member: node rank, this start (roster.py)
+    awaited: set[int] = field(init=False)  # the members the next `go` waits for
+    join_deadline: float = field(init=False)
+    restarts_left: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.units = "processes" if self.unit == "process" else f"{self.unit}s"
+        self.seats = self.roster.first()
+        self.awaited = set(range(self.expected))
+        self.join_deadline = self.join_started + self.limits.join_timeout
+        self.restarts_left = self.limits.max_restarts
+
+    def name(self, member: int) -> str:
+        state = self.members.get(member)
+        return f"{self.unit} {member}" + (f" ({state.host})" if state else "")

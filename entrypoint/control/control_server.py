@@ -74,7 +74,7 @@ class Server(threading.Thread):
         self.identity = identity
         self.hello_timeout = hello_timeout
         # Connections not yet through the handshake: every node may be joining at once.
-        self.max_pending = max_pending or conductor.expected + 64
+        self.max_pending = max_pending or conductor.job.expected + 64
         raise_open_files_limit()
         self.selector = selectors.DefaultSelector()
         try:
@@ -148,7 +148,7 @@ class Server(threading.Thread):
             if now - last_beat >= self.interval:
                 last_beat = now
                 self._send(ALL, m.Beat())
-            if self.conductor.phase == "end":
+            if self.conductor.job.phase == "end":
                 ended_at = ended_at or now
                 # The verdict is queued for every node; a moment for them to read it, not for
                 # a paused one to come back.

@@ -6,21 +6,15 @@ the odd node(s) and each field that differs (the environment check users ran by 
 automatic). Clocks and a shared data directory ride along (synchronized clocks, the same dataset
 path on every machine).
 
-`collect` is the edge (files, package metadata, NVML); everything else is pure.
+Pure: each node's fingerprint is collected at its edge (entrypoint.supervise.probe.fingerprint).
 """
 
 from __future__ import annotations
 
-import os
-import platform
-import sys
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
-# Written by docker/Dockerfile; absent outside the image.
-IMAGE_DIR = Path(os.environ.get("ENTRYPOINT_IMAGE_DIR", "/opt/venv/share/entrypoint"))
 CLOCK_WARN_SECONDS = 2.0
 
 # Fields compared across nodes, in the order a mismatch names them.
@@ -37,114 +31,6 @@ MATCHED = (
     "gpus_per_node",
     "packages",
 )
-_HEADLINE = {"torch": "torch", "jax": "jax", "deepspeed": "deepspeed", "nccl": "nvidia-nccl-cu12"}
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip() or None
-    except OSError:
-        return None
-
-
-def _headers(path: str) -> tuple[str, str]:
-    """(Name, Version) from a METADATA or PKG-INFO file's header lines."""
-    name = version = ""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if not line.strip():
-                    break  # the headers end at the first blank line; the description follows
-                if line.startswith("Name:"):
-                    name = line[5:].strip()
-                elif line.startswith("Version:"):
-                    version = line[8:].strip()
-                if name and version:
-                    break
-    except OSError:
-        pass
-    return name, version
-
-
-def packages(paths: list[str] | None = None) -> dict[str, str]:
-    """name -> version of every installed distribution: the Name and Version headers of each
-    *.dist-info/METADATA and *.egg-info on sys.path, first found wins, as importlib.metadata
-    finds them. No imports, and no email parser (importlib.metadata's was 90% of the join's
-    time: 80 ms a node, seconds when 32 nodes share a machine)."""
-    found: dict[str, str] = {}
-    for entry in sys.path if paths is None else paths:
-        try:
-            items = sorted(os.listdir(entry or "."))
-        except OSError:
-            continue
-        for item in items:
-            where = os.path.join(entry or ".", item)
-            if item.endswith(".dist-info"):
-                meta = os.path.join(where, "METADATA")
-            elif item.endswith(".egg-info"):
-                meta = where if os.path.isfile(where) else os.path.join(where, "PKG-INFO")
-            else:
-                continue
-            name, version = _headers(meta)
-            key = name.lower().replace("_", "-")
-            if key and key not in found:
-                found[key] = version
-    return dict(sorted(found.items()))
-
-
-def cuda_driver_major() -> str | None:
-    """The driver's CUDA major version (NVML), or None without a driver."""
-    try:
-        import pynvml  # present only where an NVIDIA driver may be; failing is the answer
-
-        pynvml.nvmlInit()
-        try:
-            return str(pynvml.nvmlSystemGetCudaDriverVersion() // 1000)
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no driver library or no device: nothing to compare
-        return None
-
-
-def data_summary(path: Path | None, *, limit: int = 200_000) -> dict | None:
-    """File count and total size of a dataset directory (None when none is configured)."""
-    if path is None:
-        return None
-    if not path.is_dir():
-        return {"path": str(path), "exists": False}
-    files = size = 0
-    for root, _dirs, names in os.walk(path):
-        for name in names:
-            try:
-                size += os.stat(os.path.join(root, name)).st_size
-            except OSError:
-                continue
-            files += 1
-            if files >= limit:  # a huge tree: compare what was counted, and say so
-                return {
-                    "path": str(path),
-                    "exists": True,
-                    "files": files,
-                    "bytes": size,
-                    "partial": True,
-                }
-    return {"path": str(path), "exists": True, "files": files, "bytes": size}
-
-
-def collect(*, gpus_per_node: int, gpu_names: tuple[str, ...], data_dir: Path | None) -> dict:
-    """This node's fingerprint (the edge: reads files and package metadata)."""
-    pkgs = packages()
-    return {
-        "image_lock": _read(IMAGE_DIR / "lock.sha256") or "none (not in the image)",
-        "image_revision": _read(IMAGE_DIR / "revision") or "unknown",
-        "python": platform.python_version(),
-        **{field: pkgs.get(dist, "not installed") for field, dist in _HEADLINE.items()},
-        "cuda_driver": cuda_driver_major() if gpus_per_node else "none (CPU)",
-        "gpu_model": ", ".join(sorted(set(gpu_names))) or ("unknown" if gpus_per_node else "none"),
-        "gpus_per_node": gpus_per_node,
-        "packages": pkgs,
-        "data": data_summary(data_dir),
-    }
 
 
 @dataclass(frozen=True)

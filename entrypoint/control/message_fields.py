@@ -11,13 +11,16 @@ import signal
 from typing import Any, overload
 
 from entrypoint.control.fingerprint import MATCHED
+from entrypoint.plan.errors import EXIT_PEERS, EntrypointError
 
 MAX_MEMBER = 1 << 20  # absolute bound; the job's own range is the Conductor's to check
 KNOWN_SIGNALS = frozenset(int(s) for s in signal.valid_signals() if 0 < int(s) < 128)
 
 
-class BadMessage(ValueError):
+class BadMessage(EntrypointError, ValueError):
     """A line that is not a valid control message; the text says what is wrong."""
+
+    exit_code = EXIT_PEERS
 
 
 # -- field checks ---------------------------------------------------------------------------

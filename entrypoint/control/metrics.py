@@ -47,14 +47,14 @@ class Job:
 
 def member_states(c: Conductor) -> dict[int, str]:
     """Every member node 0 has seen: joining, training, standby or lost."""
-    members, lost, seats = dict(c.members), dict(c.lost), dict(c.seats)
+    members, lost, seats = dict(c.job.members), dict(c.job.lost), dict(c.job.seats)
     out = {m: "lost" for m in lost}
     for m, state in members.items():
         if not state.connected:
             out[m] = "lost"
-        elif c.phase != RUN:
+        elif c.job.phase != RUN:
             out[m] = "joining"
-        elif c.roster.elastic and m not in seats:
+        elif c.job.roster.elastic and m not in seats:
             out[m] = "standby"
         else:
             out[m] = "training"
@@ -115,7 +115,7 @@ class JobCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         c, now = self.c, self.clock()
         states = member_states(c)
-        seen, seats, slow = dict(c.seen), dict(c.seats), dict(c.slow)
+        seen, seats, slow = dict(c.job.seen), dict(c.job.seats), dict(c.job.slow)
         node = ["node", "host"]
         up = _gauge("node_up", "1 while node 0 hears the node, 0 once it is lost", node)
         state_g = _gauge("node_state", "The node's state, as its label, always 1", [*node, "state"])
@@ -130,7 +130,7 @@ class JobCollector(Collector):
             labels = [str(m), host]
             up.add_metric(labels, 0 if st == "lost" else 1)
             state_g.add_metric([*labels, st], 1)  # one sample a node: 3,072 fewer at 1,024
-            seat = seats.get(m, -1) if c.roster.elastic else m
+            seat = seats.get(m, -1) if c.job.roster.elastic else m
             rank.add_metric(labels, seat if st == "training" else -1)
             slow_g.add_metric(labels, 1 if m in slow else 0)
             if state is None:
@@ -148,7 +148,7 @@ class JobCollector(Collector):
     def _health(self, states: dict, seen: dict) -> Iterator:
         """GPU and link events by node and kind (`xid_79`, `ecc_uncorrected`, `nic_down`...),
         and the nodes taken out of the job by a fatal one or a failed check."""
-        events, sick = dict(self.c.health_events), dict(self.c.sick)
+        events, sick = dict(self.c.job.health_events), dict(self.c.job.sick)
         counted = CounterMetricFamily(
             PREFIX + "node_health_events",
             "GPU and link events a node reported (XID, ECC, NVLink, NIC), by kind",
@@ -170,7 +170,7 @@ class JobCollector(Collector):
     def _ranks(self, seen: dict, now: float) -> Iterator[GaugeMetricFamily]:
         """Every rank's steps (control/progress.py), labelled by its node and host."""
         c = self.c
-        ranks, slow = dict(c.progress.ranks), dict(c.slow_ranks)
+        ranks, slow = dict(c.job.progress.ranks), dict(c.job.slow_ranks)
         labels = ["node", "host", "rank"]
         steps = _gauge("rank_steps", "Optimizer steps the rank has made this start", labels)
         interval = _gauge("rank_step_seconds", "The rank's mean step time, recently", labels)
@@ -199,7 +199,7 @@ class JobCollector(Collector):
         c, job = self.c, self.job
         info = _gauge("job_info", "The job's name and platform", ["job", "platform"])
         info.add_metric([job.name, job.platform], 1)
-        phase_name = {JOIN: "join", RUN: "run"}.get(c.phase, "end")
+        phase_name = {JOIN: "join", RUN: "run"}.get(c.job.phase, "end")
         phase = _gauge("job_phase", "1 for the job's phase", ["phase"])
         for name in PHASES:
             phase.add_metric([name], 1 if name == phase_name else 0)
@@ -207,19 +207,19 @@ class JobCollector(Collector):
         for name in STATES:
             nodes.add_metric([name], sum(1 for s in states.values() if s == name))
         expected = _gauge("job_nodes_expected", "Nodes the platform started, spares included", [])
-        expected.add_metric([], c.expected)
+        expected.add_metric([], c.job.expected)
         full = _gauge("job_nodes_full", "Nodes the job trains on at its full size", [])
-        full.add_metric([], c.roster.full)
+        full.add_metric([], c.job.roster.full)
         spares = _gauge("job_spares_left", "Standby nodes ready to take a lost node's place", [])
         spares.add_metric([], sum(1 for s in states.values() if s == "standby"))
         restarts = _gauge("job_restarts", "Times every node's trainer started again", [])
-        restarts.add_metric([], c.generation)
+        restarts.add_metric([], c.job.generation)
         training = sum(1 for s in states.values() if s == "training")
         world = _gauge("job_world_size", "Processes training now", [])
         world.add_metric([], training * job.nproc_per_node)
         since = _gauge("job_training_seconds", "Seconds since the first start of training", [])
-        since.add_metric([], 0.0 if c.training_since is None else now - c.training_since)
-        progress = c.progress
+        since.add_metric([], 0.0 if c.job.training_since is None else now - c.job.training_since)
+        progress = c.job.progress
         job_steps = _gauge("job_steps", "Steps of the job: the fewest any rank has made", [])
         job_steps.add_metric([], progress.steps())
         intervals = [s.interval for s in list(progress.ranks.values()) if s.interval]

@@ -1,7 +1,7 @@
 """Node 0's start of each generation: wait for the members the start needs, compare them, seat
 them, say `go`; and what a lost node means for the next start.
 
-The `Conductor` (entrypoint.control.conductor) is this class plus the events of a running job.
+The `Conductor` (entrypoint.control.conductor) holds a `Seating` and the `JobState` they share.
 Without spares or shrinking every member trains in its own node rank and a lost node ends the job
 (or, with ENTRYPOINT_MAX_RESTARTS, waits for the platform to start it again). With them
 (entrypoint.control.roster):
@@ -17,7 +17,7 @@ Node 0 serves the channel and the rendezvous: losing it ends the job, on every n
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from entrypoint.control.conductor_terms import (
     ALL,
@@ -27,10 +27,9 @@ from entrypoint.control.conductor_terms import (
     STOPPING,
     Action,
     Close,
-    Limits,
+    JobState,
     Log,
     MemberState,
-    Phase,
     Send,
 )
 from entrypoint.control.fingerprint import (
@@ -41,58 +40,32 @@ from entrypoint.control.fingerprint import (
     mismatches,
 )
 from entrypoint.control.messages import Go, Health, Hello, Restart, Stop
-from entrypoint.control.progress import JobProgress
-from entrypoint.control.roster import Roster, changes, seat
+from entrypoint.control.roster import changes, seat
 from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
 
 
 class Seating:
-    """The starts of node 0's Conductor: the state they share with it, and their decisions."""
+    """Each start of the job, for node 0's Conductor: who joins, whether they match, their
+    seats and `go`; spares, shrinking and growing back. It holds the Conductor's `JobState`,
+    and ends the job or names a failure through the Conductor's own `end` and `failure`."""
 
-    expected: int
-    limits: Limits
-    unit: str
-    units: str
-    roster: Roster
-    seats: dict[int, int]
-    awaited: set[int]
-    members: dict[int, MemberState]
-    phase: Phase
-    generation: int
-    received: dict[int, int]
-    progress: JobProgress
-    probe: object | None
-    failures: dict
-    lost: dict[int, str]
-    seen: dict[int, MemberState]
-    health_events: dict[tuple[int, str], int]
-    sick: dict[int, str]
-    training_since: float | None
-    decide_at: float | None
-    join_started: float
-    join_deadline: float
+    def __init__(
+        self,
+        job: JobState,
+        *,
+        end: Callable[..., list[Action]],
+        failure: Callable[[int, dict | None, str, int, float], list[Action]],
+        hello: Callable[[int, Hello, float, float], list[Action]],
+    ) -> None:
+        self.job = job
+        self.end = end  # (code, reason, summary="", sig=None): stop every node
+        self.failure = failure  # (member, failure, reason, code, now): a member failed
+        self.hello = hello  # the Conductor's hello, for a member that joins again
 
-    # the Conductor's
-    def name(self, member: int) -> str:
-        raise NotImplementedError
-
-    def hello(self, member: int, message: Hello, now: float, wall_now: float) -> list[Action]:
-        raise NotImplementedError
-
-    def _end(
-        self, code: int, reason: str, summary: str = "", sig: int | None = None
-    ) -> list[Action]:
-        raise NotImplementedError
-
-    def _failure(
-        self, member: int, failure: dict | None, reason: str, code: int, now: float
-    ) -> list[Action]:
-        raise NotImplementedError
-
-    def _maybe_go(self, now: float) -> list[Action]:
-        if self.phase != JOIN or not self.awaited <= self.members.keys():
+    def maybe_go(self, now: float) -> list[Action]:
+        if self.job.phase != JOIN or not self.job.awaited <= self.job.members.keys():
             return []
-        if self.roster.elastic and self.generation == 0:
+        if self.job.roster.elastic and self.job.generation == 0:
             return self._refuse_odd_standbys() + self._go(now)
         return self._go(now)
 
@@ -100,18 +73,18 @@ class Seating:
         """Every member the start waits for is here: compare them, seat them, say go."""
         members = [
             Member(m, s.host, s.fingerprint, s.clock_offset)
-            for m, s in sorted(self.members.items())
+            for m, s in sorted(self.job.members.items())
         ]
         problems = layout_mismatches(members) + mismatches(members) + data_mismatches(members)
         # Clocks are compared once per job: drift during a long job must not turn a restart
         # into a configuration error.
         refusals, warnings = (
-            clock_problems(members, self.limits.max_clock_skew)
-            if self.generation == 0
+            clock_problems(members, self.job.limits.max_clock_skew)
+            if self.job.generation == 0
             else ([], [])
         )
         if problems or refusals:
-            return self._end(
+            return self.end(
                 EXIT_CONFIG,
                 "the nodes do not match, nothing was started: "
                 + " | ".join(problems + refusals)
@@ -119,130 +92,139 @@ class Seating:
                 "same data, and synchronized clocks",
             )
         seats = self._seating()
-        if len(seats) < self.roster.min_nodes or (self.generation == 0 and not self._full(seats)):
+        if len(seats) < self.job.roster.min_nodes or (
+            self.job.generation == 0 and not self._full(seats)
+        ):
             return self._too_few(seats)
-        self.phase = RUN
-        if self.training_since is None:
-            self.training_since = now
-        for state in self.members.values():
+        self.job.phase = RUN
+        if self.job.training_since is None:
+            self.job.training_since = now
+        for state in self.job.members.values():
             state.last_seen, state.exit_code = now, None
-        took = now - self.join_started
+        took = now - self.job.join_started
         first = members[0].fingerprint
         actions: list[Action] = [Log("warning", w) for w in warnings]
-        if self.expected > 1:
+        if self.job.expected > 1:
             lock = str(first.get("image_lock"))
             lock = lock if lock.startswith("none") else lock[:12]
             actions.append(
                 Log(
                     "info",
-                    f"all {len(self.members)} {self.units} joined in {took:.1f} s "
+                    f"all {len(self.job.members)} {self.job.units} joined in {took:.1f} s "
                     f"and match: lock {lock}, "
                     f"torch {first.get('torch')}, jax {first.get('jax')}, "
                     f"deepspeed {first.get('deepspeed')}, NCCL "
                     f"{first.get('nccl')}",
                 )
             )
-        if not self.roster.elastic:
-            return [*actions, Send(ALL, Go(self.generation, tuple(warnings)))]
+        if not self.job.roster.elastic:
+            return [*actions, Send(ALL, Go(self.job.generation, tuple(warnings)))]
         actions += [Log("info", line) for line in self._seating_news(seats)]
-        self.seats = seats
+        self.job.seats = seats
         return actions + [
-            Send(m, Go(self.generation, tuple(warnings), seats.get(m), len(seats)))
-            for m in sorted(self.members)
+            Send(m, Go(self.job.generation, tuple(warnings), seats.get(m), len(seats)))
+            for m in sorted(self.job.members)
         ]
 
-    def _lost(self, member: int, why: str, now: float) -> list[Action]:
-        reason = f"lost {self.name(member)}: {why}"
-        self.lost[member] = why
-        if self.roster.elastic and not any(s in STOPPING for s in self.received):
-            alive = [m for m, s in self.members.items() if s.connected and m != member]
-            if len(seat(self.roster, self.seats, alive)) >= self.roster.min_nodes:
+    def lose(self, member: int, why: str, now: float) -> list[Action]:
+        reason = f"lost {self.job.name(member)}: {why}"
+        self.job.lost[member] = why
+        if self.job.roster.elastic and not any(s in STOPPING for s in self.job.received):
+            alive = [m for m, s in self.job.members.items() if s.connected and m != member]
+            if len(seat(self.job.roster, self.job.seats, alive)) >= self.job.roster.min_nodes:
                 return self._restart(reason, alive, now)
-            return self._end(EXIT_PEERS, f"{reason}; {self._why_not_on(alive)}")
-        return self._failure(member, None, reason, EXIT_PEERS, now)
+            return self.end(EXIT_PEERS, f"{reason}; {self._why_not_on(alive)}")
+        return self.failure(member, None, reason, EXIT_PEERS, now)
 
-    def _next_start(self, awaited: Iterable[int], now: float) -> None:
-        self.generation += 1
-        self.received = {}
-        self.failures, self.decide_at = {}, None
-        self.phase = JOIN
-        self.members.clear()  # every node says hello again before the restart goes ahead
-        self.progress.restart()
-        self.probe = None
-        self.awaited = set(awaited)
-        self.join_started = now
-        self.join_deadline = self.join_started + self.limits.join_timeout
+    def next_start(self, awaited: Iterable[int], now: float) -> None:
+        self.job.generation += 1
+        self.job.received = {}
+        self.job.failures, self.job.decide_at = {}, None
+        self.job.phase = JOIN
+        self.job.members.clear()  # every node says hello again before the restart goes ahead
+        self.job.progress.restart()
+        self.job.probe = None
+        self.job.awaited = set(awaited)
+        self.job.join_started = now
+        self.job.join_deadline = self.job.join_started + self.job.limits.join_timeout
 
     # -- spares and shrinking (entrypoint.control.roster) -----------------------------------
 
     def _restart(self, reason: str, alive: list[int], now: float) -> list[Action]:
         """A node lost with a standby to take its seat, or enough nodes left to shrink: every
         node's trainer starts again, seated anew at the next `go`."""
-        self._next_start(alive, now)
+        self.next_start(alive, now)
         return [
-            Log("warning", f"{reason}; restarting every {self.unit}'s trainer without it"),
-            Send(ALL, Restart(self.generation, reason)),
+            Log("warning", f"{reason}; restarting every {self.job.unit}'s trainer without it"),
+            Send(ALL, Restart(self.job.generation, reason)),
         ]
 
     def _seating(self) -> dict[int, int]:
-        if not self.roster.elastic:
-            return self.seats
-        return seat(self.roster, self.seats, self.members.keys(), self._domains())
+        if not self.job.roster.elastic:
+            return self.job.seats
+        return seat(self.job.roster, self.job.seats, self.job.members.keys(), self._domains())
 
     def _domains(self) -> dict[int, str]:
         """Each member's NVLink domain, as it last said (a lost member's included)."""
-        return {m: s.domain for m, s in dict(self.seen).items() if s.domain}
+        return {m: s.domain for m, s in dict(self.job.seen).items() if s.domain}
 
     def _full(self, seats: dict[int, int]) -> bool:
-        return len(seats) >= self.roster.full
+        return len(seats) >= self.job.roster.full
 
-    def _late_go_allowed(self) -> bool:
+    def late_go_allowed(self) -> bool:
         """Elastic jobs go on without members that do not come: spares at the start, lost
         nodes at a restart, as long as enough seats are filled."""
-        if not self.roster.elastic or 0 not in self.members:
+        if not self.job.roster.elastic or 0 not in self.job.members:
             return False
-        seats = seat(self.roster, self.seats, self.members.keys())
-        return self._full(seats) if self.generation == 0 else len(seats) >= self.roster.min_nodes
+        seats = seat(self.job.roster, self.job.seats, self.job.members.keys())
+        return (
+            self._full(seats)
+            if self.job.generation == 0
+            else len(seats) >= self.job.roster.min_nodes
+        )
 
     def _why_not_on(self, alive: list[int]) -> str:
-        r = self.roster
+        r = self.job.roster
         if r.min_nodes < r.full:
-            return f"{len(alive)} {self.units} left, fewer than ENTRYPOINT_MIN_NODES={r.min_nodes}"
+            return (
+                f"{len(alive)} {self.job.units} left, fewer than ENTRYPOINT_MIN_NODES={r.min_nodes}"
+            )
         return (
             f"no standby left to take its place (ENTRYPOINT_SPARES={r.spares}); set "
-            f"ENTRYPOINT_MIN_NODES below {r.full} to go on with fewer {self.units}"
+            f"ENTRYPOINT_MIN_NODES below {r.full} to go on with fewer {self.job.units}"
         )
 
     def _too_few(self, seats: dict[int, int]) -> list[Action]:
-        alive = sorted(self.members)
-        need = self.roster.full if self.generation == 0 else self.roster.min_nodes
-        return self._end(
+        alive = sorted(self.job.members)
+        need = self.job.roster.full if self.job.generation == 0 else self.job.roster.min_nodes
+        return self.end(
             EXIT_PEERS,
-            f"only {len(seats)} {self.units} can train, the job needs {need}: "
+            f"only {len(seats)} {self.job.units} can train, the job needs {need}: "
             + self._why_not_on(alive),
         )
 
     def _seating_news(self, seats: dict[int, int]) -> list[str]:
-        standby = sorted(m for m in self.members if m not in seats)
+        standby = sorted(m for m in self.job.members if m not in seats)
         left = f"{len(standby)} standby ({', '.join(map(str, standby)) or 'none'})"
-        size = f"training on {len(seats)} of {self.roster.full} {self.units}"
-        if self.generation == 0:
+        size = f"training on {len(seats)} of {self.job.roster.full} {self.job.units}"
+        if self.job.generation == 0:
             return [f"{size}; {left}"]
         return [
-            f"restart {self.generation}: " + "; ".join([*changes(self.seats, seats), size, left])
+            f"restart {self.job.generation}: "
+            + "; ".join([*changes(self.job.seats, seats), size, left])
         ]
 
-    def _hello_while_running(
+    def hello_while_running(
         self, member: int, message: Hello, now: float, wall_now: float
     ) -> list[Action]:
         """A spare late for the start, or a lost node its platform replaced, stands by; a
         seated node that says hello again was restarted by its platform: the job restarts."""
-        if member not in self.members:
+        if member not in self.job.members:
             return self._standby_joins(member, message, now, wall_now)
         actions = self._restart(
-            f"{self.name(member)} started again while the job was running (its container "
+            f"{self.job.name(member)} started again while the job was running (its container "
             "or pod was restarted)",
-            [m for m, s in self.members.items() if s.connected],
+            [m for m, s in self.job.members.items() if s.connected],
             now,
         )
         return actions + self.hello(member, message, now, wall_now)
@@ -262,22 +244,22 @@ class Seating:
         refusal = self._unlike_node0(member, state)
         if refusal:
             return refusal
-        self.members[member] = state
-        waiting = len([m for m in self.members if m not in self.seats])
+        self.job.members[member] = state
+        waiting = len([m for m in self.job.members if m not in self.job.seats])
         later = (
-            f"; it takes a seat at the next restart (training on {len(self.seats)} of "
-            f"{self.roster.full})"
-            if not self._full(self.seats)
+            f"; it takes a seat at the next restart (training on {len(self.job.seats)} of "
+            f"{self.job.roster.full})"
+            if not self._full(self.job.seats)
             else ""
         )
         return [
-            Log("info", f"{self.name(member)} joined as a standby; {waiting} standby{later}"),
-            Send(member, Go(self.generation, (), None, len(self.seats))),
+            Log("info", f"{self.job.name(member)} joined as a standby; {waiting} standby{later}"),
+            Send(member, Go(self.job.generation, (), None, len(self.job.seats))),
         ]
 
     def _unlike_node0(self, member: int, state: MemberState) -> list[Action]:
         """A standby that does not match node 0 is refused (its actions), the job goes on."""
-        ref = self.members.get(0)
+        ref = self.job.members.get(0)
         pair = [
             Member(m, s.host, s.fingerprint, s.clock_offset)
             for m, s in ((0, ref), (member, state))
@@ -287,7 +269,7 @@ class Seating:
         if not problems:
             return []
         reason = (
-            f"{self.unit} {member} ({state.host}) does not match node 0 and cannot stand by: "
+            f"{self.job.unit} {member} ({state.host}) does not match node 0 and cannot stand by: "
             f"{' | '.join(problems)}. Run every node from the same image (tag and digest)"
         )
         return [
@@ -300,101 +282,101 @@ class Seating:
         """At the first start, each spare is compared with node 0 alone: one that differs is
         refused now, not when it is needed, and the job starts without it."""
         actions: list[Action] = []
-        for member in sorted(m for m in self.members if m not in self.seats):
-            refusal = self._unlike_node0(member, self.members[member])
+        for member in sorted(m for m in self.job.members if m not in self.job.seats):
+            refusal = self._unlike_node0(member, self.job.members[member])
             if refusal:
-                del self.members[member]
-                self.awaited.discard(member)
+                del self.job.members[member]
+                self.job.awaited.discard(member)
                 actions += refusal
         return actions
 
     def health(self, member: int, message: Health, now: float) -> list[Action]:
         """A GPU or link event on a node: counted; a fatal one takes the node out of the job at
         once, without waiting for its trainer to fail or hang."""
-        state = self.members.get(member)
-        if state is None or self.phase == END:
+        state = self.job.members.get(member)
+        if state is None or self.job.phase == END:
             return []
         key = (member, message.event)
-        first = key not in self.health_events
-        self.health_events[key] = self.health_events.get(key, 0) + 1
+        first = key not in self.job.health_events
+        self.job.health_events[key] = self.job.health_events.get(key, 0) + 1
         if not message.fatal:
-            text = f"{self.name(member)}: {message.text} (counted in /metrics; the job goes on)"
+            text = f"{self.job.name(member)}: {message.text} (counted in /metrics; the job goes on)"
             return [Log("warning", text)] if first else []
-        return self._unhealthy(member, state.host, message.text, now)
+        return self.unhealthy(member, state.host, message.text, now)
 
-    def _unhealthy(self, member: int, host: str, why: str, now: float) -> list[Action]:
+    def unhealthy(self, member: int, host: str, why: str, now: float) -> list[Action]:
         """`member` failed a check before its start, or a fatal event struck it: a standby
         takes its seat (or the job shrinks) where the roster allows; else the job stops,
         naming it. Node 0 serves the job: its own sickness ends the job."""
-        self.sick[member] = why
-        if member not in self.seen:  # for /metrics: a node that never joined, by its host
-            self.seen[member] = MemberState(host=host, connected=False, joined_at=now)
-        name = f"{self.unit} {member} ({host})"
-        bye = Stop(EXIT_PEERS, f"node 0 took this {self.unit} out of the job: {why}")
-        if self.phase == END:
+        self.job.sick[member] = why
+        if member not in self.job.seen:  # for /metrics: a node that never joined, by its host
+            self.job.seen[member] = MemberState(host=host, connected=False, joined_at=now)
+        name = f"{self.job.unit} {member} ({host})"
+        bye = Stop(EXIT_PEERS, f"node 0 took this {self.job.unit} out of the job: {why}")
+        if self.job.phase == END:
             return [Send(member, bye), Close(member)]
-        if not self.roster.elastic or member == 0:
-            self.lost[member] = why
+        if not self.job.roster.elastic or member == 0:
+            self.job.lost[member] = why
             spares = ", or give the job spares (ENTRYPOINT_SPARES) so a standby takes its place"
-            spares = "" if self.roster.elastic else spares
-            return self._end(
+            spares = "" if self.job.roster.elastic else spares
+            return self.end(
                 EXIT_PEERS, f"{name}: {why}; drain it and start the job on healthy nodes{spares}"
             )
-        if self.phase == RUN and member not in self.members:  # a replaced node, sick
-            self.lost[member] = why
+        if self.job.phase == RUN and member not in self.job.members:  # a replaced node, sick
+            self.job.lost[member] = why
             return [
                 Log("warning", f"{name}: {why}; it cannot stand by"),
                 Send(member, bye),
                 Close(member),
             ]
-        if self.phase == JOIN:
-            self.members.pop(member, None)
-            self.awaited.discard(member)
-            self.lost[member] = why
+        if self.job.phase == JOIN:
+            self.job.members.pop(member, None)
+            self.job.awaited.discard(member)
+            self.job.lost[member] = why
             return [
                 Log("warning", f"{name}: {why}; it stands aside and the job starts without it"),
                 Send(member, bye),
                 Close(member),
-                *self._maybe_go(now),
+                *self.maybe_go(now),
             ]
-        lose = self._lost if member in self.seats else self._standby_lost
+        lose = self.lose if member in self.job.seats else self.standby_lost
         return [Send(member, bye), Close(member), *lose(member, why, now)]
 
-    def _not_planned(self, member: int, host: str) -> list[Action]:
+    def not_planned(self, member: int, host: str) -> list[Action]:
         """A member beyond the node count node 0 plans: refused; at the join, the job ends."""
         reason = (
-            f"{self.unit} {member} ({host}) joined, but node 0 plans {self.expected} "
-            f"{self.units} (0-{self.expected - 1}): every node needs the same node "
+            f"{self.job.unit} {member} ({host}) joined, but node 0 plans {self.job.expected} "
+            f"{self.job.units} (0-{self.job.expected - 1}): every node needs the same node "
             "count; check NNODES/WORLD_SIZE on each"
         )
-        if self.phase == JOIN:  # a node of this job that disagrees: nothing may start
+        if self.job.phase == JOIN:  # a node of this job that disagrees: nothing may start
             return [
                 Send(member, Stop(EXIT_CONFIG, reason)),
                 Close(member),
-                *self._end(EXIT_CONFIG, reason),
+                *self.end(EXIT_CONFIG, reason),
             ]
         return [Send(member, Stop(EXIT_CONFIG, reason)), Close(member)]
 
-    def _lost_in_restart(self, member: int, now: float) -> list[Action]:
+    def lost_in_restart(self, member: int, now: float) -> list[Action]:
         """A member's connection closed while the job restarts: the others go on without it."""
-        if member not in self.awaited and member not in self.members:
+        if member not in self.job.awaited and member not in self.job.members:
             return []
-        self.members.pop(member, None)
-        self.awaited.discard(member)
-        self.lost[member] = "its connection closed during a restart"
+        self.job.members.pop(member, None)
+        self.job.awaited.discard(member)
+        self.job.lost[member] = "its connection closed during a restart"
         return [
-            Log("warning", f"lost {self.unit} {member} during the restart"),
-            *self._maybe_go(now),
+            Log("warning", f"lost {self.job.unit} {member} during the restart"),
+            *self.maybe_go(now),
         ]
 
-    def _standby_lost(self, member: int, why: str, now: float) -> list[Action]:
-        state = self.members.pop(member)
-        self.lost[member] = why
-        waiting = len([m for m in self.members if m not in self.seats])
+    def standby_lost(self, member: int, why: str, now: float) -> list[Action]:
+        state = self.job.members.pop(member)
+        self.job.lost[member] = why
+        waiting = len([m for m in self.job.members if m not in self.job.seats])
         return [
             Log(
                 "warning",
-                f"lost standby {self.unit} {member} ({state.host}): {why}; {waiting} standby "
+                f"lost standby {self.job.unit} {member} ({state.host}): {why}; {waiting} standby "
                 "left, training goes on",
             )
         ]

@@ -23,14 +23,14 @@ import resource
 
 from entrypoint.control import messages as m
 from entrypoint.control.identity import Identity
-from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
+from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS, EntrypointError
 
 PROTOCOL = m.PROTOCOL
 MAX_LINE = m.MAX_LINE
 NO_IDENTITY = Identity()  # no platform job id, no token
 
 
-class PeersError(Exception):
+class PeersError(EntrypointError):
     """The master or a peer is unavailable: exit EXIT_PEERS with this one line."""
 
     exit_code = EXIT_PEERS

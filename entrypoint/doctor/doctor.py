@@ -28,7 +28,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from entrypoint.control import fingerprint
 from entrypoint.doctor import cuda_kernels
 from entrypoint.doctor.doctor_checks import CONNECT_TIMEOUT, Findings, Port, problems
 from entrypoint.doctor.doctor_report import report, table
@@ -128,8 +127,8 @@ def look(plan: Plan, facts: Facts, settings: Settings) -> Findings:
         "arch": platform.machine(),
         "python": platform.python_version(),
         "python_path": sys.executable,
-        "image_lock": _read(fingerprint.IMAGE_DIR / "lock.sha256"),
-        "image_revision": _read(fingerprint.IMAGE_DIR / "revision"),
+        "image_lock": _read(probe.IMAGE_DIR / "lock.sha256"),
+        "image_revision": _read(probe.IMAGE_DIR / "revision"),
         "deepspeed": _dist_version("deepspeed"),
         "cuda_ops": cuda_kernels.deepspeed_ops(),
     }

@@ -39,6 +39,7 @@ from entrypoint.local.cluster_docker import (
     sdk,
     sweep,
 )
+from entrypoint.plan.errors import EntrypointError
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -55,8 +56,10 @@ LABEL = "io.multinode.cluster"  # on every container and network: `docker ps -a 
 # `ClusterRun` that `Cluster.run` returns, whose `check()` raises `ClusterFailed` with the logs.
 
 
-class ClusterFailed(AssertionError):
+class ClusterFailed(EntrypointError, AssertionError):
     """A node exited non-zero, or the cluster ran past its deadline; the message has the logs."""
+
+    exit_code = 1
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,29 @@ EXIT_HUNG = 124  # ranks stopped stepping (ENTRYPOINT_HANG_TIMEOUT): one hangs, 
 # Otherwise: the trainer's own exit code, or 128 + N after signal N (143: SIGTERM, preempted).
 
 
-class ConfigError(Exception):
+class EntrypointError(Exception):
+    """The root of the entrypoint's own errors: each is one line (`line()`) and an exit code
+    (`exit_code`), and the CLI catches them once, says the line and exits with the code.
+
+    ConfigError (2)        a value the user can fix, named with the fix (plan.errors)
+    HostlistError (2)      a SLURM hostlist that cannot be expanded (plan.hostlist; its
+                           reader turns it into the ConfigError that names the variable)
+    BadMessage (75)        a control line that is not a valid message (control.message_fields)
+    PeersError (75)        node 0 or a peer is unavailable, lost or silent (control.transport)
+        Refused (2)        another job's node 0, or a wrong token
+    ClusterFailed (1)      `entrypoint local`'s cluster: a node failed (local.cluster)
+    """
+
+    exit_code: int = EXIT_CONFIG
+
+    def line(self) -> str:
+        return str(self)
+
+
+class ConfigError(EntrypointError):
     """`<VARIABLE>=<value>: what is wrong. What to do.`"""
+
+    exit_code = EXIT_CONFIG
 
     def __init__(self, variable: str, value: object, problem: str, fix: str) -> None:
         self.variable = variable

@@ -14,15 +14,16 @@ from __future__ import annotations
 import itertools
 import math
 
-from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.errors import ConfigError, EntrypointError
 from entrypoint.plan.values import NODES
 
 _HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 _MAX_DIGITS = 9  # SLURM's own numeric suffixes are far shorter
 
 
-class HostlistError(ValueError):
-    pass
+class HostlistError(EntrypointError, ValueError):
+    """A hostlist that cannot be expanded: what is wrong with it (the caller names the
+    variable, as a ConfigError)."""
 
 
 def _split_top_level(text: str) -> list[str]:

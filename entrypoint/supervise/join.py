@@ -21,7 +21,7 @@ from entrypoint.plan.plan import Plan
 from entrypoint.plan.secrets import TOKEN_FILE_VARIABLE, TOKEN_VARIABLE
 from entrypoint.plan.settings import Settings
 from entrypoint.plan.values import host_port
-from entrypoint.supervise import health
+from entrypoint.supervise import health, probe
 from entrypoint.supervise.gpu_stats import Stats
 from entrypoint.supervise.launch_watch import LOST_PEER_GRACE, Interrupted, NodeExit
 from entrypoint.supervise.worker_signals import SignalRelay
@@ -135,11 +135,11 @@ def _started(server, host: str, port: int | None) -> tuple[control_server.Server
 def collect_fingerprint(plan: Plan, settings: Settings, healthy: bool = True) -> dict:
     """This node's fingerprint, as node 0 compares it: hardware, software, data, the plan's
     layout. A node that failed its checks does not count its data (the directory may hang)."""
-    fp = fingerprint.collect(
+    fp = probe.fingerprint(
         gpus_per_node=plan.gpus_per_node,
         gpu_names=plan.gpu_names,
         data_dir=settings.data_dir if healthy else None,
-    )
+    ).to_wire()
     fp["layout"] = fingerprint.layout(plan)
     return fp
 

@@ -47,7 +47,7 @@ def test_go_when_every_node_joined_and_matches():
     assert c.hello(1, hello(1), now=5.0, wall_now=1000.0) == []  # node 1 first: order is free
     actions = c.hello(0, hello(0), now=7.0, wall_now=1000.0)
     assert any(isinstance(a, Log) and "joined in 7.0 s and match" in a.text for a in actions)
-    assert c.phase == "run"
+    assert c.job.phase == "run"
 
 
 def test_mismatch_stops_every_node_naming_the_odd_one_and_the_field():
@@ -123,7 +123,7 @@ def test_rank_beyond_the_node_count_stops_it_and_the_job_before_training():
     actions = c.hello(2, hello(2), now=1, wall_now=1000)
     sent = [(a.to, a.message.code) for a in actions if isinstance(a, Send)]
     assert sent == [(2, EXIT_CONFIG), (ALL, EXIT_CONFIG)]
-    assert "node 0 plans 2 nodes" in stops(actions)[0].reason and c.phase == "end"
+    assert "node 0 plans 2 nodes" in stops(actions)[0].reason and c.job.phase == "end"
 
 
 def test_a_closed_connection_while_running_loses_the_node():
@@ -177,7 +177,7 @@ def test_a_failed_trainer_restarts_every_node_while_restarts_remain():
     actions = c.exited(1, Exit(1, failure={"rank": 1, "exitcode": 1}), now=9)
     restart = [a.message for a in actions if isinstance(a, Send)]
     assert restart == [Restart(1, "node 1 (worker-1)'s trainer exited with code 1")]
-    assert c.phase == "join" and c.members == {}
+    assert c.job.phase == "join" and c.job.members == {}
     c.hello(0, hello(0), now=10, wall_now=1000)
     assert c.hello(1, hello(1), now=11, wall_now=1000)[-1].message == Go(1, ())
     (stop,) = stops(c.exited(0, Exit(7), now=20))  # no restart left

@@ -50,7 +50,7 @@ def running(limits=LIMITS, n=2):
     c = Conductor(n, limits, now=0.0)
     for m in range(n):
         c.hello(m, hello(m), now=1.0, wall_now=1000.0)
-    assert c.phase == "run"
+    assert c.job.phase == "run"
     return c
 
 
@@ -99,7 +99,7 @@ def test_a_stopping_signal_in_the_failure_window_ends_the_job_instead_of_restart
     (stop,) = sent(actions, "stop")
     assert stop["code"] == 143 and stop["signal"] == signal.SIGTERM
     assert "no restart: node 0 (worker-0) received SIGTERM" in stop["reason"]
-    assert not sent(actions, "restart") and c.phase == "end"
+    assert not sent(actions, "restart") and c.job.phase == "end"
     assert any(isinstance(a, Log) and a.text.startswith("worker failed: rank 3") for a in actions)
 
 
@@ -116,7 +116,7 @@ def test_a_signal_said_during_a_restart_ends_the_job():
     joining again (its hello not counted yet)."""
     c = running(RESTARTS)
     c.exited(1, failed(1), now=5.0)
-    assert sent(c.tick(8.5), "restart") and c.phase == "join"
+    assert sent(c.tick(8.5), "restart") and c.job.phase == "join"
     (stop,) = sent(c.exited(1, typed({"t": "exit", "code": 143, "signal": 15}), now=9.0), "stop")
     assert stop["code"] == 143 and stop["signal"] == 15
 
@@ -127,9 +127,9 @@ def test_a_node_started_again_during_training_is_the_first_member_of_the_restart
     node 1 until the join timeout, and exited 75)."""
     c = running(RESTARTS)
     actions = c.hello(1, hello(1), now=10.0, wall_now=1000.0)
-    assert sent(actions, "restart") and 1 in c.members and c.phase == "join"
+    assert sent(actions, "restart") and 1 in c.job.members and c.job.phase == "join"
     (go,) = sent(c.hello(0, hello(0), now=12.0, wall_now=1000.0), "go")
-    assert go["generation"] == 1 and c.phase == "run"
+    assert go["generation"] == 1 and c.job.phase == "run"
 
 
 def test_a_replacement_with_a_new_host_name_is_not_claimed_by_both():
@@ -137,7 +137,7 @@ def test_a_replacement_with_a_new_host_name_is_not_claimed_by_both():
     actions = c.hello(1, hello(1, host="worker-1-replacement"), now=10.0, wall_now=1000.0)
     assert not sent(actions, "stop") and sent(actions, "restart")
     c.hello(0, hello(0), now=12.0, wall_now=1000.0)
-    assert c.members[1].host == "worker-1-replacement" and c.phase == "run"
+    assert c.job.members[1].host == "worker-1-replacement" and c.job.phase == "run"
 
 
 def test_two_hosts_with_one_rank_at_the_first_start_are_still_refused():
@@ -152,7 +152,7 @@ def test_a_hello_in_the_failure_window_restarts_once_and_forgets_the_pending_fai
     c.exited(0, failed(1, rank=0), now=5.0)
     assert sent(c.hello(1, hello(1), now=6.0, wall_now=1000.0), "restart")
     c.hello(0, hello(0), now=7.0, wall_now=1000.0)
-    assert c.phase == "run" and c.tick(12.0) == []  # no stale verdict on the old failure
+    assert c.job.phase == "run" and c.tick(12.0) == []  # no stale verdict on the old failure
 
 
 def test_without_restarts_a_node_started_again_ends_the_job_with_75():
@@ -201,20 +201,20 @@ def test_an_old_connections_late_beats_and_close_are_not_the_new_nodes():
     try:
         node0.send(wire(wire_hello(0)))
         old.send(wire(wire_hello(1)))
-        until(lambda: c.phase == "run")
+        until(lambda: c.job.phase == "run")
         new = connect()
         new.send(wire(wire_hello(1, host="worker-1b")))
-        until(lambda: c.generation == 1 and 1 in c.members)
+        until(lambda: c.job.generation == 1 and 1 in c.job.members)
         node0.send(wire(wire_hello(0)))
-        until(lambda: c.phase == "run")
-        seen = c.members[1].last_seen
+        until(lambda: c.job.phase == "run")
+        seen = c.job.members[1].last_seen
         old.send(wire({"t": "beat"}))
         old.close()
         time.sleep(1.0)
-        assert c.members[1].last_seen == seen and c.members[1].connected
-        assert c.phase == "run" and not any("lost node 1" in text for text in logged)
+        assert c.job.members[1].last_seen == seen and c.job.members[1].connected
+        assert c.job.phase == "run" and not any("lost node 1" in text for text in logged)
         new.close()
-        until(lambda: c.phase == "end")  # the new connection's close is node 1's
+        until(lambda: c.job.phase == "end")  # the new connection's close is node 1's
         assert any("lost node 1 (worker-1b)" in text for text in logged)
     finally:
         server.stop()

@@ -159,7 +159,7 @@ def join(n: Node0) -> list[control_channel.Channel]:
     """Both real nodes join and get `go`: the job went on."""
     channels = [n.node(0), n.node(1)]
     goes(*channels)
-    assert n.conductor.phase == "run" and n.server.is_alive()
+    assert n.conductor.job.phase == "run" and n.server.is_alive()
     return channels
 
 
@@ -236,7 +236,7 @@ def test_a_members_bad_line_is_skipped_not_trusted(node0):
     a.sock.sendall(b'{"t":"exit","code":0,"signal":128}\n{"t":"exit","code":256}\n')
     n.logged("skipped a line from node 0 (node-0, 127.0.0.1:")
     n.logged("code must be an integer 0-255")
-    assert n.conductor.phase == "run" and n.conductor.outcome is None
+    assert n.conductor.job.phase == "run" and n.conductor.job.outcome is None
 
 
 def test_an_oversized_line_is_dropped(node0):

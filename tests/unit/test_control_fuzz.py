@@ -114,7 +114,7 @@ def test_nothing_a_peer_sends_stops_node_0():
         for extra in held:
             extra.close()
         assert node0.server.is_alive() and node0.answers()
-        assert node0.conductor.phase == "join" and not node0.conductor.members
+        assert node0.conductor.job.phase == "join" and not node0.conductor.job.members
         sock.close()
 
     example()
@@ -128,7 +128,7 @@ def test_nothing_a_peer_sends_stops_node_0():
         channel.send(typed(hello(member)))
         nodes.append(channel)
     goes(*nodes)
-    assert node0.conductor.phase == "run"
+    assert node0.conductor.job.phase == "run"
     node0.server.stop()
     node0.server.join(timeout=5)
 

@@ -3,7 +3,7 @@
 
 from importlib import metadata
 
-from entrypoint.control.fingerprint import packages
+from entrypoint.supervise.probe import packages
 
 
 def test_same_as_importlib_metadata_first_found_wins():

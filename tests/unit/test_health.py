@@ -125,7 +125,7 @@ def test_a_fatal_event_hands_the_seat_to_the_spare_at_once():
     assert Close(1) in actions
     assert "lost node 1 (worker-1): GPU 0 XID 79 (fallen off the bus)" in logs(actions)
     assert isinstance(sent(actions, Restart)[-1], Restart)
-    assert c.sick == {1: "GPU 0 XID 79 (fallen off the bus)"}
+    assert c.job.sick == {1: "GPU 0 XID 79 (fallen off the bus)"}
     c.hello(0, hello(0), now=6.0, wall_now=1000.0)
     assert sent(c.hello(2, hello(2), now=6.0, wall_now=1000.0), Go)[2].seat == 1
 
@@ -149,7 +149,7 @@ def test_an_event_that_is_not_fatal_is_counted_and_said_once():
     ecc = Health("xid_92", "GPU 1", "GPU 1 XID 92 (high single-bit ECC error rate)", False)
     assert "counted in /metrics" in logs(c.health(1, ecc, now=5.0))
     assert c.health(1, ecc, now=6.0) == []
-    assert c.health_events == {(1, "xid_92"): 2} and c.phase == "run" and not c.sick
+    assert c.job.health_events == {(1, "xid_92"): 2} and c.job.phase == "run" and not c.job.sick
 
 
 def test_a_node_failing_its_check_stands_aside_and_the_spare_trains():
@@ -161,10 +161,10 @@ def test_a_node_failing_its_check_stands_aside_and_the_spare_trains():
     assert "it stands aside" in logs(actions) and Close(1) in actions
     assert sent(actions, Stop)[1].code == EXIT_PEERS
     go = sent(c.hello(2, hello(2), now=1.0, wall_now=1000.0), Go)
-    assert (go[0].seat, go[2].seat) == (0, 1) and c.phase == "run"
+    assert (go[0].seat, go[2].seat) == (0, 1) and c.job.phase == "run"
     # serviced, it comes back healthy: it stands by
     assert sent(c.hello(1, hello(1), now=9.0, wall_now=1000.0), Go)[1].standby
-    assert 1 not in c.sick
+    assert 1 not in c.job.sick
 
 
 def test_without_a_spare_a_failed_check_refuses_the_job():
@@ -175,7 +175,7 @@ def test_without_a_spare_a_failed_check_refuses_the_job():
     (stop,) = [a.message for a in c.hello(1, sick, now=1.0, wall_now=1000.0)
                if isinstance(getattr(a, "message", None), Stop)]  # fmt: skip
     assert stop.reason.startswith("node 1 (worker-1): GPU 1: held by 1 other process(es); drain")
-    assert c.phase == "end"
+    assert c.job.phase == "end"
 
 
 # -- the checks' edges ----------------------------------------------------------------------------
@@ -280,7 +280,7 @@ def test_node_0_seats_by_the_domains_the_nodes_said():
     c.health(1, XID79, now=5.0)  # node 1 (domain B) lost: node 3 (B), not node 2 (A)
     for m in (0, 2, 3):
         h = hello(m)
-        actions = c.hello(m, type(h)(**{**h.__dict__, "domain": c.seen[m].domain}), 6.0, 1000.0)
+        actions = c.hello(m, type(h)(**{**h.__dict__, "domain": c.job.seen[m].domain}), 6.0, 1000.0)
     assert "node 3 takes node rank 1" in logs(actions)
 
 
@@ -298,7 +298,7 @@ def test_a_replaced_node_that_comes_back_sick_is_refused_and_the_job_goes_on():
     sick = type(sick)(**{**sick.__dict__, "unhealthy": "GPU 0: NVML does not find it"})
     actions = c.hello(2, sick, now=9.0, wall_now=1000.0)
     assert "it cannot stand by" in logs(actions) and Close(2) in actions
-    assert c.phase == "run" and c.sick[2] == "GPU 0: NVML does not find it"
+    assert c.job.phase == "run" and c.job.sick[2] == "GPU 0: NVML does not find it"
 
 
 def test_a_node_sick_at_its_first_hello_shows_in_metrics_by_its_host():

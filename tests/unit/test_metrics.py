@@ -51,8 +51,8 @@ def test_gpu_figures_per_node_and_the_job():
 
 def test_a_lost_node_is_down_and_the_job_degraded():
     c = joined(2)
-    c.lost[1] = "its connection closed"
-    c.members[1].connected = False
+    c.job.lost[1] = "its connection closed"
+    c.job.members[1].connected = False
     text = text_of(c)
     assert 'multinode_node_up{host="worker-1",node="1"} 0.0' in text
     assert 'multinode_node_state{host="worker-1",node="1",state="lost"} 1.0' in text

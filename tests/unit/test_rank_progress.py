@@ -217,7 +217,7 @@ def _running(max_restarts=0):
     c = Conductor(2, Limits(hang_timeout=10, max_restarts=max_restarts), 0.0)
     for member in (0, 1):
         c.hello(member, m.Hello(member, f"host{member}", {}, 0.0), 0.0, 0.0)
-    assert c.phase == "run"
+    assert c.job.phase == "run"
     return c
 
 

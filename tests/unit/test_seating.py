@@ -85,7 +85,7 @@ def test_a_roster_without_spares_or_a_minimum_is_not_elastic():
 
 def test_spares_stand_by_from_the_start_and_each_node_is_told_its_seat():
     c, actions = started(3, 2, 2)
-    assert c.phase == "run"
+    assert c.job.phase == "run"
     assert sent(actions, Go) == {0: Go(0, (), 0, 2), 1: Go(0, (), 1, 2), 2: Go(0, (), None, 2)}
     assert sent(actions, Go)[2].standby
     assert "training on 2 of 2 nodes; 1 standby (2)" in logs(actions)
@@ -95,13 +95,13 @@ def test_a_killed_node_gives_its_rank_to_the_spare_and_every_trainer_restarts():
     c, _ = started(3, 2, 2)
     actions = c.closed(1, now=10.0)
     assert sent(actions, Restart) == {ALL: Restart(1, sent(actions, Restart)[ALL].reason)}
-    assert "lost node 1 (worker-1)" in logs(actions) and c.phase == "join"
+    assert "lost node 1 (worker-1)" in logs(actions) and c.job.phase == "join"
     actions = rejoin(c, [2, 0], now=11.0)
     assert sent(actions, Go) == {0: Go(1, (), 0, 2), 2: Go(1, (), 1, 2)}
     assert "restart 1: node 2 takes node rank 1; training on 2 of 2 nodes; 0 standby" in logs(
         actions
     )
-    assert c.seats == {0: 0, 2: 1} and c.phase == "run"
+    assert c.job.seats == {0: 0, 2: 1} and c.job.phase == "run"
 
 
 def test_a_silent_node_is_closed_and_replaced_by_the_spare():
@@ -119,7 +119,7 @@ def test_a_silent_node_is_closed_and_replaced_by_the_spare():
 def test_a_lost_standby_is_logged_and_training_goes_on():
     c, _ = started(4, 2, 2)
     actions = c.closed(3, now=10.0)
-    assert c.phase == "run" and not sent(actions, Restart) and not sent(actions, Stop)
+    assert c.job.phase == "run" and not sent(actions, Restart) and not sent(actions, Stop)
     assert "lost standby node 3 (worker-3): its connection closed; 1 standby left" in logs(actions)
 
 
@@ -153,7 +153,7 @@ def test_a_spare_that_differs_from_node_0_is_refused_at_the_start_and_the_job_st
     assert "node 2 (worker-2) does not match node 0 and cannot stand by" in logs(actions)
     assert "torch 2.9.0 vs 2.10.0" in logs(actions)
     assert sent(actions, Go) == {0: Go(0, (), 0, 2), 1: Go(0, (), 1, 2)}
-    assert c.phase == "run"
+    assert c.job.phase == "run"
 
 
 def test_a_spare_that_never_comes_is_waited_for_until_the_join_timeout_only():
@@ -177,7 +177,7 @@ def test_a_standby_receiving_sigterm_does_not_stop_the_job():
     c, _ = started(3, 2, 2)
     assert not sent(c.signalled(2, Signal(15), now=5.0), Signal)
     actions = c.exited(2, Exit(143, signal=15), now=6.0)
-    assert c.phase == "run" and not sent(actions, Stop)
+    assert c.job.phase == "run" and not sent(actions, Stop)
     assert "lost standby node 2" in logs(actions)
 
 
@@ -185,7 +185,7 @@ def test_the_job_is_done_when_every_seated_node_finished_and_standbys_are_told()
     c, _ = started(3, 2, 2)
     assert c.exited(0, Exit(0), now=50.0) == []
     actions = c.exited(1, Exit(0), now=51.0)
-    assert sent(actions, Done) == {ALL: Done()} and c.outcome == (0, "every node finished")
+    assert sent(actions, Done) == {ALL: Done()} and c.job.outcome == (0, "every node finished")
 
 
 def test_a_trainer_failure_uses_restarts_not_spares_and_keeps_the_seats():
@@ -239,8 +239,8 @@ def test_a_replaced_node_that_differs_is_refused_and_the_job_goes_on():
     c.closed(2, now=10.0)
     rejoin(c, [0, 1], now=11.0)
     actions = c.hello(2, hello(2, FP | {"image_lock": "zzz"}), now=30.0, wall_now=1000.0)
-    assert sent(actions, Stop)[2].code == EXIT_CONFIG and c.phase == "run"
-    assert 2 not in c.members
+    assert sent(actions, Stop)[2].code == EXIT_CONFIG and c.job.phase == "run"
+    assert 2 not in c.job.members
 
 
 def test_a_seated_node_its_platform_restarted_keeps_its_rank():

@@ -136,7 +136,7 @@ def test_a_throttled_node_is_named_once_with_nvml_s_reason():
         "60 s (ENTRYPOINT_SLOW_NODE_WINDOW). Every synchronous step waits for it: check its GPUs "
         "(nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER), or replace the node"
     ]
-    assert c.slow.keys() == {1}
+    assert c.job.slow.keys() == {1}
     throttled.throttled = False
     c2_logs = []
     for i in range(10, 13):
@@ -145,7 +145,7 @@ def test_a_throttled_node_is_named_once_with_nvml_s_reason():
             c.beat(m, Beat(Stats(("0",), nvml=throttled if m == 1 else Nvml()).read()), now)
         c2_logs += [a.text for a in c.tick(now) if isinstance(a, Log)]
     assert "node 1 (worker-1) keeps pace with the job again" in c2_logs
-    assert c.slow == {}
+    assert c.job.slow == {}
 
 
 def test_every_node_equally_throttled_is_not_named():
