@@ -76,7 +76,13 @@ class Conductor:
     """Node 0's decisions for the job: a method per event (a hello, a beat, an exit, a signal,
     the ranks' stacks, a GPU's health, a closed connection, the clock's tick), each taking `now`
     and returning the actions its caller (entrypoint.control.control_server) carries out. The
-    job's state is `job`; each start's join is `seating`'s."""
+    job's state is `job`; each start's join is `seating`'s.
+
+    Every event takes `member` (the sender's member id, which the handshake proved), the typed
+    `message` (checked by entrypoint.control.messages) and `now` (monotonic seconds), and returns
+    the actions to carry out in order. None raises: whatever a node sends is judged, not trusted.
+    `outcome` in `job` is set once the job's end is decided.
+    """
 
     def __init__(
         self,
@@ -161,6 +167,7 @@ class Conductor:
         return self.seating.maybe_go(now)
 
     def beat(self, member: int, message: Beat, now: float) -> list[Action]:
+        """A member is alive: its GPUs' figures and its ranks' steps (hangs are judged here)."""
         state = self.job.members.get(member)
         if state is not None:
             state.last_seen = now
@@ -172,6 +179,7 @@ class Conductor:
         return []
 
     def hang_rule(self) -> HangRule:
+        """The hang timeout in force: ENTRYPOINT_HANG_TIMEOUT, or learned from the steps."""
         p = self.job.progress
         return hang_rule(
             self.job.limits.hang_timeout, p.longest, p.warmed, self.job.limits.collective_timeout
@@ -228,6 +236,7 @@ class Conductor:
         ]
 
     def exited(self, member: int, message: Exit, now: float) -> list[Action]:
+        """A member's launcher ended: done, a signal's stop, or a failure (restart or end)."""
         state = self.job.members.get(member)
         code = message.code
         # A stop is a signal's only when a node received that signal (the exit message says so,
@@ -297,6 +306,7 @@ class Conductor:
         ]
 
     def closed(self, member: int, now: float) -> list[Action]:
+        """A member's connection closed without its exit: it is lost (a standby: logged)."""
         state = self.job.members.get(member)
         if self.job.phase == JOIN and self.job.generation and self.job.roster.elastic:
             return self.seating.lost_in_restart(member, now)
@@ -324,6 +334,7 @@ class Conductor:
         return []
 
     def tick(self, now: float) -> list[Action]:
+        """The clock: join timeout, silent members, failures to judge, hangs, slow nodes."""
         if (
             self.job.phase == JOIN
             and now > self.job.join_deadline
@@ -400,7 +411,7 @@ class Conductor:
         """The failure that came first, by the failing rank's own time on node 0's clock (the
         report's order when a time is missing), is the one shown and acted on."""
 
-        def first(item):
+        def first(item: tuple[int, tuple[Exit, int, int]]) -> tuple[float, int]:
             member, (message, _code, order) = item
             when = (message.failure or {}).get("time")
             offset = self.job.members[member].clock_offset if member in self.job.members else 0.0

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 CLOCK_WARN_SECONDS = 2.0
 
@@ -47,7 +48,7 @@ def _name(m: Member) -> str:
     return f"node {m.id} ({m.host})"
 
 
-def _diff(field: str, value, reference) -> str:
+def _diff(field: str, value: Any, reference: Any) -> str:
     if field == "packages":
         keys = sorted(set(value) | set(reference))
         parts = [
@@ -102,21 +103,6 @@ LAYOUT = (
     "master_port",
     "launcher",
 )
-
-
-def layout(plan) -> dict:
-    """This node's view of the job's shape (an entrypoint.plan.plan.Plan), as node 0 compares it."""
-    return {  # as the platform counts them: a spare's seat is node 0's to give
-        "nnodes": plan.members,
-        "node_rank": plan.member,
-        "spares": plan.spares,
-        "min_nodes": plan.min_nodes,
-        "nproc_per_node": plan.nproc_per_node,
-        "world_size": plan.members * plan.nproc_per_node if plan.spawn else plan.world_size,
-        "master_addr": plan.master_addr,
-        "master_port": plan.master_port,
-        "launcher": plan.launcher,
-    }
 
 
 def layout_mismatches(members: list[Member]) -> list[str]:

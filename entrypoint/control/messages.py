@@ -22,7 +22,7 @@ import hashlib
 import hmac
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from entrypoint.control.message_fields import (
     MAX_MEMBER,
@@ -340,7 +340,7 @@ FROM_NODE_0 = frozenset(
 )
 
 
-def _no_constant(name: str):
+def _no_constant(name: str) -> NoReturn:
     raise BadMessage(f"{name} is not a number JSON allows")
 
 

@@ -243,7 +243,9 @@ class JobCollector(Collector):
         yield from (job_steps, rate, goodput, hang)
 
 
-def registry(conductor: Conductor, job: Job, clock: Callable[[], float] = time.monotonic):
+def registry(
+    conductor: Conductor, job: Job, clock: Callable[[], float] = time.monotonic
+) -> CollectorRegistry:
     out = CollectorRegistry(auto_describe=False)
     out.register(JobCollector(conductor, job, clock))
     return out

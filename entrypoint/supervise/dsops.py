@@ -37,7 +37,7 @@ from pathlib import Path
 import yaml
 
 from entrypoint.plan.errors import ConfigError
-from entrypoint.plan.plan import BUILTIN_JOBS
+from entrypoint.plan.plan import BUILTIN_JOBS, Plan
 from entrypoint.trainer_side.prebuilt_ops import SHARED_CPU_OPS
 
 # deepspeed/runtime/config.py's optimizer names; engine._configure_basic_optimizer picks the op.
@@ -276,7 +276,7 @@ def accelerator_of(device: str, env: Mapping[str, str]) -> str:
     return env.get("DS_ACCELERATOR") or ("cuda" if device == "cuda" else "cpu")
 
 
-def check(plan, env: Mapping[str, str]) -> None:
+def check(plan: Plan, env: Mapping[str, str]) -> None:
     """Refuse, before launch, a DeepSpeed config that needs an op the image lacks.
     `env` is the trainer's environment (launch.child_env)."""
     uses_generated = plan.trainer in BUILTIN_JOBS.values() or plan.launcher == "accelerate"

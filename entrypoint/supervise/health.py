@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from entrypoint.control.messages import Health
 from entrypoint.plan.plan import Plan
@@ -38,6 +38,9 @@ from entrypoint.supervise.health_rules import (
     link_changes,
     xid_event,
 )
+
+if TYPE_CHECKING:
+    from entrypoint.supervise.logs import Logger
 
 POLL_EVERY = 5.0  # seconds between readings of the counters and links
 DIR_TIMEOUT = 10.0  # seconds a directory gets to answer before its check fails
@@ -278,7 +281,7 @@ def _address(handle: Any) -> int | None:
         return None
 
 
-def watch(plan: Plan, log, channel: Callable[[], Any]) -> HealthWatch:
+def watch(plan: Plan, log: Logger, channel: Callable[[], Any]) -> HealthWatch:
     """The watch over the plan's GPUs and links for a node's life: each finding said in this
     node's log (once for one that is not fatal) and sent to node 0 (`channel()`: the channel to
     node 0 now), which takes the node out of the job for a fatal one."""

@@ -8,9 +8,9 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
-from entrypoint.control import control_channel, control_server, fingerprint, sockets
+from entrypoint.control import control_channel, control_server, sockets
 from entrypoint.control import messages as m
 from entrypoint.control.conductor import Conductor
 from entrypoint.control.conductor_terms import STOPPING, Limits, signal_name
@@ -25,6 +25,9 @@ from entrypoint.supervise import health, probe
 from entrypoint.supervise.gpu_stats import Stats
 from entrypoint.supervise.launch_watch import LOST_PEER_GRACE, Interrupted, NodeExit
 from entrypoint.supervise.worker_signals import SignalRelay
+
+if TYPE_CHECKING:
+    from entrypoint.supervise.logs import Logger
 
 # A crash breaks its peers' collectives a moment later: node 0 waits this long for every
 # node's report before it names the first failure as the cause.
@@ -126,10 +129,27 @@ def no_token_warning(port: int) -> str:
     )
 
 
-def _started(server, host: str, port: int | None) -> tuple[control_server.Server, str, int | None]:
+def _started(
+    server: control_server.Server, host: str, port: int | None
+) -> tuple[control_server.Server, str, int | None]:
     if port is None:
         host, port = "127.0.0.1", server.port
     return server, host, port
+
+
+def layout(plan: Plan) -> dict:
+    """This node's view of the job's shape (an entrypoint.plan.plan.Plan), as node 0 compares it."""
+    return {  # as the platform counts them: a spare's seat is node 0's to give
+        "nnodes": plan.members,
+        "node_rank": plan.member,
+        "spares": plan.spares,
+        "min_nodes": plan.min_nodes,
+        "nproc_per_node": plan.nproc_per_node,
+        "world_size": plan.members * plan.nproc_per_node if plan.spawn else plan.world_size,
+        "master_addr": plan.master_addr,
+        "master_port": plan.master_port,
+        "launcher": plan.launcher,
+    }
 
 
 def collect_fingerprint(plan: Plan, settings: Settings, healthy: bool = True) -> dict:
@@ -140,7 +160,7 @@ def collect_fingerprint(plan: Plan, settings: Settings, healthy: bool = True) ->
         gpu_names=plan.gpu_names,
         data_dir=settings.data_dir if healthy else None,
     ).to_wire()
-    fp["layout"] = fingerprint.layout(plan)
+    fp["layout"] = layout(plan)
     return fp
 
 
@@ -179,7 +199,7 @@ class NodeState:
 
     plan: Plan
     settings: Settings
-    log: Any  # the node's structlog logger (entrypoint.supervise.logs)
+    log: Logger  # the node's structlog logger (entrypoint.supervise.logs.setup)
     env: dict[str, str]  # the trainer's environment, less the job's token
     identity: Identity
     member: int  # this member's id in the job (node 0 is 0)

@@ -18,11 +18,25 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
+from typing import Any, Protocol
 
 import structlog
 
 from entrypoint.plan import secrets
+
+EventDict = MutableMapping[str, Any]
+
+
+class Logger(Protocol):
+    """What the node's code logs through: structlog's bound logger (`setup`), or a test's."""
+
+    def debug(self, event: str, **fields: Any) -> Any: ...
+    def info(self, event: str, **fields: Any) -> Any: ...
+    def warning(self, event: str, **fields: Any) -> Any: ...
+    def error(self, event: str, **fields: Any) -> Any: ...
+
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -33,14 +47,14 @@ _LEVELS = {
 QUEUE_LINES = 10000  # lines held while stderr is slow; beyond this they are dropped, counted
 
 
-def _masker(values: tuple[str, ...]):
-    def processor(_logger, _name, event_dict):
+def _masker(values: tuple[str, ...]) -> Callable[[Any, str, EventDict], EventDict]:
+    def processor(_logger: Any, _name: str, event_dict: EventDict) -> EventDict:
         return secrets.mask_data(event_dict, values)
 
     return processor
 
 
-def _lines_below(_logger, _name, event_dict):
+def _lines_below(_logger: Any, _name: str, event_dict: EventDict) -> EventDict:
     """Console: a `traceback` list (the failure summary) is shown as indented lines under the
     event, readable; JSON keeps it as a list in the same line."""
     lines = event_dict.pop("traceback", None)
@@ -51,7 +65,7 @@ def _lines_below(_logger, _name, event_dict):
     return event_dict
 
 
-def _traceback_last(_logger, _name, event_dict):
+def _traceback_last(_logger: Any, _name: str, event_dict: EventDict) -> EventDict:
     """JSON: the event first, then the traceback's lines (a list), as one reads them."""
     if "traceback" in event_dict:
         event_dict["traceback"] = event_dict.pop("traceback")

@@ -10,6 +10,7 @@ import shlex
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from entrypoint.plan import secrets
 from entrypoint.plan.errors import ConfigError
@@ -19,6 +20,9 @@ from entrypoint.plan.settings import Settings
 from entrypoint.plan.values import host_port
 from entrypoint.supervise import probe
 
+if TYPE_CHECKING:
+    from entrypoint.supervise.logs import Logger
+
 # run_plan's modules (the supervisor, the control channel, structlog) load when it runs:
 # `entrypoint plan` and `doctor` need only prepare's (a plan in under 300 ms, tests/unit/
 # test_shape.py).
@@ -27,6 +31,20 @@ from entrypoint.supervise import probe
 def prepare(
     env: Mapping[str, str], trainer: Sequence[str] | None, *, always_probe_gpus: bool
 ) -> tuple[Plan, Facts, Settings]:
+    """What `run` and `doctor` share: the settings, the platform's reading, the probes, the plan.
+
+    Args:
+        env: the environment as the platform gave it.
+        trainer: the trainer's command line (a `torchrun ...` line is adopted), or None for
+            the built-in job.
+        always_probe_gpus: probe the GPUs even where the settings say how many there are.
+
+    Returns:
+        (the frozen plan, the facts probed, the settings).
+
+    Raises:
+        ConfigError: a setting or a platform variable is wrong; its line names it and the fix.
+    """
     settings = Settings.from_env(env)  # a bad setting is reported before any probe
     read = read_platform(env, settings)
     reading = read[2]
@@ -39,7 +57,7 @@ def prepare(
     return make_plan(env, facts, trainer, read=read, settings=settings), facts, settings
 
 
-def master_resolved(plan: Plan, facts: Facts, waited: float, log) -> Facts | None:
+def master_resolved(plan: Plan, facts: Facts, waited: float, log: Logger) -> Facts | None:
     """The facts with the master's address, when a name that did not resolve at the first
     probe does now; None when nothing changes (an address, a name resolved from the start, one
     node, or a name that still does not resolve: then a warning)."""
@@ -61,7 +79,7 @@ def master_resolved(plan: Plan, facts: Facts, waited: float, log) -> Facts | Non
     return fresh
 
 
-def _say_plan(plan: Plan, settings: Settings, log, values: tuple[str, ...]) -> None:
+def _say_plan(plan: Plan, settings: Settings, log: Logger, values: tuple[str, ...]) -> None:
     """The plan: in JSON, one event with every value and its source (every line is JSON); for
     a person, node 0's table and one line from each other node (plan.json has the rest)."""
     from entrypoint.supervise import logs, report
@@ -157,7 +175,9 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
     return supervisor.run(plan, trainer_env, settings, log, replan, resolved)
 
 
-def _prebuilt_ops_lockable(env: Mapping[str, str], settings: Settings, log) -> dict[str, str]:
+def _prebuilt_ops_lockable(
+    env: Mapping[str, str], settings: Settings, log: Logger
+) -> dict[str, str]:
     """On a read-only root, DeepSpeed's prebuilt CPU ops linked where torch can take their
     lock, and the trainer's TORCH_EXTENSIONS_DIR there (trainer_side/prebuilt_ops.py)."""
     from entrypoint.trainer_side import prebuilt_ops

@@ -11,6 +11,10 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from entrypoint.supervise.logs import Logger
 
 _PR_SET_CHILD_SUBREAPER = 36
 KILL_WAIT = 10.0  # seconds to wait for a process after its SIGKILL
@@ -212,7 +216,7 @@ def stop_then_kill(
             pass
 
 
-def kill_leftovers(log, guard: int, launcher: int, seconds: float = LEFTOVER_WAIT) -> None:
+def kill_leftovers(log: Logger, guard: int, launcher: int, seconds: float = LEFTOVER_WAIT) -> None:
     """Kill every process still below this one but the guard: workers orphaned when their
     launcher died are re-parented here (subreaper), and none may outlive the entrypoint."""
     pids = [pid for pid in descendants(os.getpid()) if pid != guard and alive(pid)]

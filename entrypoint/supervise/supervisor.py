@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import FrameType
 
 from entrypoint import early_signals
 from entrypoint.control import control_channel
@@ -46,6 +47,7 @@ from entrypoint.supervise.launch_watch import (
     Watch,
 )
 from entrypoint.supervise.launcher_process import LauncherProcess, exit_status, start
+from entrypoint.supervise.logs import Logger
 from entrypoint.supervise.rank_progress import Inbox
 from entrypoint.supervise.worker_signals import FORWARDED, SignalRelay
 from entrypoint.trainer_side.world_check import MISMATCH as WORLD_MISMATCH
@@ -60,7 +62,7 @@ class Beats(threading.Thread):
 
     def __init__(
         self,
-        channel,
+        channel: control_channel.Channel,
         settings: Settings,
         stats: Stats,
         inbox: Inbox,
@@ -105,7 +107,7 @@ class Turn:
     (this process starved of CPU, paused, or a step of its own that blocked) is said, with its
     slowest step: signals and node 0's word waited that long."""
 
-    def __init__(self, timeout: float, log) -> None:
+    def __init__(self, timeout: float, log: Logger) -> None:
         self.limit = max(1.0, timeout / 2)
         self.log = log
         self.began = self.at = time.monotonic()
@@ -140,7 +142,7 @@ class Supervisor:
         plan: Plan,
         env: Mapping[str, str],
         settings: Settings,
-        log,
+        log: Logger,
         echo: Callable[[str], None] | None = None,
         replan: join.Replan | None = None,
         resolved: Callable[[], tuple[Plan, dict[str, str]] | None] | None = None,
@@ -199,7 +201,7 @@ class Supervisor:
 
     # signals arrive in the main thread; they are handled in the loop, except while this node
     # waits for node 0 (a blocking connect), which a stopping signal ends at once
-    def _on_signal(self, number, _frame) -> None:
+    def _on_signal(self, number: int, _frame: FrameType | None) -> None:
         if self.node.connecting and number in STOPPING:
             self.node.connecting = False
             raise Interrupted(number)
@@ -467,9 +469,24 @@ def run(
     plan: Plan,
     env: Mapping[str, str],
     settings: Settings,
-    log,
+    log: Logger,
     replan: join.Replan | None = None,
     resolved: Callable[[], tuple[Plan, dict[str, str]] | None] | None = None,
 ) -> int:
+    """Run this node's part of the job to its end: join, launch, supervise, restart, stop.
+
+    Args:
+        plan: this node's plan (entrypoint.plan.plan.make_plan), its files already written.
+        env: the trainer's environment (the job's token is taken out of it here).
+        settings: the ENTRYPOINT_* settings the plan was made with.
+        log: the node's logger (entrypoint.supervise.logs.setup).
+        replan: plans this node again for the seat node 0 gives it (node rank, nnodes).
+        resolved: the plan again once the master's name resolves, or None.
+
+    Returns:
+        The exit code for the node (0-255): 0, the trainer's own, 2 (configuration), 75 (a peer
+        lost or silent), 124 (a rank hung) or 128 + N (signal N). Raises nothing: every error
+        of the job ends as its code and one line in the log.
+    """
     code = Supervisor(plan, env, settings, log, replan=replan, resolved=resolved).run()
     return code if code is not None else EXIT_CONFIG

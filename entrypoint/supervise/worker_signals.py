@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import collections
 import signal
+from typing import TYPE_CHECKING
 
 from entrypoint.control.conductor_terms import STOPPING, signal_name
 from entrypoint.supervise import procs
 from entrypoint.supervise.launcher_process import LauncherProcess
+
+if TYPE_CHECKING:
+    from entrypoint.supervise.logs import Logger
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -15,7 +19,7 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signa
 class SignalRelay:
     """The signals this node received, and which workers of the current launch have each."""
 
-    def __init__(self, log, grace_period: float) -> None:
+    def __init__(self, log: Logger, grace_period: float) -> None:
         self.log, self.grace_period = log, grace_period
         # Filled by the signal handler in the main thread; emptied by the loop.
         self.received: collections.deque[int] = collections.deque()

@@ -297,7 +297,7 @@ def test_a_seat_given_by_node_0_plans_the_new_size_and_config():
 
 
 def test_the_fingerprint_layout_counts_nodes_as_the_platform_does():
-    from entrypoint.control.fingerprint import layout
+    from entrypoint.supervise.join import layout
 
     trainer, spare = plan_of(1, ENTRYPOINT_SPARES="1"), plan_of(2, ENTRYPOINT_SPARES="1")
     shrunk = plan_of(1, seat=(1, 2), ENTRYPOINT_SPARES="1")
