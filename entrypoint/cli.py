@@ -53,7 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_plan_run_settings(sub)
     render_options.add_parser(sub)  # entrypoint/render: one sub-command per platform
 
-    from entrypoint.local import local  # stdlib only at import: the Docker SDK loads when it runs
+    from entrypoint.local import (
+        local_job as local,  # stdlib only at import: the Docker SDK loads when it runs
+    )
 
     local.add_parser(sub)
     _add_doctor(sub)
@@ -102,7 +104,7 @@ def _add_plan_run_settings(sub: argparse._SubParsersAction[argparse.ArgumentPars
 
 
 def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    doctor = sub.add_parser(  # entrypoint/doctor/doctor.py, imported when it runs
+    doctor = sub.add_parser(  # entrypoint/doctor/examine.py, imported when it runs
         "doctor",
         help="check this node: versions, GPUs, plan, network, master; each problem with its fix",
         description="Report this node's OS, Python, torch, JAX, DeepSpeed, CUDA, NCCL and driver "
@@ -178,7 +180,7 @@ def cmd_settings(args: argparse.Namespace, env: dict[str, str]) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace, env: dict[str, str]) -> int:
-    from entrypoint.doctor.doctor import cmd_doctor as doctor
+    from entrypoint.doctor.examine import cmd_doctor as doctor
 
     return doctor(args, env)
 
@@ -190,7 +192,7 @@ def cmd_status(args: argparse.Namespace, env: dict[str, str]) -> int:
 
 
 def cmd_local(args: argparse.Namespace, env: dict[str, str]) -> int:
-    from entrypoint.local.local import cmd_local as run_local
+    from entrypoint.local.local_job import cmd_local as run_local
 
     return run_local(args, env)
 

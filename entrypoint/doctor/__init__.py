@@ -1,5 +1,5 @@
 """The commands that look at a node or a job and say what is wrong: `entrypoint doctor` (the
-edge and the command in `doctor`, the pure checks in `doctor_checks`, the report and its table in
+edge and the command in `examine`, the pure checks in `doctor_checks`, the report and its table in
 `doctor_report`) and `entrypoint status` (every node of a running job, from node 0's /metrics, in
 `status`).
 

@@ -1,4 +1,4 @@
-"""`entrypoint local`: a multi-node job as node containers on this one machine (`local`), and
+"""`entrypoint local`: a multi-node job as node containers on this one machine (`local_job`), and
 the cluster of containers it shares with `make demo` and the cluster tests (`cluster`: a run's
 nodes, the containers, what comes back; the Docker SDK's use in `cluster_docker`).
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from entrypoint.local.local import ClusterLayout, layout, nodes
+from entrypoint.local.local_job import ClusterLayout, layout, nodes
 from entrypoint.plan.errors import ConfigError
 
 NONE = "probe: no NVIDIA driver found"
