@@ -7,6 +7,7 @@ Pure: the environment and the probed facts in, decided values out. `run` calls
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.facts import Facts
@@ -74,14 +75,30 @@ def visible_ids(env: Mapping[str, str], facts: Facts) -> tuple[list[str] | None,
     return ids, probed(facts.gpu_probe)
 
 
-def count(
-    env: Mapping[str, str],
-    settings: Settings,
-    reading: Reading,
-    facts: Facts,
-    sources: dict[str, Source],
-) -> tuple[int, list[str], Source]:
-    """(GPUs per node, the ids this node may use, where they came from)."""
+@dataclass(frozen=True)
+class GpuCount:
+    """What `count` decided: this node's GPUs and the ids its workers may use."""
+
+    per_node: Sourced[int]  # GPUs per node
+    visible: Sourced[tuple[str, ...]]  # as CUDA_VISIBLE_DEVICES spells them, `per_node` of them
+
+
+def count(env: Mapping[str, str], settings: Settings, reading: Reading, facts: Facts) -> GpuCount:
+    """ENTRYPOINT_GPUS_PER_NODE, else the platform's count, else the GPUs visible, else 0.
+
+    Args:
+        env: the node's environment (CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES).
+        settings: the ENTRYPOINT_* settings (`gpus_per_node`).
+        reading: the platform's reading (its `gpus_per_node`).
+        facts: this node's probed GPUs (None: not probed).
+
+    Returns:
+        The GPUs per node and the ids this node may use, each with its source.
+
+    Raises:
+        ConfigError: CUDA_VISIBLE_DEVICES is malformed, names a GPU this node lacks, or
+            leaves fewer GPUs visible than stated.
+    """
     visible, visible_from = visible_ids(env, facts)
     if settings.gpus_per_node is not None:
         stated = Sourced(settings.gpus_per_node, env_var(f"{PREFIX}GPUS_PER_NODE"))
@@ -91,7 +108,6 @@ def count(
         stated = Sourced(len(visible), visible_from)
     else:
         stated = Sourced(0, by_default("default 0 (no GPU stated or probed)"))
-    sources["gpus_per_node"] = stated.source
     if visible is None:
         visible = [str(i) for i in range(stated.value)]
         if stated.value:
@@ -105,11 +121,22 @@ def count(
             f"but {visible_from} leaves {len(visible)} GPUs visible",
             "State the number of GPUs this node really has, or widen CUDA_VISIBLE_DEVICES",
         )
-    return stated.value, visible, visible_from
+    return GpuCount(stated, Sourced(tuple(visible), visible_from))
 
 
-def device(settings: Settings, gpus: int, sources: dict[str, Source]) -> str:
-    """cuda or cpu: ENTRYPOINT_DEVICE, else whether the node has GPUs."""
+def device(settings: Settings, gpus: int) -> Sourced[str]:
+    """cuda or cpu: ENTRYPOINT_DEVICE, else whether the node has GPUs.
+
+    Args:
+        settings: the ENTRYPOINT_* settings (`device`).
+        gpus: the GPUs per node, as `count` decided.
+
+    Returns:
+        The device and its source.
+
+    Raises:
+        ConfigError: ENTRYPOINT_DEVICE=cuda on a node with no GPU stated or visible.
+    """
     if settings.device == "cuda" and gpus == 0:
         raise ConfigError(
             DEVICE,
@@ -119,9 +146,6 @@ def device(settings: Settings, gpus: int, sources: dict[str, Source]) -> str:
             f"{PREFIX}GPUS_PER_NODE",
         )
     if settings.device != "auto":
-        sources["device"] = env_var(DEVICE)
-        return settings.device
-    sources["device"] = derived(
-        "auto: GPUs present" if gpus else "auto: no GPU, workers run on CPU with gloo"
-    )
-    return "cuda" if gpus else "cpu"
+        return Sourced(settings.device, env_var(DEVICE))
+    why = derived("auto: GPUs present" if gpus else "auto: no GPU, workers run on CPU with gloo")
+    return Sourced("cuda" if gpus else "cpu", why)

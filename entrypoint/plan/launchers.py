@@ -1,4 +1,4 @@
-"""One builder per launcher: a decided `Layout` and the trainer in, a `Launch` out (the
+"""One builder per launcher: a decided `Layout` and the trainer in, a `LaunchSpec` out (the
 command, the variables and files it needs, the port it uses, and why).
 
     torchrun    the entrypoint spawns one worker per GPU (or per CPU worker) through torchrun
@@ -21,7 +21,7 @@ from entrypoint.plan.configs import Config
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.launch_lines import Adopted
 from entrypoint.plan.settings import PREFIX, Settings
-from entrypoint.plan.values import Source, by_default, derived, env_var
+from entrypoint.plan.values import Source, Sourced, by_default, derived, env_var
 
 
 class Launcher(StrEnum):
@@ -64,7 +64,10 @@ class Layout:
 
 
 @dataclass(frozen=True)
-class Launch:
+class LaunchSpec:
+    """What a builder decided: the command, the variables and files it needs, the port it
+    uses (None: torchrun picks one), and why, by plan key."""
+
     command: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
@@ -72,16 +75,25 @@ class Launch:
     sources: dict[str, Source] = field(default_factory=dict)
 
 
-def choose(
-    settings: Settings, spawn: bool, builtin_jax: bool, sources: dict[str, Source]
-) -> Launcher:
-    """ENTRYPOINT_LAUNCHER, else jax for the built-in JAX job, else by who starts processes."""
+def choose(settings: Settings, spawn: bool, builtin_jax: bool) -> Sourced[Launcher]:
+    """ENTRYPOINT_LAUNCHER, else jax for the built-in JAX job, else by who starts processes.
+
+    Args:
+        settings: the ENTRYPOINT_* settings (`launcher`).
+        spawn: whether the entrypoint starts the workers (False: the platform started them).
+        builtin_jax: whether the trainer is the image's built-in JAX job.
+
+    Returns:
+        The launcher and its source.
+
+    Raises:
+        ConfigError: ENTRYPOINT_LAUNCHER names a spawning launcher where the platform already
+            started every process.
+    """
     if settings.launcher == "auto" and builtin_jax:
-        sources["launcher"] = derived(f"the built-in JAX job ({PREFIX}JOB=jax)")
-        return Launcher.JAX
+        return Sourced(Launcher.JAX, derived(f"the built-in JAX job ({PREFIX}JOB=jax)"))
     if settings.launcher != "auto":
         launcher = Launcher(settings.launcher)
-        sources["launcher"] = env_var(f"{PREFIX}LAUNCHER")
         if launcher.spawns and not spawn:
             raise ConfigError(
                 f"{PREFIX}LAUNCHER",
@@ -89,22 +101,34 @@ def choose(
                 "the platform already started one process per GPU, nothing to spawn",
                 f"Unset {PREFIX}LAUNCHER, or start one task per node",
             )
-        return launcher
-    sources["launcher"] = by_default(
+        return Sourced(launcher, env_var(f"{PREFIX}LAUNCHER"))
+    why = by_default(
         "default: torchrun spawns the workers"
         if spawn
         else "default: the platform started every process; exec directly"
     )
-    return Launcher.TORCHRUN if spawn else Launcher.DIRECT
+    return Sourced(Launcher.TORCHRUN if spawn else Launcher.DIRECT, why)
 
 
 def preflight(
-    trainer: tuple[str, ...], settings: Settings, launcher: Launcher, sources: dict[str, Source]
-) -> tuple[str, ...]:
+    trainer: tuple[str, ...], settings: Settings, launcher: Launcher
+) -> Sourced[tuple[str, ...]] | None:
     """ENTRYPOINT_PREFLIGHT_ALLREDUCE: each worker measures all-reduce bandwidth, then execs
-    the trainer in the same process. Only torchrun's agent store outlives that measurement."""
+    the trainer in the same process. Only torchrun's agent store outlives that measurement.
+
+    Args:
+        trainer: the trainer's command.
+        settings: the ENTRYPOINT_* settings (`preflight_allreduce`).
+        launcher: the launcher chosen.
+
+    Returns:
+        The trainer behind the measurement and its source; None when it runs as it is.
+
+    Raises:
+        ConfigError: the measurement is asked for with a launcher that starts no torchrun.
+    """
     if not settings.preflight_allreduce or tuple(trainer[:3]) == ALLREDUCE:
-        return trainer
+        return None
     if not launcher.spawns:
         raise ConfigError(
             f"{PREFIX}PREFLIGHT_ALLREDUCE",
@@ -113,11 +137,11 @@ def preflight(
             f"them; the {launcher} launcher starts no torchrun",
             "Unset it, and measure the nodes first with `entrypoint doctor --allreduce`",
         )
-    sources["preflight_allreduce"] = derived(
+    why = derived(
         f"env {PREFIX}PREFLIGHT_ALLREDUCE: each worker measures "
         "all-reduce bandwidth, then execs the trainer"
     )
-    return (*ALLREDUCE, "--then", *trainer)
+    return Sourced((*ALLREDUCE, "--then", *trainer), why)
 
 
 def script_args(trainer: Sequence[str], python: str) -> list[str]:
@@ -134,7 +158,7 @@ def script_args(trainer: Sequence[str], python: str) -> list[str]:
     return ["--no-python", *trainer]
 
 
-def torchrun(layout: Layout, trainer: Sequence[str]) -> Launch:
+def torchrun(layout: Layout, trainer: Sequence[str]) -> LaunchSpec:
     # Restarts are the entrypoint's (all nodes together); torchrun keeps each rank's
     # stderr in logs/ (the failing rank's traceback is shown once, at node 0) and on screen.
     if layout.standalone:
@@ -156,12 +180,12 @@ def torchrun(layout: Layout, trainer: Sequence[str]) -> Launch:
         "--redirects=3",  # every worker's stdout and stderr in files: the entrypoint passes them on
         *script_args(trainer, layout.python),
     )
-    return Launch(command, env, {}, port, sources)
+    return LaunchSpec(command, env, {}, port, sources)
 
 
 def accelerate(
     layout: Layout, trainer: Sequence[str], config: Config, deepspeed: Mapping[str, object] | None
-) -> Launch:
+) -> LaunchSpec:
     path = f"{layout.run_dir}/accelerate.yaml"
     args = list(trainer) if trainer[0].endswith(".py") else script_args(trainer, layout.python)
     files = {path: accelerate_yaml(layout, config)}
@@ -170,7 +194,7 @@ def accelerate(
         # Trainer); accelerate refuses one in the DeepSpeed config as well.
         kept = {k: v for k, v in deepspeed.items() if k not in ("optimizer", "scheduler")}
         files[accelerate_deepspeed(layout)] = json.dumps(kept, indent=2) + "\n"
-    return Launch(
+    return LaunchSpec(
         (layout.python, "-m", "accelerate.commands.launch", "--config_file", path, *args),
         {"MASTER_PORT": str(layout.master_port), "ENTRYPOINT_ACCELERATE_CONFIG": path},
         files,
@@ -184,7 +208,7 @@ def accelerate(
     )
 
 
-def accelerate_adopted(layout: Layout, trainer: Sequence[str], adopted: Adopted) -> Launch:
+def accelerate_adopted(layout: Layout, trainer: Sequence[str], adopted: Adopted) -> LaunchSpec:
     """A user's `accelerate launch` line: their config file's settings and their options, with
     this cluster's numbers (launch_lines)."""
     path = f"{layout.run_dir}/accelerate.yaml"
@@ -197,7 +221,7 @@ def accelerate_adopted(layout: Layout, trainer: Sequence[str], adopted: Adopted)
     if layout.cuda_visible is None:
         body["use_cpu"] = True
     head = f"# Written by the entrypoint for this node from {adopted.config_file or 'no file'}"
-    return Launch(
+    return LaunchSpec(
         (
             layout.python,
             "-m",
@@ -249,7 +273,7 @@ def accelerate_yaml(layout: Layout, config: Config) -> str:
     return "# Written by the entrypoint for this node; do not edit.\n" + _yaml(body)
 
 
-def worker(layout: Layout, trainer: Sequence[str]) -> Launch:
+def worker(layout: Layout, trainer: Sequence[str]) -> LaunchSpec:
     """jax and direct: this process is the worker, placed by torch's and JAX's variables.
 
     jax.distributed.initialize() with no arguments: JAX reads JAX_COORDINATOR_ADDRESS and
@@ -280,7 +304,7 @@ def worker(layout: Layout, trainer: Sequence[str]) -> Launch:
     command = list(trainer)
     if command[0] == "python":
         command[0] = layout.python
-    return Launch(tuple(command), out, {}, layout.master_port, sources)
+    return LaunchSpec(tuple(command), out, {}, layout.master_port, sources)
 
 
 def build(
@@ -290,7 +314,7 @@ def build(
     config: Config,
     deepspeed: Mapping[str, object] | None,
     adopted: Adopted | None = None,
-) -> Launch:
+) -> LaunchSpec:
     if launcher is Launcher.TORCHRUN:
         return torchrun(layout, trainer)
     if launcher is Launcher.ACCELERATE and adopted is not None:
@@ -300,31 +324,52 @@ def build(
     return worker(layout, trainer)
 
 
-def timeouts(
-    env: Mapping[str, str], settings: Settings, launcher: Launcher, sources: dict[str, Source]
-) -> tuple[dict[str, str], list[str]]:
+@dataclass(frozen=True)
+class Timeouts:
+    """What `timeouts` decided: the variables it sets, each timeout and its source."""
+
+    env: Mapping[str, str]  # ENTRYPOINT_COLLECTIVE_TIMEOUT, and DEEPSPEED_TIMEOUT unless set
+    collective: Sourced[int]  # ENTRYPOINT_COLLECTIVE_TIMEOUT, in seconds
+    deepspeed: Sourced[str]  # DEEPSPEED_TIMEOUT, in minutes: the user's, kept, else derived
+    warnings: tuple[str, ...] = ()
+
+
+def timeouts(env: Mapping[str, str], settings: Settings, launcher: Launcher) -> Timeouts:
     """One collective timeout for every library, so that a stuck rank surfaces in a known time
     and no library's own default (DeepSpeed 0.19: 10 min; accelerate: 30 min on gloo) comes
-    back silently. Node loss does not wait for these: the entrypoints' heartbeats catch it."""
+    back silently. Node loss does not wait for these: the entrypoints' heartbeats catch it.
+
+    Args:
+        env: the node's environment (a DEEPSPEED_TIMEOUT there is kept).
+        settings: the ENTRYPOINT_* settings (`collective_timeout`).
+        launcher: the launcher chosen (accelerate's own timeout is warned about).
+
+    Returns:
+        The variables to set, each timeout with its source, and the warnings.
+    """
     seconds = settings.collective_timeout
     out = {"ENTRYPOINT_COLLECTIVE_TIMEOUT": str(seconds)}
-    sources["ENTRYPOINT_COLLECTIVE_TIMEOUT"] = (
+    collective = Sourced(
+        seconds,
         env_var(f"{PREFIX}COLLECTIVE_TIMEOUT")
         if "collective_timeout" in settings.model_fields_set
-        else by_default(f"default {seconds} s")
+        else by_default(f"default {seconds} s"),
     )
-    warnings = []
     if "DEEPSPEED_TIMEOUT" in env:
-        sources["DEEPSPEED_TIMEOUT"] = env_var("DEEPSPEED_TIMEOUT", "(set by you, kept)")
+        deepspeed = Sourced(
+            env["DEEPSPEED_TIMEOUT"], env_var("DEEPSPEED_TIMEOUT", "(set by you, kept)")
+        )
     else:  # DeepSpeed reads it in minutes (deepspeed/constants.py default_pg_timeout)
         out["DEEPSPEED_TIMEOUT"] = str(-(-seconds // 60))
-        sources["DEEPSPEED_TIMEOUT"] = derived(
-            f"{PREFIX}COLLECTIVE_TIMEOUT in minutes (DeepSpeed's own: 10)"
+        deepspeed = Sourced(
+            out["DEEPSPEED_TIMEOUT"],
+            derived(f"{PREFIX}COLLECTIVE_TIMEOUT in minutes (DeepSpeed's own: 10)"),
         )
+    warnings: tuple[str, ...] = ()
     if launcher is Launcher.ACCELERATE:
-        warnings.append(
+        warnings = (
             "accelerate's process-group timeout is 1800 s on gloo (600 s on NCCL) "
             "unless the trainer passes InitProcessGroupKwargs(timeout=...): read "
-            "ENTRYPOINT_COLLECTIVE_TIMEOUT from the environment there"
+            "ENTRYPOINT_COLLECTIVE_TIMEOUT from the environment there",
         )
-    return out, warnings
+    return Timeouts(out, collective, deepspeed, warnings)

@@ -1,5 +1,6 @@
 """The launch plan: a frozen value computed by pure code from (environment, hardware facts).
-`make_plan` runs the steps in entrypoint.plan.plan_steps in order; this module is their sequence.
+`make_plan` runs the steps in entrypoint.plan.plan_steps and launch_steps in order, each returning
+what it decided; this module is their sequence, and alone puts what they return into the plan.
 
 Precedence for every value: explicit ENTRYPOINT_* settings beat the platform's variables,
 which beat probes, which beat defaults; `sources` records which one decided.
@@ -11,15 +12,17 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
+from typing import Any
 
 from entrypoint.plan import configs, gpus, launch_lines, launchers, network, ports, variables
+from entrypoint.plan import launch_steps as later
 from entrypoint.plan import plan_steps as steps
 from entrypoint.plan.facts import Facts
-from entrypoint.plan.launchers import ALLREDUCE, Launcher, Layout
-from entrypoint.plan.plan_steps import BUILTIN_JOB, BUILTIN_JOBS, Out, gpus_stated, read_platform
+from entrypoint.plan.launchers import ALLREDUCE, Launcher, LaunchSpec, Layout
+from entrypoint.plan.plan_steps import BUILTIN_JOB, BUILTIN_JOBS, gpus_stated, read_platform
 from entrypoint.plan.platforms.base import Reading
 from entrypoint.plan.settings import Settings
-from entrypoint.plan.values import Source, derived
+from entrypoint.plan.values import Source, Sourced, derived
 
 __all__ = [
     "ALLREDUCE",
@@ -90,7 +93,7 @@ class Plan:
             )
         return out
 
-    def to_json(self, **kwargs) -> str:
+    def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
 
 
@@ -98,16 +101,40 @@ class Plan:
 class _Workers:
     """What the first half of `make_plan` decided: where and how the workers run."""
 
-    master: str
     n_gpus: int
     device: str
     trainer: tuple[str, ...]
     launcher: Launcher
     nproc: int
-    placed: tuple[int, int] | None
     devices: tuple[str, ...]
-    layout: Layout
-    adopted: launch_lines.Adopted | None = None  # the user's own launch line
+    layout: Layout  # the master, this process's place when the platform started it
+    adopted: launch_lines.Adopted | None  # the user's own launch line
+    sources: Mapping[str, Source]
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Environment:
+    """What the second half decided: the config, the launch, what the trainer is given."""
+
+    config: configs.Config
+    launch: LaunchSpec
+    env: Mapping[str, str | None]
+    files: Mapping[str, str]
+    sources: Mapping[str, Source]
+    notes: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Node:
+    """Where this node stands before the steps: the platform, its reading, the seat."""
+
+    platform: str
+    why: str  # why this platform
+    reading: Reading  # as the platform read it, explicit settings applied
+    unknown: tuple[str, ...]  # warnings: ENTRYPOINT_* variables that are no setting
+    seat: steps.Seat
 
 
 def make_plan(
@@ -119,29 +146,53 @@ def make_plan(
     seat: tuple[int, int] | None = None,
 ) -> Plan:
     """The plan for this node: platform reading -> seat -> GPU layout -> launcher and workers
-    -> config -> network -> the launcher's command. `settings` and `read` when the caller has
-    them (read once per run); `seat` (node rank, nnodes) when node 0 seated this node anew."""
+    -> config -> network -> the launcher's command -> node 0's ports.
+
+    Args:
+        env: the node's environment.
+        facts: this node's probed facts (GPUs, interfaces, CPUs, Python, launch config).
+        command: the trainer's command after `--` (a launch line is adopted); None: the
+            built-in job.
+        read: (platform name, why, reading) when the caller has read it (once per run).
+        settings: the ENTRYPOINT_* settings when the caller has them (read once per run).
+        seat: (node rank, nnodes) when node 0 seated this node anew.
+
+    Returns:
+        The frozen plan, with the source of each value in `sources`.
+
+    Raises:
+        ConfigError: a value is missing, malformed, out of bounds or contradicts another.
+    """
     settings = settings or Settings.from_env(env)
     platform_name, why, reading = read or read_platform(env, settings)
-    read_from = {k: getattr(reading, k).source for k in ("nnodes", "node_rank", "master_port")}
-    out = Out(sources={"platform": derived(why), **read_from}, notes=list(reading.notes))
-    out.warnings += [*reading.warnings, *variables.warnings(env, Settings.model_fields)]
-    members, member = reading.nnodes.value, reading.node_rank.value
-    reading, standby = steps.seated(reading, settings, seat, out.sources)
-    nnodes, node_rank = reading.nnodes.value, reading.node_rank.value
-    w = _workers(env, settings, reading, facts, command, out, member)
-    launch, config = _environment(env, settings, facts, w, out)
-    control = steps.choose_control_port(settings, reading, w.layout, out.sources)
+    unknown = tuple(variables.warnings(env, Settings.model_fields))  # ENTRYPOINT_STRICT: refused
+    node = _Node(platform_name, why, reading, unknown, steps.seated(reading, settings, seat))
+    w = _workers(env, settings, node.seat.reading, facts, command, node.seat.member)
+    e = _environment(env, settings, facts, w)
+    return _plan(node, settings, facts, w, e)
+
+
+def _plan(node: _Node, settings: Settings, facts: Facts, w: _Workers, e: _Environment) -> Plan:
+    """Node 0's ports, then every step's values, sources, notes and warnings in one plan."""
+    reading, seat = node.seat.reading, node.seat
+    control = later.choose_control_port(settings, reading, w.layout)
+    metrics = ports.metrics_port(settings, e.launch.master_port, control.value)
+    sources = {"platform": derived(node.why)}
+    sources |= {k: getattr(node.reading, k).source for k in ("nnodes", "node_rank", "master_port")}
+    sources |= {"nnodes": seat.nnodes.source, "node_rank": seat.node_rank.source}
+    sources |= {**w.sources, **e.sources}
+    sources |= {"control_port": control.source, "metrics_port": metrics.source}
+    nnodes, node_rank = seat.nnodes.value, seat.node_rank.value
     return Plan(
-        platform=platform_name,
+        platform=node.platform,
         nnodes=nnodes,
         node_rank=node_rank,
         nproc_per_node=w.nproc,
         world_size=w.layout.world_size,
-        master_addr=w.master,
-        master_port=launch.master_port,
-        control_port=control,
-        metrics_port=ports.metrics_port(settings, launch.master_port, control, out.sources),
+        master_addr=w.layout.master_addr,
+        master_port=e.launch.master_port,
+        control_port=control.value,
+        metrics_port=metrics.value,
         spawn=w.layout.spawn,
         rank=w.layout.rank,
         local_rank=w.layout.local_rank,
@@ -149,24 +200,24 @@ def make_plan(
         gpus_per_node=w.n_gpus,
         cuda_visible_devices=w.layout.cuda_visible,
         devices=w.devices,
-        config=str(config.path),
+        config=str(e.config.path),
         launcher=w.launcher,
-        command=launch.command,
+        command=e.launch.command,
         trainer=w.trainer,
-        env=out.env,
-        files=out.files,
-        sources=out.sources,
+        env=e.env,
+        files=e.files,
+        sources=sources,
         hosts=reading.hosts,
-        notes=tuple(out.notes),
-        warnings=tuple(out.warnings),
+        notes=(*node.reading.notes, *w.notes, *e.notes),
+        warnings=(*node.reading.warnings, *node.unknown, *e.warnings),
         gpu_names=tuple(g.name for g in facts.gpus or ()),
-        members=members,
-        member=member,
+        members=seat.members,
+        member=seat.member,
         spares=settings.spares,
-        min_nodes=settings.min_nodes or members - settings.spares,
-        standby=standby,
-        ranks=(w.placed[0], w.placed[0])
-        if w.placed
+        min_nodes=settings.min_nodes or seat.members - settings.spares,
+        standby=seat.standby,
+        ranks=(w.layout.rank, w.layout.rank)
+        if w.layout.rank is not None
         else (node_rank * w.nproc, node_rank * w.nproc + w.nproc - 1),
     )
 
@@ -177,46 +228,73 @@ def _workers(
     reading: Reading,
     facts: Facts,
     command: Sequence[str] | None,
-    out: Out,
     member: int,
 ) -> _Workers:
     """GPUs, device, trainer, launcher, workers per node, this process's place, the layout."""
-    nnodes = reading.nnodes.value
-    master = steps.master(reading, nnodes, out.sources)
-    n_gpus, visible, visible_from = gpus.count(env, settings, reading, facts, out.sources)
-    device = gpus.device(settings, n_gpus, out.sources)
-    spawn = reading.spawn.value
-    out.sources["spawn"] = reading.spawn.source
+    nnodes, spawn = reading.nnodes.value, reading.spawn.value
+    master = steps.master(reading, nnodes)
+    gpu = gpus.count(env, settings, reading, facts)
+    device = gpus.device(settings, gpu.per_node.value)
     adopted = launch_lines.read(command, facts.launch_config, nnodes)
-    if adopted is not None:
-        command = adopted.trainer
-        out.notes += steps.adopt(adopted, reading, spawn)
-    trainer = steps.trainer(command, settings, out.sources, adopted)
-    if adopted is not None and adopted.kind == "accelerate":
-        launcher = steps.adopted_launcher(settings, out.sources)
-    else:
-        launcher = launchers.choose(settings, spawn, trainer == BUILTIN_JOBS["jax"], out.sources)
-    nproc = steps.nproc(settings, reading, launcher, device, n_gpus, out.sources, adopted)
-    out.sources["world_size"] = derived(f"nnodes {nnodes} x nproc_per_node {nproc}")
-    placed = steps.placed(reading, out.sources)
+    notes = steps.adopt(adopted, reading, spawn) if adopted is not None else []
+    trainer = steps.trainer(adopted.trainer if adopted else command, settings, adopted)
+    launcher = _launcher(settings, spawn, trainer.value, adopted)
+    nproc = steps.nproc(settings, reading, launcher.value, device.value, gpu.per_node, adopted)
+    n = nproc.value
+    sources = {"master_addr": master.source, "gpus_per_node": gpu.per_node.source}
+    sources |= {"device": device.source, "spawn": reading.spawn.source}
+    sources |= {
+        "trainer": trainer.source,
+        "launcher": launcher.source,
+        "nproc_per_node": nproc.source,
+    }
+    sources["world_size"] = derived(f"nnodes {nnodes} x nproc_per_node {n}")
+    placed = steps.placed(reading)
     if placed:
-        steps.inside(placed, nnodes, nproc, out.sources)
-    chosen: list[str] = []
-    if device == "cuda":
-        chosen = visible if (launcher is Launcher.JAX or not spawn) else visible[:nproc]
-        out.sources["cuda_visible_devices"] = visible_from
-    cuda_visible = ",".join(chosen) if device == "cuda" else None
-    layout = steps.layout(
-        env, settings, reading, master, nproc, n_gpus, cuda_visible, facts.python, placed, member
+        sources |= {"rank": placed[0].source, "local_rank": placed[1].source}
+        steps.inside(placed, nnodes, n)
+    chosen: tuple[str, ...] = ()
+    if device.value == "cuda":
+        every = launcher.value is Launcher.JAX or not spawn
+        chosen = gpu.visible.value if every else gpu.visible.value[:n]
+        sources["cuda_visible_devices"] = gpu.visible.source
+    at = (placed[0].value, placed[1].value) if placed else None
+    workers = steps.NodeWorkers(
+        master=master.value,
+        nproc=n,
+        gpus_per_node=gpu.per_node.value,
+        cuda_visible=",".join(chosen) if device.value == "cuda" else None,
+        python=facts.python,
+        placed=at,
+        member=member,
     )
+    layout = steps.layout(env, settings, reading, workers=workers)
     return _Workers(
-        master, n_gpus, device, trainer, launcher, nproc, placed, tuple(chosen), layout, adopted
+        n_gpus=gpu.per_node.value,
+        device=device.value,
+        trainer=trainer.value,
+        launcher=launcher.value,
+        nproc=n,
+        devices=chosen,
+        layout=layout,
+        adopted=adopted,
+        sources=sources,
+        notes=tuple(notes),
     )
+
+
+def _launcher(
+    settings: Settings, spawn: bool, trainer: tuple[str, ...], adopted: launch_lines.Adopted | None
+) -> Sourced[Launcher]:
+    """accelerate for the user's accelerate launch line, else as `launchers.choose` decides."""
+    if adopted is not None and adopted.kind == "accelerate":
+        return steps.adopted_launcher(settings)
+    return launchers.choose(settings, spawn, trainer == BUILTIN_JOBS["jax"])
 
 
 def _environment(
-    env: Mapping[str, str], settings: Settings, facts: Facts, w: _Workers, out: Out
-) -> tuple[launchers.Launch, configs.Config]:
+    env: Mapping[str, str], settings: Settings, facts: Facts, w: _Workers
+) -> _Environment:
     """The config and its batch split, the network, the trainer's variables, the launch."""
     nnodes = w.layout.nnodes
     cuda = w.device == "cuda"
@@ -224,20 +302,42 @@ def _environment(
     needs_config = w.trainer in BUILTIN_JOBS.values() or (
         w.launcher is Launcher.ACCELERATE and w.adopted is None  # a user's file has its own
     )
-    config, deepspeed = steps.config(
-        settings, w.device, devices, needs_config, w.layout.run_dir, out
-    )
+    chosen = later.config(settings, w.device, devices, needs_config, w.layout.run_dir)
     net_env, net_sources, net_warnings = network.settle(
         env, facts, settings, nnodes=nnodes, device=w.device
     )
-    out.env |= net_env | {"MASTER_ADDR": w.master}
-    out.sources |= net_sources
-    out.warnings += net_warnings
+    out: dict[str, str | None] = {**chosen.env, **net_env, "MASTER_ADDR": w.layout.master_addr}
     if w.layout.cuda_visible is not None:
-        out.env["CUDA_VISIBLE_DEVICES"] = w.layout.cuda_visible
-    steps.device_env(env, settings, facts, w.device, w.nproc, out)
-    steps.site_hook(env, out)
-    launch = steps.launch(
-        env, settings, w.trainer, w.launcher, w.layout, config, deepspeed, out, w.adopted
+        out["CUDA_VISIBLE_DEVICES"] = w.layout.cuda_visible
+    out |= later.device_env(env, settings, facts, w.device, w.nproc)
+    hook = later.site_hook(env)
+    out["PYTHONPATH"] = hook.value
+    launched = later.launch(
+        env,
+        settings,
+        w.trainer,
+        w.launcher,
+        w.layout,
+        chosen.config.value,
+        chosen.deepspeed,
+        w.adopted,
     )
-    return launch, config
+    spec, timeouts = launched.spec, launched.timeouts
+    out |= {**spec.env, **timeouts.env}
+    sources = {"config": chosen.config.source}
+    if chosen.batch is not None:
+        sources["train_batch_size"] = chosen.batch.source
+    sources |= net_sources | {"PYTHONPATH": hook.source}
+    if launched.preflight is not None:
+        sources["preflight_allreduce"] = launched.preflight.source
+    sources["ENTRYPOINT_COLLECTIVE_TIMEOUT"] = timeouts.collective.source
+    sources["DEEPSPEED_TIMEOUT"] = timeouts.deepspeed.source
+    return _Environment(
+        config=chosen.config.value,
+        launch=spec,
+        env=out,
+        files={**chosen.files, **spec.files},
+        sources=sources | spec.sources,
+        notes=chosen.notes,
+        warnings=(*chosen.warnings, *net_warnings, *timeouts.warnings),
+    )

@@ -1,23 +1,21 @@
-"""The steps of `make_plan` (entrypoint.plan.plan), each a pure function of the settings, the
-platform's reading and the facts. Each records in `sources` what decided its values; `Out`
-collects what the steps add to the plan as they go (variables, files, notes, warnings)."""
+"""The steps of `make_plan` (entrypoint.plan.plan) up to the layout: the seat, the master, the
+GPUs' workers, the trainer and its launcher, this process's place; those from the layout on are in
+entrypoint.plan.launch_steps. Each is a pure function of the settings, the platform's reading and
+the facts that returns what it decided with its source (`Sourced`); `make_plan` alone puts them
+into the plan."""
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
-from entrypoint.plan import configs, launch_lines, launchers, platforms, ports
+from entrypoint.plan import launch_lines, platforms
 from entrypoint.plan.errors import ConfigError
-from entrypoint.plan.facts import Facts
 from entrypoint.plan.launch_lines import LOCAL_RANK_ARG, Adopted
 from entrypoint.plan.launchers import Launcher, Layout
 from entrypoint.plan.platforms.base import Reading
 from entrypoint.plan.settings import PREFIX, Settings
-from entrypoint.plan.values import Source, Sourced, below, by_default, derived, env_var, host
-from entrypoint.trainer_side import jax_cluster
+from entrypoint.plan.values import Sourced, below, by_default, derived, env_var, host
 
 # The image's built-in jobs (entrypoint/job), run when no trainer command is given.
 BUILTIN_JOBS = {
@@ -28,7 +26,18 @@ BUILTIN_JOB = BUILTIN_JOBS["deepspeed"]
 
 
 def overlay(reading: Reading, settings: Settings) -> Reading:
-    """Explicit settings beat the platform's values."""
+    """Explicit settings beat the platform's values.
+
+    Args:
+        reading: the platform's reading.
+        settings: the ENTRYPOINT_* settings (`nnodes`, `node_rank`, `master_addr`, `master_port`).
+
+    Returns:
+        The reading with each setting given in place of the platform's value.
+
+    Raises:
+        ConfigError: ENTRYPOINT_MASTER_ADDR is not one host.
+    """
     changes: dict = {}
     for name in ("nnodes", "node_rank", "master_addr", "master_port"):
         value = getattr(settings, name)
@@ -43,18 +52,52 @@ def overlay(reading: Reading, settings: Settings) -> Reading:
 def read_platform(
     env: Mapping[str, str], settings: Settings | None = None
 ) -> tuple[str, str, Reading]:
-    """(platform name, why it was chosen, its reading with explicit settings applied)."""
+    """The platform this node runs on and its reading.
+
+    Args:
+        env: the node's environment.
+        settings: the ENTRYPOINT_* settings (read from `env` when None).
+
+    Returns:
+        (platform name, why it was chosen, its reading with explicit settings applied).
+
+    Raises:
+        ConfigError: the platform's variables, or ENTRYPOINT_PLATFORM, are refused.
+    """
     module, why = platforms.detect(env)
     return module.NAME, why, overlay(module.read(env), settings or Settings.from_env(env))
 
 
-def seated(
-    reading: Reading, settings: Settings, seat: tuple[int, int] | None, sources: dict[str, Source]
-) -> tuple[Reading, bool]:
-    """(the reading with the node count and rank this node trains with, whether it stands by).
+@dataclass(frozen=True)
+class Seat:
+    """What `seated` decided: the seat this node trains in, and where the platform started it."""
+
+    reading: Reading  # the platform's, with the node count and rank this node trains with
+    nnodes: Sourced[int]  # the nodes the job trains on
+    node_rank: Sourced[int]  # this node's seat; the platform's source when seating kept it
+    standby: bool  # a spare: planned as the last seat, starts no trainer until seated
+    members: int  # the nodes the platform started
+    member: int  # this node's index among them
+
+
+def seated(reading: Reading, settings: Settings, seat: tuple[int, int] | None) -> Seat:
+    """The node count and rank this node trains with, and whether it stands by.
     ENTRYPOINT_SPARES=S: the platform's N+S nodes train on N, the last S stand by (planned as
-    the last seat, never launched so). `seat` (node rank, nnodes): node 0 seated this node
-    after a loss (entrypoint.control.roster)."""
+    the last seat, never launched so).
+
+    Args:
+        reading: the platform's reading, explicit settings applied.
+        settings: the ENTRYPOINT_* settings (`spares`, `min_nodes`).
+        seat: (node rank, nnodes) when node 0 seated this node after a loss
+            (entrypoint.control.roster); None otherwise.
+
+    Returns:
+        The seat, with the reading that holds it.
+
+    Raises:
+        ConfigError: the node rank is not below the node count; spares or a minimum where the
+            platform started every worker, or that leave no node to train.
+    """
     below(
         reading.node_rank.source.names("node_rank"),
         reading.node_rank.value,
@@ -62,9 +105,28 @@ def seated(
         reading.nnodes.value,
     )
     spares, least = settings.spares, settings.min_nodes
-    if not spares and least is None and seat is None:
-        return reading, False
     members, member = reading.nnodes.value, reading.node_rank.value
+    if not spares and least is None and seat is None:
+        return Seat(reading, reading.nnodes, reading.node_rank, False, members, member)
+    _refuse_spares(reading, spares, least)
+    full = members - spares
+    counted = reading.nnodes.source.names("nnodes")
+    if seat is not None:
+        rank, nnodes = seat
+        why = derived(f"seated by node 0 after a lost node (node {member} of {members})")
+    else:
+        nnodes, rank = full, min(member, full - 1)
+        why = derived(f"{counted}={members} less {PREFIX}SPARES={spares}", counted)
+    moved = rank != member or seat is not None
+    standby = seat is None and member >= full
+    trains = replace(reading, nnodes=Sourced(nnodes, why), node_rank=Sourced(rank, why))
+    kept = trains.node_rank if moved else reading.node_rank
+    return Seat(trains, trains.nnodes, kept, standby, members, member)
+
+
+def _refuse_spares(reading: Reading, spares: int, least: int | None) -> None:
+    """Spares and a minimum need one entrypoint per node, and a node left to train."""
+    members = reading.nnodes.value
     named = f"{PREFIX}SPARES" if spares else f"{PREFIX}MIN_NODES"
     if not reading.spawn.value:
         raise ConfigError(
@@ -92,17 +154,6 @@ def seated(
             f"{PREFIX}SPARES={spares})",
             f"Set it to {full} or less",
         )
-    if seat is not None:
-        rank, nnodes = seat
-        why = derived(f"seated by node 0 after a lost node (node {member} of {members})")
-    else:
-        nnodes, rank = full, min(member, full - 1)
-        why = derived(f"{counted}={members} less {PREFIX}SPARES={spares}", counted)
-    sources["nnodes"] = why
-    if rank != member or seat is not None:
-        sources["node_rank"] = why
-    standby = seat is None and member >= full
-    return replace(reading, nnodes=Sourced(nnodes, why), node_rank=Sourced(rank, why)), standby
 
 
 def gpus_stated(settings: Settings, reading: Reading) -> bool:
@@ -114,7 +165,19 @@ def gpus_stated(settings: Settings, reading: Reading) -> bool:
     )
 
 
-def master(reading: Reading, nnodes: int, sources: dict[str, Source]) -> str:
+def master(reading: Reading, nnodes: int) -> Sourced[str]:
+    """Node 0's address: the platform's (or ENTRYPOINT_MASTER_ADDR), else loopback on one node.
+
+    Args:
+        reading: the platform's reading, seated.
+        nnodes: the nodes the job trains on.
+
+    Returns:
+        The address and its source.
+
+    Raises:
+        ConfigError: no address on more than one node.
+    """
     master = reading.master_addr
     if master is None:
         if nnodes > 1:
@@ -126,13 +189,25 @@ def master(reading: Reading, nnodes: int, sources: dict[str, Source]) -> str:
                 "node 0's host name or IP",
             )
         master = Sourced("127.0.0.1", by_default("default: single node, loopback"))
-    sources["master_addr"] = master.source
-    return master.value
+    return master
 
 
 def adopt(adopted: Adopted, reading: Reading, spawn: bool) -> list[str]:
     """Notes on the user's launch line (launch_lines): its node count checked against the
-    platform's (a disagreement is refused), what the entrypoint supplies in place of it."""
+    platform's (a disagreement is refused), what the entrypoint supplies in place of it.
+
+    Args:
+        adopted: the user's launch line, read.
+        reading: the platform's reading, seated.
+        spawn: whether the entrypoint starts the workers.
+
+    Returns:
+        The notes for the plan.
+
+    Raises:
+        ConfigError: the platform started every worker already, or the line's node count
+            disagrees with the platform's.
+    """
     if not spawn:
         raise ConfigError(
             "command",
@@ -165,25 +240,34 @@ def adopt(adopted: Adopted, reading: Reading, spawn: bool) -> list[str]:
             "gives it (--no_local_rank: not)"
         )
     notes += [said] if said else []
-    if adopted.replaced:
-        given = ", ".join(
-            (f"--{k} {v}" if " in " not in k else f"{k}: {v}").rstrip()
-            for k, v in adopted.replaced.items()
-        )
-        notes.append(
-            f"from your launch line, {given}: replaced by the entrypoint's own (node count, "
-            "node rank, master and rendezvous from the platform"
-            + (
-                "; logs, restarts and signals its torchrun's)"
-                if adopted.kind != "accelerate"
-                else ")"
-            )
-        )
-    return notes
+    return notes + ([_replaced(adopted)] if adopted.replaced else [])
 
 
-def adopted_launcher(settings: Settings, sources: dict[str, Source]) -> Launcher:
-    """accelerate's launcher, which a user's `accelerate launch` line asks for."""
+def _replaced(adopted: Adopted) -> str:
+    """The note on what the line said that the entrypoint decides instead."""
+    given = ", ".join(
+        (f"--{k} {v}" if " in " not in k else f"{k}: {v}").rstrip()
+        for k, v in adopted.replaced.items()
+    )
+    return (
+        f"from your launch line, {given}: replaced by the entrypoint's own (node count, "
+        "node rank, master and rendezvous from the platform"
+        + ("; logs, restarts and signals its torchrun's)" if adopted.kind != "accelerate" else ")")
+    )
+
+
+def adopted_launcher(settings: Settings) -> Sourced[Launcher]:
+    """accelerate's launcher, which a user's `accelerate launch` line asks for.
+
+    Args:
+        settings: the ENTRYPOINT_* settings (`launcher`).
+
+    Returns:
+        accelerate, and its source.
+
+    Raises:
+        ConfigError: ENTRYPOINT_LAUNCHER names another launcher.
+    """
     if settings.launcher not in ("auto", Launcher.ACCELERATE.value):
         raise ConfigError(
             f"{PREFIX}LAUNCHER",
@@ -191,8 +275,7 @@ def adopted_launcher(settings: Settings, sources: dict[str, Source]) -> Launcher
             "disagrees with your accelerate launch line",
             f"Unset {PREFIX}LAUNCHER: the line says accelerate",
         )
-    sources["launcher"] = derived("your accelerate launch line")
-    return Launcher.ACCELERATE
+    return Sourced(Launcher.ACCELERATE, derived("your accelerate launch line"))
 
 
 def nproc(
@@ -200,10 +283,26 @@ def nproc(
     reading: Reading,
     launcher: Launcher,
     device: str,
-    gpus: int,
-    sources: dict[str, Source],
+    gpus: Sourced[int],
     adopted: Adopted | None = None,
-) -> int:
+) -> Sourced[int]:
+    """Workers per node: one for JAX, else ENTRYPOINT_NPROC_PER_NODE, the user's launch line,
+    the platform's, one per GPU, or 1 on CPU.
+
+    Args:
+        settings: the ENTRYPOINT_* settings (`nproc_per_node`).
+        reading: the platform's reading, seated.
+        launcher: the launcher chosen.
+        device: cuda or cpu.
+        gpus: the GPUs per node and their source.
+        adopted: the user's launch line, if the command is one.
+
+    Returns:
+        The workers per node and their source.
+
+    Raises:
+        ConfigError: a count for JAX, counts that disagree, or more GPU workers than GPUs.
+    """
     if launcher is Launcher.JAX and reading.spawn.value:
         if settings.nproc_per_node not in (None, 1):
             raise ConfigError(
@@ -212,8 +311,7 @@ def nproc(
                 "JAX runs one process per node that owns all its GPUs",
                 f"Unset {PREFIX}NPROC_PER_NODE for the jax launcher",
             )
-        sources["nproc_per_node"] = derived("jax: one process per node owns all the node's devices")
-        return 1
+        return Sourced(1, derived("jax: one process per node owns all the node's devices"))
     stated = adopted.nproc_per_node if adopted else None
     if stated is not None:
         assert adopted is not None
@@ -226,19 +324,18 @@ def nproc(
     elif reading.nproc_per_node is not None:
         count = reading.nproc_per_node
     elif device == "cuda":
-        count = Sourced(gpus, derived(f"one worker per GPU ({sources['gpus_per_node']})"))
+        count = Sourced(gpus.value, derived(f"one worker per GPU ({gpus.source})"))
     else:
         count = Sourced(1, by_default("default 1 on CPU"))
-    if device == "cuda" and count.value > gpus:
+    if device == "cuda" and count.value > gpus.value:
         raise ConfigError(
             count.source.names(f"{PREFIX}NPROC_PER_NODE"),
             count.value,
-            f"asks for {count.value} GPU workers but this node has {gpus} GPUs "
-            f"({sources['gpus_per_node']})",
-            f"Ask for at most {gpus} workers per node, or run on nodes with more GPUs",
+            f"asks for {count.value} GPU workers but this node has {gpus.value} GPUs "
+            f"({gpus.source})",
+            f"Ask for at most {gpus.value} workers per node, or run on nodes with more GPUs",
         )
-    sources["nproc_per_node"] = count.source
-    return count.value
+    return count
 
 
 def _agrees(adopted: Adopted, stated: int, settings: Settings, reading: Reading) -> None:
@@ -268,11 +365,21 @@ def _agrees(adopted: Adopted, stated: int, settings: Settings, reading: Reading)
 
 
 def trainer(
-    command: Sequence[str] | None,
-    settings: Settings,
-    sources: dict[str, Source],
-    adopted: Adopted | None = None,
-) -> tuple[str, ...]:
+    command: Sequence[str] | None, settings: Settings, adopted: Adopted | None = None
+) -> Sourced[tuple[str, ...]]:
+    """The trainer's command: the command line's, else the image's built-in job.
+
+    Args:
+        command: the command after `--` (the script alone, for a user's launch line).
+        settings: the ENTRYPOINT_* settings (`job`).
+        adopted: the user's launch line, if the command was one.
+
+    Returns:
+        The command and its source.
+
+    Raises:
+        ConfigError: the command's program is an empty word.
+    """
     if command and not command[0].strip():
         raise ConfigError(
             "command",
@@ -281,111 +388,45 @@ def trainer(
             "Give the trainer command after --, e.g. -- python train.py",
         )
     if command:
-        sources["trainer"] = derived(
+        why = derived(
             f"your {adopted.line} line's script, run by the entrypoint's "
             + ("torchrun" if adopted.kind != "accelerate" else "accelerate launch")
             if adopted
             else "command line after --"
         )
-        return tuple(command)
-    sources["trainer"] = derived(f"the image's built-in {settings.job} job ({PREFIX}JOB)")
-    return BUILTIN_JOBS[settings.job]
+        return Sourced(tuple(command), why)
+    why = derived(f"the image's built-in {settings.job} job ({PREFIX}JOB)")
+    return Sourced(BUILTIN_JOBS[settings.job], why)
 
 
-@dataclass
-class Out:
-    """What the steps below add to the plan as they go."""
+def placed(reading: Reading) -> tuple[Sourced[int], Sourced[int]] | None:
+    """Where the platform placed this process, when it started every worker itself.
 
-    env: dict[str, str | None] = field(default_factory=dict)
-    files: dict[str, str] = field(default_factory=dict)
-    sources: dict[str, Source] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
+    Args:
+        reading: the platform's reading, seated.
 
-
-def config(
-    settings: Settings, device: str, devices: int, needs_config: bool, run_dir: str, out: Out
-) -> tuple[configs.Config, dict | None]:
-    """The named config, else the one for the nearest world size, and its deepspeed.json
-    with the batch split for this world size (`devices`: GPUs in total for JAX)."""
-    config, out.sources["config"] = configs.select(
-        settings.config, device=device, world_size=devices
-    )
-    try:
-        split = configs.split(config, devices)
-    except ConfigError as err:
-        if needs_config:
-            raise
-        out.notes.append(
-            f"config {config.name} does not fit; your trainer does not use it: {err.line()}"
-        )
-        return config, None
-    ds_path = f"{run_dir}/deepspeed.json"
-    deepspeed = configs.derive_deepspeed(config, devices)
-    out.files[ds_path] = json.dumps(deepspeed, indent=2) + "\n"
-    out.env |= {"ENTRYPOINT_CONFIG_DIR": str(config.path), "ENTRYPOINT_DEEPSPEED_CONFIG": ds_path}
-    if split is not None:
-        out.sources["train_batch_size"] = derived(split.why)
-        if split.global_batch != split.asked:
-            (out.warnings if needs_config else out.notes).append(split.why)
-    return config, deepspeed
-
-
-def device_env(
-    env: Mapping[str, str], settings: Settings, facts: Facts, device: str, nproc: int, out: Out
-) -> None:
-    if device == "cpu":
-        for key, value in (
-            ("DS_ACCELERATOR", "cpu"),
-            ("JAX_PLATFORMS", "cpu"),
-            ("OMP_NUM_THREADS", str(max(1, facts.cpu_count // nproc))),
-        ):
-            if key not in env:
-                out.env[key] = value
-    for key, setting in (
-        ("XLA_PYTHON_CLIENT_PREALLOCATE", settings.xla_preallocate),
-        ("XLA_PYTHON_CLIENT_MEM_FRACTION", settings.xla_mem_fraction),
-    ):
-        if setting is not None:
-            out.env[key] = str(setting).lower() if isinstance(setting, bool) else str(setting)
-
-
-def site_hook(env: Mapping[str, str], out: Out) -> None:
-    """The trainer's interpreter starts with entrypoint/trainer_side/site-hook first on its path."""
-    out.env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(jax_cluster.SITE_HOOK), env.get("PYTHONPATH")) if p
-    )
-    out.sources["PYTHONPATH"] = derived(
-        "the entrypoint's site hook first: jax.distributed.initialize() with no arguments reads "
-        "the plan (entrypoint/trainer_side/jax_cluster.py); accelerate on CPU nodes gets gloo "
-        "(entrypoint/trainer_side/accelerate_cpu.py); every rank's steps reported to this node "
-        "(entrypoint/trainer_side/progress.py)"
-    )
-
-
-def choose_control_port(
-    settings: Settings, reading: Reading, layout: Layout, sources: dict[str, Source]
-) -> int | None:
-    """Never the rendezvous port, never past 65535 (entrypoint.plan.settings.control_port)."""
-    port, sources["control_port"] = control_port(
-        settings, layout.master_port, reading.master_port.source, layout.standalone
-    )
-    return port
-
-
-def placed(reading: Reading, sources: dict[str, Source]) -> tuple[int, int] | None:
-    """(rank, local_rank) of this process when the platform started it, else None."""
+    Returns:
+        (rank, local_rank) with their sources; None when the entrypoint spawns the workers.
+    """
     if reading.spawn.value:
         return None
     if reading.rank is None or reading.local_rank is None:
         raise AssertionError(f"{reading.platform}: spawn is False but no rank was read")
-    sources["rank"], sources["local_rank"] = reading.rank.source, reading.local_rank.source
-    return reading.rank.value, reading.local_rank.value
+    return reading.rank, reading.local_rank
 
 
-def inside(placed: tuple[int, int], nnodes: int, nproc: int, sources: dict[str, Source]) -> None:
+def inside(placed: tuple[Sourced[int], Sourced[int]], nnodes: int, nproc: int) -> None:
     """A process the platform started must lie inside the job as planned: ENTRYPOINT_NNODES or
-    ENTRYPOINT_NPROC_PER_NODE may not shrink the job around it."""
+    ENTRYPOINT_NPROC_PER_NODE may not shrink the job around it.
+
+    Args:
+        placed: (rank, local_rank) of this process, with their sources.
+        nnodes: the nodes the job trains on.
+        nproc: the workers per node.
+
+    Raises:
+        ConfigError: the rank or local rank lies outside the job.
+    """
     for (value, size, what), key in zip(
         (
             (placed[0], nnodes * nproc, "the world size"),
@@ -394,10 +435,10 @@ def inside(placed: tuple[int, int], nnodes: int, nproc: int, sources: dict[str, 
         ("rank", "local_rank"),
         strict=True,
     ):
-        if value >= size:
+        if value.value >= size:
             raise ConfigError(
-                sources[key].names(key.upper()),
-                value,
+                value.source.names(key.upper()),
+                value.value,
                 f"is outside the job as planned: {what} is {size} ({nnodes} nodes "
                 f"x {nproc} per node)",
                 f"Leave {PREFIX}NNODES and {PREFIX}NPROC_PER_NODE unset when the "
@@ -405,79 +446,47 @@ def inside(placed: tuple[int, int], nnodes: int, nproc: int, sources: dict[str, 
             )
 
 
+@dataclass(frozen=True)
+class NodeWorkers:
+    """What the steps before `layout` decided about this node's workers."""
+
+    master: str  # node 0's address
+    nproc: int  # workers per node
+    gpus_per_node: int
+    cuda_visible: str | None  # the workers' CUDA_VISIBLE_DEVICES; None on CPU
+    python: str  # the interpreter that runs them
+    placed: tuple[int, int] | None  # (rank, local_rank) when the platform started this process
+    member: int  # this node's index among the nodes the platform started
+
+
 def layout(
-    env: Mapping[str, str],
-    settings: Settings,
-    reading: Reading,
-    master: str,
-    nproc: int,
-    n_gpus: int,
-    cuda_visible: str | None,
-    python: str,
-    placed: tuple[int, int] | None,
-    member: int,
+    env: Mapping[str, str], settings: Settings, reading: Reading, *, workers: NodeWorkers
 ) -> Layout:
+    """Where this node stands, decided: what every launcher's builder reads.
+
+    Args:
+        env: the node's environment (a MASTER_PORT there makes one node rendezvous on it).
+        settings: the ENTRYPOINT_* settings (`master_port`, `run_dir`).
+        reading: the platform's reading, seated.
+        workers: what the steps before decided about this node's workers.
+
+    Returns:
+        The layout.
+    """
     nnodes, node_rank, spawn = reading.nnodes.value, reading.node_rank.value, reading.spawn.value
+    placed = workers.placed
     return Layout(
         nnodes=nnodes,
         node_rank=node_rank,
-        nproc_per_node=nproc,
-        master_addr=master,
+        nproc_per_node=workers.nproc,
+        master_addr=workers.master,
         master_port=reading.master_port.value,
         standalone=nnodes == 1 and settings.master_port is None and "MASTER_PORT" not in env,
         spawn=spawn,
         rank=placed[0] if placed else None,
         local_rank=placed[1] if placed else None,
-        gpus_per_node=n_gpus,
-        cuda_visible=cuda_visible,
-        python=python,
-        run_dir=f"{settings.run_dir}/node{member}",
+        gpus_per_node=workers.gpus_per_node,
+        cuda_visible=workers.cuda_visible,
+        python=workers.python,
+        run_dir=f"{settings.run_dir}/node{workers.member}",
     )  # nodes sharing a host keep apart (by the platform's index: a seat changes hands)
-
-
-def launch(
-    env: Mapping[str, str],
-    settings: Settings,
-    trainer: tuple[str, ...],
-    launcher: Launcher,
-    layout: Layout,
-    config: configs.Config,
-    deepspeed: dict | None,
-    out: Out,
-    adopted: Adopted | None = None,
-) -> launchers.Launch:
-    launched = launchers.preflight(trainer, settings, launcher, out.sources)
-    launch = launchers.build(launcher, layout, launched, config, deepspeed, adopted)
-    timeouts, timeout_warnings = launchers.timeouts(env, settings, launcher, out.sources)
-    out.env |= launch.env | timeouts
-    out.files |= launch.files
-    out.sources |= launch.sources
-    out.warnings += timeout_warnings
-    return launch
-
-
-def control_port(
-    settings: Settings, master_port: int | None, master_source: Source, standalone: bool
-) -> tuple[int | None, Source]:
-    """(node 0's control port, its source): ENTRYPOINT_CONTROL_PORT, else the rendezvous port
-    + 1 (- 1 when that is 65535), never the rendezvous port itself; None: any free port."""
-    stated = settings.control_port
-    if stated is not None:
-        if not standalone and stated == master_port:
-            raise ConfigError(
-                PREFIX + "CONTROL_PORT",
-                stated,
-                f"is the rendezvous port too ({master_source.names('MASTER_PORT')}="
-                f"{master_port}); torchrun's store and the entrypoints' channel "
-                "cannot share it",
-                f"Pick another free port on node 0, or unset "
-                f"{PREFIX}CONTROL_PORT (default: the rendezvous port + 1)",
-            )
-        return stated, env_var(f"{PREFIX}CONTROL_PORT")
-    if master_port is None or standalone:
-        return None, derived("single node: any free port on loopback")
-    if ports.control_after(master_port) > master_port:
-        return master_port + 1, derived(f"master port + 1 ({PREFIX}CONTROL_PORT unset)")
-    return master_port - 1, derived(
-        f"master port - 1, as 65535 is the last port ({PREFIX}CONTROL_PORT unset)"
-    )

@@ -1,5 +1,5 @@
 """The ports node 0 opens beside the rendezvous port, as every node derives them: the control
-channel's (entrypoint.control.control) and /metrics' (entrypoint.control.metrics). One place, read
+channel's (entrypoint.control.transport) and /metrics' (entrypoint.control.metrics). One place, read
 by the plan, by `entrypoint status` and by `entrypoint render`'s scrape wiring, so that they
 agree."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from entrypoint.plan.errors import ConfigError
-from entrypoint.plan.values import PREFIX, Source, derived, env_var
+from entrypoint.plan.values import PREFIX, Sourced, derived, env_var
 
 if TYPE_CHECKING:  # pydantic stays off `entrypoint --help` and `render`'s path
     from entrypoint.plan.settings import Settings
@@ -32,16 +32,27 @@ def metrics_after(master_port: int | None, control: int) -> int:
 
 
 def metrics_port(
-    settings: Settings, master_port: int | None, control: int | None, sources: dict[str, Source]
-) -> int | None:
+    settings: Settings, master_port: int | None, control: int | None
+) -> Sourced[int | None]:
     """Node 0's /metrics port (entrypoint.control.metrics): ENTRYPOINT_METRICS_PORT (0: off), else
     the port after the control port (before it, past 65534); off on one node unless set. Never the
-    rendezvous or the control port."""
+    rendezvous or the control port.
+
+    Args:
+        settings: the ENTRYPOINT_* settings (`metrics_port`).
+        master_port: the rendezvous port (None: torchrun picks one).
+        control: node 0's control port (None: any free port, on one node).
+
+    Returns:
+        The port (None: off) and its source.
+
+    Raises:
+        ConfigError: ENTRYPOINT_METRICS_PORT is the rendezvous or the control port.
+    """
     stated = settings.metrics_port
     variable = PREFIX + "METRICS_PORT"
     if stated == 0:
-        sources["metrics_port"] = env_var(variable)
-        return None
+        return Sourced(None, env_var(variable))
     if stated is not None:
         if stated in (master_port, control):
             raise ConfigError(
@@ -52,14 +63,9 @@ def metrics_port(
                 f"Pick another free port on node 0, or unset {variable} (default: the control "
                 "port + 1)",
             )
-        sources["metrics_port"] = env_var(variable)
-        return stated
+        return Sourced(stated, env_var(variable))
     if control is None:
-        sources["metrics_port"] = derived(f"single node: off ({variable} unset)")
-        return None
+        return Sourced(None, derived(f"single node: off ({variable} unset)"))
     port = metrics_after(master_port, control)
     sign = "+" if port > control else "-"
-    sources["metrics_port"] = derived(
-        f"control port {sign} {abs(port - control)} ({variable} unset)"
-    )
-    return port
+    return Sourced(port, derived(f"control port {sign} {abs(port - control)} ({variable} unset)"))

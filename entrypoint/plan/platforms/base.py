@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.values import (
@@ -160,7 +160,7 @@ def node_reading(
     node_rank: Sourced[int],
     master_addr: Sourced[str] | None,
     master_port: Sourced[int],
-    **more,
+    **more: Any,
 ) -> Reading:
     """Check the node counts hang together, then build the Reading."""
     if nnodes.value > NODES.high:
