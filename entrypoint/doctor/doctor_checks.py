@@ -14,7 +14,7 @@ from entrypoint.supervise.health_rules import driver_misfit
 
 if TYPE_CHECKING:
     from entrypoint.plan.facts import Facts
-    from entrypoint.plan.plan import Plan
+    from entrypoint.plan.node_plan import Plan
     from entrypoint.plan.settings import Settings
 
 SHM_MIN = 512 << 20  # below: NCCL and DataLoader workers fail ("Bus error"); Docker's is 64 MiB

@@ -13,7 +13,7 @@ from entrypoint.plan import network
 
 if TYPE_CHECKING:
     from entrypoint.plan.facts import Facts
-    from entrypoint.plan.plan import Plan
+    from entrypoint.plan.node_plan import Plan
     from entrypoint.plan.settings import Settings
 
 

@@ -33,13 +33,13 @@ from entrypoint.doctor.doctor_checks import CONNECT_TIMEOUT, Findings, Port, pro
 from entrypoint.doctor.doctor_report import report, table
 from entrypoint.plan import secrets
 from entrypoint.plan.errors import ConfigError
-from entrypoint.plan.plan import ALLREDUCE
+from entrypoint.plan.node_plan import ALLREDUCE
 from entrypoint.supervise import health, launch, node, probe
 from entrypoint.supervise import report as plan_report
 
 if TYPE_CHECKING:
     from entrypoint.plan.facts import Facts
-    from entrypoint.plan.plan import Plan
+    from entrypoint.plan.node_plan import Plan
     from entrypoint.plan.settings import Settings
 
 # -- the edge -------------------------------------------------------------------------------

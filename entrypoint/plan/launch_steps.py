@@ -1,4 +1,4 @@
-"""The steps of `make_plan` (entrypoint.plan.plan) from the layout on: the config and its batch
+"""The steps of `make_plan` (entrypoint.plan.node_plan) from the layout on: the config and its batch
 split, the trainer's variables, the launcher's command, node 0's control port. Each is a pure
 function that returns what it decided; `make_plan` alone puts it into the plan."""
 

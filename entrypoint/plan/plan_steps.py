@@ -1,4 +1,4 @@
-"""The steps of `make_plan` (entrypoint.plan.plan) up to the layout: the seat, the master, the
+"""The steps of `make_plan` (entrypoint.plan.node_plan) up to the layout: the seat, the master, the
 GPUs' workers, the trainer and its launcher, this process's place; those from the layout on are in
 entrypoint.plan.launch_steps. Each is a pure function of the settings, the platform's reading and
 the facts that returns what it decided with its source (`Sourced`); `make_plan` alone puts them

@@ -37,7 +37,7 @@ from pathlib import Path
 import yaml
 
 from entrypoint.plan.errors import ConfigError
-from entrypoint.plan.plan import BUILTIN_JOBS, Plan
+from entrypoint.plan.node_plan import BUILTIN_JOBS, Plan
 from entrypoint.trainer_side.prebuilt_ops import SHARED_CPU_OPS
 
 # deepspeed/runtime/config.py's optimizer names; engine._configure_basic_optimizer picks the op.

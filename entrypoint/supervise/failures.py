@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from entrypoint.control.messages import Exit
-from entrypoint.plan.plan import Plan
+from entrypoint.plan.node_plan import Plan
 from entrypoint.supervise.launcher_process import LauncherProcess, exit_status
 
 KEEP_LOG_RUNS = 3  # torchrun log directories kept: this start's and the two before

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from entrypoint.control.messages import Health
-from entrypoint.plan.plan import Plan
+from entrypoint.plan.node_plan import Plan
 from entrypoint.plan.settings import Settings
 from entrypoint.supervise import probe
 from entrypoint.supervise.gpu_stats import nvml_handle

@@ -17,7 +17,7 @@ from entrypoint.control.conductor_terms import STOPPING, Limits, signal_name
 from entrypoint.control.identity import Identity, job_identity, read_token
 from entrypoint.control.roster import Roster
 from entrypoint.plan.errors import EXIT_PEERS
-from entrypoint.plan.plan import Plan
+from entrypoint.plan.node_plan import Plan
 from entrypoint.plan.secrets import TOKEN_FILE_VARIABLE, TOKEN_VARIABLE
 from entrypoint.plan.settings import Settings
 from entrypoint.plan.values import host_port
@@ -138,7 +138,7 @@ def _started(
 
 
 def layout(plan: Plan) -> dict:
-    """This node's view of the job's shape (an entrypoint.plan.plan.Plan), as node 0 compares it."""
+    """This node's view of the job's shape (its plan), as node 0 compares it."""
     return {  # as the platform counts them: a spare's seat is node 0's to give
         "nnodes": plan.members,
         "node_rank": plan.member,

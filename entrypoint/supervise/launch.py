@@ -12,7 +12,7 @@ from pathlib import Path
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.facts import Facts
 from entrypoint.plan.gpus import visible_ids
-from entrypoint.plan.plan import Plan
+from entrypoint.plan.node_plan import Plan
 from entrypoint.plan.values import Kind
 
 _FIX_NO_GPU = (

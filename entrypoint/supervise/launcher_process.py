@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from entrypoint.plan.plan import Plan
+from entrypoint.plan.node_plan import Plan
 from entrypoint.supervise import procs
 
 # The launcher is exec'd through this: it gets SIGTERM when the entrypoint dies, however it

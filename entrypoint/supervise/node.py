@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from entrypoint.plan import secrets
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.facts import Facts
-from entrypoint.plan.plan import BUILTIN_JOBS, Plan, gpus_stated, make_plan, read_platform
+from entrypoint.plan.node_plan import BUILTIN_JOBS, Plan, gpus_stated, make_plan, read_platform
 from entrypoint.plan.settings import Settings
 from entrypoint.plan.values import host_port
 from entrypoint.supervise import probe

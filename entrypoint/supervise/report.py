@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 
 from entrypoint.plan import secrets
-from entrypoint.plan.plan import Plan
+from entrypoint.plan.node_plan import Plan
 from entrypoint.plan.values import host_port
 
 

@@ -35,7 +35,7 @@ from entrypoint.control.conductor_terms import STOPPING, signal_name
 from entrypoint.control.transport import PeersError
 from entrypoint.plan import secrets
 from entrypoint.plan.errors import EXIT_CONFIG, EXIT_HUNG, EXIT_PEERS
-from entrypoint.plan.plan import Plan
+from entrypoint.plan.node_plan import Plan
 from entrypoint.plan.settings import Settings
 from entrypoint.supervise import failures, health, join, logs, procs
 from entrypoint.supervise.gpu_stats import Stats
@@ -476,7 +476,7 @@ def run(
     """Run this node's part of the job to its end: join, launch, supervise, restart, stop.
 
     Args:
-        plan: this node's plan (entrypoint.plan.plan.make_plan), its files already written.
+        plan: this node's plan (entrypoint.plan.node_plan.make_plan), its files already written.
         env: the trainer's environment (the job's token is taken out of it here).
         settings: the ENTRYPOINT_* settings the plan was made with.
         log: the node's logger (entrypoint.supervise.logs.setup).

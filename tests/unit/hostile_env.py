@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from entrypoint.plan import platforms, secrets
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.facts import Facts, Gpu, Interface
-from entrypoint.plan.plan import Plan, gpus_stated, make_plan, read_platform
+from entrypoint.plan.node_plan import Plan, gpus_stated, make_plan, read_platform
 from entrypoint.plan.settings import Settings
 from entrypoint.plan.values import GPUS, NODES, PER_NODE, host
 from entrypoint.supervise import report

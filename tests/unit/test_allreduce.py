@@ -5,7 +5,7 @@ import pytest
 from conftest import node
 from entrypoint.job.allreduce import bandwidth, summary, table, then_command
 from entrypoint.plan.errors import ConfigError
-from entrypoint.plan.plan import ALLREDUCE, make_plan
+from entrypoint.plan.node_plan import ALLREDUCE, make_plan
 
 TWO_NODES = {"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "node-0", "MASTER_PORT": "29500"}
 PREFLIGHT = {"ENTRYPOINT_PREFLIGHT_ALLREDUCE": "true"}

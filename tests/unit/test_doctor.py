@@ -15,7 +15,7 @@ from conftest import node
 from entrypoint.doctor.doctor_checks import Findings, Port, port_meaning, problems
 from entrypoint.doctor.doctor_report import report, table
 from entrypoint.plan.facts import Facts, Interface
-from entrypoint.plan.plan import make_plan
+from entrypoint.plan.node_plan import make_plan
 from entrypoint.plan.settings import Settings
 from entrypoint.supervise.report import table as plan_table
 

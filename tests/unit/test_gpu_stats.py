@@ -4,7 +4,7 @@ here: a stand-in for the pynvml module (the one place a fake is needed)."""
 from types import SimpleNamespace
 
 from conftest import node
-from entrypoint.plan.plan import make_plan
+from entrypoint.plan.node_plan import make_plan
 from entrypoint.supervise.gpu_stats import Stats
 
 MIB = 1 << 20

@@ -24,7 +24,7 @@ from conftest import node
 from entrypoint.plan import platforms
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.hostlist import HostlistError, expand
-from entrypoint.plan.plan import make_plan
+from entrypoint.plan.node_plan import make_plan
 from entrypoint.plan.values import NODES, device_list, host, number
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from conftest import node
 from entrypoint.plan.errors import ConfigError
-from entrypoint.plan.plan import make_plan
+from entrypoint.plan.node_plan import make_plan
 
 BATCH_FIELDS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 NUMBERS = st.one_of(

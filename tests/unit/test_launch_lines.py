@@ -18,7 +18,7 @@ from test_run_real import BASE, CHECK, reports
 from conftest import node
 from entrypoint.plan import launch_lines
 from entrypoint.plan.errors import ConfigError
-from entrypoint.plan.plan import make_plan
+from entrypoint.plan.node_plan import make_plan
 
 TWO_NODES = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "node-0", "MASTER_PORT": "29500"}
 

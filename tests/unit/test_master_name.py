@@ -8,7 +8,7 @@ machine without editing /etc/hosts (tests/cluster/test_ipv6.py runs the real one
 from dataclasses import replace
 
 from conftest import node
-from entrypoint.plan.plan import make_plan
+from entrypoint.plan.node_plan import make_plan
 from entrypoint.supervise import node as node_run
 from entrypoint.supervise import probe
 

@@ -13,7 +13,7 @@ from conftest import node
 from entrypoint.job.common import _SETTINGS as JOB_OPTIONS
 from entrypoint.plan import variables
 from entrypoint.plan.errors import ConfigError
-from entrypoint.plan.plan import make_plan
+from entrypoint.plan.node_plan import make_plan
 from entrypoint.plan.settings import Settings
 
 PACKAGE = Path(__file__).parents[2] / "entrypoint"

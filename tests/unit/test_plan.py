@@ -8,7 +8,7 @@ import pytest
 
 from conftest import node
 from entrypoint.plan.errors import ConfigError
-from entrypoint.plan.plan import BUILTIN_JOB, make_plan
+from entrypoint.plan.node_plan import BUILTIN_JOB, make_plan
 from entrypoint.supervise.launch import check_hardware
 
 SEED_004_WORKER_1 = {

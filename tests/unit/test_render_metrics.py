@@ -7,7 +7,7 @@ import yaml
 
 from conftest import node
 from entrypoint.cli import main
-from entrypoint.plan.plan import make_plan
+from entrypoint.plan.node_plan import make_plan
 from entrypoint.render import render
 from entrypoint.render.request import build
 

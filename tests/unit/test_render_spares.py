@@ -11,7 +11,7 @@ from test_render_schemas import CASES, crd_validator
 
 from conftest import node
 from entrypoint.plan.errors import ConfigError
-from entrypoint.plan.plan import make_plan
+from entrypoint.plan.node_plan import make_plan
 from entrypoint.render import render
 from entrypoint.render.request import build
 

@@ -265,7 +265,7 @@ def test_a_node_lost_during_the_restart_is_left_out():
 
 from conftest import node  # noqa: E402
 from entrypoint.plan.errors import ConfigError  # noqa: E402
-from entrypoint.plan.plan import make_plan  # noqa: E402
+from entrypoint.plan.node_plan import make_plan  # noqa: E402
 
 # A container platform's variables: WORLD_SIZE counts every node, the spares too.
 PLATFORM = {"WORLD_SIZE": "3", "MASTER_ADDR": "node-0", "MASTER_PORT": "29500"}
