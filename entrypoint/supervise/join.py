@@ -299,7 +299,7 @@ class Join:
         self._node0_at, self._rejoins = (host, port), 0
         self._join_deadline = time.monotonic() + self.node.settings.join_timeout
         self._connect()
-        self.hello(self._fp)
+        self.say_hello(self._fp)
 
     def _connect(self) -> None:
         waiting = "while waiting for node 0" if self.node.member != 0 else "before the nodes joined"
@@ -380,7 +380,7 @@ class Join:
                 f"{time.monotonic() - began:.1f} s: node 0 keeps it out of the job"
             )
 
-    def hello(self, fp: dict | None = None) -> None:
+    def say_hello(self, fp: dict | None = None) -> None:
         """Say hello (again, at a restart: `fp` None checks and fingerprints anew) and wait
         for `go`."""
         if fp is None:
@@ -486,6 +486,6 @@ class Join:
                         return 0
                     case m.Restart(generation=generation):
                         self.node.generation = generation
-                        self.hello()
+                        self.say_hello()
                         return None
             self.check_node0(self.node.settings.heartbeat_timeout)

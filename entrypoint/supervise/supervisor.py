@@ -381,7 +381,7 @@ class Supervisor:
             "after the restart was called; joining node 0 again",
             restart=self.node.generation,
         )
-        self.join.hello()  # with a stop signal: says so to node 0 and stops
+        self.join.say_hello()  # with a stop signal: says so to node 0 and stops
 
     def _report_exit(self, code: int, signalled: int | None, seen: float) -> None:
         who = f"{self.node.unit} {self.node.member} ({socket.gethostname()})"
