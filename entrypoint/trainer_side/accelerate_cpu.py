@@ -66,5 +66,7 @@ def _patch_quietly(state: ModuleType) -> None:
 
 
 def install() -> None:
+    """Where the entrypoint marked a CPU node: accelerate's state takes gloo once it is
+    imported. Raises nothing (the site hook never stops a trainer)."""
     if wanted(os.environ):
         when_imported(TARGET, _patch_quietly)

@@ -75,5 +75,8 @@ def settle() -> None:
 
 
 def install() -> None:
+    """Register `settle` at exit (a gloo group left open destroyed, gloo's last work given time to
+    finish, while the interpreter is whole) and count the native threads once torch.distributed
+    loads. Raises nothing."""
     atexit.register(settle)
     after_import.when_imported("torch.distributed", _note_threads)

@@ -226,6 +226,8 @@ def _in_this_process(module: ModuleType) -> None:
 
 
 def install() -> None:
+    """Once DeepSpeed's op builder loads: the image's prebuilt ops are taken with their own
+    flags, and the CPU accelerator loads the ops the wheel shares. Raises nothing."""
     try:
         when_imported(BUILDER, _in_this_process)
     except Exception:  # noqa: BLE001  never stop an interpreter from starting
