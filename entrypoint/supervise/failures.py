@@ -18,7 +18,8 @@ KEEP_LOG_RUNS = 3  # torchrun log directories kept: this start's and the two bef
 TAIL_BYTES = 64 << 10  # the failure summary reads at most this much of a rank's log
 
 _ROOT_RANK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
-_ROOT_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
+_ROOT_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
+_CLOSING = re.compile(r"Sending process (\d+) closing signal")
 _PREFIX = re.compile(r"^\[[a-z]*\d+\]: ?")
 
 
@@ -45,32 +46,71 @@ def tail(path: Path, lines: int) -> list[str]:
     return text[-lines:]
 
 
+def _table(text: list[str]) -> list[tuple[int, int, int | None]]:
+    """Every failure in torchrun's last failure table (its "Failures:" and "Root Cause"
+    sections), the root cause first, but for the workers torchrun itself stopped (the
+    "closing signal" it sent once one failed) while others failed: rank, local rank and exit
+    code."""
+    starts = [i for i, line in enumerate(text) if "Root Cause" in line]
+    if not starts:
+        return []
+    root = starts[-1]
+    heads = [i for i, line in enumerate(text[:root]) if line.strip().endswith("Failures:")]
+    stopped = {int(m[1]) for line in text[:root] if (m := _CLOSING.search(line))}
+    found: list[list] = []
+    for line in text[root:] + text[heads[-1] if heads else root : root]:
+        if m := _ROOT_RANK.search(line):
+            found.append([int(m[1]), int(m[2]), None, None])
+        elif found and found[-1][2] is None and (m := _ROOT_EXIT.search(line)):
+            found[-1][2:] = [int(m[1]), int(m[2]) if m[2] else None]
+    failed = [(rank, local, code) for rank, local, code, pid in found if pid not in stopped]
+    return failed or [(rank, local, code) for rank, local, code, _ in found[:1]]
+
+
 def _root_cause(
-    plan: Plan, launch: LauncherProcess, text: list[str], code: int
+    plan: Plan, launch: LauncherProcess, text: list[str], code: int, log_dir: Path
 ) -> tuple[int | None, int | None, int | None]:
-    """Rank, local rank and exit code: from torchrun's "Root Cause" table, or the trainer's."""
-    rank = local = exitcode = None
-    if launch.spawns_workers and any("Root Cause" in line for line in text):
-        block = text[max(i for i, line in enumerate(text) if "Root Cause" in line) :]
-        for line in block:
-            if rank is None and (m := _ROOT_RANK.search(line)):
-                rank, local = int(m[1]), int(m[2])
-            if exitcode is None and (m := _ROOT_EXIT.search(line)):
-                exitcode = int(m[1])
-    elif not launch.spawns_workers:
+    """Rank, local rank and exit code: from torchrun's failure table, or the trainer's.
+
+    torchrun names as root cause the failure with the smallest timestamp, in whole seconds:
+    when a rank raises and its peer on the same node fails a moment later because of it
+    (gloo's "Connection closed by peer"), both are seen in one poll and the lower rank is
+    named. Where the table lists several that torchrun did not stop itself, the one whose
+    stderr was last written first is named: the peer's own error comes after the first's."""
+    if not launch.spawns_workers:
         rank = plan.rank if plan.rank is not None else plan.node_rank
         local = plan.local_rank if plan.local_rank is not None else 0
-        exitcode = code
-    return rank, local, exitcode
+        return rank, local, code
+    table = _table(text)
+    if not table:
+        return None, None, None
+    written = {local: _last_write(log_dir, local) for _, local, _ in table}
+    if len(table) > 1 and all(when is not None for when in written.values()):
+        return min(table, key=lambda failed: written[failed[1]] or 0.0)  # stable: root on ties
+    return table[0]
+
+
+def _newest_run(log_dir: Path) -> Path | None:
+    runs = sorted(log_dir.glob("*/attempt_*/"), key=lambda p: p.stat().st_mtime)
+    return runs[-1] if runs else None
+
+
+def _last_write(log_dir: Path, local: int) -> float | None:
+    """When a local rank's stderr in torchrun's newest log directory was last written."""
+    run = _newest_run(log_dir)
+    try:
+        return (run / str(local) / "stderr.log").stat().st_mtime if run else None
+    except OSError:
+        return None
 
 
 def _rank_log(log_dir: Path, local: int, lines: int) -> tuple[list[str], float] | None:
     """The last lines of a local rank's stderr in torchrun's newest log directory, and when
     it was last written; None when there is no such file."""
-    runs = sorted(log_dir.glob("*/attempt_*/"), key=lambda p: p.stat().st_mtime)
-    if not runs:
+    run = _newest_run(log_dir)
+    if run is None:
         return None
-    path = runs[-1] / str(local) / "stderr.log"
+    path = run / str(local) / "stderr.log"
     try:
         found = [_PREFIX.sub("", line) for line in tail(path, lines)]  # torch's [rankN]:
         return found, path.stat().st_mtime
@@ -98,7 +138,7 @@ def failure(
     rank's stderr, and when it failed (its error file's last write, else `seen`: when the
     launcher's exit was seen)."""
     text = list(launch.tail)
-    rank, local, exitcode = _root_cause(plan, launch, text, code)
+    rank, local, exitcode = _root_cause(plan, launch, text, code, log_dir)
     lines_found: list[str] = []
     killed = ""  # how the launcher itself died, when a signal killed it
     when = seen if seen is not None else time.time()

@@ -6,8 +6,10 @@ import collections
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -151,3 +153,69 @@ def test_the_launchers_end_is_noted_when_it_happens_and_popen_still_reads_its_co
     noting.join(timeout=5)
     assert launch.ended_at is not None and killed <= launch.ended_at < killed + 0.5
     assert process.poll() == -signal.SIGKILL  # left for Popen to collect, with its code
+
+
+FIRST_THEN_PEER = """
+import os, sys, time
+if os.environ["LOCAL_RANK"] == "1":
+    raise ValueError("the first failure")
+time.sleep(float(sys.argv[1]))  # a peer that fails because of it, a moment later
+raise RuntimeError("Connection closed by peer")
+"""
+
+
+@pytest.mark.parametrize("later", [0.05, 0.3])
+def test_the_rank_that_failed_first_is_named_not_the_lower_rank_torchrun_names(tmp_path, later):
+    """torchrun's failure timestamps are whole seconds: two ranks that fail within one of its
+    polls tie, and it names the lower rank as root cause. The entrypoint names the rank whose
+    error was written first."""
+    script = tmp_path / "train.py"
+    script.write_text(FIRST_THEN_PEER)
+    log_dir = tmp_path / "logs"
+    process = subprocess.Popen(
+        [
+            *(str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node=2"),
+            *(f"--log-dir={log_dir}", "--redirects=3", str(script), str(later)),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _, err = process.communicate(timeout=120)
+    text = err.splitlines()
+    assert "Root Cause (first observed failure):" in text, err
+    launch = launcher_process.LauncherProcess(process, True, collections.deque(text), 0.0)
+    found = failures.failure(None, launch, process.returncode, log_dir)  # type: ignore[arg-type]
+    assert (found["rank"], found["local_rank"], found["exitcode"]) == (1, 1, 1), err
+    assert "ValueError: the first failure" in found["tail"]
+
+
+def test_a_lone_failure_in_torchruns_table_is_its_root_cause():
+    table = """Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-28_15:53:48
+  rank      : 5 (local_rank: 1)
+  exitcode  : -9 (pid: 13044)
+============================================================"""
+    assert failures._table(table.splitlines()) == [(5, 1, -9)]
+    assert failures._table(["no table here"]) == []
+
+
+def test_a_worker_torchrun_stopped_is_not_the_root_cause_even_when_torchrun_names_it():
+    """Both in one second: torchrun may name the worker it stopped itself (exit -15)."""
+    table = """Sending process 11 closing signal SIGTERM
+Failures:
+[1]:
+  rank      : 3 (local_rank: 1)
+  exitcode  : 1 (pid: 12)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 2 (local_rank: 0)
+  exitcode  : -15 (pid: 11)  (SIGTERM)
+============================================================"""
+    assert failures._table(table.splitlines()) == [(3, 1, 1)]
+    alone = table.replace("exitcode  : 1 (pid: 12)", "exitcode  : -15 (pid: 11)")
+    assert failures._table(alone.splitlines())[0] == (2, 0, -15)
