@@ -38,7 +38,7 @@ dev: $(VENV)/.done ## Create .venv: the package in editable mode, test tools, a 
 image: ## Build the image IMAGE (pulls the base, or builds it offline if no registry answers; CUDA=13: torch 2.14, driver 580+, multinode:dev-cu13; ARCH=arm64: for Grace nodes, under QEMU)
 	docker/build.sh
 
-smoke: ## Smoke-test the built IMAGE of ARCH (run under QEMU for another architecture): imports, plan, CPU Adam
+smoke: ## Smoke-test the built IMAGE of ARCH (run under QEMU for another architecture): imports, plan, CPU Adam, the CUDA ops' kernels
 	docker/smoke.sh $(IMAGE) $(ARCH)
 
 push: ## Push IMAGE to DEST=registry/repo:tag with skopeo (COMPRESSION=zstd: zstd layers for containerd 1.5+, Docker 23+)

@@ -4,7 +4,7 @@
 # A smoke test of a built image, meant for one built for another architecture and run
 # under QEMU here (`make smoke ARCH=arm64`): the frameworks import, `entrypoint plan`
 # plans a 2-node job, DeepSpeed's CPU Adam op loads prebuilt (no compiler in the image)
-# and takes a step. Prints what it ran and how long each took; exits 1 on the first failure
+# and takes a step, and with CUDA torch the prebuilt CUDA ops hold kernels for A100 to Blackwell. Prints what it ran and how long each took; exits 1 on the first failure
 # (a non-zero exit or a Python traceback).
 set -euo pipefail
 image=${1:?usage: smoke.sh IMAGE [ARCH]}
@@ -38,4 +38,17 @@ opt = DeepSpeedCPUAdam([p], lr=0.1)
 p.grad = torch.ones(4)
 opt.step()
 print('CPU Adam step: weights', p.data.tolist())"
+# With CUDA torch, every prebuilt CUDA op holds cubins for A100 (sm_80), H100 (sm_90) and
+# Blackwell (sm_100, sm_120) and PTX, read from its .so as `entrypoint doctor` reads them.
+run "DeepSpeed's CUDA ops: kernels" --entrypoint python "$image" -c "
+import torch
+from entrypoint.doctor import cuda_kernels
+ops = cuda_kernels.deepspeed_ops()
+if torch.version.cuda is None:
+    assert not ops, ('CUDA ops beside a CPU torch', ops)
+    print('no CUDA op: torch', torch.__version__, 'is a CPU build')
+else:
+    short = [k.op for k in ops if not {80, 90, 100, 120} <= set(k.cubins) or not k.ptx]
+    assert ops and not short, ('CUDA ops without sm_80/90/100/120 cubins or PTX', short, ops)
+    print('; '.join(f'{k.op}: {k.text()}' for k in ops))"
 echo "==> $image ($arch): smoke test passed"
