@@ -84,9 +84,11 @@ def _root_cause(
     table = _table(text)
     if not table:
         return None, None, None
-    written = {local: _last_write(log_dir, local) for _, local, _ in table}
-    if len(table) > 1 and all(when is not None for when in written.values()):
-        return min(table, key=lambda failed: written[failed[1]] or 0.0)  # stable: root on ties
+    run = _newest_run(log_dir) if len(table) > 1 else None
+    seen = {local: _last_write(run, local) for _, local, _ in table} if run else {}
+    written = {local: when for local, when in seen.items() if when is not None}
+    if written and len(written) == len(seen):
+        return min(table, key=lambda failed: written[failed[1]])  # stable: root on ties
     return table[0]
 
 
@@ -95,11 +97,10 @@ def _newest_run(log_dir: Path) -> Path | None:
     return runs[-1] if runs else None
 
 
-def _last_write(log_dir: Path, local: int) -> float | None:
-    """When a local rank's stderr in torchrun's newest log directory was last written."""
-    run = _newest_run(log_dir)
+def _last_write(run: Path, local: int) -> float | None:
+    """When a local rank's stderr in torchrun's log directory `run` was last written."""
     try:
-        return (run / str(local) / "stderr.log").stat().st_mtime if run else None
+        return (run / str(local) / "stderr.log").stat().st_mtime
     except OSError:
         return None
 
