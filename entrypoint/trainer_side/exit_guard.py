@@ -4,16 +4,18 @@ After a collective completes, the main thread goes on while the gloo worker that
 still dropping the work and its tensors, which takes the GIL. If the main thread has begun
 to tear the interpreter down by then, Python 3.13 ends the worker thread from inside C++
 and the process aborts after the trainer finished: `terminate called without an active
-exception`, exit 134 (seen with accelerate's quick tour on CPU nodes, in about one run in
-six; the race of https://github.com/pytorch/pytorch/pull/179291). The site hook registers
-`settle` first, so it runs last of the exit handlers, while the interpreter is still whole:
-it destroys a gloo process group left open, collects the cycles that keep other groups alive
-(their destructors join gloo's threads with the GIL released), then, if threads that Python
-did not start are still alive beyond those `import torch` left (a group still referenced keeps
-its gloo workers), releases the GIL for SETTLE_SECONDS so that a worker still finishing its
-last collective can do so. A trainer's own destroy_process_group() leaves no trace of the
-group having been (torch resets its counters), so the threads are what is counted: a process
-that only imported torch (a DataLoader worker started with spawn, a script printing
+exception`, exit 134 or 139 (seen with accelerate's quick tour on CPU nodes, in about one run
+in six, and with DeepSpeed's ZeRO-2 on the CPU under plain `python`; the race of
+https://github.com/pytorch/pytorch/pull/179291). In the image, its .pth file registers `settle`
+in every Python process (trainer_side/every_process.py); elsewhere the entrypoint's site hook
+does. Either registers it first, so it runs last of the exit handlers, while the interpreter is
+still whole: it destroys a gloo process group left open, collects the cycles that keep other
+groups alive (their destructors join gloo's threads with the GIL released), then, if threads
+that Python did not start are still alive beyond those `import torch` left (a group still
+referenced keeps its gloo workers), releases the GIL for SETTLE_SECONDS so that a worker still
+finishing its last collective can do so. A trainer's own destroy_process_group() leaves no
+trace of the group having been (torch resets its counters), so the threads are what is counted:
+a process that only imported torch (a DataLoader worker started with spawn, a script printing
 torch.__version__, torchrun's agent with no store) exits at once. It runs in every process that
 imported torch.distributed (`import torch` does), and in no other; without /proc it always
 waits. Not after an uncaught exception (Python has printed it and set `sys.last_exc`): a
@@ -36,6 +38,7 @@ from entrypoint.trainer_side import after_import
 SETTLE_SECONDS = 0.5
 _TASKS = "/proc/self/task"
 _native_at_import: int | None = None  # threads Python did not start, once torch was imported
+_installed = False
 
 
 def native_threads() -> int | None:
@@ -77,6 +80,11 @@ def settle() -> None:
 def install() -> None:
     """Register `settle` at exit (a gloo group left open destroyed, gloo's last work given time to
     finish, while the interpreter is whole) and count the native threads once torch.distributed
-    loads. Raises nothing."""
+    loads; once per process (the image's .pth file and the site hook both call it). Raises
+    nothing."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
     atexit.register(settle)
     after_import.when_imported("torch.distributed", _note_threads)

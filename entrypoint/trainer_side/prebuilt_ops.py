@@ -1,6 +1,6 @@
 """DeepSpeed's prebuilt CPU ops, loadable in every Python process of the image, on any CPU and on
-a read-only root. A .pth file in the image's site-packages (docker/entrypoint-prebuilt-ops.pth)
-calls install() as the interpreter starts; nothing happens until DeepSpeed's op builder is
+a read-only root. A .pth file in the image's site-packages calls install() as the interpreter
+starts (trainer_side/every_process.py); nothing happens until DeepSpeed's op builder is
 imported.
 
 The image prebuilds the CPU accelerator's ops into TORCH_EXTENSIONS_DIR for a pinned CPU level

@@ -127,6 +127,27 @@ def test_read_only_root_with_writable_tmp(image):
     assert out.split() == ["3.0", "6.0"]
 
 
+GLOO_LEFT_OPEN = """
+import torch, torch.distributed as dist
+destroy = dist.destroy_process_group
+def destroyed(*args, **kwargs):
+    print("destroyed at exit", flush=True)
+    destroy(*args, **kwargs)
+dist.destroy_process_group = destroyed
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29517", rank=0, world_size=1)
+dist.all_reduce(torch.ones(4))
+print("trained", flush=True)
+"""
+
+
+def test_plain_python_with_a_gloo_group_left_open_has_it_settled_at_exit(image):
+    """`python` with no `entrypoint run` and no site hook (--entrypoint python): the image's .pth
+    file destroys the group the trainer left open, after the trainer's code, before the
+    interpreter is torn down (trainer_side/exit_guard.py)."""
+    out = image.python(GLOO_LEFT_OPEN)
+    assert out.splitlines()[-2:] == ["trained", "destroyed at exit"], out
+
+
 def test_lock_hash_in_label_and_file(image, lock_sha256):
     assert image.labels["io.multinode.lock.sha256"] == lock_sha256
     assert image.run(LOCK_IN_IMAGE, entrypoint="cat").stdout.strip() == lock_sha256

@@ -1,6 +1,6 @@
 """entrypoint/trainer_side/exit_guard.py in a real interpreter with a real gloo process group: the
-site hook is what a trainer's interpreter loads, the trainer's own exit handlers and exit code
-stand."""
+site hook is what a trainer's interpreter loads, or the image's .pth file's line (every Python
+process of the image), or both; the trainer's own exit handlers and exit code stand."""
 
 import os
 import socket
@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-SITE_HOOK = Path(__file__).resolve().parents[2] / "entrypoint" / "trainer_side" / "site-hook"
+REPO = Path(__file__).resolve().parents[2]
+SITE_HOOK = REPO / "entrypoint" / "trainer_side" / "site-hook"
+PTH_LINE = (REPO / "docker" / "entrypoint-every-process.pth").read_text().splitlines()[-1]
 
 TRAINER = """
 import atexit, sys, time
@@ -47,10 +49,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def trainer(kind: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SITE_HOOK), *sys.path]))
+def trainer(kind: str, site_hook: bool = True, pth: bool = False) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SITE_HOOK)] * site_hook + [*sys.path]))
+    code = f"{PTH_LINE}\n{TRAINER}" if pth else TRAINER
     return subprocess.run(
-        [sys.executable, "-c", TRAINER, kind, str(free_port())],
+        [sys.executable, "-c", code, kind, str(free_port())],
         env=env,
         capture_output=True,
         text=True,
@@ -93,4 +96,30 @@ def test_nothing_happens_in_a_process_that_never_imported_torch():
 def test_a_failing_trainer_exits_at_once():
     done = trainer("raise")
     assert done.returncode == 1 and "ValueError: the trainer failed" in done.stderr
+    assert done.stdout.splitlines() == ["trainer's own exit handler"], done.stdout
+
+
+def test_the_images_pth_line_alone_settles_a_group_left_open():
+    """`python train.py` in the image with no `entrypoint run`: no site hook, the .pth line."""
+    done = trainer("group", site_hook=False, pth=True)
+    assert done.returncode == 3, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines == ["trainer's own exit handler", "settle: group open: False"], done.stdout
+
+
+def test_the_pth_line_and_the_site_hook_together_settle_once():
+    done = trainer("kept", site_hook=True, pth=True)
+    assert done.returncode == 3, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines == [
+        "trainer's own exit handler",
+        "settle: group open: False",
+        "settle: waits",
+    ], done.stdout
+
+
+def test_without_either_nothing_settles():
+    """The control: the lines above come from the guard, not from torch."""
+    done = trainer("group", site_hook=False, pth=False)
+    assert done.returncode == 3, done.stderr
     assert done.stdout.splitlines() == ["trainer's own exit handler"], done.stdout

@@ -106,7 +106,7 @@ def test_the_pth_line_patches_deepspeeds_builder_only_once_imported(tmp_path):
     """The .pth file's line, in a fresh interpreter: nothing imported at start; a module named
     as DeepSpeed's builder, imported later, comes out pinned."""
     repo = Path(__file__).resolve().parents[2]
-    line = (repo / "docker" / "entrypoint-prebuilt-ops.pth").read_text().splitlines()[-1]
+    line = (repo / "docker" / "entrypoint-every-process.pth").read_text().splitlines()[-1]
     pkg = tmp_path / "deepspeed" / "ops" / "op_builder"
     pkg.mkdir(parents=True)
     for d in (tmp_path / "deepspeed", tmp_path / "deepspeed" / "ops", pkg):
@@ -215,7 +215,7 @@ def test_no_writable_run_dir_is_a_warning_not_a_failure(tmp_path):
 def test_the_pth_line_is_silent_where_the_entrypoint_package_is_missing(tmp_path):
     """The image build runs Python before the package's layer is in: no traceback there."""
     repo = Path(__file__).resolve().parents[2]
-    line = (repo / "docker" / "entrypoint-prebuilt-ops.pth").read_text().splitlines()[-1]
+    line = (repo / "docker" / "entrypoint-every-process.pth").read_text().splitlines()[-1]
     out = subprocess.run(
         [sys.executable, "-S", "-c", f"{line}\nprint('started')"],
         cwd=tmp_path,
