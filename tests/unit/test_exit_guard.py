@@ -61,65 +61,49 @@ def trainer(kind: str, site_hook: bool = True, pth: bool = False) -> subprocess.
     )
 
 
+OWN = "trainer's own exit handler"
+SETTLED = [OWN, "settle: group open: False"]  # destroyed, its threads joined: nothing to wait for
+WAITED = [*SETTLED, "settle: waits"]
+
+
+def exits(kind: str, code: int = 3, **how: bool) -> list[str]:
+    """The trainer's stdout lines, once it exited with `code`."""
+    done = trainer(kind, **how)
+    assert done.returncode == code, done.stderr
+    return done.stdout.splitlines()
+
+
 def test_a_gloo_group_left_open_is_destroyed_after_the_trainers_handlers_and_its_code_stands():
-    done = trainer("group")
-    assert done.returncode == 3, done.stderr
-    lines = done.stdout.splitlines()
-    # destroyed, its threads joined: nothing left to wait for
-    assert lines == ["trainer's own exit handler", "settle: group open: False"], done.stdout
+    assert exits("group") == SETTLED
 
 
 def test_gloo_threads_still_alive_after_destroy_are_waited_for():
-    done = trainer("kept")
-    assert done.returncode == 3, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines == [
-        "trainer's own exit handler",
-        "settle: group open: False",
-        "settle: waits",
-    ], done.stdout
+    assert exits("kept") == WAITED
 
 
 def test_a_trainer_that_only_imports_torch_exits_at_once():
-    done = trainer("import")
-    assert done.returncode == 3, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines == ["trainer's own exit handler", "settle: group open: False"], done.stdout
+    assert exits("import") == SETTLED
 
 
 def test_nothing_happens_in_a_process_that_never_imported_torch():
-    done = trainer("python")
-    assert done.returncode == 3, done.stderr
-    assert done.stdout.splitlines() == ["trainer's own exit handler"], done.stdout
+    assert exits("python") == [OWN]
 
 
 def test_a_failing_trainer_exits_at_once():
     done = trainer("raise")
     assert done.returncode == 1 and "ValueError: the trainer failed" in done.stderr
-    assert done.stdout.splitlines() == ["trainer's own exit handler"], done.stdout
+    assert done.stdout.splitlines() == [OWN], done.stdout
 
 
 def test_the_images_pth_line_alone_settles_a_group_left_open():
     """`python train.py` in the image with no `entrypoint run`: no site hook, the .pth line."""
-    done = trainer("group", site_hook=False, pth=True)
-    assert done.returncode == 3, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines == ["trainer's own exit handler", "settle: group open: False"], done.stdout
+    assert exits("group", site_hook=False, pth=True) == SETTLED
 
 
 def test_the_pth_line_and_the_site_hook_together_settle_once():
-    done = trainer("kept", site_hook=True, pth=True)
-    assert done.returncode == 3, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines == [
-        "trainer's own exit handler",
-        "settle: group open: False",
-        "settle: waits",
-    ], done.stdout
+    assert exits("kept", site_hook=True, pth=True) == WAITED
 
 
 def test_without_either_nothing_settles():
     """The control: the lines above come from the guard, not from torch."""
-    done = trainer("group", site_hook=False, pth=False)
-    assert done.returncode == 3, done.stderr
-    assert done.stdout.splitlines() == ["trainer's own exit handler"], done.stdout
+    assert exits("group", site_hook=False, pth=False) == [OWN]
