@@ -107,7 +107,8 @@ arch_args=()
 if [ "$ARCH" = arm64 ]; then
   arch_args=(--platform linux/arm64
              --build-arg "DS_CPU_ARCH=${DS_CPU_ARCH:--march=armv8.2-a}"
-             --build-arg "DS_SIMD_WIDTH=${DS_SIMD_WIDTH:--D__SCALAR__}")
+             --build-arg "DS_SIMD_WIDTH=${DS_SIMD_WIDTH:--D__SCALAR__}"
+             --build-arg UV_COMPILE_BYTECODE_TIMEOUT=1800)
   if [ "$CUDA" = 12 ]; then arch_args+=(--build-arg CUDA_TOOLKIT= --build-arg DS_CUDA_OPS=0); fi
 elif [ -n "$suffix" ]; then
   arch_args=(--platform linux/amd64)
