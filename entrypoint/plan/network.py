@@ -95,10 +95,14 @@ def settle(
 
 # torch's Flight Recorder for NCCL: each rank's last collectives, dumped when one times out, so
 # that a hang names the collective a rank never entered (torch's own analyzer reads the dumps).
+# The buffer's size: TORCH_FR_BUFFER_SIZE, which the images' torch (2.10, 2.14) reads; torch 2.13
+# and later warn on every rank that the older TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated, and
+# take it when it is set: either name set by you is kept.
 FLIGHT_RECORDER = {
-    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_FR_BUFFER_SIZE": "2000",
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
 }
+FLIGHT_RECORDER_OLD_NAMES = {"TORCH_FR_BUFFER_SIZE": ("TORCH_NCCL_TRACE_BUFFER_SIZE",)}
 
 
 def flight_recorder(
@@ -106,8 +110,10 @@ def flight_recorder(
 ) -> None:
     values = FLIGHT_RECORDER | {"TORCH_FR_DUMP_TEMP_FILE": f"{run_dir}/flight-recorder/rank_"}
     for name, value in values.items():
-        if name in env:
-            sources[name] = env_var(name, "(set by you, kept)")
+        names = (name, *FLIGHT_RECORDER_OLD_NAMES.get(name, ()))
+        given = next((each for each in names if each in env), None)
+        if given is not None:
+            sources[given] = env_var(given, "(set by you, kept)")
         else:
             out[name] = value
             sources[name] = by_default(

@@ -278,6 +278,25 @@ def test_network_interface_and_user_nccl_settings_win():
     assert plan.env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
 
 
+def test_gpu_nodes_get_torchs_flight_recorder_under_its_current_names_cpu_nodes_none():
+    plan = make_plan(SEED_004_WORKER_1, node(8), ["x"])
+    assert plan.env["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert plan.env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert plan.env["TORCH_FR_DUMP_TEMP_FILE"].endswith("/flight-recorder/rank_")
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in plan.env  # deprecated: torch warns on every rank
+    assert "Flight Recorder" in str(plan.sources["TORCH_FR_BUFFER_SIZE"])
+    cpu = make_plan(SEED_004_WORKER_1, node(0), ["x"])
+    assert not [name for name in cpu.env if name.startswith("TORCH_FR_")], cpu.env
+
+
+@pytest.mark.parametrize("name", ["TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"])
+def test_a_flight_recorder_buffer_set_under_either_name_is_kept(name):
+    plan = make_plan(SEED_004_WORKER_1 | {name: "50"}, node(8), ["x"])
+    assert "TORCH_FR_BUFFER_SIZE" not in plan.env and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in plan.env
+    assert str(plan.sources[name]) == f"env {name} (set by you, kept)"
+    assert plan.env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+
+
 def test_never_loopback_or_docker_bridge_between_nodes():
     plan = make_plan(SEED_004_WORKER_1 | {"RANK": "0"}, node(8, route="lo"), ["x"])
     assert plan.env["NCCL_SOCKET_IFNAME"] == "eth0"
