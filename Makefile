@@ -18,7 +18,7 @@ UV_COMPILE           := --generate-hashes --python-version 3.13 --custom-compile
 
 export ARCH CUDA IMAGE BASE_IMAGE OFFLINE_BASE_IMAGE TORCH_CUDA_ARCH_LIST
 
-.PHONY: help dev image smoke push base lock lint docs demo doctor test test-cu13 test-unit golden test-image bench-image bench-pull clean
+.PHONY: help dev image qemu smoke push base lock lint docs demo doctor test test-cu13 test-unit golden test-image bench-image bench-pull clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -37,6 +37,9 @@ dev: $(VENV)/.done ## Create .venv: the package in editable mode, test tools, a 
 
 image: ## Build the image IMAGE (pulls the base, or builds it offline if no registry answers; CUDA=13: torch 2.14, driver 580+, multinode:dev-cu13; ARCH=arm64: for Grace nodes, under QEMU)
 	docker/build.sh
+
+qemu: ## As root: run arm64 programs under Debian 13's QEMU 10 (binfmt_misc), which `make image CUDA=13 ARCH=arm64` needs on an amd64 machine (QEMU 7.2 crashes importing its torch)
+	docker/qemu.sh
 
 smoke: ## Smoke-test the built IMAGE of ARCH (run under QEMU for another architecture): imports, plan, CPU Adam, the CUDA ops' kernels
 	docker/smoke.sh $(IMAGE) $(ARCH)

@@ -24,6 +24,8 @@
 #   PROGRESS              BuildKit progress: auto, plain, tty  (auto)
 #   DOCKER                docker client with BuildKit          (found below)
 #   BUILD_ARGS            extra arguments for docker build
+#   BINFMT_AARCH64        binfmt_misc's entry for arm64 programs, read for ARCH=arm64 CUDA=13
+#                         (/proc/sys/fs/binfmt_misc/qemu-aarch64)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -112,6 +114,15 @@ if [ "$ARCH" = arm64 ]; then
   if [ "$CUDA" = 12 ]; then arch_args+=(--build-arg CUDA_TOOLKIT= --build-arg DS_CUDA_OPS=0); fi
 elif [ -n "$suffix" ]; then
   arch_args=(--platform linux/amd64)
+fi
+# Under emulation: PyPI's torch 2.14.1 for aarch64 dies as it is imported under QEMU 7.2
+# (Debian 12's qemu-user-static), at the DeepSpeed stage after an hour; QEMU 10.0 runs it.
+if [ "$ARCH" = arm64 ] && [ "$CUDA" = 13 ] && [ "$host_arch" != arm64 ]; then
+  interp=$(sed -n 's/^interpreter //p' "${BINFMT_AARCH64:-/proc/sys/fs/binfmt_misc/qemu-aarch64}" 2>/dev/null || true)
+  qemu=$( (exec -a qemu-aarch64 "$interp" --version) 2>/dev/null | sed -n 's/^qemu-aarch64 version \([0-9]*\)\..*/\1/p' || true)
+  if [ -z "$qemu" ] || [ "$qemu" -lt 8 ]; then
+    die "ARCH=arm64 CUDA=13: arm64 programs run under ${interp:-no QEMU} (QEMU ${qemu:-?}), where torch 2.14.1 for aarch64 crashes as it is imported: run \`make qemu\` (as root: Debian 13's QEMU 10 for arm64), then build again."
+  fi
 fi
 lock_sha=$(sha256sum "$lock" | cut -d' ' -f1)
 version=$(sed -n 's/^__version__ *= *["'\'']\([^"'\'']*\)["'\''].*/\1/p' entrypoint/__init__.py)

@@ -16,6 +16,10 @@ from pathlib import Path
 
 import pytest
 
+HOST = subprocess.run(
+    ["dpkg", "--print-architecture"], capture_output=True, text=True
+).stdout.strip()
+
 REPO = Path(__file__).resolve().parents[2]
 LOCKS = {
     "amd64": (REPO / "docker" / "requirements.lock", "x86_64-manylinux_2_28"),
@@ -84,24 +88,55 @@ exit 1
 """
 
 
-@pytest.mark.parametrize("arch", ["amd64", "arm64", "cu13-amd64", "cu13-arm64"])
-def test_make_image_arch_builds_for_that_platform_from_its_lock(arch, tmp_path):
+def qemu(tmp_path, version: str) -> Path:
+    """A stand-in binfmt_misc entry for arm64 programs, its interpreter saying `version`."""
+    interpreter = tmp_path / "aarch64-binfmt-P"
+    interpreter.write_text(f"#!/bin/sh\necho 'qemu-aarch64 version {version} (Debian)'\n")
+    interpreter.chmod(0o755)
+    entry = tmp_path / "qemu-aarch64"
+    entry.write_text(f"enabled\ninterpreter {interpreter}\nflags: PF\n")
+    return entry
+
+
+def build(arch: str, tmp_path, qemu_version: str = "10.0.13") -> subprocess.CompletedProcess:
+    """docker/build.sh for `arch` against a stand-in docker that records its arguments."""
     stub = tmp_path / "docker"
     stub.write_text(STUB)
     stub.chmod(0o755)
-    record = tmp_path / "args"
     env = {
         "PATH": os.environ["PATH"],
         "DOCKER": str(stub),
-        "RECORD": str(record),
+        "RECORD": str(tmp_path / "args"),
         "ARCH": arch.removeprefix("cu13-"),
         "CUDA": "13" if arch.startswith("cu13") else "12",
         "CA_BUNDLE": "none",
         "OFFLINE_BASE": "1",
+        "BINFMT_AARCH64": str(qemu(tmp_path, qemu_version)),
     }
-    proc = subprocess.run(
+    return subprocess.run(
         ["docker/build.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
     )
+
+
+def test_the_arm64_cuda_13_image_is_refused_under_qemu_7_with_the_fix(tmp_path):
+    """torch 2.14.1 for aarch64 crashes as it is imported under Debian 12's QEMU 7.2 (on an
+    arm64 host nothing is emulated, and nothing is checked)."""
+    proc = build("cu13-arm64", tmp_path, qemu_version="7.2.22")
+    if HOST == "arm64":
+        assert proc.returncode == 0, proc.stderr
+        return
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("make image: ARCH=arm64 CUDA=13: arm64 programs run under "), line
+    assert "(QEMU 7)" in line and "run `make qemu`" in line, line
+    assert not (tmp_path / "args").exists()  # nothing built
+    assert build("arm64", tmp_path, qemu_version="7.2.22").returncode == 0  # CUDA 12: CPU torch
+
+
+@pytest.mark.parametrize("arch", ["amd64", "arm64", "cu13-amd64", "cu13-arm64"])
+def test_make_image_arch_builds_for_that_platform_from_its_lock(arch, tmp_path):
+    record = tmp_path / "args"
+    proc = build(arch, tmp_path)
     assert proc.returncode == 0, proc.stderr
     args = record.read_text().splitlines()
     lock = LOCKS[arch][0]
