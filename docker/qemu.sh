@@ -6,8 +6,8 @@
 # It downloads trixie's qemu-user package with apt (signed by Debian's archive keys), keeps its
 # qemu-aarch64 under /usr/local/libexec/multinode-qemu and registers it in binfmt_misc as
 # `qemu-aarch64` (flags PF: argv[0] kept, the interpreter opened now so containers use it),
-# replacing the entry there. Needs root. Undo: `update-binfmts --enable qemu-aarch64`
-# (Debian's qemu-user-static entry) or a reboot.
+# replacing the entry there. Needs root. Undo (Debian's qemu-user-static entry back):
+# echo -1 >/proc/sys/fs/binfmt_misc/qemu-aarch64 && update-binfmts --enable qemu-aarch64
 set -euo pipefail
 die() { echo "make qemu: $*" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || die "registering in binfmt_misc needs root: run it as root."

@@ -29,7 +29,6 @@ import atexit
 import gc
 import os
 import sys
-import threading
 import time
 from types import ModuleType
 
@@ -44,6 +43,8 @@ _installed = False
 def native_threads() -> int | None:
     """This process's threads that Python did not start (gloo's, OpenMP's), or None unknown."""
     try:
+        import threading  # here, not as every Python process of the image starts: torch has it
+
         return len(os.listdir(_TASKS)) - threading.active_count()
     except OSError:
         return None

@@ -1,7 +1,7 @@
 """DeepSpeed's prebuilt CPU ops, loadable in every Python process of the image, on any CPU and on
-a read-only root. A .pth file in the image's site-packages calls install() as the interpreter
-starts (trainer_side/every_process.py); nothing happens until DeepSpeed's op builder is
-imported.
+a read-only root. A .pth file in the image's site-packages has in_this_process() called once
+DeepSpeed's op builder is imported (trainer_side/every_process.py); this module is not even
+imported before.
 
 The image prebuilds the CPU accelerator's ops into TORCH_EXTENSIONS_DIR for a pinned CPU level
 (docker/deepspeed_ops.py: -march=x86-64-v3 and AVX2 on x86-64) and has no compiler. At load,
@@ -41,9 +41,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
-from entrypoint.trainer_side.after_import import when_imported
-
-BUILDER = "deepspeed.ops.op_builder.builder"
 _ARCH = re.compile(r"^-m(arch|cpu)=\S+$")
 _SIMD = re.compile(r"^-D__(AVX\d+|SCALAR|SVE\w*|NEON\w*)__$")
 # The small files ninja reads (and may rewrite) are copied; the objects and the op are linked.
@@ -209,7 +206,7 @@ def _link_op(op: Path, dest: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
-def _in_this_process(module: ModuleType) -> None:
+def in_this_process(module: ModuleType) -> None:
     """Once DeepSpeed's builder is imported: its flags pinned, the shared ops loaded from the
     wheel, the ops' directory writable."""
     try:
@@ -223,12 +220,3 @@ def _in_this_process(module: ModuleType) -> None:
             print(f"entrypoint: {line}", file=sys.stderr, flush=True)
     except Exception as err:  # noqa: BLE001  never break the trainer's import of DeepSpeed
         print(f"entrypoint: prebuilt ops: {type(err).__name__}: {err}", file=sys.stderr)
-
-
-def install() -> None:
-    """Once DeepSpeed's op builder loads: the image's prebuilt ops are taken with their own
-    flags, and the CPU accelerator loads the ops the wheel shares. Raises nothing."""
-    try:
-        when_imported(BUILDER, _in_this_process)
-    except Exception:  # noqa: BLE001  never stop an interpreter from starting
-        pass
