@@ -173,15 +173,15 @@ class Registry:
             return json.load(r)
 
 
-def push(local: str, ref: str, compression: str) -> float:
+def push(local: str, ref: str, compression: str, tmpdir: Path | None = None) -> float:
     """docker/push.sh (skopeo from the Docker engine): gzip in a Docker v2 manifest, zstd in an
-    OCI one."""
+    OCI one; skopeo's copy of the image under TMPDIR (push.sh's default: /var/tmp)."""
     start = time.perf_counter()
+    env = {**os.environ, "IMAGE": local, "COMPRESSION": compression, "TLS_VERIFY": "false"}
+    if tmpdir is not None:
+        env["TMPDIR"] = str(tmpdir)
     proc = subprocess.run(
-        [str(REPO / "docker" / "push.sh"), ref],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "IMAGE": local, "COMPRESSION": compression, "TLS_VERIFY": "false"},
+        [str(REPO / "docker" / "push.sh"), ref], capture_output=True, text=True, env=env
     )
     if proc.returncode != 0:
         raise RuntimeError(f"docker/push.sh {ref} (IMAGE={local}): {proc.stderr[-2000:]}")

@@ -10,8 +10,13 @@
 # in parallel. Push each build under a new tag (the lock's hash, a version): nodes never
 # re-pull a tag they hold (imagePullPolicy: IfNotPresent).
 #
+# Room: the engine first writes the image out under its own folder (/var/lib/docker/tmp), and
+# skopeo copies that stream into a file under TMPDIR: the image's size free in each, twice
+# it when they share a disk. Checked before pushing.
+#
 # Settings (environment): IMAGE (multinode:dev), COMPRESSION, TLS_VERIFY (true; false for a
-# registry on loopback without TLS). Log in first with `skopeo login REGISTRY`.
+# registry on loopback without TLS), TMPDIR (/var/tmp; skopeo 1.9 reads only its --tmpdir,
+# which this passes). Log in first with `skopeo login REGISTRY`.
 set -euo pipefail
 IMAGE=${IMAGE:-multinode:dev}
 COMPRESSION=${COMPRESSION:-gzip}
@@ -24,8 +29,26 @@ case $COMPRESSION in
   zstd) format=oci ;;
   *) echo "push: COMPRESSION=$COMPRESSION: gzip or zstd" >&2; exit 2 ;;
 esac
+tmp=${TMPDIR:-/var/tmp}
+size=$(docker image inspect --format '{{.Size}}' "$IMAGE" 2>/dev/null) \
+  || { echo "push: IMAGE=$IMAGE: no such image here (make image, or set IMAGE)" >&2; exit 2; }
+engine_tmp=$(docker info --format '{{.DockerRootDir}}')/tmp
+free_bytes() { df -P --block-size=1 "$1" | awk 'NR==2 {print $4}'; }
+need_tmp=$size
+[ "$(stat -c %d "$tmp")" = "$(stat -c %d "$engine_tmp" 2>/dev/null || stat -c %d "$tmp")" ] \
+  && need_tmp=$((2 * size))
+for where in "$tmp:$need_tmp" "$engine_tmp:$size"; do
+  dir=${where%:*} need=${where##*:}
+  [ -d "$dir" ] || continue
+  free=$(free_bytes "$dir")
+  if [ "$free" -lt "$need" ]; then
+    awk -v dir="$dir" -v free="$free" -v need="$need" -v image="$IMAGE" 'BEGIN {
+      printf "push: %s has %.1f GB free; pushing %s needs %.1f GB there (the engine'"'"'s copy of the image, then skopeo'"'"'s): free some (docker image prune, docker builder prune), or set TMPDIR to another disk\n", dir, free / 1e9, image, need / 1e9 }' >&2
+    exit 2
+  fi
+done
 echo "==> pushing $IMAGE to $dest ($COMPRESSION layers, $format manifest)" >&2
-skopeo copy --quiet --dest-tls-verify="$TLS_VERIFY" --format "$format" \
+skopeo --tmpdir "$tmp" copy --quiet --dest-tls-verify="$TLS_VERIFY" --format "$format" \
   --dest-compress --dest-compress-format "$COMPRESSION" \
   "docker-daemon:$IMAGE" "docker://$dest"
 # skopeo 1.9 (Debian bookworm) reuses a layer that the registry holds in the other compression:

@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -73,30 +74,68 @@ def tools(unavailable):
         unavailable("containerd's overlay snapshots need root")
 
 
-def _room(image) -> None:
-    """skopeo copies the image out of the engine to a file under /var/tmp, then containerd
-    keeps the pulled blobs and their unpacked layers under the test's folder: each needs about
-    the image's size, one after the other. Short of room, say so before minutes of pushing."""
-    need = int(image.config["Size"]) * 1.7
-    for where in {Path("/var/tmp"), Path(tempfile.gettempdir())}:
+def _available_memory() -> int:
+    with open("/proc/meminfo") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return int(fields["MemAvailable"].split()[0]) * 1024
+
+
+REGISTRY_MEMORY = 6e9  # the registry's tmpfs: the zstd blobs
+
+
+def _by_disk(needs: dict[Path, float]) -> dict[int, tuple[Path, float]]:
+    """Bytes needed at once on each disk (st_dev), with a folder to name it by."""
+    disks: dict[int, tuple[Path, float]] = {}
+    for where, need in needs.items():
+        device = where.stat().st_dev
+        name, total = disks.get(device, (where, 0.0))
+        disks[device] = (name, total + need)
+    return disks
+
+
+def _room(image) -> bool:
+    """Pushing, the engine writes the image out under its own tmp folder while skopeo copies
+    that stream into a file (the image's size each, at once); pulling, containerd keeps the
+    blobs and their unpacked layers under the test's folder. skopeo's file goes to memory when
+    there is room beside the registry's (True), else to /var/tmp. Short of disk, say so before
+    minutes of pushing."""
+    size = int(image.config["Size"])
+    in_memory = _available_memory() > REGISTRY_MEMORY + size * 1.05 + 4e9
+    root = pull.sh("docker", "info", "--format", "{{.DockerRootDir}}").strip()
+    pushing = {Path(root) / "tmp": size} | ({} if in_memory else {Path("/var/tmp"): size})
+    pulling = {Path(tempfile.gettempdir()): size * 1.7}
+    need = _by_disk(pushing)
+    for device, (where, total) in _by_disk(pulling).items():
+        need[device] = (where, max(total, need.get(device, (where, 0.0))[1]))
+    for where, total in need.values():
         free = shutil.disk_usage(where).free
-        if free < need:
+        if free < total:
             pytest.fail(
                 f"{where} has {free / 1e9:.1f} GB free; pushing and pulling {image.tag} "
-                f"needs {need / 1e9:.1f} GB: free some (docker image prune, docker builder "
-                "prune --filter until=24h), then run it again",
+                f"needs {total / 1e9:.1f} GB there: free some (docker image prune, docker "
+                "builder prune --filter until=24h), then run it again",
                 pytrace=False,
             )
+    return in_memory
 
 
 @pytest.fixture(scope="module")
 def pushed(image, tools):
-    _room(image)
+    in_memory = _room(image)
     with tempfile.TemporaryDirectory(prefix="pull-test-") as tmp:
         # the blobs in memory: the disk holds containerd's copy, 14 GB, at the same time
-        with pull.Registry(Path(tmp), memory="6g") as registry:
+        with pull.Registry(Path(tmp), memory=f"{REGISTRY_MEMORY:.0f}") as registry:
             ref = f"{registry.host}/multinode:test"
-            pull.push(image.tag, ref, "zstd")
+            skopeo_tmp = Path(tmp) / "skopeo"
+            if in_memory:  # skopeo's copy of the image, deleted once pushed
+                skopeo_tmp.mkdir()
+                size = int(int(image.config["Size"]) * 1.05)
+                pull.sh("mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(skopeo_tmp))
+            try:
+                pull.push(image.tag, ref, "zstd", tmpdir=skopeo_tmp if in_memory else None)
+            finally:
+                if in_memory:
+                    subprocess.run(["umount", str(skopeo_tmp)], check=False)
             yield registry, ref, Path(tmp)
 
 
@@ -145,3 +184,23 @@ def test_containerd_pulls_the_split_image_and_runs_it(pushed, image):
         proc = node.ctr("run", "--rm", ref, "pull-test", "entrypoint", "--version", timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.startswith("entrypoint "), proc.stdout
+
+
+def test_push_short_of_room_says_where_before_copying(image, tools, tmp_path):
+    small = tmp_path / "small"
+    small.mkdir()
+    pull.sh("mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(small))
+    try:
+        proc = subprocess.run(
+            [str(REPO / "docker" / "push.sh"), "127.0.0.1:1/never:pushed"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "IMAGE": image.tag, "TMPDIR": str(small)},
+        )
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"push: {small} has 0.0 GB free;"), lines
+    assert f"pushing {image.tag} needs" in lines[0] and "set TMPDIR" in lines[0], lines
