@@ -219,7 +219,8 @@ def check_ranks(raw: Any) -> tuple[tuple, ...] | None:
 
 
 def check_stacks(raw: Any) -> tuple[dict, ...]:
-    """A node's ranks' stacks: {rank, steps, frames: [[file, line, function, source], ...]}."""
+    """A node's ranks' stacks: {rank, steps, frames: [[file, line, function, source], ...],
+    collectives (optional): see check_collectives}."""
     if type(raw) is not list or len(raw) > MAX_RANKS:
         raise BadMessage(f"ranks must be a list of at most {MAX_RANKS}")
     out = []
@@ -247,9 +248,35 @@ def check_stacks(raw: Any) -> tuple[dict, ...]:
                 "rank": int_field(r, "rank", -1, 1 << 30),
                 "steps": int_field(r, "steps", 0, 1 << 62),
                 "frames": checked,
+                "collectives": check_collectives(r.get("collectives", [])),
             }
         )
     return tuple(out)
+
+
+MAX_GROUPS = 16  # process groups per rank in a stacks answer
+
+
+def check_collectives(raw: Any) -> list[tuple[str, str, int, str, str]]:
+    """A rank's process groups' last collectives, as its Flight Recorder holds them:
+    [[group id, group description, sequence number, operation, sizes and types], ...]."""
+    if type(raw) is not list or len(raw) > MAX_GROUPS:
+        raise BadMessage(f"collectives must be a list of at most {MAX_GROUPS}")
+    out = []
+    for c in raw:
+        if type(c) is not list or len(c) != 5:
+            raise BadMessage("each collective must be [group, description, seq, op, detail]")
+        parts = dict(zip(("group", "description", "seq", "op", "detail"), c, strict=True))
+        out.append(  # a peer's words, logged by node 0: escaped
+            (
+                shown(str_field(parts, "group", 64), 64),
+                shown(str_field(parts, "description", 128), 128),
+                int_field(parts, "seq", 0, 1 << 62),
+                shown(str_field(parts, "op", 128), 128),
+                shown(str_field(parts, "detail", 128), 128),
+            )
+        )
+    return out
 
 
 # The figures a GPU may lack (entrypoint.supervise.gpu_stats): name and bounds.

@@ -40,7 +40,7 @@ from entrypoint.control.message_fields import (
     str_field,
     strings_field,
 )
-from entrypoint.control.progress import Frame, RankReport, RankStack
+from entrypoint.control.progress import Collective, Frame, RankReport, RankStack
 
 PROTOCOL = 2
 MAX_LINE = 1 << 20  # a hello with every package listed is 10-20 kB; nothing needs more
@@ -305,7 +305,9 @@ class Dump(Message):
 @dataclass(frozen=True)
 class Stacks(Message):
     """A node's answer to `dump`: each rank's main-thread stack, innermost frame first (`ranks`:
-    objects with rank, steps and frames, each frame [file, line, function, source])."""
+    objects with rank, steps and frames, each frame [file, line, function, source]), and the last
+    collective of each of its process groups that torch's Flight Recorder holds (`collectives`,
+    where the rank answered: [group, description, seq, op, detail])."""
 
     kind: ClassVar[str] = "stacks"
     ranks: tuple[dict, ...] = ()
@@ -316,7 +318,14 @@ class Stacks(Message):
 
     def stacks(self, member: int, host: str) -> list[RankStack]:
         return [
-            RankStack(member, host, r["rank"], r["steps"], tuple(Frame(*f) for f in r["frames"]))
+            RankStack(
+                member,
+                host,
+                r["rank"],
+                r["steps"],
+                tuple(Frame(*f) for f in r["frames"]),
+                tuple(Collective(*c) for c in r.get("collectives", ())),
+            )
             for r in self.ranks
         ]
 

@@ -243,12 +243,30 @@ class Frame:
 
 
 @dataclass(frozen=True)
+class Collective:
+    """A process group's last collective as one rank's Flight Recorder holds it."""
+
+    group: str  # torch's id of the group: "0" is the default group
+    description: str  # torch's: "default_pg", "undefined", or the name given by the trainer
+    seq: int  # the group's collective sequence number, the same on every member
+    op: str  # "nccl:all_reduce", "gloo:broadcast"
+    detail: str  # the input's type and sizes: "float [[4,5]]"
+
+    @property
+    def group_name(self) -> str:
+        if self.description and self.description != "undefined":
+            return f"process group {self.group} ({self.description})"
+        return f"process group {self.group}"
+
+
+@dataclass(frozen=True)
 class RankStack:
     member: int
     host: str
     rank: int
     steps: int
     frames: tuple[Frame, ...]  # the main thread's, innermost first
+    collectives: tuple[Collective, ...] = ()  # each group's last; none where it did not answer
 
     @property
     def place(self) -> tuple[str, int, str] | None:
@@ -320,6 +338,50 @@ def suspects(stacks: Sequence[RankStack]) -> list[RankStack]:
     return behind if len(behind) < len(stacks) else list(stacks)
 
 
+def never_entered(stacks: Sequence[RankStack], culprits: Sequence[RankStack]) -> str:
+    """What torch's Flight Recorder says of the ranks that answered: in the process group where
+    ranks are behind (a culprit's first), the collective some entered and the others never did;
+    when every rank answered, entered the same last collective of every group and waits in a
+    collective, that the wait is inside it; else ""."""
+    answered = [s for s in stacks if s.collectives]
+    if not answered:
+        return ""
+    groups: dict[str, dict[int, Collective]] = {}
+    for s in answered:
+        for c in s.collectives:
+            groups.setdefault(c.group, {})[s.rank] = c
+    blamed = {s.rank for s in culprits}
+    split = []
+    for group, last in groups.items():
+        top = max(c.seq for c in last.values())
+        behind = sorted(r for r, c in last.items() if c.seq < top)
+        if behind:
+            split.append((not blamed & set(behind), group != "0", group, top, behind))
+    silent = [s.rank for s in stacks if not s.collectives]
+    if not split:
+        # one that did not answer may be the one behind; one outside a collective is not in it
+        if silent or not all(s.waiting for s in stacks):
+            return ""
+        c = next(iter(groups.get("0", next(iter(groups.values()))).values()))
+        return (
+            f"torch's Flight Recorder: every rank entered collective #{c.seq} ({c.op}, "
+            f"{c.detail}) of {c.group_name} last: the wait is inside it"
+        )
+    *_, group, top, behind = min(split)
+    last = groups[group]
+    ahead = sorted(r for r, c in last.items() if c.seq == top)
+    c = last[ahead[0]]
+    by_seq: dict[int, list[int]] = {}
+    for r in behind:
+        by_seq.setdefault(last[r].seq, []).append(r)
+    lasts = ", ".join(f"#{seq} by {ranks_text(rs)}" for seq, rs in sorted(by_seq.items())[:3])
+    return (
+        f"torch's Flight Recorder: {ranks_text(behind)} never entered collective #{top} "
+        f"({c.op}, {c.detail}) of {c.group_name}, which {ranks_text(ahead)} entered; last "
+        f"entered: {lasts}" + (f"; {ranks_text(silent)} gave no record" if silent else "")
+    )
+
+
 def verdict(
     stacks: Sequence[RankStack], silent: float, name: Mapping[int, str], missing: Sequence[str] = ()
 ) -> tuple[int | None, str]:
@@ -352,6 +414,9 @@ def verdict(
         )
     if missing:
         head += f" ({', '.join(missing)} sent no stacks)"
+    flight = never_entered(stacks, [] if len(culprits) == len(stacks) else culprits)
+    if flight:
+        head += ". " + flight
     return first.member, head
 
 

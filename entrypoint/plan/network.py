@@ -88,27 +88,35 @@ def settle(
         sources["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = by_default(
             "default 1: fail on NCCL errors, never hang"
         )
-    if device == "cuda":
-        flight_recorder(env, str(settings.run_dir), out, sources)
+    flight_recorder(env, str(settings.run_dir), device, out, sources)
     return out, sources, warnings
 
 
-# torch's Flight Recorder for NCCL: each rank's last collectives, dumped when one times out, so
-# that a hang names the collective a rank never entered (torch's own analyzer reads the dumps).
-# The buffer's size: TORCH_FR_BUFFER_SIZE, which the images' torch (2.10, 2.14) reads; torch 2.13
-# and later warn on every rank that the older TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated, and
-# take it when it is set: either name set by you is kept.
-FLIGHT_RECORDER = {
-    "TORCH_FR_BUFFER_SIZE": "2000",
-    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-}
+# torch's Flight Recorder: each rank's last collectives (gloo's too), read by the entrypoint
+# when the ranks stop stepping (entrypoint.trainer_side.flight), so that a hang names the
+# collective a rank never entered; on GPU nodes NCCL also dumps them when one times out (torch's
+# own analyzer reads those dumps). The buffer's size: TORCH_FR_BUFFER_SIZE, which the images'
+# torch (2.10, 2.14) reads (2.10 records nothing without it); torch 2.13 and later warn on every
+# rank that the older TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated, and take it when it is set:
+# either name set by you is kept.
+FLIGHT_RECORDER = {"TORCH_FR_BUFFER_SIZE": "2000"}
+FLIGHT_RECORDER_GPU = {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
 FLIGHT_RECORDER_OLD_NAMES = {"TORCH_FR_BUFFER_SIZE": ("TORCH_NCCL_TRACE_BUFFER_SIZE",)}
 
 
 def flight_recorder(
-    env: Mapping[str, str], run_dir: str, out: dict[str, str], sources: dict[str, Source]
+    env: Mapping[str, str],
+    run_dir: str,
+    device: str,
+    out: dict[str, str],
+    sources: dict[str, Source],
 ) -> None:
-    values = FLIGHT_RECORDER | {"TORCH_FR_DUMP_TEMP_FILE": f"{run_dir}/flight-recorder/rank_"}
+    values = dict(FLIGHT_RECORDER)
+    why = "torch's Flight Recorder: each rank's last collectives, read when the ranks stop stepping"
+    if device == "cuda":
+        values |= FLIGHT_RECORDER_GPU
+        values["TORCH_FR_DUMP_TEMP_FILE"] = f"{run_dir}/flight-recorder/rank_"
+        why += "; on GPU nodes NCCL's, dumped into the run directory when one times out"
     for name, value in values.items():
         names = (name, *FLIGHT_RECORDER_OLD_NAMES.get(name, ()))
         given = next((each for each in names if each in env), None)
@@ -116,7 +124,4 @@ def flight_recorder(
             sources[given] = env_var(given, "(set by you, kept)")
         else:
             out[name] = value
-            sources[name] = by_default(
-                "torch's Flight Recorder on GPU nodes: each rank's last NCCL collectives, "
-                "dumped into the run directory when one times out"
-            )
+            sources[name] = by_default(why)

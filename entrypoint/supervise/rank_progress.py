@@ -6,6 +6,7 @@ stacks, dumped on node 0's request into the log directory and read back."""
 
 from __future__ import annotations
 
+import json
 import linecache
 import os
 import re
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from entrypoint.control.message_fields import MAX_FRAMES
 from entrypoint.control.progress import RankReport
+from entrypoint.trainer_side import flight
 from entrypoint.trainer_side.progress import (
     DUMP_SIGNAL,
     SOCKET_VARIABLE,
@@ -111,15 +113,27 @@ class Inbox:
         return out
 
     def dump(self, now: float) -> None:
-        """Ask every rank for its stacks (faulthandler, registered by the site hook)."""
+        """Ask every rank for its stacks (faulthandler, registered by the site hook) and its
+        process groups' last collectives (torch's Flight Recorder, read by a thread of the
+        rank's: entrypoint.trainer_side.flight)."""
         with self.lock:
-            pids = [r.pid for r in self.ranks.values()]
-        for pid in pids:
-            try:
-                os.kill(pid, DUMP_SIGNAL)
-            except OSError:
-                continue
+            ranks = list(self.ranks.values())
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as ask:
+            ask.setblocking(False)
+            for r in ranks:
+                self._collectives_file(r.rank, r.pid).unlink(missing_ok=True)  # no stale answer
+                try:
+                    os.kill(r.pid, DUMP_SIGNAL)
+                except OSError:
+                    continue
+                try:  # refused where no recorder answers (no process group, JAX): its stack only
+                    ask.sendto(b"dump", flight.address("\0" + self.name, r.pid))
+                except OSError:
+                    pass
         self.dumped_at = now
+
+    def _collectives_file(self, rank: int, pid: int) -> Path:
+        return self.stacks_dir / f"rank{rank}.pid{pid}.collectives.json"
 
     def dump_ready(self, now: float) -> bool:
         return self.dumped_at is not None and now - self.dumped_at >= DUMP_WAIT
@@ -138,8 +152,21 @@ class Inbox:
             except OSError:
                 text = ""
             frames = [list(f) for f in main_stack(text)[:MAX_FRAMES]]
-            out.append({"rank": rank, "steps": r.steps, "frames": frames})
+            entry = {"rank": rank, "steps": r.steps, "frames": frames}
+            collectives = self._collectives(rank, r.pid)
+            if collectives is not None:
+                entry["collectives"] = collectives
+            out.append(entry)
         return out
+
+    def _collectives(self, rank: int, pid: int) -> list | None:
+        """The rank's answer from its Flight Recorder, as it wrote it; None without one (node 0
+        checks each field)."""
+        try:
+            answer = json.loads(self._collectives_file(rank, pid).read_text()[: 1 << 16])
+        except (OSError, ValueError):
+            return None
+        return answer if isinstance(answer, list) else None
 
     def close(self) -> None:
         self.closed = True

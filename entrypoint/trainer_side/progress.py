@@ -48,6 +48,8 @@ from entrypoint.trainer_side.after_import import when_imported
 if TYPE_CHECKING:
     from torch.nn import Module
 
+    from entrypoint.trainer_side.flight import Answerer
+
 SOCKET_VARIABLE = "ENTRYPOINT_PROGRESS_SOCKET"  # "@name": the abstract socket \0name
 STACKS_VARIABLE = "ENTRYPOINT_STACKS_DIR"
 DUMP_SIGNAL = signal.SIGRTMIN + 6  # 40 on Linux: glibc keeps the first few, nobody uses this one
@@ -81,6 +83,7 @@ class Reporter:
         self.saving = 0  # nested saves (DeepSpeed's save calls torch.save)
         self.rank = self.local_rank = -1
         self.stack_file: IO[str] | None = None
+        self.flight: Answerer | None = None
         self.lock = threading.Lock()  # a save may run in another thread
 
     def step(self) -> None:
@@ -162,6 +165,9 @@ class Reporter:
         self.local_rank = int(os.environ.get("LOCAL_RANK", "-1") or -1)
         if self.stacks_dir:
             self._register_dump()
+            from entrypoint.trainer_side import flight  # json: only once a rank steps
+
+            self.flight = flight.start(self.address, self.stacks_dir, self.rank)
 
     def _register_dump(self) -> None:
         """Every thread's stack into this rank's file when DUMP_SIGNAL arrives."""

@@ -39,6 +39,7 @@ def test_a_sleeping_rank_is_named_with_its_stack_and_every_node_exits(image, doc
         line = next(x for x in node0.lines if "stopping every node (exit 124)" in x)
         assert "rank 3 on node 1" in line and "hang_trainer.py:" in line, line
         assert "time.sleep(3600)" in line, line
+        assert re.search(r"Flight Recorder: rank 3 never entered collective #\d+ \(gloo:", line)
         # The hang began at rank 3's 20th step; every node has exited within 90 s of it.
         hung = node0.when("rank 0 training")
         assert hung is not None

@@ -78,6 +78,10 @@ def test_a_rank_that_sleeps_is_named_with_its_stack_and_every_node_exits_124(tmp
     line = next(x for x in job.log(0).splitlines() if "stopping every node (exit 124)" in x)
     assert "rank 3 on node 1" in line and "hang_trainer.py:" in line, line
     assert "time.sleep(3600)" in line and "ranks 0-2 wait in" in line, line
+    # torch's Flight Recorder (the plan's TORCH_FR_BUFFER_SIZE, gloo's collectives): DDP's
+    # all-reduce of the next step, entered by ranks 0-2, never by rank 3
+    assert re.search(r"Flight Recorder: rank 3 never entered collective #\d+ \(gloo:", line), line
+    assert "which ranks 0-2 entered" in line, line
     assert "stopped by node 0: rank 3 on node 1" in job.log(1)
     stacks = list((tmp_path / "run" / "node1" / "logs" / "stacks").glob("rank3.pid*.txt"))
     assert stacks and "time.sleep" not in stacks[0].read_text()  # a builtin: the line is ours
@@ -90,6 +94,7 @@ def test_a_rank_in_a_recv_nobody_sends_is_named(tmp_path):
     assert job.wait(120) == [124, 124], job.log(0)[-3000:]
     line = next(x for x in job.log(0).splitlines() if "stopping every node (exit 124)" in x)
     assert "rank 1 on node 0" in line and "in recv (torch/distributed/" in line, line
+    assert "Flight Recorder: rank 1 never entered collective #" in line, line
 
 
 def test_a_pause_shorter_than_the_timeout_raises_nothing_and_equal_ranks_are_not_slow(tmp_path):

@@ -3,6 +3,7 @@ the site hook in a real torch process (trainer_side/progress.py, supervise/rank_
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -16,18 +17,20 @@ from entrypoint.control.conductor_terms import ALL, Limits, Send
 from entrypoint.control.message_fields import BadMessage
 from entrypoint.control.progress import (
     HANG_FLOOR,
+    Collective,
     Frame,
     JobProgress,
     RankReport,
     RankStack,
     hang_rule,
+    never_entered,
     slow_ranks,
     suspects,
     verdict,
 )
 from entrypoint.plan.errors import EXIT_HUNG
 from entrypoint.supervise.rank_progress import Inbox, main_stack
-from entrypoint.trainer_side import jax_cluster
+from entrypoint.trainer_side import flight, jax_cluster
 from entrypoint.trainer_side.progress import DUMP_SIGNAL
 
 SITE = "/venv/lib/python3.13/site-packages"
@@ -159,6 +162,95 @@ def test_no_stacks_at_all_still_gives_one_line():
     assert member is None and "node 1 (b) did not answer" in text
 
 
+# -- torch's Flight Recorder: the collective a rank never entered -------------------------------
+
+
+def _entry(seq, op="gloo:all_reduce", group=("0", "default_pg"), sizes=((4, 5),), p2p=False):
+    """One entry as torch 2.10 and 2.14 dump it (`_dump_fr_trace_json`), the fields read here."""
+    return {
+        "record_id": seq,
+        "process_group": list(group),
+        "collective_seq_id": 0 if p2p else seq,
+        "p2p_seq_id": seq if p2p else 0,
+        "profiling_name": op,
+        "input_sizes": [list(x) for x in sizes],
+        "input_dtypes": ["Float"],
+        "state": "scheduled",
+        "is_p2p": p2p,
+        "retired": True,
+    }
+
+
+def test_the_recorder_is_summed_up_as_each_groups_last_collective():
+    entries = [
+        _entry(1, group=("1", "undefined"), sizes=((3,),)),
+        _entry(20),
+        _entry(21, op="gloo:broadcast", sizes=((7,),)),
+        _entry(5, op="nccl:send", p2p=True),  # point-to-point: not a collective of the group
+        _entry(2, group=("1", "undefined"), sizes=((3,),)),
+    ]
+    assert flight.summary(entries) == [
+        ["0", "default_pg", 21, "gloo:broadcast", "float [[7]]"],
+        ["1", "undefined", 2, "gloo:all_reduce", "float [[3]]"],
+    ]
+    assert flight.summary([]) == []
+
+
+def _with(s, *collectives):
+    return RankStack(s.member, s.host, s.rank, s.steps, s.frames, tuple(collectives))
+
+
+def _last(seq, group="0", desc="default_pg", op="gloo:all_reduce", detail="float [[4,5]]"):
+    return Collective(group, desc, seq, op, detail)
+
+
+def test_the_recorder_names_the_collective_the_sleeping_rank_never_entered():
+    stacks = [_with(stack(r, BACKWARD), _last(21)) for r in range(3)]
+    stacks.append(_with(stack(3, SLEEP), _last(20)))
+    member, text = verdict(stacks, 31, {1: "node 1 (b)"})
+    assert member == 1 and text.startswith("rank 3 on node 1 (b) has not stepped for 31 s")
+    assert text.endswith(
+        ". torch's Flight Recorder: rank 3 never entered collective #21 (gloo:all_reduce, "
+        "float [[4,5]]) of process group 0 (default_pg), which ranks 0-2 entered; last "
+        "entered: #20 by rank 3"
+    ), text
+
+
+def test_the_recorder_picks_the_group_where_the_named_rank_is_behind():
+    sub = {"group": "1", "desc": "undefined"}
+    stacks = [
+        _with(stack(0, BACKWARD), _last(9), _last(4, **sub)),
+        _with(stack(1, BACKWARD), _last(8), _last(4, **sub)),  # behind on group 0 only
+        _with(stack(2, BACKWARD), _last(9), _last(5, **sub)),
+        _with(stack(3, SLEEP), _last(9), _last(3, **sub)),
+    ]
+    text = never_entered(stacks, [stacks[3]])
+    assert "ranks 1, 3" not in text and "never entered collective #5" in text, text
+    assert (
+        "of process group 1, which rank 2 entered; last entered: #3 by rank 3, #4 by ranks 0-1"
+        in text
+    )
+
+
+def test_the_recorder_says_the_wait_is_inside_only_when_every_rank_waits_in_it():
+    inside = [_with(stack(r, BACKWARD), _last(21, op="nccl:all_reduce")) for r in range(4)]
+    assert never_entered(inside, []).endswith(
+        "#21 (nccl:all_reduce, float [[4,5]]) of "
+        "process group 0 (default_pg) last: the wait is inside it"
+    )
+    asleep = [_with(stack(r, SLEEP), _last(21)) for r in range(2)]  # all outside collectives
+    assert never_entered(asleep, []) == ""
+    one_silent = inside[:3] + [stack(3, BACKWARD)]  # rank 3 gave no record: it may be behind
+    assert never_entered(one_silent, []) == ""
+    assert never_entered([stack(r, BACKWARD) for r in range(2)], []) == ""  # JAX: no recorder
+
+
+def test_the_recorder_names_ranks_that_gave_no_record():
+    stacks = [_with(stack(0, BACKWARD), _last(7)), _with(stack(1, SLEEP), _last(6))]
+    stacks.append(stack(2, BACKWARD))
+    assert never_entered(stacks, [stacks[1]]).endswith("#6 by rank 1; rank 2 gave no record")
+
+
 # -- slow ranks ---------------------------------------------------------------------------------
 
 
@@ -192,6 +284,11 @@ def test_a_beat_carries_its_ranks_and_stacks_come_back():
     assert isinstance(got, m.Stacks)
     assert got.stacks(1, "h")[0].frames == (Frame("t.py", 4, "main", "x()"),)
     assert isinstance(m.decode(m.encode(m.Dump(31.0)), m.FROM_NODE_0), m.Dump)
+    with_recorder = m.Stacks(
+        ({"rank": 3, "steps": 20, "frames": [], "collectives": [["0", "pg", 7, "op", "d"]]},)
+    )
+    (back_stack,) = m.decode(m.encode(with_recorder)).stacks(1, "h")
+    assert back_stack.collectives == (Collective("0", "pg", 7, "op", "d"),)
 
 
 @pytest.mark.parametrize(
@@ -203,6 +300,9 @@ def test_a_beat_carries_its_ranks_and_stacks_come_back():
         b'{"t":"stacks","ranks":[{"rank":1,"steps":2,"frames":[[1,2,3,4]]}]}',
         b'{"t":"stacks","ranks":[{"rank":1,"steps":2,"frames":' + b'[["f",1,"g",""]' * 1 + b"]}]}x",
         b'{"t":"dump"}',  # node 0's message, not a node's
+        b'{"t":"stacks","ranks":[{"rank":1,"steps":2,"frames":[],"collectives":[["0","p",-1,"o","d"]]}]}',
+        b'{"t":"stacks","ranks":[{"rank":1,"steps":2,"frames":[],"collectives":[["0","p",1,"o"]]}]}',
+        b'{"t":"stacks","ranks":[{"rank":1,"steps":2,"frames":[],"collectives":{"0":1}}]}',
     ],
 )
 def test_bad_progress_messages_are_refused(raw):
@@ -313,6 +413,85 @@ def test_the_site_hook_reports_steps_saves_and_its_stack(tmp_path):
         proc.kill()
         proc.wait()
         inbox.close()
+
+
+STRAGGLER = textwrap.dedent(
+    """
+    import os, sys, time, torch, torch.distributed as dist
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", init_method=sys.argv[1], rank=rank, world_size=2)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):  # DDP's work by hand: 2 all-reduces a step
+        model(torch.randn(2, 4)).sum().backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        opt.step()
+    print("stepped", flush=True)
+    if rank == 1:
+        time.sleep(60)  # never enters the next collective
+    else:
+        dist.all_reduce(torch.ones(5, 3))  # waits for rank 1
+    """
+)
+
+
+def test_each_rank_answers_with_its_recorder_and_the_one_behind_is_named(tmp_path):
+    """Two real gloo ranks with the site hook and the plan's TORCH_FR_BUFFER_SIZE: rank 1 sleeps
+    after 3 steps, rank 0 waits in the next all-reduce. Asked, each writes its process group's
+    last collective from torch's Flight Recorder; node 0's verdict names #7 as the one rank 1
+    never entered. Rank 0 answers from inside its all-reduce (the thread, not a signal)."""
+    inbox = Inbox(tmp_path / "stacks")
+    script = tmp_path / "train.py"
+    script.write_text(STRAGGLER)
+    procs = []
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    try:
+        for rank in (0, 1):
+            env = dict(os.environ) | inbox.env() | {"RANK": str(rank), "LOCAL_RANK": str(rank)}
+            env |= {"TORCH_FR_BUFFER_SIZE": "2000"}
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(jax_cluster.SITE_HOOK), env.get("PYTHONPATH", "")]
+            )
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(script), init], env=env, stdout=subprocess.PIPE, text=True
+                )
+            )
+        assert [p.stdout.readline().strip() for p in procs] == ["stepped", "stepped"]
+        time.sleep(0.5)
+        assert sorted(inbox.ranks) == [0, 1]
+        inbox.dump(time.monotonic())
+        time.sleep(1.0)
+        answers = inbox.stacks()
+        assert [a["collectives"] for a in answers] == [
+            [["0", "default_pg", 7, "gloo:all_reduce", "float [[5,3]]"]],
+            [["0", "default_pg", 6, "gloo:all_reduce", "float [[1]]"]],
+        ], answers
+        stacks = m.decode(m.encode(m.Stacks(tuple(answers)))).stacks(0, "h")
+        member, text = verdict(stacks, 31, {0: "node 0 (h)"})
+        assert text.startswith(
+            "rank 1 on node 0 (h) has not stepped for 31 s: in train.py:14 (time.sleep(60)"
+        )
+        assert "rank 1 never entered collective #7 (gloo:all_reduce, float [[5,3]])" in text
+        # asked again while rank 1 cannot answer (stopped): its last answer is not taken as new
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        inbox.dump(time.monotonic())
+        time.sleep(1.0)
+        again = inbox.stacks()
+        assert "collectives" in again[0] and "collectives" not in again[1], again
+        os.kill(procs[1].pid, signal.SIGCONT)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        inbox.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 EVALUATOR = textwrap.dedent(
