@@ -269,7 +269,8 @@ HUNG = {  # a rank hangs inside its optimizer step: tests/hang_wrapper.py runs t
 def test_a_hang_inside_a_users_trainer_is_named(docker_client, image, shape):
     """Rank 3 (node 1) sleeps inside an optimizer step of the Hugging Face Trainer with
     DeepSpeed, accelerate's quick tour or an FSDP2 trainer: node 0 names it with its stack and
-    every node exits 124, within ENTRYPOINT_HANG_TIMEOUT and a few seconds."""
+    the collective it never entered, and every node exits 124, within ENTRYPOINT_HANG_TIMEOUT
+    and a few seconds."""
     trainer = TRAINER_SHAPES[shape]
     command = ("python", "/tests/hang_wrapper.py", *trainer.command[1:])
     hang = {"ENTRYPOINT_HANG_TIMEOUT": "15", "HANG_RANK": "3", "HANG_STEP": HUNG[shape]}
@@ -283,7 +284,9 @@ def test_a_hang_inside_a_users_trainer_is_named(docker_client, image, shape):
         assert [n.exit_code for n in run.nodes] == [124, 124], run.log(80)
         line = next(x for x in run.nodes[0].lines if "stopping every node (exit 124)" in x)
         assert "rank 3 on node 1" in line and "hang_wrapper.py" in line, line
-        print(f"compat hang {shape}: {run.seconds:.1f} s")
+        # torch's Flight Recorder, read in the user's ranks: the collective the others entered
+        assert "Flight Recorder: rank 3 never entered collective #" in line, line
+        print(f"compat hang {shape}: {run.seconds:.1f} s; {line[line.index('Flight') :][:200]}")
 
 
 # Users' launch lines as they write them (docs/your-trainer.md, "Your launch line").
