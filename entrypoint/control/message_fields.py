@@ -227,22 +227,16 @@ def check_stacks(raw: Any) -> tuple[dict, ...]:
     for r in raw:
         if type(r) is not dict:
             raise BadMessage("each of ranks must be an object")
-        frames = r.get("frames")
-        if type(frames) is not list or len(frames) > MAX_FRAMES:
-            raise BadMessage(f"frames must be a list of at most {MAX_FRAMES}")
-        checked = []
-        for f in frames:
-            if type(f) is not list or len(f) != 4:
-                raise BadMessage("each frame must be [file, line, function, source]")
-            parts = dict(zip(("file", "line", "function", "source"), f, strict=True))
-            checked.append(  # a peer's words, logged by node 0: escaped
-                (
-                    shown(str_field(parts, "file", 1024), 1024),
-                    int_field(parts, "line", 0, 1 << 30),
-                    shown(str_field(parts, "function", 256), 256),
-                    shown(str_field(parts, "source", 512), 512),
-                )
+        frames = _rows(r.get("frames"), ("file", "line", "function", "source"), "frame", MAX_FRAMES)
+        checked = [  # a peer's words, logged by node 0: escaped
+            (
+                shown(str_field(parts, "file", 1024), 1024),
+                int_field(parts, "line", 0, 1 << 30),
+                shown(str_field(parts, "function", 256), 256),
+                shown(str_field(parts, "source", 512), 512),
             )
+            for parts in frames
+        ]
         out.append(
             {
                 "rank": int_field(r, "rank", -1, 1 << 30),
@@ -260,23 +254,29 @@ MAX_GROUPS = 16  # process groups per rank in a stacks answer
 def check_collectives(raw: Any) -> list[tuple[str, str, int, str, str]]:
     """A rank's process groups' last collectives, as its Flight Recorder holds them:
     [[group id, group description, sequence number, operation, sizes and types], ...]."""
-    if type(raw) is not list or len(raw) > MAX_GROUPS:
-        raise BadMessage(f"collectives must be a list of at most {MAX_GROUPS}")
-    out = []
-    for c in raw:
-        if type(c) is not list or len(c) != 5:
-            raise BadMessage("each collective must be [group, description, seq, op, detail]")
-        parts = dict(zip(("group", "description", "seq", "op", "detail"), c, strict=True))
-        out.append(  # a peer's words, logged by node 0: escaped
-            (
-                shown(str_field(parts, "group", 64), 64),
-                shown(str_field(parts, "description", 128), 128),
-                int_field(parts, "seq", 0, 1 << 62),
-                shown(str_field(parts, "op", 128), 128),
-                shown(str_field(parts, "detail", 128), 128),
-            )
+    fields = ("group", "description", "seq", "op", "detail")
+    return [  # a peer's words, logged by node 0: escaped
+        (
+            shown(str_field(parts, "group", 64), 64),
+            shown(str_field(parts, "description", 128), 128),
+            int_field(parts, "seq", 0, 1 << 62),
+            shown(str_field(parts, "op", 128), 128),
+            shown(str_field(parts, "detail", 128), 128),
         )
-    return out
+        for parts in _rows(raw, fields, "collective", MAX_GROUPS)
+    ]
+
+
+def _rows(raw: Any, fields: tuple[str, ...], what: str, limit: int) -> list[dict]:
+    """`raw`, a list of at most `limit` lists of one value per field, as one dict per list."""
+    if type(raw) is not list or len(raw) > limit:
+        raise BadMessage(f"{what}s must be a list of at most {limit}")
+    rows = []
+    for item in raw:
+        if type(item) is not list or len(item) != len(fields):
+            raise BadMessage(f"each {what} must be [{', '.join(fields)}]")
+        rows.append(dict(zip(fields, item, strict=True)))
+    return rows
 
 
 # The figures a GPU may lack (entrypoint.supervise.gpu_stats): name and bounds.
