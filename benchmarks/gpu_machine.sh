@@ -15,6 +15,8 @@
 #             restart resumes from the checkpoint; /metrics scraped while it trains
 #   jax       the built-in JAX job on the GPU
 #   allreduce entrypoint doctor --allreduce (NCCL, one rank)
+#   flight    NCCL's Flight Recorder read and summed up as a rank answers a hang (one rank:
+#             NCCL will not put two ranks on one GPU), its entries and the time to read them
 #   health    the checks before a start against this GPU's NVML (timed), its readings (ECC,
 #             row remapping, NVLinks, fabric domain), NVML's event wait for 20 s: no event
 #             expected on a healthy GPU; the deepspeed part also counts health lines in its log
@@ -26,7 +28,7 @@ scrape() { python3 -c "import sys, urllib.request as u; sys.stdout.write(u.urlop
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu-machine}
 WHEELS=$(cd "${WHEELS:-.whl}" && pwd) || exit 1
-PARTS=${PARTS:-doctor health kernels deepspeed jax allreduce spare}  # GPUS=0: the spare part on CPU (a dry run)
+PARTS=${PARTS:-doctor health kernels deepspeed jax allreduce flight spare}  # GPUS=0: the spare part on CPU (a dry run)
 mkdir -p "$OUT"
 repo=$PWD
 say() { printf '\n== %s (%s s)\n' "$*" "$SECONDS"; }
@@ -162,6 +164,25 @@ if has allreduce; then
   say "doctor --allreduce"
   timeout 180 python3 -m entrypoint doctor --allreduce >"$OUT/allreduce.log" 2>&1
   echo "exit $?"; grep -A12 "^all-reduce" "$OUT/allreduce.log"
+fi
+
+if has flight; then
+  say "NCCL's Flight Recorder summed up as a hung rank's answer (trainer_side/flight.py)"
+  TORCH_FR_BUFFER_SIZE=2000 timeout 120 python3 - >"$OUT/flight.log" 2>&1 <<'PY'
+import os, time, torch, torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29850")
+dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+for n in (1, 1 << 10, 1 << 20):
+    dist.all_reduce(torch.ones(n, device="cuda"))
+torch.cuda.synchronize()
+from entrypoint.trainer_side import flight
+start = time.perf_counter()
+entries = flight._entries()
+print(f"{len(entries)} entries read in {(time.perf_counter() - start) * 1e3:.1f} ms")
+print("summary:", flight.summary(entries))
+dist.destroy_process_group()
+PY
+  echo "exit $?"; tail -3 "$OUT/flight.log"
 fi
 
 if has spare; then
