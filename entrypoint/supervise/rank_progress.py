@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from entrypoint.control.message_fields import MAX_FRAMES
+from entrypoint.control.message_fields import MAX_FRAMES, BadMessage, check_collectives
 from entrypoint.control.progress import RankReport
 from entrypoint.trainer_side import flight
 from entrypoint.trainer_side.progress import (
@@ -160,13 +160,14 @@ class Inbox:
         return out
 
     def _collectives(self, rank: int, pid: int) -> list | None:
-        """The rank's answer from its Flight Recorder, as it wrote it; None without one (node 0
-        checks each field)."""
+        """The rank's answer from its Flight Recorder, as it wrote it; None without one, or with
+        one that node 0 would not take."""
         try:
             answer = json.loads(self._collectives_file(rank, pid).read_text()[: 1 << 16])
-        except (OSError, ValueError):
+            check_collectives(answer)  # node 0 would refuse the whole node's answer
+        except (OSError, ValueError, BadMessage):
             return None
-        return answer if isinstance(answer, list) else None
+        return answer
 
     def close(self) -> None:
         self.closed = True

@@ -34,7 +34,8 @@ DETAIL = 80  # characters of an operation's sizes and types
 def summary(entries: Iterable[Mapping[str, Any]]) -> list[list]:
     """Each process group's last collective (not point-to-point) of the recorder's entries:
     [group id, group description, sequence number, operation, sizes and types], the groups in
-    the order they were first seen, the default group (id "0") first."""
+    the order they were first seen, the default group (id "0") first; each text within what
+    node 0 takes (control/message_fields.check_collectives)."""
     last: dict[str, Mapping[str, Any]] = {}
     for e in entries:
         seq = e.get("collective_seq_id")
@@ -52,7 +53,7 @@ def summary(entries: Iterable[Mapping[str, Any]]) -> list[list]:
         detail = f"{str(types[0]).lower() if types else '?'} {sizes}"
         desc = str(names[1]) if len(names) > 1 else ""
         op = str(e.get("profiling_name") or "?")
-        out.append([gid, desc, e["collective_seq_id"], op, detail[:DETAIL]])
+        out.append([gid[:64], desc[:128], e["collective_seq_id"], op[:128], detail[:DETAIL]])
     return out[:MAX_GROUPS]
 
 

@@ -14,7 +14,7 @@ import pytest
 from entrypoint.control import messages as m
 from entrypoint.control.conductor import Conductor
 from entrypoint.control.conductor_terms import ALL, Limits, Send
-from entrypoint.control.message_fields import BadMessage
+from entrypoint.control.message_fields import BadMessage, check_collectives
 from entrypoint.control.progress import (
     HANG_FLOOR,
     Collective,
@@ -29,7 +29,7 @@ from entrypoint.control.progress import (
     verdict,
 )
 from entrypoint.plan.errors import EXIT_HUNG
-from entrypoint.supervise.rank_progress import Inbox, main_stack
+from entrypoint.supervise.rank_progress import Inbox, Rank, main_stack
 from entrypoint.trainer_side import flight, jax_cluster
 from entrypoint.trainer_side.progress import DUMP_SIGNAL
 
@@ -194,6 +194,21 @@ def test_the_recorder_is_summed_up_as_each_groups_last_collective():
         ["1", "undefined", 2, "gloo:all_reduce", "float [[3]]"],
     ]
     assert flight.summary([]) == []
+    named = flight.summary([_entry(3, group=("2", "x" * 500), op="gloo:" + "y" * 500)])
+    check_collectives(named)  # a long name given by the trainer: clipped, node 0 takes it
+
+
+def test_an_answer_node_0_would_refuse_is_dropped_not_sent(tmp_path):
+    inbox = Inbox(tmp_path)
+    try:
+        inbox.ranks[0] = Rank(0, 0, os.getpid())
+        for text in ("[[1, 2]]", "not json", '[["0", "d", -1, "op", "x"]]'):
+            (tmp_path / f"rank0.pid{os.getpid()}.collectives.json").write_text(text)
+            assert "collectives" not in inbox.stacks()[0], text
+        (tmp_path / f"rank0.pid{os.getpid()}.collectives.json").write_text('[["0","d",1,"o","x"]]')
+        assert inbox.stacks()[0]["collectives"] == [["0", "d", 1, "o", "x"]]
+    finally:
+        inbox.close()
 
 
 def _with(s, *collectives):
