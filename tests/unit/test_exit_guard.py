@@ -105,5 +105,12 @@ def test_the_pth_line_and_the_site_hook_together_settle_once():
 
 
 def test_without_either_nothing_settles():
-    """The control: the lines above come from the guard, not from torch."""
-    assert exits("group", site_hook=False, pth=False) == [OWN]
+    """The control: the lines above come from the guard, not from torch. Without the guard the
+    exit may also die of the race the guard is for: a gloo thread takes the GIL during the
+    interpreter's teardown, `terminate called without an active exception`, SIGABRT (seen here
+    once in this test, as in CI's run of the CUDA 13 image before the .pth line installed it)."""
+    done = trainer("group", site_hook=False, pth=False)
+    assert done.returncode == 3 or (
+        done.returncode == -6 and "terminate called without an active exception" in done.stderr
+    ), done.stderr
+    assert done.stdout.splitlines() == [OWN]
