@@ -44,10 +44,8 @@ RANK = textwrap.dedent(
         sys.path.insert(0, sys.argv[4])
         from entrypoint.trainer_side import flight
         out = os.path.join(sys.argv[5], "x")
-        writer = flight.Answerer.__new__(flight.Answerer)
-        writer.path = out
         begin = time.perf_counter()
-        writer.write()
+        flight.write(out)
         answer = [time.perf_counter() - begin, len(flight._entries()), open(out).read()]
     print(json.dumps([took / n, answer]), flush=True)
     dist.destroy_process_group()

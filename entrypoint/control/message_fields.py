@@ -249,21 +249,26 @@ def check_stacks(raw: Any) -> tuple[dict, ...]:
 
 
 MAX_GROUPS = 16  # process groups per rank in a stacks answer
+COLLECTIVE_FIELDS = ("group", "description", "seq", "op", "detail")
+COLLECTIVE_TEXT = {"group": 64, "description": 128, "op": 128, "detail": 128}  # characters
 
 
 def check_collectives(raw: Any) -> list[tuple[str, str, int, str, str]]:
     """A rank's process groups' last collectives, as its Flight Recorder holds them:
     [[group id, group description, sequence number, operation, sizes and types], ...]."""
-    fields = ("group", "description", "seq", "op", "detail")
+
+    def text(parts: dict, key: str) -> str:
+        return shown(str_field(parts, key, COLLECTIVE_TEXT[key]), COLLECTIVE_TEXT[key])
+
     return [  # a peer's words, logged by node 0: escaped
         (
-            shown(str_field(parts, "group", 64), 64),
-            shown(str_field(parts, "description", 128), 128),
+            text(parts, "group"),
+            text(parts, "description"),
             int_field(parts, "seq", 0, 1 << 62),
-            shown(str_field(parts, "op", 128), 128),
-            shown(str_field(parts, "detail", 128), 128),
+            text(parts, "op"),
+            text(parts, "detail"),
         )
-        for parts in _rows(raw, fields, "collective", MAX_GROUPS)
+        for parts in _rows(raw, COLLECTIVE_FIELDS, "collective", MAX_GROUPS)
     ]
 
 

@@ -17,7 +17,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from entrypoint.control.message_fields import MAX_FRAMES, BadMessage, check_collectives
+from entrypoint.control.message_fields import (
+    COLLECTIVE_FIELDS,
+    COLLECTIVE_TEXT,
+    MAX_FRAMES,
+    MAX_GROUPS,
+    BadMessage,
+    check_collectives,
+)
 from entrypoint.control.progress import RankReport
 from entrypoint.trainer_side import flight
 from entrypoint.trainer_side.progress import (
@@ -160,14 +167,19 @@ class Inbox:
         return out
 
     def _collectives(self, rank: int, pid: int) -> list | None:
-        """The rank's answer from its Flight Recorder, as it wrote it; None without one, or with
-        one that node 0 would not take."""
+        """The rank's answer from its Flight Recorder, its texts and groups cut to what node 0
+        takes; None without one, or with one that node 0 would not take."""
         try:
             answer = json.loads(self._collectives_file(rank, pid).read_text()[: 1 << 16])
-            check_collectives(answer)  # node 0 would refuse the whole node's answer
-        except (OSError, ValueError, BadMessage):
+            fitted = [
+                [v[: COLLECTIVE_TEXT[k]] if k in COLLECTIVE_TEXT and type(v) is str else v
+                 for k, v in zip(COLLECTIVE_FIELDS, c, strict=True)]
+                for c in answer[:MAX_GROUPS]
+            ]  # fmt: skip
+            check_collectives(fitted)  # node 0 would refuse the whole node's answer
+        except (OSError, ValueError, TypeError, BadMessage):
             return None
-        return answer
+        return fitted
 
     def close(self) -> None:
         self.closed = True

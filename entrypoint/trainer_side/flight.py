@@ -27,15 +27,14 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-MAX_GROUPS = 16  # process groups summed up per rank (FSDP and pipelines make a few)
 DETAIL = 80  # characters of an operation's sizes and types
 
 
 def summary(entries: Iterable[Mapping[str, Any]]) -> list[list]:
     """Each process group's last collective (not point-to-point) of the recorder's entries:
     [group id, group description, sequence number, operation, sizes and types], the groups in
-    the order they were first seen, the default group (id "0") first; each text within what
-    node 0 takes (control/message_fields.check_collectives)."""
+    the order they were first seen, the default group (id "0") first (the node cuts them to
+    what node 0 takes)."""
     last: dict[str, Mapping[str, Any]] = {}
     for e in entries:
         seq = e.get("collective_seq_id")
@@ -53,8 +52,8 @@ def summary(entries: Iterable[Mapping[str, Any]]) -> list[list]:
         detail = f"{str(types[0]).lower() if types else '?'} {sizes}"
         desc = str(names[1]) if len(names) > 1 else ""
         op = str(e.get("profiling_name") or "?")
-        out.append([gid[:64], desc[:128], e["collective_seq_id"], op[:128], detail[:DETAIL]])
-    return out[:MAX_GROUPS]
+        out.append([gid, desc, e["collective_seq_id"], op, detail[:DETAIL]])
+    return out
 
 
 def _entries() -> list[dict]:
@@ -94,13 +93,18 @@ class Answerer:
             self.write()
 
     def write(self) -> None:
-        try:
-            text = json.dumps(summary(_entries()))
-            with open(self.path + ".part", "w") as f:
-                f.write(text)
-            os.replace(self.path + ".part", self.path)
-        except OSError:
-            pass
+        write(self.path)
+
+
+def write(path: str) -> None:
+    """This process's summary into `path` (whole or not at all)."""
+    try:
+        text = json.dumps(summary(_entries()))
+        with open(path + ".part", "w") as f:
+            f.write(text)
+        os.replace(path + ".part", path)
+    except OSError:
+        pass
 
 
 def address(progress_address: str, pid: int) -> str:

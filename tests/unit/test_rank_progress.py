@@ -1,6 +1,7 @@
 """Every rank's progress: the pure rules (control/progress.py), the wire, the node's inbox and
 the site hook in a real torch process (trainer_side/progress.py, supervise/rank_progress.py)."""
 
+import json
 import os
 import signal
 import socket
@@ -194,8 +195,6 @@ def test_the_recorder_is_summed_up_as_each_groups_last_collective():
         ["1", "undefined", 2, "gloo:all_reduce", "float [[3]]"],
     ]
     assert flight.summary([]) == []
-    named = flight.summary([_entry(3, group=("2", "x" * 500), op="gloo:" + "y" * 500)])
-    check_collectives(named)  # a long name given by the trainer: clipped, node 0 takes it
 
 
 def test_an_answer_node_0_would_refuse_is_dropped_not_sent(tmp_path):
@@ -207,6 +206,14 @@ def test_an_answer_node_0_would_refuse_is_dropped_not_sent(tmp_path):
             assert "collectives" not in inbox.stacks()[0], text
         (tmp_path / f"rank0.pid{os.getpid()}.collectives.json").write_text('[["0","d",1,"o","x"]]')
         assert inbox.stacks()[0]["collectives"] == [["0", "d", 1, "o", "x"]]
+        # a long name given by the trainer, and more groups than node 0 takes: cut, then taken
+        named = flight.summary(
+            [_entry(3, group=(str(g), "x" * 500), op="gloo:" + "y" * 500) for g in range(20)]
+        )
+        (tmp_path / f"rank0.pid{os.getpid()}.collectives.json").write_text(json.dumps(named))
+        taken = inbox.stacks()[0]["collectives"]
+        check_collectives(taken)
+        assert len(taken) == 16 and taken[0][1] == "x" * 128 and taken[0][3] == "gloo:" + "y" * 123
     finally:
         inbox.close()
 
