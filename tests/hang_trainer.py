@@ -8,9 +8,11 @@ HANG_SECONDS before every forward from HANG_STEP on), evaluate (at HANG_STEP eve
 evaluates for HANG_SECONDS, as a Trainer does: `model.eval()`, forward passes without gradients
 and an all-reduce of the loss, then trains on; 10 steps later again, and HANG_RANK, if any,
 sleeps for an hour inside that second evaluation);
-STEPS: steps in all (default 200); STEP_SECONDS: every rank's own work a step (default 0.05).
+STEPS: steps in all (default 200); STEP_SECONDS: every rank's own work a step (default 0.05);
+PG_TIMEOUT: the process group's timeout in seconds, as a trainer passes it (default: torch's).
 """
 
+import datetime
 import os
 import time
 
@@ -46,7 +48,9 @@ def evaluate(model, loss_fn, seconds, work, hang):
 
 
 def main():
-    dist.init_process_group("gloo")
+    pg_timeout = os.environ.get("PG_TIMEOUT")
+    timeout = datetime.timedelta(seconds=float(pg_timeout)) if pg_timeout else None
+    dist.init_process_group("gloo", timeout=timeout)
     rank = dist.get_rank()
     hang_rank = int(os.environ.get("HANG_RANK", "-1"))
     hang_step = int(os.environ.get("HANG_STEP", "20"))

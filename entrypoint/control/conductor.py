@@ -176,13 +176,35 @@ class Conductor:
                 state.history.append(state.stats.get("gpus") or [])
             if message.ranks is not None and self.job.phase == RUN and member in self.job.seats:
                 self.job.progress.beat(member, message.reports(), now)
+                return self._check_hang_setting()
         return []
+
+    def _check_hang_setting(self) -> list[Action]:
+        """Once: an ENTRYPOINT_HANG_TIMEOUT the trainer's own collective timeout fires before
+        (torch's error then names no rank)."""
+        setting, group = self.job.limits.hang_timeout, self.job.progress.group_timeout()
+        if self.job.hang_setting_warned or not setting or group is None or setting < group:
+            return []
+        self.job.hang_setting_warned = True
+        return [
+            Log(
+                "warning",
+                f"ENTRYPOINT_HANG_TIMEOUT={setting:g} is not below the trainer's process-group "
+                f"timeout ({group:g} s, as its ranks report it): a rank that hangs fails the job "
+                "with torch's timeout first, naming no rank; set ENTRYPOINT_HANG_TIMEOUT below "
+                f"{group:g}, or unset it (learned, below that timeout)",
+            )
+        ]
 
     def hang_rule(self) -> HangRule:
         """The hang timeout in force: ENTRYPOINT_HANG_TIMEOUT, or learned from the steps."""
         p = self.job.progress
         return hang_rule(
-            self.job.limits.hang_timeout, p.longest, p.warmed, self.job.limits.collective_timeout
+            self.job.limits.hang_timeout,
+            p.longest,
+            p.warmed,
+            self.job.limits.collective_timeout,
+            p.group_timeout(),
         )
 
     def stacks(self, member: int, message: Stacks, now: float) -> list[Action]:

@@ -168,6 +168,7 @@ class JobState:
     progress: JobProgress = field(default_factory=JobProgress)  # every rank's steps
     probe: StackProbe | None = None  # the stacks asked for, once ranks stopped stepping
     slow_ranks: dict[tuple[int, int], str] = field(default_factory=dict)
+    hang_setting_warned: bool = False  # ENTRYPOINT_HANG_TIMEOUT is not below torch's timeout
     # health (supervise/health.py): events by (member, kind); members taken out, with why
     health_events: dict[tuple[int, str], int] = field(default_factory=dict)
     sick: dict[int, str] = field(default_factory=dict)

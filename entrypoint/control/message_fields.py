@@ -188,21 +188,23 @@ def check_stats(raw: Any) -> dict:
 
 MAX_RANKS = 4096  # ranks one beat reports: a node of 256 GPUs has 256
 MAX_FRAMES = 40  # frames of one rank's stack sent to node 0
+MAX_TIMEOUT = 1e9  # seconds of a process group's timeout (torch's own are 600 and 1800)
 
 
 def check_ranks(raw: Any) -> tuple[tuple, ...] | None:
-    """A beat's ranks: [rank, steps, age, lead or null, longest, saving(, evaluated)] each:
-    `evaluated`, seconds since the rank's last forward pass in evaluation, only when it ran
-    one."""
+    """A beat's ranks: [rank, steps, age, lead or null, longest, saving(, evaluated(,
+    timeout)))] each: `evaluated`, seconds since the rank's last forward pass in evaluation
+    (null: none; left out when the rank ran none and has no timeout), `timeout`, its default
+    process group's collective timeout in seconds, once known."""
     if raw is None:
         return None
     if type(raw) is not list or len(raw) > MAX_RANKS:
         raise BadMessage(f"ranks must be a list of at most {MAX_RANKS}")
     out = []
     for r in raw:
-        if type(r) is not list or len(r) not in (6, 7):
-            raise BadMessage("each of ranks must be a list of 6 or 7")
-        names = ("rank", "steps", "age", "lead", "longest", "saving", "evaluated")
+        if type(r) is not list or len(r) not in (6, 7, 8):
+            raise BadMessage("each of ranks must be a list of 6 to 8")
+        names = ("rank", "steps", "age", "lead", "longest", "saving", "evaluated", "timeout")
         fields = dict(zip(names, r, strict=False))
         checked: tuple = (
             int_field(fields, "rank", -1, 1 << 30),
@@ -212,8 +214,15 @@ def check_ranks(raw: Any) -> tuple[tuple, ...] | None:
             max(0.0, float_field(fields, "longest")),
             int_field(fields, "saving", 0, 1),
         )
-        if len(r) == 7:
+        if len(r) == 7 or (len(r) == 8 and fields["evaluated"] is not None):
             checked += (max(0.0, float_field(fields, "evaluated")),)
+        elif len(r) == 8:
+            checked += (None,)
+        if len(r) == 8:
+            timeout = float_field(fields, "timeout")
+            if not 0 < timeout <= MAX_TIMEOUT:
+                raise BadMessage(f"timeout must be above 0 and at most {MAX_TIMEOUT:g}")
+            checked += (timeout,)
         out.append(checked)
     return tuple(out)
 

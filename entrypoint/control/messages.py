@@ -117,7 +117,8 @@ class Hello(Message):
 class Beat(Message):
     """Alive. From a node: its GPUs' figures (`stats`) and its ranks' progress (`ranks`, each
     `RankReport.to_wire()`: rank, steps, seconds since its last step, mean seconds before
-    backward, longest step interval, saving)."""
+    backward, longest step interval, saving, seconds since its last forward pass in evaluation,
+    its process group's timeout)."""
 
     kind: ClassVar[str] = "beat"
     stats: dict = field(default_factory=dict)
@@ -129,8 +130,7 @@ class Beat(Message):
 
     def reports(self) -> list[RankReport]:
         return [
-            RankReport(r[0], r[1], r[2], r[3], r[4], bool(r[5]), r[6] if len(r) > 6 else None)
-            for r in self.ranks or ()
+            RankReport(r[0], r[1], r[2], r[3], r[4], bool(r[5]), *r[6:8]) for r in self.ranks or ()
         ]
 
 

@@ -45,11 +45,16 @@ class RankReport:
     saving: bool = False
     # seconds since its last forward pass in evaluation (None: none since its first step)
     evaluated: float | None = None
+    # its default process group's collective timeout, seconds (None: unknown)
+    timeout: float | None = None
 
     def to_wire(self) -> list:
         wire = [self.rank, self.steps, round(self.age, 3), self.lead, round(self.longest, 4),
                 int(self.saving)]  # fmt: skip
-        return wire if self.evaluated is None else [*wire, round(self.evaluated, 3)]
+        evaluated = None if self.evaluated is None else round(self.evaluated, 3)
+        if self.timeout is not None:
+            return [*wire, evaluated, round(self.timeout, 3)]
+        return wire if evaluated is None else [*wire, evaluated]
 
 
 @dataclass
@@ -60,6 +65,7 @@ class RankState:
     last_step: float = 0.0  # node 0's monotonic time
     last_active: float = 0.0  # its last step or forward pass in evaluation, node 0's time
     saving: bool = False
+    timeout: float | None = None  # its default process group's collective timeout, seconds
     interval: float | None = None  # mean step interval, from the steps between two beats
     leads: deque = field(default_factory=lambda: deque(maxlen=64))  # (now, mean lead)
     _prev: tuple[float, int] | None = None  # (last_step, steps) at the previous beat
@@ -72,19 +78,30 @@ class HangRule:
 
 
 def hang_rule(
-    setting: float | None, longest: float, warmed: bool, collective_timeout: float
+    setting: float | None,
+    longest: float,
+    warmed: bool,
+    collective_timeout: float,
+    group_timeout: float | None = None,
 ) -> HangRule:
     """ENTRYPOINT_HANG_TIMEOUT, else learned: max(HANG_FLOOR, HANG_FACTOR x the longest step
     interval seen after warm-up), capped at HANG_CAP_SHARE of the collective timeout (before
-    warm-up: the cap)."""
+    warm-up: the cap). The collective timeout: ENTRYPOINT_COLLECTIVE_TIMEOUT, or the trainer's
+    own process group's (`group_timeout`, as its ranks report it) where that is shorter, so
+    that the hang is named before torch's timeout fails the job naming no rank."""
     if setting is not None:
         return HangRule(setting, "ENTRYPOINT_HANG_TIMEOUT")
-    cap = HANG_CAP_SHARE * collective_timeout
+    if group_timeout is not None and group_timeout < collective_timeout:
+        cap = HANG_CAP_SHARE * group_timeout
+        capped = f"{HANG_CAP_SHARE:g} x the trainer's process-group timeout ({group_timeout:g} s)"
+    else:
+        cap = HANG_CAP_SHARE * collective_timeout
+        capped = f"{HANG_CAP_SHARE:g} x ENTRYPOINT_COLLECTIVE_TIMEOUT"
     if not warmed:
-        return HangRule(cap, f"{HANG_CAP_SHARE:g} x ENTRYPOINT_COLLECTIVE_TIMEOUT (warming up)")
+        return HangRule(cap, f"{capped} (warming up)")
     learned = max(HANG_FLOOR, HANG_FACTOR * longest)
     if learned >= cap:
-        return HangRule(cap, f"{HANG_CAP_SHARE:g} x ENTRYPOINT_COLLECTIVE_TIMEOUT")
+        return HangRule(cap, capped)
     return HangRule(
         learned,
         f"learned: {HANG_FACTOR:g} x the longest step seen ({longest:.2f} s), at least "
@@ -122,6 +139,7 @@ class JobProgress:
             if r.steps >= WARMUP_STEPS and r.longest > self.longest and state.steps >= WARMUP_STEPS:
                 self.longest = r.longest
             state.steps, state.saving = r.steps, r.saving
+            state.timeout = r.timeout if r.timeout is not None else state.timeout
             if r.lead is not None:
                 state.leads.append((now, r.lead))
         for key in [k for k in self.ranks if k[0] == member and k not in seen]:
@@ -135,6 +153,10 @@ class JobProgress:
         """A new start: the ranks of the last one are gone; goodput counts on."""
         self.ranks.clear()
         self._last_tick = None
+
+    def group_timeout(self) -> float | None:
+        """The shortest process-group timeout the ranks reported (None: none did)."""
+        return min((s.timeout for s in self.ranks.values() if s.timeout), default=None)
 
     @property
     def warmed(self) -> bool:

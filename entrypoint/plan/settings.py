@@ -211,7 +211,8 @@ class Settings(BaseModel):
             "collects every rank's stack, names the rank not where the others are, and every "
             "node exits 124 (a restart with ENTRYPOINT_MAX_RESTARTS). 0: off. Unset: learned, "
             "max(180, 10 x the longest step after 10 steps), at most 0.75 x "
-            "ENTRYPOINT_COLLECTIVE_TIMEOUT."
+            "ENTRYPOINT_COLLECTIVE_TIMEOUT or 0.75 x the trainer's own process-group timeout, "
+            "whichever is shorter (its ranks report it)."
         ),
     )
     grace_period: float = Field(

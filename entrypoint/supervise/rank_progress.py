@@ -50,6 +50,7 @@ class Rank:
     longest: float = 0.0
     saving: bool = False
     active: float = 0.0  # CLOCK_MONOTONIC of its last forward pass in evaluation (0: none)
+    timeout: float = 0.0  # its default process group's collective timeout, seconds (0: unknown)
 
 
 class Inbox:
@@ -89,7 +90,8 @@ class Inbox:
                 self._take(WIRE.unpack(data))
 
     def _take(self, fields: tuple) -> None:
-        version, rank, local, pid, steps, last, lead_sum, leads, longest, saving, active = fields
+        version, rank, local, pid, steps, last, lead_sum, leads, longest, saving, *rest = fields
+        active, timeout = rest
         if version != VERSION:
             return
         with self.lock:
@@ -97,6 +99,7 @@ class Inbox:
             if r is None or r.pid != pid:
                 r = self.ranks[rank] = Rank(rank, local, pid)
             r.steps, r.last_step, r.saving, r.active = steps, last, bool(saving), active
+            r.timeout = timeout
             r.lead_sum += lead_sum
             r.leads += leads
             r.longest = max(r.longest, longest)
@@ -114,7 +117,9 @@ class Inbox:
                 lead = round(r.lead_sum / r.leads, 5) if r.leads else None
                 age = max(0.0, now - r.last_step) if r.steps else 0.0
                 evaluated = max(0.0, now - r.active) if r.steps and r.active else None
-                report = RankReport(rank, r.steps, age, lead, r.longest, r.saving, evaluated)
+                report = RankReport(
+                    rank, r.steps, age, lead, r.longest, r.saving, evaluated, r.timeout or None
+                )
                 out.append(report.to_wire())
                 r.lead_sum, r.leads, r.longest = 0.0, 0, 0.0
         return out

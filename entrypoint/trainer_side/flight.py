@@ -56,6 +56,29 @@ def summary(entries: Iterable[Mapping[str, Any]]) -> list[list]:
     return out
 
 
+def group_timeout() -> float:
+    """The default process group's collective timeout in seconds as torch holds it (the
+    shortest of its backends': `init_process_group(timeout=...)`, or torch's default), so that
+    the entrypoint names a hang before torch's timeout fires; 0 when unknown (no process group,
+    a torch that keeps it elsewhere). Never an error."""
+    distributed: Any = sys.modules.get("torch.distributed")
+    torch: Any = sys.modules.get("torch")
+    try:
+        if distributed is None or torch is None or not distributed.is_initialized():
+            return 0.0
+        group = distributed.group.WORLD
+        seconds = []
+        for device in ("cpu", "cuda"):
+            try:
+                backend = group._get_backend(torch.device(device))
+                seconds.append(backend.options._timeout.total_seconds())
+            except Exception:  # noqa: BLE001, S112 - no backend for that device
+                continue
+        return min((s for s in seconds if s > 0), default=0.0)
+    except Exception:  # noqa: BLE001 - never stop the trainer
+        return 0.0
+
+
 def _entries() -> list[dict]:
     """The recorder's entries (gloo's and NCCL's recorders), or none: never an error. Pickled
     by torch in this process, without stack traces: 24 ms for 2,000 entries here (its JSON

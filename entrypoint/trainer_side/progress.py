@@ -25,7 +25,8 @@ dropped; the trainer never waits. Without ENTRYPOINT_PROGRESS_SOCKET nothing is 
 On its first step a rank registers faulthandler on DUMP_SIGNAL (a real-time signal no library
 uses), writing every thread's Python stack into its own file under ENTRYPOINT_STACKS_DIR: the
 entrypoint sends that signal when the job stops stepping, and names the rank that is not where
-the others are.
+the others are. Its reports then carry its default process group's timeout too: the entrypoint
+names a hang before that timeout fires (torch's error would name no rank).
 """
 
 from __future__ import annotations
@@ -59,9 +60,10 @@ ACTIVE_EVERY = 1.0  # seconds: at most one report a second from forward passes i
 # One report: version, rank, local rank, pid, steps, the last step's time (CLOCK_MONOTONIC,
 # shared by every process of the machine), the time before backward summed over `leads` steps,
 # the longest step interval, both since the last report, whether the rank is saving, and the
-# time of its last forward pass in evaluation (0: none since its first step).
-WIRE = struct.Struct("<BiiiqddIdBd")
-VERSION = 2
+# time of its last forward pass in evaluation (0: none since its first step), and its default
+# process group's collective timeout in seconds (0: unknown).
+WIRE = struct.Struct("<BiiiqddIdBdd")
+VERSION = 3
 
 
 class Reporter:
@@ -84,6 +86,7 @@ class Reporter:
         self.rank = self.local_rank = -1
         self.stack_file: IO[str] | None = None
         self.flight: Answerer | None = None
+        self.group_timeout = 0.0
         self.lock = threading.Lock()  # a save may run in another thread
 
     def step(self) -> None:
@@ -135,6 +138,7 @@ class Reporter:
             self.longest,
             1 if self.saving else 0,
             self.active_at,
+            self.group_timeout,
         )
         try:
             self.sock.send(data)
@@ -163,10 +167,12 @@ class Reporter:
     def _first_step(self) -> None:
         self.rank = _rank()
         self.local_rank = int(os.environ.get("LOCAL_RANK", "-1") or -1)
+        from entrypoint.trainer_side import flight  # json: only once a rank steps
+
+        # the entrypoint's hang timeout stays below it (entrypoint.control.progress.hang_rule)
+        self.group_timeout = flight.group_timeout()
         if self.stacks_dir:
             self._register_dump()
-            from entrypoint.trainer_side import flight  # json: only once a rank steps
-
             self.flight = flight.start(self.address, self.stacks_dir, self.rank)
 
     def _register_dump(self) -> None:

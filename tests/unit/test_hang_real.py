@@ -97,6 +97,18 @@ def test_a_rank_in_a_recv_nobody_sends_is_named(tmp_path):
     assert "Flight Recorder: rank 1 never entered collective #" in line, line
 
 
+def test_a_hang_is_named_before_the_trainers_own_collective_timeout_fires(tmp_path):
+    """The trainer passes init_process_group(timeout=40 s) and sets nothing of ours: without
+    the ranks' report of it, torch's timeout failed the job at 40 s naming no rank."""
+    job = Job(tmp_path, HANG_RANK="3", HANG_STEP="20", PG_TIMEOUT="40")
+    assert job.wait(150) == [124, 124], job.log(0)[-3000:]
+    line = next(x for x in job.log(0).splitlines() if "stopping every node (exit 124)" in x)
+    assert "rank 3 on node 1" in line and "time.sleep(3600)" in line, line
+    assert "hang timeout 30 s, 0.75 x the trainer's process-group timeout (40 s)" in job.log(0)
+    assert "Flight Recorder: rank 3 never entered collective #" in line, line
+    assert "Timed out" not in job.log(0) + job.log(1)  # torch's timeout never fired
+
+
 def test_a_pause_shorter_than_the_timeout_raises_nothing_and_equal_ranks_are_not_slow(tmp_path):
     job = Job(
         tmp_path,

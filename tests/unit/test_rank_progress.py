@@ -76,6 +76,37 @@ def test_hang_rule(setting, longest, warmed, collective, seconds):
     assert hang_rule(setting, longest, warmed, collective).seconds == seconds
 
 
+@pytest.mark.parametrize(
+    ("setting", "longest", "warmed", "group", "seconds", "source"),
+    [
+        (None, 0.1, True, 40.0, 30.0, "0.75 x the trainer's process-group timeout (40 s)"),
+        (None, 0.1, False, 40.0, 30.0, "process-group timeout (40 s) (warming up)"),
+        (None, 0.1, True, 1800.0, HANG_FLOOR, "learned"),  # torch's gloo default: longer
+        (None, 100.0, True, 1800.0, 450.0, "ENTRYPOINT_COLLECTIVE_TIMEOUT"),
+        (20.0, 0.1, True, 10.0, 20.0, "ENTRYPOINT_HANG_TIMEOUT"),  # set: kept (and warned)
+    ],
+)
+def test_the_trainers_own_process_group_timeout_caps_the_learned_one(
+    setting, longest, warmed, group, seconds, source
+):
+    """A trainer that passes init_process_group(timeout=40 s): torch's timeout would fail the
+    job at 40 s naming no rank; the hang is named at 30 s."""
+    rule = hang_rule(setting, longest, warmed, 600, group)
+    assert (rule.seconds, source in rule.source) == (seconds, True), rule
+
+
+def test_the_shortest_process_group_timeout_the_ranks_report_is_the_jobs():
+    p = JobProgress()
+    p.beat(0, [RankReport(0, 5, 0, None, 0), RankReport(1, 5, 0, None, 0, timeout=90.0)], 1.0)
+    assert p.group_timeout() == 90.0
+    p.beat(1, [RankReport(2, 5, 0, None, 0, timeout=40.0)], 1.0)
+    assert p.group_timeout() == 40.0
+    p.beat(1, [RankReport(2, 6, 0, None, 0)], 2.0)  # a beat without it: still known
+    assert p.group_timeout() == 40.0
+    p.restart()
+    assert p.group_timeout() is None
+
+
 def test_stalled_only_when_every_rank_is_still_and_none_saves():
     p = JobProgress()
     p.beat(0, [RankReport(0, 20, 0.0, 0.01, 0.05), RankReport(1, 20, 0.0, 0.01, 0.05)], 100.0)
@@ -301,6 +332,13 @@ def test_a_beat_carries_its_ranks_and_stacks_come_back():
     beat = m.Beat({}, ((3, 120, 0.5, 0.01, 0.2, 0),))
     back = m.decode(m.encode(beat))
     assert isinstance(back, m.Beat) and back.reports() == [RankReport(3, 120, 0.5, 0.01, 0.2)]
+    for report in (
+        RankReport(3, 120, 0.5, None, 0.2, False, None, 40.0),
+        RankReport(3, 120, 0.5, None, 0.2, True, 2.5, 1800.0),
+        RankReport(3, 120, 0.5, None, 0.2, False, 2.5),
+    ):
+        wired = m.Beat({}, (tuple(report.to_wire()),))
+        assert m.decode(m.encode(wired)).reports() == [report]
     stacks = m.Stacks(({"rank": 3, "steps": 20, "frames": [["t.py", 4, "main", "x()"]]},))
     got = m.decode(m.encode(stacks))
     assert isinstance(got, m.Stacks)
@@ -319,6 +357,11 @@ def test_a_beat_carries_its_ranks_and_stacks_come_back():
         b'{"t":"beat","ranks":[[1,2,3]]}',
         b'{"t":"beat","ranks":[[1,-2,0,null,0,0]]}',
         b'{"t":"beat","ranks":"x"}',
+        b'{"t":"beat","ranks":[[1,2,0,null,0,0,null,0]]}',  # a timeout of 0 s
+        b'{"t":"beat","ranks":[[1,2,0,null,0,0,null,-5]]}',
+        b'{"t":"beat","ranks":[[1,2,0,null,0,0,null,"600"]]}',
+        b'{"t":"beat","ranks":[[1,2,0,null,0,0,null,1e12]]}',
+        b'{"t":"beat","ranks":[[1,2,0,null,0,0,null,60,1]]}',
         b'{"t":"stacks","ranks":[{"rank":1,"steps":2,"frames":[[1,2,3,4]]}]}',
         b'{"t":"stacks","ranks":[{"rank":1,"steps":2,"frames":' + b'[["f",1,"g",""]' * 1 + b"]}]}x",
         b'{"t":"dump"}',  # node 0's message, not a node's
@@ -385,6 +428,43 @@ def test_conductor_judges_without_a_node_that_never_answers():
     assert stop.code == EXIT_HUNG and "node 1 (host1) sent no stacks" in stop.reason
 
 
+def _conductor(hang_timeout):
+    c = Conductor(2, Limits(hang_timeout=hang_timeout), 0.0)
+    for member in (0, 1):
+        c.hello(member, m.Hello(member, f"host{member}", {}, 0.0), 0.0, 0.0)
+    return c
+
+
+def _timed_beat(c, member, steps, now, timeout=40.0, age=0.0):
+    ranks = tuple((member * 2 + r, steps, age, 0.01, 0.1, 0, None, timeout) for r in range(2))
+    return c.beat(member, m.Beat({}, ranks), now)
+
+
+def test_the_trainers_process_group_timeout_is_beaten_by_the_hang_probe():
+    """No ENTRYPOINT_HANG_TIMEOUT, the trainer's process group times out after 40 s: the ranks
+    are asked for their stacks at 30 s (before warm-up too), not at the 450 s cap."""
+    c = _conductor(None)
+    for now in (1.0, 11.0, 21.0, 31.0):  # alive, no step since 1.0
+        for member in (0, 1):
+            _timed_beat(c, member, 5, now, age=now - 1.0)
+    assert not [a for a in c.tick(30.0) if isinstance(a, Send)]
+    actions = c.tick(31.5)
+    assert [a for a in actions if isinstance(a, Send)] == [Send(ALL, m.Dump(30.5))]
+    (said,) = [a.text for a in actions if not isinstance(a, Send)]
+    assert "process-group timeout (40 s)" in said, said
+
+
+def test_a_hang_setting_torchs_own_timeout_fires_before_is_warned_once():
+    c = _conductor(60)
+    (warning,) = _timed_beat(c, 0, 5, 1.0)
+    assert warning.level == "warning" and warning.text.startswith(
+        "ENTRYPOINT_HANG_TIMEOUT=60 is not below the trainer's process-group timeout (40 s"
+    ), warning
+    assert _timed_beat(c, 1, 5, 1.0) == [] and _timed_beat(c, 0, 6, 2.0) == []
+    below = _conductor(30)
+    assert _timed_beat(below, 0, 5, 1.0) == []
+
+
 # -- the site hook in a real torch process, reporting to a real inbox ----------------------------
 
 TRAINER = textwrap.dedent(
@@ -439,9 +519,10 @@ def test_the_site_hook_reports_steps_saves_and_its_stack(tmp_path):
 
 STRAGGLER = textwrap.dedent(
     """
-    import os, sys, time, torch, torch.distributed as dist
+    import datetime, os, sys, time, torch, torch.distributed as dist
     rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo", init_method=sys.argv[1], rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=sys.argv[1], rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=77))
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(3):  # DDP's work by hand: 2 all-reduces a step
@@ -483,6 +564,8 @@ def test_each_rank_answers_with_its_recorder_and_the_one_behind_is_named(tmp_pat
         assert [p.stdout.readline().strip() for p in procs] == ["stepped", "stepped"]
         time.sleep(0.5)
         assert sorted(inbox.ranks) == [0, 1]
+        # each rank's report carries its process group's timeout (the hang is named below it)
+        assert [row[-1] for row in inbox.reports()] == [77.0, 77.0]
         inbox.dump(time.monotonic())
         time.sleep(1.0)
         answers = inbox.stacks()
@@ -493,7 +576,7 @@ def test_each_rank_answers_with_its_recorder_and_the_one_behind_is_named(tmp_pat
         stacks = m.decode(m.encode(m.Stacks(tuple(answers)))).stacks(0, "h")
         member, text = verdict(stacks, 31, {0: "node 0 (h)"})
         assert text.startswith(
-            "rank 1 on node 0 (h) has not stepped for 31 s: in train.py:14 (time.sleep(60)"
+            "rank 1 on node 0 (h) has not stepped for 31 s: in train.py:15 (time.sleep(60)"
         )
         assert "rank 1 never entered collective #7 (gloo:all_reduce, float [[5,3]])" in text
         # asked again while rank 1 cannot answer (stopped): its last answer is not taken as new
