@@ -88,8 +88,8 @@ def settle(
         sources["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = by_default(
             "default 1: fail on NCCL errors, never hang"
         )
-    flight_recorder(env, str(settings.run_dir), device, out, sources)
-    return out, sources, warnings
+    recorder, recorder_sources = flight_recorder(env, str(settings.run_dir), device)
+    return out | recorder, sources | recorder_sources, warnings
 
 
 # torch's Flight Recorder: each rank's last collectives (gloo's too), read by the entrypoint
@@ -105,12 +105,11 @@ FLIGHT_RECORDER_OLD_NAMES = {"TORCH_FR_BUFFER_SIZE": ("TORCH_NCCL_TRACE_BUFFER_S
 
 
 def flight_recorder(
-    env: Mapping[str, str],
-    run_dir: str,
-    device: str,
-    out: dict[str, str],
-    sources: dict[str, Source],
-) -> None:
+    env: Mapping[str, str], run_dir: str, device: str
+) -> tuple[dict[str, str], dict[str, Source]]:
+    """The Flight Recorder's variables to set, and the source of each (yours kept)."""
+    out: dict[str, str] = {}
+    sources: dict[str, Source] = {}
     values = dict(FLIGHT_RECORDER)
     why = "torch's Flight Recorder: each rank's last collectives, read when the ranks stop stepping"
     if device == "cuda":
@@ -125,3 +124,4 @@ def flight_recorder(
         else:
             out[name] = value
             sources[name] = by_default(why)
+    return out, sources
