@@ -62,6 +62,7 @@ from entrypoint.control.progress import (
     HangRule,
     hang_reason,
     hang_rule,
+    hang_setting_warning,
     ranks_text,
     slow_rank_news,
     slow_ranks,
@@ -180,21 +181,11 @@ class Conductor:
         return []
 
     def _check_hang_setting(self) -> list[Action]:
-        """Once: an ENTRYPOINT_HANG_TIMEOUT the trainer's own collective timeout fires before
-        (torch's error then names no rank)."""
-        setting, group = self.job.limits.hang_timeout, self.job.progress.group_timeout()
-        if self.job.hang_setting_warned or not setting or group is None or setting < group:
+        if self.job.hang_setting_warned:
             return []
-        self.job.hang_setting_warned = True
-        return [
-            Log(
-                "warning",
-                f"ENTRYPOINT_HANG_TIMEOUT={setting:g} is not below the trainer's process-group "
-                f"timeout ({group:g} s, as its ranks report it): a rank that hangs fails the job "
-                "with torch's timeout first, naming no rank; set ENTRYPOINT_HANG_TIMEOUT below "
-                f"{group:g}, or unset it (learned, below that timeout)",
-            )
-        ]
+        said = hang_setting_warning(self.job.limits.hang_timeout, self.job.progress.group_timeout())
+        self.job.hang_setting_warned = said is not None
+        return [Log("warning", said)] if said else []
 
     def hang_rule(self) -> HangRule:
         """The hang timeout in force: ENTRYPOINT_HANG_TIMEOUT, or learned from the steps."""

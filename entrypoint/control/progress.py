@@ -109,6 +109,19 @@ def hang_rule(
     )
 
 
+def hang_setting_warning(setting: float | None, group_timeout: float | None) -> str | None:
+    """The warning for an ENTRYPOINT_HANG_TIMEOUT that the trainer's own collective timeout
+    fires before (torch's error then names no rank); None when there is nothing to say."""
+    if not setting or group_timeout is None or setting < group_timeout:
+        return None
+    return (
+        f"ENTRYPOINT_HANG_TIMEOUT={setting:g} is not below the trainer's process-group timeout "
+        f"({group_timeout:g} s, as its ranks report it): a rank that hangs fails the job with "
+        f"torch's timeout first, naming no rank; set ENTRYPOINT_HANG_TIMEOUT below "
+        f"{group_timeout:g}, or unset it (learned, below that timeout)"
+    )
+
+
 class JobProgress:
     """Every rank's steps, from the beats; node 0's Conductor holds one."""
 

@@ -156,9 +156,18 @@ def test_the_launchers_end_is_noted_when_it_happens_and_popen_still_reads_its_co
 
 
 FIRST_THEN_PEER = """
-import os, sys, time
+import os, sys, time, traceback
+told = os.path.join(os.path.dirname(os.path.abspath(__file__)), "failed")
 if os.environ["LOCAL_RANK"] == "1":
-    raise ValueError("the first failure")
+    try:
+        raise ValueError("the first failure")
+    except ValueError:
+        traceback.print_exc()
+        sys.stderr.flush()
+    open(told, "w").close()
+    sys.exit(1)
+while not os.path.exists(told):  # however slowly each started on a loaded machine
+    time.sleep(0.005)
 time.sleep(float(sys.argv[1]))  # a peer that fails because of it, a moment later
 raise RuntimeError("Connection closed by peer")
 """
