@@ -22,6 +22,7 @@ from entrypoint.control.message_fields import (
     COLLECTIVE_TEXT,
     MAX_FRAMES,
     MAX_GROUPS,
+    MAX_TIMEOUT,
     BadMessage,
     check_collectives,
 )
@@ -117,8 +118,9 @@ class Inbox:
                 lead = round(r.lead_sum / r.leads, 5) if r.leads else None
                 age = max(0.0, now - r.last_step) if r.steps else 0.0
                 evaluated = max(0.0, now - r.active) if r.steps and r.active else None
+                timeout = r.timeout if 0 < r.timeout <= MAX_TIMEOUT else None  # NaN too
                 report = RankReport(
-                    rank, r.steps, age, lead, r.longest, r.saving, evaluated, r.timeout or None
+                    rank, r.steps, age, lead, r.longest, r.saving, evaluated, timeout
                 )
                 out.append(report.to_wire())
                 r.lead_sum, r.leads, r.longest = 0.0, 0, 0.0

@@ -228,6 +228,23 @@ def test_the_recorder_is_summed_up_as_each_groups_last_collective():
     assert flight.summary([]) == []
 
 
+@pytest.mark.parametrize(
+    ("reported", "sent"),
+    [(77.0, 77.0), (0.0, None), (float("nan"), None), (1e12, None), (-3.0, None)],
+)
+def test_a_process_group_timeout_node_0_would_refuse_is_not_sent(tmp_path, reported, sent):
+    """A rank's timeout outside what node 0 takes (timedelta.max, NaN) would have node 0
+    refuse the node's beats: it goes unsaid."""
+    inbox = Inbox(tmp_path)
+    try:
+        inbox.ranks[0] = Rank(0, 0, os.getpid(), steps=3, timeout=reported)
+        (row,) = inbox.reports()
+        m.Beat.from_wire({"ranks": [row]})  # node 0 takes it
+        assert (row[7] if len(row) == 8 else None) == sent, row
+    finally:
+        inbox.close()
+
+
 def test_an_answer_node_0_would_refuse_is_dropped_not_sent(tmp_path):
     inbox = Inbox(tmp_path)
     try:
