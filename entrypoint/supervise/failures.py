@@ -206,4 +206,26 @@ def exit_report(
     first, last = plan.ranks
     ranks = f"rank {found['rank']}" if found["rank"] is not None else f"ranks {first}-{last}"
     what = found["killed"] or f"{ranks} failed with exit code {found['exitcode']}"
+    since = time.time() - (time.monotonic() - launch.started)
+    what += flight_dumps(plan.env.get("TORCH_FR_DUMP_TEMP_FILE"), since)
     return Exit(code, failure=found, reason=f"{who}: {what}")
+
+
+def flight_dumps(prefix: str | None, since: float) -> str:
+    """Where torch's Flight Recorder dumped this launch's records (NCCL dumps every rank's on a
+    collective timeout, TORCH_NCCL_DUMP_ON_TIMEOUT), and the analyzer that reads them; "" when
+    nothing was dumped since `since` (wall clock)."""
+    if not prefix:
+        return ""
+    folder, name = Path(prefix).parent, Path(prefix).name
+    try:
+        dumps = [p for p in folder.glob(f"{name}*") if p.stat().st_mtime >= since]
+    except OSError:
+        return ""
+    if not dumps:
+        return ""
+    return (
+        f"; torch's Flight Recorder dumped {len(dumps)} rank(s)' collectives into {folder} "
+        f"(a collective timed out): `python -m torch.distributed.flight_recorder.fr_trace "
+        f"{folder} -p {name}` names the collective each rank reached"
+    )

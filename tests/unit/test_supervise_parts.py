@@ -228,3 +228,23 @@ Root Cause (first observed failure):
     assert failures._table(table.splitlines()) == [(3, 1, 1)]
     alone = table.replace("exitcode  : 1 (pid: 12)", "exitcode  : -15 (pid: 11)")
     assert failures._table(alone.splitlines())[0] == (2, 0, -15)
+
+
+def test_a_failure_after_nccls_timeout_dump_says_where_the_dumps_are_and_what_reads_them(tmp_path):
+    """NCCL dumps every rank's Flight Recorder on a collective timeout (the plan's
+    TORCH_NCCL_DUMP_ON_TIMEOUT, TORCH_FR_DUMP_TEMP_FILE): the failure's line points at them and
+    at torch's analyzer. A GPU makes them; here they are files of that name."""
+    folder = tmp_path / "flight-recorder"
+    prefix = str(folder / "rank_")
+    assert failures.flight_dumps(prefix, 0.0) == ""  # no folder: nothing dumped
+    folder.mkdir()
+    old = folder / "rank_0"
+    old.write_bytes(b"a dump of an earlier start")
+    os.utime(old, (100.0, 100.0))
+    assert failures.flight_dumps(prefix, 1000.0) == ""
+    for rank in (0, 1):
+        (folder / f"rank_{rank}").write_bytes(b"a dump")
+    said = failures.flight_dumps(prefix, time.time() - 60)
+    assert said.startswith(f"; torch's Flight Recorder dumped 2 rank(s)' collectives into {folder}")
+    assert f"python -m torch.distributed.flight_recorder.fr_trace {folder} -p rank_`" in said
+    assert failures.flight_dumps(None, 0.0) == ""
