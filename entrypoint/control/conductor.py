@@ -60,6 +60,7 @@ from entrypoint.control.messages import (
 from entrypoint.control.progress import (
     STACKS_WAIT,
     HangRule,
+    RankReport,
     hang_reason,
     hang_rule,
     hang_setting_warning,
@@ -176,15 +177,15 @@ class Conductor:
                 state.stats = dict(message.stats)
                 state.history.append(state.stats.get("gpus") or [])
             if message.ranks is not None and self.job.phase == RUN and member in self.job.seats:
-                self.job.progress.beat(member, message.reports(), now)
-                return self._check_hang_setting()
+                reports = message.reports()
+                self.job.progress.beat(member, reports, now)
+                return self._check_hang_setting(reports)
         return []
 
-    def _check_hang_setting(self) -> list[Action]:
-        if self.job.hang_setting_warned:
-            return []
-        said = hang_setting_warning(self.job.limits.hang_timeout, self.job.progress.group_timeout())
-        self.job.hang_setting_warned = said is not None
+    def _check_hang_setting(self, reports: list[RankReport]) -> list[Action]:
+        warned = self.job.hang_setting_warned
+        said = None if warned else hang_setting_warning(self.job.limits.hang_timeout, reports)
+        self.job.hang_setting_warned = warned or said is not None
         return [Log("warning", said)] if said else []
 
     def hang_rule(self) -> HangRule:

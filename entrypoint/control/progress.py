@@ -109,10 +109,14 @@ def hang_rule(
     )
 
 
-def hang_setting_warning(setting: float | None, group_timeout: float | None) -> str | None:
-    """The warning for an ENTRYPOINT_HANG_TIMEOUT that the trainer's own collective timeout
-    fires before (torch's error then names no rank); None when there is nothing to say."""
-    if not setting or group_timeout is None or setting < group_timeout:
+def hang_setting_warning(setting: float | None, reports: Iterable[RankReport]) -> str | None:
+    """The warning for an ENTRYPOINT_HANG_TIMEOUT that the trainer's own collective timeout (as
+    one beat's ranks report it: node 0 gets a beat from every node every second) fires before;
+    torch's error then names no rank. None when there is nothing to say."""
+    if not setting:
+        return None
+    group_timeout = min((r.timeout for r in reports if r.timeout), default=None)
+    if group_timeout is None or setting < group_timeout:
         return None
     return (
         f"ENTRYPOINT_HANG_TIMEOUT={setting:g} is not below the trainer's process-group timeout "
