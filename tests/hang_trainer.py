@@ -5,9 +5,9 @@ HANG_RANK, HANG_STEP: which rank, at which step;
 HANG_KIND: sleep (it sleeps for an hour, outside any collective), recv (it waits in a
 `dist.recv` nobody sends), pause (it sleeps HANG_SECONDS, then goes on), slow (it sleeps
 HANG_SECONDS before every forward from HANG_STEP on), evaluate (at HANG_STEP every rank
-evaluates for HANG_SECONDS, as a Trainer does: `model.eval()`, forward passes without gradients
-and an all-reduce of the loss, then trains on; 10 steps later again, and HANG_RANK, if any,
-sleeps for an hour inside that second evaluation);
+evaluates HANG_SECONDS / STEP_SECONDS batches of at least STEP_SECONDS each, as a Trainer does:
+`model.eval()`, forward passes without gradients and an all-reduce of the loss, then trains on;
+10 steps later again, and HANG_RANK, if any, sleeps for an hour inside that second evaluation);
 STEPS: steps in all (default 200); STEP_SECONDS: every rank's own work a step (default 0.05);
 PG_TIMEOUT: the process group's timeout in seconds, as a trainer passes it (default: torch's).
 """
@@ -36,9 +36,11 @@ class ToyModel(nn.Module):
 
 def evaluate(model, loss_fn, seconds, work, hang):
     model.eval()
-    total, end = torch.zeros(1), time.monotonic() + seconds
+    total = torch.zeros(1)
     with torch.no_grad():
-        while time.monotonic() < end:
+        # A fixed evaluation set, as a Trainer's: the same batches on every rank (a loop that
+        # ran until its own clock said so let ranks all-reduce different counts: a mismatch)
+        for _ in range(max(1, round(seconds / work))):
             if hang:
                 time.sleep(3600)
             time.sleep(work)

@@ -15,7 +15,8 @@ does not depend on NCCL, gloo or the trainer. Node 0 runs the Conductor; it deci
   ENTRYPOINT_MAX_RESTARTS allows, restarts every node's trainer together). The first failure
   is the cause: failures reported within `failure_window` seconds of each other (a worker's
   crash breaks its peers' collectives a moment later) are ordered by when each rank failed, on
-  node 0's clock, and only that one is shown. When all exit 0, all are done.
+  node 0's clock, and only that one is shown; while one awaits that verdict, no hang is
+  named (the crash is why the others stopped stepping). When all exit 0, all are done.
 - signals: a node that receives SIGTERM, SIGINT or SIGHUP (preemption of one pod, a cancelled
   job) says so at once, and node 0 passes the signal on to every node's workers, so that all
   checkpoint together within the grace period; the job ends with 128 + the signal, naming the
@@ -190,14 +191,9 @@ class Conductor:
 
     def hang_rule(self) -> HangRule:
         """The hang timeout in force: ENTRYPOINT_HANG_TIMEOUT, or learned from the steps."""
-        p = self.job.progress
-        return hang_rule(
-            self.job.limits.hang_timeout,
-            p.longest,
-            p.warmed,
-            self.job.limits.collective_timeout,
-            p.group_timeout(),
-        )
+        p, lim = self.job.progress, self.job.limits
+        args = (lim.hang_timeout, p.longest, p.warmed, lim.collective_timeout, p.group_timeout())
+        return hang_rule(*args)
 
     def stacks(self, member: int, message: Stacks, now: float) -> list[Action]:
         """A node's ranks' stacks, asked for when no rank stepped: once every node training
@@ -206,7 +202,7 @@ class Conductor:
         if self.job.probe is None or self.job.phase != RUN or state is None:
             return []
         self.job.probe.answers[member] = message.stacks(member, state.host)
-        return self._judge_hang(now) if self._all_answered() else []
+        return self._judge_hang(now) if self._all_answered() and not self.job.failures else []
 
     def _all_answered(self) -> bool:
         assert self.job.probe is not None
@@ -214,6 +210,9 @@ class Conductor:
         return training <= self.job.probe.answers.keys()
 
     def _check_hang(self, now: float) -> list[Action]:
+        if self.job.failures:  # a failure awaits its verdict: it, not a hang, is the cause
+            self.job.probe = None
+            return []
         if self.job.probe is not None:
             return self._judge_hang(now) if now >= self.job.probe.deadline else []
         rule = self.hang_rule()

@@ -445,6 +445,28 @@ def test_conductor_judges_without_a_node_that_never_answers():
     assert stop.code == EXIT_HUNG and "node 1 (host1) sent no stacks" in stop.reason
 
 
+@pytest.mark.parametrize("crash_at", [11.5, 12.5])  # before the stacks are asked for, or after
+def test_a_crash_awaiting_its_verdict_is_named_not_a_hang(crash_at):
+    """Rank 2 aborts (a collective mismatch) and its peers stop stepping: the crash, reported
+    within the failure window, is the cause; the stacks arriving meanwhile name no hang."""
+    c = Conductor(2, Limits(hang_timeout=10, failure_window=2), 0.0)
+    for member in (0, 1):
+        c.hello(member, m.Hello(member, f"host{member}", {}, 0.0), 0.0, 0.0)
+        _beat(c, member, 20, 1.0)
+    crash = m.Exit(134, reason="node 1 (host1): rank 2 failed with exit code 134")
+    if crash_at < 12:
+        assert c.exited(1, crash, crash_at) == []
+    assert [a for a in c.tick(12.0) if isinstance(a, Send)] == (
+        [] if crash_at < 12 else [Send(ALL, m.Dump(11.0))]
+    )
+    if crash_at > 12:
+        assert c.exited(1, crash, crash_at) == []
+    assert c.stacks(0, _stacks(0, {0: BACKWARD, 1: BACKWARD}), 13.0) == []
+    assert c.stacks(1, _stacks(1, {3: BACKWARD}), 13.0) == []
+    stops = [a.message for t in (13.2, crash_at + 2.1) for a in c.tick(t) if isinstance(a, Send)]
+    assert [(s.code, s.reason) for s in stops] == [(134, crash.reason)], stops
+
+
 def _conductor(hang_timeout):
     c = Conductor(2, Limits(hang_timeout=hang_timeout), 0.0)
     for member in (0, 1):
