@@ -207,7 +207,8 @@ def exit_report(
     ranks = f"rank {found['rank']}" if found["rank"] is not None else f"ranks {first}-{last}"
     what = found["killed"] or f"{ranks} failed with exit code {found['exitcode']}"
     since = time.time() - (time.monotonic() - launch.started)
-    what += flight_dumps(plan.env.get("TORCH_FR_DUMP_TEMP_FILE"), since)
+    dumps = "TORCH_FR_DUMP_TEMP_FILE"  # the plan's, or yours (kept, so not in the plan)
+    what += flight_dumps(plan.env.get(dumps) or os.environ.get(dumps), since)
     return Exit(code, failure=found, reason=f"{who}: {what}")
 
 
