@@ -10,8 +10,6 @@ import socket
 import threading
 import time
 
-import pytest
-
 from tests.unit.test_supervise_real import nodes  # noqa: F401 - the fixture
 
 TOKEN = "a3f1c2e4b5d6a7f8091a2b3c4d5e6f70"
@@ -62,14 +60,14 @@ def test_overlapping_stalls_of_two_entrypoints_are_no_false_alarm(nodes):  # noq
     assert "silent for" not in c.log(0) + c.log(1)
 
 
-def test_two_nodes_join_and_train_over_ipv6_loopback(nodes):  # noqa: F811
+def test_two_nodes_join_and_train_over_ipv6_loopback(nodes, unavailable):  # noqa: F811
     """MASTER_ADDR=[::1]: node 0's control server on :: (dual stack), node 1 joins over ::1,
     torchrun's rendezvous on ::1, NCCL told AF_INET6 (gloo here); both finish."""
     try:
         with socket.socket(socket.AF_INET6) as probe:
             probe.bind(("::1", 0))
     except OSError:
-        pytest.skip("this host cannot bind ::1")
+        unavailable("this host cannot bind ::1")
     c = nodes(MASTER_ADDR="[::1]", FAULT_STEPS="10")
     c.start(0), c.start(1)
     assert c.wait() == {0: 0, 1: 0}, c.log(0)[-3000:] + c.log(1)[-3000:]

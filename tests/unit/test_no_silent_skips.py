@@ -25,6 +25,23 @@ def test_docker_suites_skip_only_through_unavailable(suite):
     assert not found, found
 
 
+# The two that may skip outside CI, each failing first when CI=true: conftest's `unavailable`
+# and go-yaml's reader (tests/unit/goyaml.py, the render tests).
+SKIP_HELPERS = ("conftest.py", "unit/goyaml.py")
+
+
+def test_every_other_test_skips_only_through_unavailable():
+    """The real-process tests in tests/unit too (two nodes over IPv6 loopback, ...)."""
+    found = [
+        f"{path.relative_to(TESTS)}:{number}: {line.strip()}"
+        for path in sorted(TESTS.rglob("*.py"))
+        if str(path.relative_to(TESTS)) not in SKIP_HELPERS and path != Path(__file__).resolve()
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if SKIPS.search(line)
+    ]
+    assert not found, found
+
+
 def test_unavailable_fails_under_ci_and_skips_outside(unavailable, monkeypatch):
     monkeypatch.setitem(unavailable.__globals__, "IN_CI", True)
     with pytest.raises(pytest.fail.Exception, match="CI=true"):
