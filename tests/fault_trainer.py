@@ -5,8 +5,9 @@ FAULT_OUT       directory for ckpt and the per-rank reports (rank<R>.json)
 FAULT_STEPS     steps to run (default 400; each step sleeps FAULT_STEP_SECONDS, default 0.05)
 FAULT_CRASH     "<rank>:<step>": that rank raises at that step, on the first start only
 FAULT_CRASH_SAY text added to that exception's message (a secret's value, to see it masked)
-FAULT_DUMP      "1": that rank first writes <TORCH_FR_DUMP_TEMP_FILE><rank>, as NCCL dumps each
-                rank's Flight Recorder when a collective times out (no NCCL here)
+FAULT_DUMP      "1": that rank first writes <TORCH_FR_DUMP_TEMP_FILE><rank> (or the old name's,
+                TORCH_NCCL_DEBUG_INFO_TEMP_FILE), as NCCL dumps each rank's Flight Recorder when
+                a collective times out (no NCCL here)
 FAULT_EXIT      "<rank>:<step>:<code>": that rank exits with that code (or "abort": os.abort(),
                 as XLA and NCCL do on a fatal error) at that step, on the first start only; it
                 writes <FAULT_OUT>/exiting<rank> first
@@ -78,7 +79,9 @@ step = start
 for step in range(start + 1, steps + 1):
     if crash and restart == 0 and crash == f"{rank}:{step}":
         if os.environ.get("FAULT_DUMP") == "1":
-            Path(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(rank)).write_bytes(b"a dump")
+            prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
+            prefix = prefix or os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]
+            Path(prefix + str(rank)).write_bytes(b"a dump")
         raise ValueError(
             f"injected failure on rank {rank} at step {step}"
             + os.environ.get("FAULT_CRASH_SAY", "")

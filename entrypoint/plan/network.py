@@ -101,7 +101,10 @@ def settle(
 # either name set by you is kept.
 FLIGHT_RECORDER = {"TORCH_FR_BUFFER_SIZE": "2000"}
 FLIGHT_RECORDER_GPU = {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
-FLIGHT_RECORDER_OLD_NAMES = {"TORCH_FR_BUFFER_SIZE": ("TORCH_NCCL_TRACE_BUFFER_SIZE",)}
+FLIGHT_RECORDER_OLD_NAMES = {  # torch reads the old names still; yours under one is kept
+    "TORCH_FR_BUFFER_SIZE": ("TORCH_NCCL_TRACE_BUFFER_SIZE",),
+    "TORCH_FR_DUMP_TEMP_FILE": ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE",),
+}
 
 
 def flight_recorder(

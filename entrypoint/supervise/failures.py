@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from entrypoint.control.messages import Exit
+from entrypoint.plan.network import FLIGHT_RECORDER_OLD_NAMES
 from entrypoint.plan.node_plan import Plan
 from entrypoint.supervise.launcher_process import LauncherProcess, exit_status
 
@@ -207,8 +208,10 @@ def exit_report(
     ranks = f"rank {found['rank']}" if found["rank"] is not None else f"ranks {first}-{last}"
     what = found["killed"] or f"{ranks} failed with exit code {found['exitcode']}"
     since = time.time() - (time.monotonic() - launch.started)
-    dumps = "TORCH_FR_DUMP_TEMP_FILE"  # the plan's, or yours (kept, so not in the plan)
-    what += flight_dumps(plan.env.get(dumps) or os.environ.get(dumps), since)
+    # the plan's, or yours under either name (kept, so not in the plan)
+    names = ("TORCH_FR_DUMP_TEMP_FILE", *FLIGHT_RECORDER_OLD_NAMES["TORCH_FR_DUMP_TEMP_FILE"])
+    prefix = next((v for n in names if (v := plan.env.get(n) or os.environ.get(n))), None)
+    what += flight_dumps(prefix, since)
     return Exit(code, failure=found, reason=f"{who}: {what}")
 
 

@@ -300,6 +300,14 @@ def test_a_flight_recorder_buffer_set_under_either_name_is_kept(name):
     assert plan.env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
 
 
+@pytest.mark.parametrize("name", ["TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"])
+def test_a_dump_file_set_under_either_name_is_kept(name):
+    """torch reads the new name first: setting it over your old one would move your dumps."""
+    plan = make_plan(SEED_004_WORKER_1 | {name: "/mine/trace_"}, node(8), ["x"])
+    assert "TORCH_FR_DUMP_TEMP_FILE" not in plan.env
+    assert str(plan.sources[name]) == f"env {name} (set by you, kept)"
+
+
 def test_never_loopback_or_docker_bridge_between_nodes():
     plan = make_plan(SEED_004_WORKER_1 | {"RANK": "0"}, node(8, route="lo"), ["x"])
     assert plan.env["NCCL_SOCKET_IFNAME"] == "eth0"

@@ -154,12 +154,15 @@ def test_a_crashing_worker_stops_every_node_and_node_0_shows_its_error_once(node
     assert "stopped by node 0: node 1" in log1
 
 
-def test_a_failure_points_at_the_flight_recorder_dumps_where_you_asked_for_them(nodes, tmp_path):
-    """Your TORCH_FR_DUMP_TEMP_FILE is kept (so it is not in the plan): the failure's line
-    points at the dumps there, not at the run directory's."""
+@pytest.mark.parametrize("name", ["TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"])
+def test_a_failure_points_at_the_flight_recorder_dumps_where_you_asked_for_them(
+    nodes, tmp_path, name
+):
+    """Your dump file, under either of torch's names, is kept (so it is not in the plan): the
+    failure's line points at the dumps there, not at the run directory's."""
     mine = tmp_path / "my-dumps"
     mine.mkdir()
-    c = nodes(FAULT_CRASH="3:15", FAULT_DUMP="1", TORCH_FR_DUMP_TEMP_FILE=str(mine / "trace_"))
+    c = nodes(FAULT_CRASH="3:15", FAULT_DUMP="1", **{name: str(mine / "trace_")})
     c.start(0), c.start(1)
     assert c.wait() == {0: 1, 1: 1}, c.log(0)[-3000:]
     (line,) = [x for x in c.log(0).splitlines() if "stopping every node (exit 1)" in x]
