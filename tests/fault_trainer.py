@@ -1,5 +1,13 @@
-"""A small real trainer for the supervision tests: gloo all-reduces in a loop, a 'checkpoint'
-(the last step, in <FAULT_OUT>/ckpt) that a restart resumes from, and faults on request.
+"""A small real trainer for the supervision tests, without torch: its ranks step in lockstep
+through a collective of their own (each step a max-reduce over TCP, served by rank 0, as gloo's
+all-reduce makes every rank wait for the slowest and fails them all when a peer is lost), keep a
+'checkpoint' (the last step, in <FAULT_OUT>/ckpt) that a restart resumes from, and fault on
+request. torch is not what these tests are about (the supervisor is): torchrun still starts the
+workers, but none of them pays torch's import. torch's own behaviour (process groups, the Flight
+Recorder, DDP) is tests/hang_trainer.py's and tests/allreduce_check.py's.
+
+RANK, WORLD_SIZE and MASTER_ADDR come from the launcher (torchrun, or the entrypoint itself);
+FAULT_PORT is the port rank 0 serves the collective on, at MASTER_ADDR.
 
 FAULT_OUT       directory for ckpt and the per-rank reports (rank<R>.json)
 FAULT_STEPS     steps to run (default 400; each step sleeps FAULT_STEP_SECONDS, default 0.05)
@@ -22,12 +30,11 @@ Every signal a rank receives is appended to <FAULT_OUT>/signals<rank> (one numbe
 import json
 import os
 import signal
+import socket
 import sys
+import threading
 import time
 from pathlib import Path
-
-import torch
-import torch.distributed as dist
 
 out = Path(os.environ["FAULT_OUT"])
 out.mkdir(parents=True, exist_ok=True)
@@ -40,8 +47,97 @@ hang = os.environ.get("FAULT_HANG", "").split(",")
 wait_at = os.environ.get("FAULT_WAIT", "").split(",")
 waiting = False
 restart = int(os.environ.get("ENTRYPOINT_RESTART_COUNT", "0"))
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 stop_signal = None
 signal_at = None  # when a signal reached this rank itself (not through the shared flag)
+JOIN_TIMEOUT = 60  # seconds every rank has to reach rank 0's collective
+
+
+class PeerLost(RuntimeError):
+    pass
+
+
+def _address() -> tuple:
+    host, port = os.environ["MASTER_ADDR"].strip("[]"), int(os.environ["FAULT_PORT"])
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    return family, address
+
+
+class Line:
+    """One end of a connection, a line at a time (written whole with sendall, never buffered)."""
+
+    def __init__(self, conn: socket.socket):
+        self.conn, self.reader = conn, conn.makefile("rb")
+
+    def send(self, text: str) -> None:
+        self.conn.sendall(text.encode() + b"\n")
+
+    def receive(self) -> str:
+        try:
+            return self.reader.readline().decode()
+        except OSError:  # reset by a peer that died: lost, as a closed connection is
+            return ""
+
+    def close(self) -> None:
+        for end in (self.reader, self.conn):
+            try:
+                end.close()
+            except OSError:
+                pass
+
+
+def serve(listener: socket.socket) -> None:
+    """Rank 0's side: every rank's value each round, the max back to all; a rank lost (its
+    connection closed before the job's end) closes every connection, so every rank fails."""
+    peers = []
+    while len(peers) < world:
+        conn, _ = listener.accept()
+        peers.append(Line(conn))
+    listener.close()
+    while True:
+        values = [peer.receive() for peer in peers]
+        if not all(values):
+            for peer in peers:
+                peer.close()
+            return
+        for peer in peers:
+            try:
+                peer.send(str(max(int(v) for v in values)))
+            except OSError:
+                pass
+
+
+def connect():
+    """This rank's line to the collective (rank 0 starts serving it first), and rank 0's server."""
+    family, address = _address()
+    server = None
+    if rank == 0:
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(world)
+        server = threading.Thread(target=serve, args=(listener,), daemon=True)
+        server.start()
+    end = time.monotonic() + JOIN_TIMEOUT
+    while True:
+        try:
+            conn = socket.create_connection(address[:2], timeout=None)
+            if conn.getsockname() == conn.getpeername():  # TCP's self-connect: no one listens yet
+                conn.close()
+                raise ConnectionRefusedError("connected to itself")
+            return Line(conn), server
+        except OSError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.05)
+
+
+def max_reduce(channel: Line, value: int) -> int:
+    channel.send(str(value))
+    got = channel.receive()
+    if not got:
+        raise PeerLost(f"rank {rank}: a peer left the collective (connection closed)")
+    return int(got)
 
 
 def on_signal(number, _frame):
@@ -66,8 +162,7 @@ for sig in (
 ):
     signal.signal(sig, on_signal)
 
-dist.init_process_group("gloo")
-rank, world = dist.get_rank(), dist.get_world_size()
+channel, server = connect()
 ckpt = out / "ckpt"
 start = int(ckpt.read_text()) if ckpt.exists() else 0
 print(f"rank {rank}/{world} starts at step {start} (restart {restart})", flush=True)
@@ -100,15 +195,12 @@ for step in range(start + 1, steps + 1):
         time.sleep(3600)
     for _ in range(noise):
         print(f"rank {rank} step {step} " + "n" * 80, file=sys.stderr)
-    flag = torch.tensor([0 if stop_signal is None else stop_signal])
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # a signal on any rank stops every rank
-    if flag.item():
-        signals_seen.append(int(flag.item()))
+    flag = max_reduce(channel, 0 if stop_signal is None else stop_signal)
+    if flag:  # a signal on any rank stops every rank
+        signals_seen.append(flag)
         if rank == 0:
             ckpt.write_text(str(step - 1))
         break
-    value = torch.ones(1)
-    dist.all_reduce(value)
     time.sleep(pause)
     if rank == 0 and step % 20 == 0:
         ckpt.write_text(str(step))
@@ -122,5 +214,7 @@ report = {
     "signal_at": signal_at,
 }
 (out / f"rank{rank}.json").write_text(json.dumps(report))
-dist.destroy_process_group()
+channel.close()
+if server is not None:  # the last round's answers reach every rank before rank 0 leaves
+    server.join(timeout=30)
 sys.exit(128 + signals_seen[0] if signals_seen else 0)

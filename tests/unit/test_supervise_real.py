@@ -2,8 +2,10 @@
 
 Real processes, real sockets, real signals: a node killed, a node that stops answering, a
 worker that crashes (its error shown once, at node 0), a restart that resumes, SIGTERM reaching
-every worker, a master that never comes, nodes whose data differ. The same faults across real
-containers are in tests/cluster/test_faults.py.
+every worker, a master that never comes, nodes whose data differ. The workers are
+tests/fault_trainer.py, started by torchrun: real processes in lockstep through a collective of
+their own, which never import torch (the supervisor is the subject here). The same faults across
+real containers are in tests/cluster/test_faults.py.
 """
 
 import json
@@ -43,6 +45,16 @@ def two_free_ports() -> int:
                 continue
 
 
+def free_port_but(*taken: int) -> int:
+    """A free port none of `taken` (node 0's rendezvous, control and metrics ports)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in taken:
+            return port
+
+
 class Nodes:
     def __init__(self, tmp: Path, n: int = 2, **env):
         self.tmp, self.n = tmp, n
@@ -55,6 +67,8 @@ class Nodes:
                 "MASTER_PORT": str(self.port),
                 "ENTRYPOINT_RUN_DIR": str(tmp / "run"),
                 "FAULT_OUT": str(tmp / "out"),
+                # the trainer's own collective, served by rank 0 (tests/fault_trainer.py)
+                "FAULT_PORT": str(free_port_but(self.port, self.port + 1, self.port + 2)),
             }
             | env
         )
@@ -76,9 +90,20 @@ class Nodes:
         return (self.tmp / f"node{rank}.log").read_text()
 
     def wait(self, timeout: float = 120) -> dict[int, int]:
+        """Every node's exit code; past `timeout`, every process killed and a failure that shows
+        each node's log and each worker's last lines (what hung)."""
         end = time.monotonic() + timeout
-        for proc in self.procs.values():
-            proc.wait(timeout=max(1, end - time.monotonic()))
+        try:
+            for proc in self.procs.values():
+                proc.wait(timeout=max(1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.kill_everything()
+            workers = {
+                str(p.relative_to(self.tmp)): p.read_text()[-600:]
+                for p in sorted((self.tmp / "run").rglob("std*.log"))
+            }
+            nodes = {rank: self.log(rank)[-1500:] for rank in self.procs}
+            raise AssertionError(f"nodes still running after {timeout} s: {nodes} {workers}")
         return {rank: p.returncode for rank, p in self.procs.items()}
 
     def wait_training(self, ranks: int, timeout: float = 60) -> None:
