@@ -21,7 +21,24 @@ def _stop(number: int, _frame: object) -> None:
     raise KeyboardInterrupt(number)
 
 
+class _QuietWhenDropped:
+    """sys.unraisablehook: Python drops an exception raised where it cannot propagate (a weakref
+    callback of importlib's module locks, a __del__) and prints "Exception ignored in ...", a
+    traceback. _stop's is in early_signals already, so it goes quietly; any other goes to
+    Python's own hook."""
+
+    def __init__(self) -> None:
+        self.hook = sys.unraisablehook
+
+    def __call__(self, unraisable: "sys.UnraisableHookArgs") -> None:  # a type only in typeshed
+        exc = unraisable.exc_value
+        if isinstance(exc, KeyboardInterrupt) and exc.args and exc.args[0] in STOPPING:
+            return
+        self.hook(unraisable)
+
+
 def _take_signals() -> None:
+    sys.unraisablehook = _QuietWhenDropped()
     for number in STOPPING:
         if number != signal.SIGHUP or signal.getsignal(number) is not signal.SIG_IGN:
             signal.signal(number, _stop)
