@@ -63,7 +63,14 @@ def free_ports() -> int:
             return port
 
 
-def node(rank: int, port: int, tmp: Path) -> subprocess.Popen:
+def free_port() -> int:
+    """A free port for the fault trainer's own collective (tests/fault_trainer.py's FAULT_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node(rank: int, port: int, tmp: Path, collective: int) -> subprocess.Popen:
     env = {
         "PATH": os.environ["PATH"],
         "HOME": os.environ.get("HOME", "/tmp"),
@@ -79,6 +86,7 @@ def node(rank: int, port: int, tmp: Path) -> subprocess.Popen:
         "ENTRYPOINT_RUN_DIR": str(tmp / "run"),
         "FAULT_OUT": str(tmp / "out"),
         "FAULT_STEPS": "5",
+        "FAULT_PORT": str(collective),
     }
     log = open(tmp / f"node{rank}.log", "w")
     return subprocess.Popen(
@@ -95,7 +103,10 @@ def trial(flooders: int, hold: int, timeout: float) -> dict:
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         port = free_ports()
-        zero = node(0, port, tmp)
+        collective = free_port()
+        while collective in (port, port + 1, port + 2):
+            collective = free_port()
+        zero = node(0, port, tmp, collective)
         time.sleep(2)  # node 0 serves its control port
         flood = [
             subprocess.Popen(
@@ -107,7 +118,7 @@ def trial(flooders: int, hold: int, timeout: float) -> dict:
         ]
         time.sleep(2)  # the flood at full rate before node 1 starts
         began = time.monotonic()
-        one = node(1, port, tmp)
+        one = node(1, port, tmp, collective)
         joined = None
         while one.poll() is None and time.monotonic() - began < timeout:
             if joined is None and any((tmp / "out").glob("started1.*")):

@@ -90,7 +90,7 @@ def node0(n: int, steady: float, settle: float, scrape: float) -> None:
                 "port": server.port,
                 "interval": s.heartbeat_interval,
                 "timeout": s.heartbeat_timeout,
-                "metrics": served.server_port if served else None,  # type: ignore[attr-defined]
+                "metrics": served.port if served else None,
             }
         ),
         flush=True,
@@ -177,15 +177,14 @@ def nodes(
                         "launcher": "torchrun",
                     }
                     sim.channel.send(
-                        {
-                            "t": "hello",
-                            "member": sim.member,
-                            "node_rank": sim.member,
-                            "host": f"sim-{sim.member}",
-                            "generation": 0,
-                            "time": time.time(),
-                            "fingerprint": fp | {"layout": layout},
-                        }
+                        m.Hello(
+                            member=sim.member,
+                            host=f"sim-{sim.member}",
+                            fingerprint=fp | {"layout": layout},
+                            time=time.time(),
+                            node_rank=sim.member,
+                            generation=0,
+                        )
                     )
                     sim.sock.setblocking(False)
                     sim.hello_at = time.monotonic()

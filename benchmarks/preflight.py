@@ -24,6 +24,7 @@ import time
 def node(member: int, port: int, n: int) -> None:
     """One simulated node: ready, wait for the start line, then join as the supervisor does."""
     from entrypoint.control import control_channel
+    from entrypoint.control import messages as m
     from entrypoint.supervise import probe
 
     print("ready", flush=True)
@@ -41,17 +42,16 @@ def node(member: int, port: int, n: int) -> None:
     }
     collected = time.monotonic()
     channel = control_channel.connect("127.0.0.1", port, timeout=60, log=lambda line: None)
-    hello = {
-        "t": "hello",
-        "member": member,
-        "node_rank": member,
-        "host": f"sim-{member}",
-        "generation": 0,
-        "time": time.time(),
-        "fingerprint": fp,
-    }
+    hello = m.Hello(
+        member=member,
+        host=f"sim-{member}",
+        fingerprint=fp,
+        time=time.time(),
+        node_rank=member,
+        generation=0,
+    )
     channel.send(hello)
-    while not any(m.get("t") == "go" for m in channel.receive(1.0)):
+    while not any(isinstance(msg, m.Go) for msg in channel.receive(1.0)):
         if channel.closed:
             raise SystemExit(f"node {member}: node 0 closed the channel")
     done = time.monotonic()
@@ -62,7 +62,7 @@ def node(member: int, port: int, n: int) -> None:
                 "start": start,
                 "collect": collected - start,
                 "done": done,
-                "hello_bytes": len(json.dumps(hello)),
+                "hello_bytes": len(m.encode(hello)),
             }
         ),
         flush=True,

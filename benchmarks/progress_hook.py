@@ -86,12 +86,12 @@ def _model():
     return torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(1000)))
 
 
-def train_call_cost() -> float:
+def train_call_cost(calls: int) -> float:
     """µs of one `model.train()` on 1,000 modules."""
-    return _median_us(_model().train, 200)
+    return _median_us(_model().train, calls)
 
 
-def forward_after_evaluation() -> tuple[float, float, int]:
+def forward_after_evaluation(calls: int, rounds: int) -> tuple[float, float, int]:
     """(µs, µs, hooks left): a training forward of 1,000 modules never evaluated, and after an
     evaluation; the fastest of 7 interleaved rounds each (this machine's noise is +-30%)."""
     import torch
@@ -105,9 +105,9 @@ def forward_after_evaluation() -> tuple[float, float, int]:
     evaluated(x)  # the first forward in training removes the watch's hooks
     left = sum(len(m._forward_hooks) for m in evaluated.modules())
     a, b = [], []
-    for _ in range(7):
-        a.append(_median_us(lambda: never(x), 20))
-        b.append(_median_us(lambda: evaluated(x), 20))
+    for _ in range(rounds):
+        a.append(_median_us(lambda: never(x), calls))
+        b.append(_median_us(lambda: evaluated(x), calls))
     return min(a), min(b), left
 
 
@@ -119,11 +119,15 @@ def main() -> None:
         inbox = Inbox(Path(tmp) / "stacks")
         env = inbox.env() | {"RANK": "0", "LOCAL_RANK": "0"}
         os.environ.update(env)
+        share = args.steps / 200_000  # the torch figures' sizes follow --steps (smoke: a few)
+        calls, rounds = max(2, round(200 * share)), max(1, min(7, round(7 * share)))
         try:
-            train_bare = train_call_cost()
-            without, with_hook = torch_step_cost(20_000, lambda: progress.install(env))
-            train_hooked = train_call_cost()
-            never, evaluated, left = forward_after_evaluation()
+            train_bare = train_call_cost(calls)
+            without, with_hook = torch_step_cost(
+                max(100, args.steps // 10), lambda: progress.install(env)
+            )
+            train_hooked = train_call_cost(calls)
+            never, evaluated, left = forward_after_evaluation(max(2, calls // 10), rounds)
         except ImportError:
             print("torch not installed: no optimizer-step figure")
         else:
