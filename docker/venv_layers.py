@@ -68,7 +68,10 @@ def group_of(name: str) -> str:
 
 
 def split_lock(text: str) -> dict[str, str]:
-    """The lock's entries (pin, hashes, `# via` lines) sorted into one sub-lock per group."""
+    """The lock's entries (pin and hashes) sorted into one sub-lock per group. Its `# via`
+    notes are left out: they name what pulled a wheel in, which differs between the CUDA
+    lines' locks where the pins do not, and a sub-lock is its stage's cache key (the CUDA 13
+    image reuses the CUDA 12 image's `rest` stage)."""
     out: dict[str, list[str]] = {name: [] for name, _ in GROUPS}
     current: str | None = None
     for line in text.splitlines(keepends=True):
@@ -77,7 +80,7 @@ def split_lock(text: str) -> dict[str, str]:
             current = group_of(m[1])
         elif line[:1] not in (" ", "\t", "\n", ""):
             current = None  # the header's comments
-        if current is not None:
+        if current is not None and not line.lstrip().startswith("#"):
             out[current].append(line)
     return {name: "".join(lines) for name, lines in out.items()}
 

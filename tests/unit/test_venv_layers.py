@@ -30,8 +30,8 @@ def test_every_pin_in_exactly_one_group_with_its_hashes(lock):
     assert all(_pins(sub) for sub in groups.values()), {g: _pins(s) for g, s in groups.items()}
     pins = [p for sub in groups.values() for p in _pins(sub)]
     assert sorted(pins) == sorted(_pins(text))
-    # every line of the lock but its header, in one sub-lock: pins, hashes and `# via` notes
-    body = [ln for ln in text.splitlines() if not ln.startswith("#")]
+    # every line of the lock but its comments, in one sub-lock: pins and hashes
+    body = [ln for ln in text.splitlines() if not ln.lstrip().startswith("#")]
     assert sorted(ln for sub in groups.values() for ln in sub.splitlines()) == sorted(body)
 
 
@@ -118,3 +118,12 @@ def test_split_parts_links_every_file_into_one_part(tmp_path):
     assert len(linked) == len(files) + 1, linked
     assert (tmp_path / "parts/cudnn" / SITE.strip("/") / "nvidia/cudnn/lib/a.so.9").is_symlink()
     assert (out / SITE.strip("/") / "nvidia/cudnn/lib/a.so").exists()  # OUT stays whole
+
+
+def test_the_cuda_lines_share_the_rest_stage():
+    """A sub-lock is its stage's cache key: where the CUDA 12 and 13 locks pin the same wheels
+    (everything but CUDA, torch and JAX), the CUDA 13 image builds no stage of its own."""
+    cu12, cu13 = (venv_layers.split_lock((REPO / "docker" / lock).read_text())
+                  for lock in ("requirements.lock", "requirements-cu13.lock"))  # fmt: skip
+    assert cu12["rest"] == cu13["rest"]
+    assert cu12["torch"] != cu13["torch"]
