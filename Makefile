@@ -18,7 +18,7 @@ UV_COMPILE           := --generate-hashes --python-version 3.13 --custom-compile
 
 export ARCH CUDA IMAGE BASE_IMAGE OFFLINE_BASE_IMAGE TORCH_CUDA_ARCH_LIST
 
-.PHONY: help dev image qemu smoke push base lock lint docs demo doctor test test-cu13 test-unit golden test-image bench-image bench-pull clean
+.PHONY: help dev image qemu smoke push base lock lint docs demo doctor test test-cu13 test-unit golden test-profile test-quick test-image bench-image bench-pull clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -82,13 +82,14 @@ demo: ## Build the image if needed, run its built-in job as 2 node containers he
 doctor: ## Run `entrypoint doctor` in the image IMAGE here (ARGS: --json)
 	docker run --rm --shm-size=8g $(if $(wildcard /dev/nvidia0),--gpus all) $(IMAGE) doctor $(ARGS)
 
-# `make test`: the unit tests in UNIT_JOBS processes (pytest-xdist, a file to a process; they
-# keep 2 cores busy: 4 processes took as long as 2), then the container tests one at a time;
-# both run whatever the first gives. PYTEST_JUNIT=PREFIX: junit reports PREFIX-unit.xml and
-# PREFIX-containers.xml (CI reads them). SERIAL: unit tests that time signals against a
-# process's start run alone, with the container tests (beside a second test process, one
-# SIGTERM of 27 went unhandled once: being looked into).
-UNIT_JOBS ?= 2
+# `make test`: the unit tests in UNIT_JOBS processes (pytest-xdist, a test at a time to
+# whichever process is free: most of the real-process tests wait on timeouts, so 3 processes
+# keep 2 cores busy), then the container tests one at a time; both run whatever the first
+# gives. PYTEST_JUNIT=PREFIX: junit reports PREFIX-unit.xml and PREFIX-containers.xml (CI reads
+# them). SERIAL: unit tests that time signals against a process's start run alone, with the
+# container tests (beside a second test process, one SIGTERM of 27 went unhandled once: being
+# looked into).
+UNIT_JOBS ?= 3
 SERIAL = tests/unit/test_signals_early.py
 junit = $(if $(PYTEST_JUNIT),--junitxml=$(PYTEST_JUNIT)-$(1).xml)
 
@@ -96,24 +97,54 @@ test: $(VENV)/.done ## Run every test; builds the image first when a Docker engi
 	@if docker/build.sh --check-engine 2>/dev/null; then docker/build.sh; \
 	else echo "make test: no Docker engine answers; the image tests will skip (they fail under CI=true)"; fi
 	@status=0; \
-	$(VENV)/bin/python -m pytest -n $(UNIT_JOBS) --dist loadfile tests/unit $(addprefix --ignore=,$(SERIAL)) \
+	$(VENV)/bin/python -m pytest -n $(UNIT_JOBS) --dist worksteal tests/unit $(addprefix --ignore=,$(SERIAL)) \
 		$(call junit,unit) || status=$$?; \
 	$(VENV)/bin/python -m pytest $(SERIAL) tests/image tests/cluster tests/compat $(call junit,containers) \
 		|| status=$$?; \
 	exit $$status
 
-# The CUDA 13 image's own suites: its image tests (not the registry pull, the CUDA 12 image's
-# alone) and the users' trainers, each once (COMPAT_MATRIX=smoke; full: all 20 jobs).
+# The CUDA 13 image's own suites: its image tests (not the registry pull nor the benchmarks'
+# smoke runs, the CUDA 12 image's alone) and the users' trainers, each once (COMPAT_MATRIX=smoke;
+# full: all 20 jobs).
 CU13_COMPAT ?= smoke
 
 test-cu13: $(VENV)/.done ## Build the CUDA 13 image (multinode:dev-cu13) and run its image tests and users' trainers (CU13_COMPAT=full: all 20 jobs)
 	CUDA=13 IMAGE=multinode:dev-cu13 docker/build.sh
 	CUDA=13 IMAGE=multinode:dev-cu13 COMPAT_MATRIX=$(CU13_COMPAT) $(VENV)/bin/python -m pytest \
-		tests/image tests/compat --ignore=tests/image/test_pull.py $(call junit,cu13)
+		tests/image tests/compat --ignore=tests/image/test_pull.py \
+		--ignore=tests/image/test_benchmarks.py $(call junit,cu13)
+
+# `make test-profile`: `make test` with a line per test (tests/profiling.py) and the container
+# starts (`docker events`) written to PROFILE, then the table of docs/testing.md.
+PROFILE ?= /tmp/test-profile
+
+test-profile: $(VENV)/.done ## Run `make test`, timing every test (wall, CPU, sleeps, processes, containers) into PROFILE, then print the table per file (docs/testing.md)
+	rm -rf $(PROFILE) && mkdir -p $(PROFILE)
+	@status=0; events=; \
+	if docker info >/dev/null 2>&1; then \
+		docker events --filter type=container --filter event=start --format '{{json .}}' \
+			>$(PROFILE)/containers.jsonl & events=$$!; fi; \
+	TEST_PROFILE=$(PROFILE) $(MAKE) --no-print-directory $(or $(PROFILE_TARGET),test) || status=$$?; \
+	if [ -n "$$events" ]; then kill $$events; fi; \
+	$(VENV)/bin/python tests/profile_report.py --costs $(PROFILE) | tee $(PROFILE)/table.md; \
+	exit $$status
 
 test-unit: $(VENV)/.done ## Run the unit tests (UNIT_JOBS processes; SERIAL alone after them)
-	$(VENV)/bin/python -m pytest -n $(UNIT_JOBS) --dist loadfile tests/unit $(addprefix --ignore=,$(SERIAL))
+	$(VENV)/bin/python -m pytest -n $(UNIT_JOBS) --dist worksteal tests/unit $(addprefix --ignore=,$(SERIAL))
 	$(VENV)/bin/python -m pytest $(SERIAL)
+
+# `make test-quick`: the fast tier, before every commit (docs/testing.md): the pure code, the
+# plan, the wire formats, the renderers, and one real two-node job over loopback (torchrun,
+# gloo); not the real-process fault tests, the signal timings or the fuzzers, which `make
+# test-unit` runs.
+QUICK_LEAVES = $(wildcard tests/unit/test_*_real.py) tests/unit/test_signals_early.py \
+	tests/unit/test_hostile.py tests/unit/test_launch_lines.py tests/unit/test_rank_progress.py \
+	tests/unit/test_exit_guard.py tests/unit/test_benchmarks.py
+QUICK_JOB = tests/unit/test_run_real.py::test_two_nodes_hand_started_on_loopback
+
+test-quick: $(VENV)/.done ## The fast tier (under 5 minutes): pure code, plan, wire formats, one real two-node job on loopback
+	$(VENV)/bin/python -m pytest -q -n 2 --dist load tests/unit $(QUICK_JOB) \
+		$(addprefix --ignore=,$(QUICK_LEAVES))
 
 golden: $(VENV)/.done ## Rewrite tests/golden/render from `entrypoint render` (review the diff)
 	UPDATE_GOLDEN=1 $(VENV)/bin/python -m pytest -q tests/unit/test_render_golden.py

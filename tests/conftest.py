@@ -9,10 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from profiling import register as register_profile
+
 HERE = Path(__file__).parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # tests/compat: users' trainers on node containers of the image (the image mark, as `-m image`)
 MARKS = {"image": pytest.mark.image, "cluster": pytest.mark.cluster, "compat": pytest.mark.image}
+
+
+def pytest_configure(config):
+    register_profile(config)  # TEST_PROFILE=DIR: a line per test (tests/profiling.py)
 
 
 def pytest_collection_modifyitems(config, items):
