@@ -106,7 +106,11 @@ class Nodes:
             raise AssertionError(f"nodes still running after {timeout} s: {nodes} {workers}")
         return {rank: p.returncode for rank, p in self.procs.items()}
 
-    def wait_training(self, ranks: int, timeout: float = 60) -> None:
+    def wait_training(self, ranks: int, timeout: float = 240) -> None:
+        """Until `ranks` ranks have started training. No test times the start here: the wait
+        is within the nodes' own patience (ENTRYPOINT_JOIN_TIMEOUT, 300 s), less the faults'
+        time after it; beside stress-ng --cpu 2 and two more test processes, two nodes' start
+        took over 60 s."""
         end = time.monotonic() + timeout
         while len(list((self.tmp / "out").glob("started*"))) < ranks:
             assert time.monotonic() < end, {r: self.log(r)[-2000:] for r in self.procs}
