@@ -112,7 +112,8 @@ def _room(image) -> bool:
         if free < total:
             pytest.fail(
                 f"{where} has {free / 1e9:.1f} GB free; pushing and pulling {image.tag} "
-                f"needs {total / 1e9:.1f} GB there: free some (docker image prune, docker "
+                f"needs {total / 1e9:.1f} GB there: free some (docker image prune; docker "
+                "builder prune --filter type=exec.cachemount, the builds' downloads; docker "
                 "builder prune --filter until=24h), then run it again",
                 pytrace=False,
             )
