@@ -63,11 +63,14 @@ def free_ports() -> int:
             return port
 
 
-def free_port() -> int:
-    """A free port for the fault trainer's own collective (tests/fault_trainer.py's FAULT_PORT)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port_but(*taken: int) -> int:
+    """A free port none of `taken`, for the fault trainer's own collective (its FAULT_PORT)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in taken:
+            return port
 
 
 def node(rank: int, port: int, tmp: Path, collective: int) -> subprocess.Popen:
@@ -103,9 +106,7 @@ def trial(flooders: int, hold: int, timeout: float) -> dict:
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         port = free_ports()
-        collective = free_port()
-        while collective in (port, port + 1, port + 2):
-            collective = free_port()
+        collective = free_port_but(port, port + 1, port + 2)
         zero = node(0, port, tmp, collective)
         time.sleep(2)  # node 0 serves its control port
         flood = [

@@ -59,7 +59,7 @@ class PeerLost(RuntimeError):
 
 def _address() -> tuple:
     host, port = os.environ["MASTER_ADDR"].strip("[]"), int(os.environ["FAULT_PORT"])
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     return family, address
 
 
