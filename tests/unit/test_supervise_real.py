@@ -10,6 +10,7 @@ real containers are in tests/cluster/test_faults.py.
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -32,33 +33,28 @@ BASE = {
 }
 
 
-def two_free_ports() -> int:
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive ports free on loopback, below the kernel's ephemeral
+    range (ip_local_port_range), which it hands to outgoing connections' own ends: a port picked
+    there can be taken by one between the pick and node 0's bind (seen beside stress-ng with
+    3 test processes: "ENTRYPOINT_CONTROL_PORT=...: cannot listen on node 0")."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
-
-
-def free_port_but(*taken: int) -> int:
-    """A free port none of `taken` (node 0's rendezvous, control and metrics ports)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in taken:
+        port = random.randrange(1024, low - count)
+        try:
+            for each in range(port, port + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", each))
             return port
+        except OSError:
+            continue
 
 
 class Nodes:
     def __init__(self, tmp: Path, n: int = 2, **env):
         self.tmp, self.n = tmp, n
-        self.port = two_free_ports()
+        # node 0's rendezvous, control and metrics ports, then the trainer's collective
+        self.port = free_ports(4)
         self.env = (
             BASE
             | {
@@ -68,7 +64,7 @@ class Nodes:
                 "ENTRYPOINT_RUN_DIR": str(tmp / "run"),
                 "FAULT_OUT": str(tmp / "out"),
                 # the trainer's own collective, served by rank 0 (tests/fault_trainer.py)
-                "FAULT_PORT": str(free_port_but(self.port, self.port + 1, self.port + 2)),
+                "FAULT_PORT": str(self.port + 3),
             }
             | env
         )
