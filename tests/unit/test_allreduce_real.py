@@ -14,14 +14,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_run_real import BASE, free_port, reports
+from ports import free_ports
+from test_run_real import BASE, reports
 
 CHECK = str(Path(__file__).parents[1] / "allreduce_check.py")
 SIZES = ["1", "4"]  # MiB: small, so that two nodes on loopback finish in seconds
 
 
 def two_nodes(tmp_path, argv, **env):
-    port = free_port()
+    port = free_ports(3)
     procs = {}
     for rank in (1, 0):
         node_env = (

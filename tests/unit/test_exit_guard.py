@@ -3,10 +3,11 @@ site hook is what a trainer's interpreter loads, or the image's .pth file's line
 process of the image), or both; the trainer's own exit handlers and exit code stand."""
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from ports import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 SITE_HOOK = REPO / "entrypoint" / "trainer_side" / "site-hook"
@@ -43,17 +44,11 @@ sys.exit(3)
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def trainer(kind: str, site_hook: bool = True, pth: bool = False) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SITE_HOOK)] * site_hook + [*sys.path]))
     code = f"{PTH_LINE}\n{TRAINER}" if pth else TRAINER
     return subprocess.run(
-        [sys.executable, "-c", code, kind, str(free_port())],
+        [sys.executable, "-c", code, kind, str(free_ports())],
         env=env,
         capture_output=True,
         text=True,

@@ -7,37 +7,22 @@ the log and in /metrics. The same across containers: tests/cluster/test_ranks.py
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from ports import free_ports
 from test_supervise_real import BASE as LOOPBACK
 
 TRAINER = str(Path(__file__).parents[1] / "hang_trainer.py")
 BASE = LOOPBACK | {"NNODES": "2", "MASTER_ADDR": "127.0.0.1"}
 
 
-def three_free_ports() -> int:
-    """A port with the next two free too: the rendezvous, the control channel, /metrics."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        try:
-            for extra in (1, 2):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port + extra))
-            return port
-        except OSError:
-            continue
-
-
 class Job:
     def __init__(self, tmp: Path, **env: str) -> None:
-        self.tmp, self.port = tmp, three_free_ports()
+        self.tmp, self.port = tmp, free_ports(3)
         self.env = BASE | {"MASTER_PORT": str(self.port), "ENTRYPOINT_RUN_DIR": str(tmp / "run")}
         self.procs = []
         for rank in (0, 1):

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_hang_real import three_free_ports
+from ports import free_ports
 from test_run_real import BASE, CHECK, reports
 
 from conftest import node
@@ -99,7 +99,7 @@ def test_a_line_that_disagrees_is_refused_in_one_line(line, env, says):
     ],
 )
 def test_every_form_forms_one_world_across_two_nodes(tmp_path, line):
-    port = three_free_ports()
+    port = free_ports(3)
     command = line.format(check=CHECK).split()
     env = BASE | {
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",

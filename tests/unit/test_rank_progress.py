@@ -4,13 +4,13 @@ the site hook in a real torch process (trainer_side/progress.py, supervise/rank_
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
 import time
 
 import pytest
+from ports import free_ports
 
 from entrypoint.control import messages as m
 from entrypoint.control.conductor import Conductor
@@ -587,7 +587,7 @@ def test_each_rank_answers_with_its_recorder_and_the_one_behind_is_named(tmp_pat
     script = tmp_path / "train.py"
     script.write_text(STRAGGLER)
     procs = []
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    init = f"tcp://127.0.0.1:{free_ports()}"
     try:
         for rank in (0, 1):
             env = dict(os.environ) | inbox.env() | {"RANK": str(rank), "LOCAL_RANK": str(rank)}
@@ -630,12 +630,6 @@ def test_each_rank_answers_with_its_recorder_and_the_one_behind_is_named(tmp_pat
             p.kill()
             p.wait()
         inbox.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 EVALUATOR = textwrap.dedent(

@@ -2,10 +2,13 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
+
+from ports import free_ports
 
 CHECK = str(Path(__file__).parents[1] / "allreduce_check.py")
 BASE = {
@@ -16,12 +19,6 @@ BASE = {
 }
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def reports(out_dir):
     return sorted(
         (json.loads(p.read_text()) for p in Path(out_dir).glob("rank*.json")),
@@ -29,20 +26,39 @@ def reports(out_dir):
     )
 
 
-def run_nodes(envs: list[dict]) -> list[str]:
-    """Start one `entrypoint run` per environment at once, wait, check every one exited 0."""
+def run_nodes(envs: list[dict], timeout: float = 240) -> list[str]:
+    """Start one `entrypoint run` per environment at once, wait, check every one exited 0. Past
+    the timeout every node is killed and every node's output shown, node 0's included (a node
+    that waits for node 0 alone says nothing of why node 0 is not there)."""
+    logs = [tempfile.TemporaryFile("w+") for _ in envs]
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "entrypoint", "run", "--", "python", CHECK],
             env=BASE | env,
-            stdout=subprocess.PIPE,
+            stdout=log,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for env in envs
+        for env, log in zip(envs, logs, strict=True)
     ]
-    outputs = [p.communicate(timeout=240)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0] * len(procs), "\n".join(o[-2000:] for o in outputs)
+    deadline = time.monotonic() + timeout
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    outputs = []
+    for log in logs:
+        log.seek(0)
+        outputs.append(log.read())
+        log.close()
+    shown = "\n".join(
+        f"--- node started as {env.get('NODE_RANK', env.get('RANK'))}, exit {p.returncode}:\n"
+        + out[-3000:]
+        for env, p, out in zip(envs, procs, outputs, strict=True)
+    )
+    assert [p.returncode for p in procs] == [0] * len(procs), shown
     return outputs
 
 
@@ -68,7 +84,7 @@ def test_one_node_two_cpu_workers(tmp_path):
 
 def test_two_nodes_hand_started_on_loopback(tmp_path):
     """Two entrypoints as two hand-started nodes (seed 004), two workers each: world size 4."""
-    port = free_port()
+    port = free_ports(3)
     run_nodes(
         [
             {
@@ -96,7 +112,7 @@ def test_platform_started_processes_run_directly_and_join_as_processes(tmp_path)
     LOCAL_WORLD_SIZE, as torchrun-launched or srun --ntasks-per-node=G tasks see them): no
     launcher is spawned, each process starts the trainer directly and joins node 0's channel as
     a process of its own."""
-    port = free_port()
+    port = free_ports(3)
     outputs = run_nodes(
         [
             {

@@ -10,7 +10,6 @@ real containers are in tests/cluster/test_faults.py.
 
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -19,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ports import free_ports
 
 TRAINER = str(Path(__file__).parents[1] / "fault_trainer.py")
 BASE = {
@@ -31,23 +31,6 @@ BASE = {
     "ENTRYPOINT_HEARTBEAT_INTERVAL": "1",
     "ENTRYPOINT_HEARTBEAT_TIMEOUT": "5",
 }
-
-
-def free_ports(count: int) -> int:
-    """The first of `count` consecutive ports free on loopback, below the kernel's ephemeral
-    range (ip_local_port_range), which it hands to outgoing connections' own ends: a port picked
-    there can be taken by one between the pick and node 0's bind (seen beside stress-ng with
-    3 test processes: "ENTRYPOINT_CONTROL_PORT=...: cannot listen on node 0")."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    while True:
-        port = random.randrange(1024, low - count)
-        try:
-            for each in range(port, port + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", each))
-            return port
-        except OSError:
-            continue
 
 
 class Nodes:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_hang_real import three_free_ports
+from ports import free_ports
 
 from entrypoint.trainer_side.world_check import MISMATCH, mismatch
 
@@ -34,7 +34,7 @@ def test_the_world_formed_against_the_plan(world, rank, plan, wrong):
 def test_a_start_script_running_its_own_torchrun_stops_every_node(tmp_path):
     script = tmp_path / "start.sh"
     script.write_text(f"#!/bin/bash\nexec torchrun --nproc-per-node=2 {DDP}\n")
-    port = three_free_ports()
+    port = free_ports(3)
     env = {
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "HOME": os.environ.get("HOME", "/tmp"),
