@@ -27,6 +27,17 @@ MAX_OUT = 4 << 20  # bytes waiting for one peer; a peer that takes none is stuck
 MAX_BAD_LINES = 100  # invalid lines a member may send (logged, skipped) before it is dropped
 
 
+def listen_or_say(bind: str, port: int, variable: str, fix: str) -> socket.socket:
+    """A listening socket on node 0, or the ConfigError that names the variable that set its
+    port, the port and `fix` (the port is held by another process, or not this user's to take)."""
+    try:
+        return sockets.listen(bind, port)
+    except OSError as err:
+        raise ConfigError(
+            variable, port, f"cannot listen on node 0 ({err.strerror})", fix
+        ) from None
+
+
 class Peer:
     """One accepted connection, as node 0 holds it."""
 
@@ -77,15 +88,12 @@ class Server(threading.Thread):
         self.max_pending = max_pending or conductor.job.expected + 64
         raise_open_files_limit()
         self.selector = selectors.DefaultSelector()
-        try:
-            self.listener = sockets.listen(bind, port)
-        except OSError as err:
-            raise ConfigError(
-                port_variable,
-                port,
-                f"cannot listen on node 0 ({err.strerror})",
-                f"Pick a free port with {port_variable} (default: MASTER_PORT + 1)",
-            ) from None
+        self.listener = listen_or_say(
+            bind,
+            port,
+            port_variable,
+            f"Pick a free port with {port_variable} (default: MASTER_PORT + 1)",
+        )
         self.listener.setblocking(False)
         self.port = self.listener.getsockname()[1]
         self.selector.register(self.listener, selectors.EVENT_READ, None)

@@ -17,6 +17,7 @@ from entrypoint.control.conductor_terms import STOPPING, Limits, signal_name
 from entrypoint.control.identity import Identity, job_identity, read_token
 from entrypoint.control.roster import Roster
 from entrypoint.plan.errors import EXIT_PEERS
+from entrypoint.plan.launchers import Launcher
 from entrypoint.plan.node_plan import Plan
 from entrypoint.plan.secrets import TOKEN_FILE_VARIABLE, TOKEN_VARIABLE
 from entrypoint.plan.settings import Settings
@@ -78,6 +79,14 @@ def serve(
     host, port = plan.master_addr, plan.control_port
     limits = _limits(s, expected)
     bind = sockets.ANY if expected > 1 else "127.0.0.1"  # both families; one node: loopback
+    if plan.master_port and plan.spawn and plan.launcher is not Launcher.DIRECT:
+        # Free now, what node 0's launcher will listen on (torchrun's store, JAX's coordinator):
+        # held, torchrun fails only once every node joined. (A launcher's workers: its agent's.)
+        var = plan.sources["master_port"].variable or "MASTER_PORT"
+        fix = (
+            f"Another process holds node 0's rendezvous port: stop it, or set {var} to a free port"
+        )
+        control_server.listen_or_say(bind, plan.master_port, var, fix).close()
     roster = (
         Roster(plan.members, plan.members - plan.spares, plan.min_nodes)
         if plan.spawn

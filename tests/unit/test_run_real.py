@@ -2,12 +2,14 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import pytest
 from ports import free_ports
 
 CHECK = str(Path(__file__).parents[1] / "allreduce_check.py")
@@ -105,6 +107,36 @@ def test_two_nodes_hand_started_on_loopback(tmp_path):
     assert all(r["world_size"] == 4 and r["sum"] == 10.0 for r in got)
     plan1 = json.loads((tmp_path / "run" / "node1" / "plan.json").read_text())
     assert plan1["ranks"] == [2, 3] and plan1["env"]["GLOO_SOCKET_IFNAME"] == "lo"
+
+
+@pytest.mark.parametrize(
+    ("offset", "variable"), [(0, "MASTER_PORT"), (1, "ENTRYPOINT_CONTROL_PORT")]
+)
+def test_node0_whose_port_is_held_says_which_at_once(tmp_path, offset, variable):
+    """Node 0 of two, another process already listening on its rendezvous port (torchrun's store
+    would fail only after every node joined) or on the entrypoints' channel: one line naming the
+    variable and the port, exit 2, before any node is waited for."""
+    port = free_ports(3)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port + offset))
+        held.listen()
+        out = subprocess.run(
+            [sys.executable, "-m", "entrypoint", "run", "--", "python", CHECK],
+            env=BASE
+            | {
+                "NNODES": "2",
+                "NODE_RANK": "0",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "ENTRYPOINT_RUN_DIR": str(tmp_path / "run"),
+            },
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert f"{variable}='{port + offset}': cannot listen on node 0" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
 
 
 def test_platform_started_processes_run_directly_and_join_as_processes(tmp_path):
