@@ -6,12 +6,18 @@ where the parent ignored it (a shell's background job): a person's Ctrl-C is nev
 ignored SIGHUP (nohup) stays ignored. Once the command has its exit code, a later signal
 changes nothing."""
 
+from __future__ import annotations
+
 import atexit
 import os
 import signal
 import sys
 
 from entrypoint import early_signals  # the package: imported already, nothing more
+
+TYPE_CHECKING = False  # typing is not imported before the handlers are set
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -55,23 +61,35 @@ def main() -> int:
         from entrypoint.cli import main as cli
 
         code = cli()
+    except Exception:
+        if not early_signals:  # no signal came: the error is the command's own
+            raise
+        # CPython can turn the handler's KeyboardInterrupt into another error: raised while it
+        # formats a failed `from X import Y`'s message (as `ssl` does at import), it becomes
+        # TypeError("expected a message argument"). The signal was recorded: it is the cause.
+        _quiet_exit(early_signals[0])
     except KeyboardInterrupt as interrupt:
-        _ending()
-        number = interrupt.args[0] if interrupt.args else None
-        code = 128 + (number if isinstance(number, int) and 0 < number < 128 else signal.SIGINT)
-        # CPython marks an interrupt as unhandled when it lands in code that exec() runs from
-        # a string (dataclasses and namedtuple build their methods so, at import), caught or
-        # not, and then ends the process by SIGINT at exit: the exit handlers run here, then
-        # the process ends with the code.
-        atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
+        _quiet_exit(interrupt.args[0] if interrupt.args else None)
     _ending()
     return code
+
+
+def _quiet_exit(number: object) -> NoReturn:
+    """Ends the process at once with 128 + the signal's number (SIGINT's when unknown).
+
+    CPython marks an interrupt as unhandled when it lands in code that exec() runs from a
+    string (dataclasses and namedtuple build their methods so, at import), caught or not, and
+    then ends the process by SIGINT at exit: the exit handlers run here, then the process ends
+    with the code."""
+    _ending()
+    code = 128 + (number if isinstance(number, int) and 0 < number < 128 else signal.SIGINT)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

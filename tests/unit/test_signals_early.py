@@ -130,3 +130,38 @@ def test_a_signal_in_a_finalizer_is_dropped_without_a_traceback():
     assert proc.stderr.count("Traceback") == 1 and "ValueError: not ours" in proc.stderr, (
         proc.stderr
     )
+
+
+def test_a_signal_that_cpython_turned_into_another_error_still_ends_quietly():
+    """CI (stop 56): SIGTERM 0.2 s into the start landed while CPython formatted the message of
+    ssl's failed `from _ssl import RAND_egd`; the handler's KeyboardInterrupt came out as
+    TypeError("expected a message argument"), a traceback and exit 1. Here the same CPython
+    path is taken for certain: the module that `main` imports its command from has a name whose
+    repr is where the signal lands."""
+    code = (
+        "import os, signal, sys, time, types, entrypoint.__main__ as m\n"
+        "class Name(str):\n"
+        "    def __repr__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(5)\n"
+        "        return str.__repr__(self)\n"
+        "cli = types.ModuleType('entrypoint.cli')\n"
+        "cli.__name__, cli.__file__ = Name('entrypoint.cli'), '/nowhere/cli.py'\n"
+        "sys.modules['entrypoint.cli'] = cli\n"
+        "sys.exit(m.main())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stdout + proc.stderr
+    assert proc.stdout + proc.stderr == ""
+
+
+def test_an_error_with_no_signal_behind_it_still_shows():
+    code = (
+        "import sys, types, entrypoint.__main__ as m\n"
+        "sys.modules['entrypoint.cli'] = types.ModuleType('entrypoint.cli')\n"
+        "sys.exit(m.main())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "ImportError: cannot import name 'main'" in proc.stderr, (
+        proc.stderr
+    )
