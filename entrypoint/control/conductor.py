@@ -421,14 +421,15 @@ class Conductor:
     # -- decisions -------------------------------------------------------------------------
 
     def _judge(self, now: float) -> list[Action]:
-        """The failure that came first, by the failing rank's own time on node 0's clock (the
-        report's order when a time is missing), is the one shown and acted on."""
+        """The failure shown and acted on: a rank that only lost a peer after any other (clock
+        offsets are estimates), then by its own time on node 0's clock, else the report's order."""
 
-        def first(item: tuple[int, tuple[Exit, int, int]]) -> tuple[float, int]:
+        def first(item: tuple[int, tuple[Exit, int, int]]) -> tuple[bool, float, int]:
             member, (message, _code, order) = item
-            when = (message.failure or {}).get("time")
+            when = (failure := message.failure or {}).get("time")
             offset = self.job.members[member].clock_offset if member in self.job.members else 0.0
-            return (float(when) - offset if when is not None else float("inf"), order)
+            at = float(when) - offset if when is not None else float("inf")
+            return (bool(failure.get("peer_lost")), at, order)
 
         member, (message, code, _) = min(self.job.failures.items(), key=first)
         self.job.failures, self.job.decide_at = {}, None

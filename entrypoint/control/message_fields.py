@@ -48,6 +48,15 @@ def float_field(raw: dict, key: str, default: Any = ...) -> float:
     return float(value)
 
 
+def bool_field(raw: dict, key: str, default: Any = ...) -> bool:
+    value = raw.get(key, default)
+    if value is ...:
+        raise BadMessage(f"{key} missing")
+    if type(value) is not bool:
+        raise BadMessage(f"{key} must be true or false, got {short(value)}")
+    return value
+
+
 def str_field(raw: dict, key: str, limit: int = 256, default: Any = ...) -> str:
     value = raw.get(key, default)
     if value is ...:
@@ -329,4 +338,5 @@ def check_failure(raw: Any) -> dict | None:
         "tail": list(strings_field(raw, "tail", 100, 4096)),
         "time": float_field(raw, "time", None),
         "killed": str_field(raw, "killed", 1024, "") or "",
+        "peer_lost": bool_field(raw, "peer_lost", False),
     }

@@ -22,6 +22,20 @@ _ROOT_RANK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _ROOT_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
 _CLOSING = re.compile(r"Sending process (\d+) closing signal")
 _PREFIX = re.compile(r"^\[[a-z]*\d+\]: ?")
+# What a rank writes when it only lost a peer, the error being another rank's: gloo's and the
+# c10d store's "Connection closed/reset by peer", a broken pipe, NCCL's remote error or abort,
+# JAX's coordination service ("another task died").
+_LOST_A_PEER = re.compile(
+    r"connection (?:closed|reset)|broken pipe|remote process exited|ncclRemoteError"
+    r"|communicator was aborted|another task died",
+    re.IGNORECASE,
+)
+PEER_LINES = 40  # the last lines of a rank's stderr read for that
+
+
+def lost_a_peer(lines: list[str]) -> bool:
+    """Whether a rank's last lines say it failed because a peer was lost."""
+    return any(_LOST_A_PEER.search(line) for line in lines)
 
 
 def prune(log_dir: Path, keep: int) -> None:
@@ -76,8 +90,10 @@ def _root_cause(
     torchrun names as root cause the failure with the smallest timestamp, in whole seconds:
     when a rank raises and its peer on the same node fails a moment later because of it
     (gloo's "Connection closed by peer"), both are seen in one poll and the lower rank is
-    named. Where the table lists several that torchrun did not stop itself, the one whose
-    stderr was last written first is named: the peer's own error comes after the first's."""
+    named. Where the table lists several that torchrun did not stop itself, a rank whose own
+    last lines say it lost a peer comes after one whose do not (the crash's exit-time writes
+    can land after its peer's error, under load), then the one whose stderr was last written
+    first: the peer's own error comes after the first's."""
     if not launch.spawns_workers:
         rank = plan.rank if plan.rank is not None else plan.node_rank
         local = plan.local_rank if plan.local_rank is not None else 0
@@ -86,10 +102,10 @@ def _root_cause(
     if not table:
         return None, None, None
     run = _newest_run(log_dir) if len(table) > 1 else None
-    seen = {local: _last_write(run, local) for _, local, _ in table} if run else {}
-    written = {local: when for local, when in seen.items() if when is not None}
-    if written and len(written) == len(seen):
-        return min(table, key=lambda failed: written[failed[1]])  # stable: root on ties
+    seen = {local: _heard(run, local) for _, local, _ in table} if run else {}
+    heard = {local: found for local, found in seen.items() if found is not None}
+    if heard and len(heard) == len(seen):
+        return min(table, key=lambda failed: heard[failed[1]])  # stable: root on ties
     return table[0]
 
 
@@ -98,10 +114,12 @@ def _newest_run(log_dir: Path) -> Path | None:
     return runs[-1] if runs else None
 
 
-def _last_write(run: Path, local: int) -> float | None:
-    """When a local rank's stderr in torchrun's log directory `run` was last written."""
+def _heard(run: Path, local: int) -> tuple[bool, float] | None:
+    """Whether a local rank's stderr in torchrun's log directory `run` says it lost a peer,
+    and when it was last written; None when there is no such file."""
+    path = run / str(local) / "stderr.log"
     try:
-        return (run / str(local) / "stderr.log").stat().st_mtime
+        return lost_a_peer(tail(path, PEER_LINES)), path.stat().st_mtime
     except OSError:
         return None
 
@@ -167,6 +185,7 @@ def failure(
         "tail": lines_found,
         "time": when,
         "killed": killed,
+        "peer_lost": lost_a_peer(lines_found),
     }
 
 

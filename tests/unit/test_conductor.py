@@ -256,6 +256,17 @@ def test_the_crash_is_named_not_the_peer_it_broke_that_reported_first():
     assert stops(actions)[0].code == 1
 
 
+def test_the_crash_is_named_when_its_broken_peer_seems_earlier_on_node_0s_clock():
+    """Under load the clocks' offset (estimated one way, from each node's hello) can put the
+    broken peer's time before the crash's: a rank that only lost a peer comes after one that
+    did not, whatever the times say."""
+    c = joined(limits=WINDOW)
+    early_peer = BROKEN_PEER | {"time": 1001.0, "peer_lost": True}
+    c.exited(0, Exit(1, failure=early_peer), now=10)
+    actions = c.exited(1, Exit(1, failure=CRASH | {"peer_lost": False}), now=11)
+    assert summaries(actions)[0].startswith("worker failed: rank 3 on node 1 (worker-1)")
+
+
 def test_a_lone_failure_is_judged_when_the_window_ends():
     c = joined(limits=WINDOW)
     assert c.exited(1, Exit(1, failure=CRASH), now=10) == []

@@ -64,6 +64,7 @@ EVERY_KIND = [
             "tail": ["boom"],
             "time": 1.5,
             "killed": "",
+            "peer_lost": False,
         },
         reason="rank 3 failed",
     ),

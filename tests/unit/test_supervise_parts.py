@@ -198,6 +198,63 @@ def test_the_rank_that_failed_first_is_named_not_the_lower_rank_torchrun_names(t
     assert "ValueError: the first failure" in found["tail"]
 
 
+CRASH_WRITES_LAST = """
+import os, sys, time, traceback
+here = os.path.dirname(os.path.abspath(__file__))
+if os.environ["LOCAL_RANK"] == "1":
+    try:
+        raise ValueError("the first failure")
+    except ValueError:
+        traceback.print_exc()
+        sys.stderr.flush()
+    open(os.path.join(here, "failed"), "w").close()
+    while not os.path.exists(os.path.join(here, "peer-said")):
+        time.sleep(0.005)
+    time.sleep(0.05)
+    print("a warning written at exit, after the peer's error", file=sys.stderr)
+    sys.stderr.flush()
+    open(os.path.join(here, "warned"), "w").close()
+    sys.exit(1)
+while not os.path.exists(os.path.join(here, "failed")):
+    time.sleep(0.005)
+print("RuntimeError: [gloo/transport/tcp/pair.cc:547] Connection closed by peer", file=sys.stderr)
+sys.stderr.flush()
+open(os.path.join(here, "peer-said"), "w").close()
+while not os.path.exists(os.path.join(here, "warned")):  # both end within one of torchrun's polls
+    time.sleep(0.001)
+sys.exit(1)
+"""
+
+
+def test_the_crash_is_named_when_it_wrote_last_and_its_peer_said_it_lost_a_peer(tmp_path):
+    """Under load, the crash's exit-time writes can land after its peer's error: the rank whose
+    own lines say it lost a peer is not the root cause."""
+    script = tmp_path / "train.py"
+    script.write_text(CRASH_WRITES_LAST)
+    log_dir = tmp_path / "logs"
+    process = subprocess.Popen(
+        [
+            *(str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node=2"),
+            *(f"--log-dir={log_dir}", "--redirects=3", str(script)),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _, err = process.communicate(timeout=120)
+    text = collections.deque(err.splitlines())
+    launch = launcher_process.LauncherProcess(process, True, text, 0.0)
+    found = failures.failure(None, launch, process.returncode, log_dir)  # type: ignore[arg-type]
+    assert (found["rank"], found["local_rank"], found["exitcode"]) == (1, 1, 1), err
+    assert "ValueError: the first failure" in found["tail"] and not found["peer_lost"]
+
+
+def test_a_rank_that_lost_a_peer_says_so_in_its_own_words():
+    assert failures.lost_a_peer(["RuntimeError: [pair.cc:547] Connection reset by peer [::1]:5"])
+    assert failures.lost_a_peer(["NCCL error: remote process exited or there was a network error"])
+    assert failures.lost_a_peer(["rank 1: a peer left the collective (connection closed)"])
+    assert not failures.lost_a_peer(["ValueError: injected failure on rank 3 at step 15"])
+
+
 def test_a_lone_failure_in_torchruns_table_is_its_root_cause():
     table = """Failures:
   <NO_OTHER_FAILURES>
