@@ -20,7 +20,7 @@ TAIL_BYTES = 64 << 10  # the failure summary reads at most this much of a rank's
 
 _ROOT_RANK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _ROOT_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
-_CLOSING = re.compile(r"Sending process (\d+) closing signal")
+_CLOSING = re.compile(r"Sending process (\d+) closing signal (SIG[A-Z]+)")
 _PREFIX = re.compile(r"^\[[a-z]*\d+\]: ?")
 # What a rank writes when it only lost a peer, the error being another rank's: gloo's and the
 # c10d store's "Connection closed/reset by peer", a broken pipe, NCCL's remote error or abort,
@@ -65,21 +65,36 @@ def _table(text: list[str]) -> list[tuple[int, int, int | None]]:
     """Every failure in torchrun's last failure table (its "Failures:" and "Root Cause"
     sections), the root cause first, but for the workers torchrun itself stopped (the
     "closing signal" it sent once one failed) while others failed: rank, local rank and exit
-    code."""
+    code. A worker sent that signal counts as stopped by it only when it ended by it (or by
+    SIGKILL, torchrun's escalation), or exited 128 + its number as a trainer that catches it
+    does: one that exited with a code of its own failed by itself, the signal having reached it
+    on its way out (under load, the crash can exit after the peer it broke)."""
     starts = [i for i, line in enumerate(text) if "Root Cause" in line]
     if not starts:
         return []
     root = starts[-1]
     heads = [i for i, line in enumerate(text[:root]) if line.strip().endswith("Failures:")]
-    stopped = {int(m[1]) for line in text[:root] if (m := _CLOSING.search(line))}
+    sent = {int(m[1]): m[2] for line in text[:root] if (m := _CLOSING.search(line))}
     found: list[list] = []
     for line in text[root:] + text[heads[-1] if heads else root : root]:
         if m := _ROOT_RANK.search(line):
             found.append([int(m[1]), int(m[2]), None, None])
         elif found and found[-1][2] is None and (m := _ROOT_EXIT.search(line)):
             found[-1][2:] = [int(m[1]), int(m[2]) if m[2] else None]
-    failed = [(rank, local, code) for rank, local, code, pid in found if pid not in stopped]
+    failed = [
+        (rank, local, code)
+        for rank, local, code, pid in found
+        if pid not in sent or not _ended_by(code, sent[pid])
+    ]
     return failed or [(rank, local, code) for rank, local, code, _ in found[:1]]
+
+
+def _ended_by(code: int | None, name: str) -> bool:
+    """Whether exit code `code` (torchrun's: -N for death by signal N) is signal `name`'s doing:
+    death by it or by SIGKILL, or 128 + its number."""
+    number = getattr(signal, name, None)
+    signals = {signal.SIGKILL} | ({number} if number is not None else set())
+    return code is not None and any(code in (-s, 128 + s) for s in signals)
 
 
 def _root_cause(

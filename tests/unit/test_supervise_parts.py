@@ -248,6 +248,56 @@ def test_the_crash_is_named_when_it_wrote_last_and_its_peer_said_it_lost_a_peer(
     assert "ValueError: the first failure" in found["tail"] and not found["peer_lost"]
 
 
+CRASH_LEAVES_AFTER_THE_CLOSING_SIGNAL = """
+import os, signal, sys, time, traceback
+here = os.path.dirname(os.path.abspath(__file__))
+if os.environ["LOCAL_RANK"] == "1":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # busy shutting down: torchrun's signal waits
+    try:
+        raise ValueError("the first failure")
+    except ValueError:
+        traceback.print_exc()
+        sys.stderr.flush()
+    open(os.path.join(here, "failed"), "w").close()
+    while not os.path.exists(os.path.join(here, "peer-said")):
+        time.sleep(0.005)
+    time.sleep(1)
+    sys.exit(1)
+while not os.path.exists(os.path.join(here, "failed")):
+    time.sleep(0.005)
+print("RuntimeError: [gloo/transport/tcp/pair.cc:547] Connection closed by peer", file=sys.stderr)
+sys.stderr.flush()
+open(os.path.join(here, "peer-said"), "w").close()
+sys.exit(1)
+"""
+
+
+def test_the_crash_is_named_when_it_exits_after_torchruns_closing_signal(tmp_path):
+    """CI, stop 59: the peer that lost the crash exited first; torchrun sent its closing signal
+    to the crash, still shutting down, which then exited with its own code 1. A worker sent the
+    signal but not ended by it failed by itself: it is weighed, and named (it did not only lose
+    a peer). Made certain here: the crash ignores the signal and leaves 1 s after its peer."""
+    script = tmp_path / "train.py"
+    script.write_text(CRASH_LEAVES_AFTER_THE_CLOSING_SIGNAL)
+    log_dir = tmp_path / "logs"
+    process = subprocess.Popen(
+        [
+            *(str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node=2"),
+            *(f"--log-dir={log_dir}", "--redirects=3", str(script)),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _, err = process.communicate(timeout=120)
+    assert "closing signal" in err, err
+    launch = launcher_process.LauncherProcess(
+        process, True, collections.deque(err.splitlines()), 0.0
+    )
+    found = failures.failure(None, launch, process.returncode, log_dir)  # type: ignore[arg-type]
+    assert (found["rank"], found["local_rank"], found["exitcode"]) == (1, 1, 1), err
+    assert "ValueError: the first failure" in found["tail"] and not found["peer_lost"]
+
+
 def test_a_rank_that_lost_a_peer_says_so_in_its_own_words():
     assert failures.lost_a_peer(["RuntimeError: [pair.cc:547] Connection reset by peer [::1]:5"])
     assert failures.lost_a_peer(["NCCL error: remote process exited or there was a network error"])
@@ -285,6 +335,27 @@ Root Cause (first observed failure):
     assert failures._table(table.splitlines()) == [(3, 1, 1)]
     alone = table.replace("exitcode  : 1 (pid: 12)", "exitcode  : -15 (pid: 11)")
     assert failures._table(alone.splitlines())[0] == (2, 0, -15)
+
+
+def test_a_worker_sent_the_closing_signal_that_exited_with_its_own_code_failed_by_itself():
+    """torchrun's signal reached it on its way out: its exit 1 is its own failure and is
+    weighed; one that exited 143 (a trainer that catches SIGTERM) or -9 (the escalation) was
+    stopped."""
+    table = """Sending process 11 closing signal SIGTERM
+Failures:
+[1]:
+  rank      : 3 (local_rank: 1)
+  exitcode  : 1 (pid: 11)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 2 (local_rank: 0)
+  exitcode  : 1 (pid: 10)
+============================================================"""
+    assert failures._table(table.splitlines()) == [(2, 0, 1), (3, 1, 1)]
+    for code in ("143", "-15", "-9"):
+        stopped = table.replace("exitcode  : 1 (pid: 11)", f"exitcode  : {code} (pid: 11)")
+        assert failures._table(stopped.splitlines()) == [(2, 0, 1)], code
 
 
 def test_a_failure_after_nccls_timeout_dump_says_where_the_dumps_are_and_what_reads_them(tmp_path):
