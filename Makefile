@@ -82,14 +82,23 @@ demo: ## Build the image if needed, run its built-in job as 2 node containers he
 doctor: ## Run `entrypoint doctor` in the image IMAGE here (ARGS: --json)
 	docker run --rm --shm-size=8g $(if $(wildcard /dev/nvidia0),--gpus all) $(IMAGE) doctor $(ARGS)
 
-# `make test`: the unit tests in UNIT_JOBS processes (pytest-xdist, a test at a time to
-# whichever process is free: most of the real-process tests wait on timeouts, so 3 processes
-# keep 2 cores busy), then the container tests one at a time; both run whatever the first
-# gives. PYTEST_JUNIT=PREFIX: junit reports PREFIX-unit.xml and PREFIX-containers.xml (CI reads
-# them). SERIAL: unit tests that time signals against a process's start run alone, with the
-# container tests (beside a second test process, one SIGTERM of 27 went unhandled once: being
-# looked into).
-UNIT_JOBS ?= 3
+# `make test`: the unit tests in UNIT_JOBS processes (pytest-xdist: a test at a time to whichever
+# process is free, the longest first (tests/conftest.py): most of the real-process tests wait on
+# timeouts, so 5 processes keep 2 cores busy); then SERIAL alone: unit tests that time signals
+# against a process's start (beside a second test process, one SIGTERM of 27 went unhandled
+# once: being looked into); then the container tests in CONTAINER_JOBS processes, a file to
+# each (a file's tests share its module's fixtures: a built derived image, a SLURM image), the
+# users' trainers first, their file being the longest; then ALONE: the registry push and pull
+# of the whole image (15 GB of tmpfs and gigabytes of disk writes held every process of the
+# machine up 6 s at a time, past the nodes' 5 s heartbeat timeout). Each runs whatever the one
+# before gives. PYTEST_JUNIT=PREFIX: junit reports PREFIX-unit.xml, PREFIX-serial.xml,
+# PREFIX-containers.xml and PREFIX-alone.xml (CI reads them). Figures: docs/testing.md.
+UNIT_JOBS ?= 5
+UNIT_DIST = -n $(UNIT_JOBS) --dist load --maxschedchunk 1
+CONTAINER_JOBS ?= 4
+CONTAINER_DIST = -n $(CONTAINER_JOBS) --dist loadfile
+CONTAINER_TESTS = tests/compat tests/cluster tests/image
+ALONE = tests/image/test_pull.py
 SERIAL = tests/unit/test_signals_early.py
 junit = $(if $(PYTEST_JUNIT),--junitxml=$(PYTEST_JUNIT)-$(1).xml)
 
@@ -97,10 +106,12 @@ test: $(VENV)/.done ## Run every test; builds the image first when a Docker engi
 	@if docker/build.sh --check-engine 2>/dev/null; then docker/build.sh; \
 	else echo "make test: no Docker engine answers; the image tests will skip (they fail under CI=true)"; fi
 	@status=0; \
-	$(VENV)/bin/python -m pytest -n $(UNIT_JOBS) --dist worksteal tests/unit $(addprefix --ignore=,$(SERIAL)) \
+	$(VENV)/bin/python -m pytest $(UNIT_DIST) tests/unit $(addprefix --ignore=,$(SERIAL)) \
 		$(call junit,unit) || status=$$?; \
-	$(VENV)/bin/python -m pytest $(SERIAL) tests/image tests/cluster tests/compat $(call junit,containers) \
-		|| status=$$?; \
+	$(VENV)/bin/python -m pytest $(SERIAL) $(call junit,serial) || status=$$?; \
+	$(VENV)/bin/python -m pytest $(CONTAINER_DIST) $(CONTAINER_TESTS) \
+		$(addprefix --ignore=,$(ALONE)) $(call junit,containers) || status=$$?; \
+	$(VENV)/bin/python -m pytest $(ALONE) $(call junit,alone) || status=$$?; \
 	exit $$status
 
 # The CUDA 13 image's own suites: its image tests (not the registry pull nor the benchmarks'
@@ -111,7 +122,7 @@ CU13_COMPAT ?= smoke
 test-cu13: $(VENV)/.done ## Build the CUDA 13 image (multinode:dev-cu13) and run its image tests and users' trainers (CU13_COMPAT=full: all 20 jobs)
 	CUDA=13 IMAGE=multinode:dev-cu13 docker/build.sh
 	CUDA=13 IMAGE=multinode:dev-cu13 COMPAT_MATRIX=$(CU13_COMPAT) $(VENV)/bin/python -m pytest \
-		tests/image tests/compat --ignore=tests/image/test_pull.py \
+		$(CONTAINER_DIST) tests/compat tests/image --ignore=tests/image/test_pull.py \
 		--ignore=tests/image/test_benchmarks.py $(call junit,cu13)
 
 # `make test-profile`: `make test` with a line per test (tests/profiling.py) and the container
@@ -130,7 +141,7 @@ test-profile: $(VENV)/.done ## Run `make test`, timing every test (wall, CPU, sl
 	exit $$status
 
 test-unit: $(VENV)/.done ## Run the unit tests (UNIT_JOBS processes; SERIAL alone after them)
-	$(VENV)/bin/python -m pytest -n $(UNIT_JOBS) --dist worksteal tests/unit $(addprefix --ignore=,$(SERIAL))
+	$(VENV)/bin/python -m pytest $(UNIT_DIST) tests/unit $(addprefix --ignore=,$(SERIAL))
 	$(VENV)/bin/python -m pytest $(SERIAL)
 
 # `make test-quick`: the fast tier, before every commit (docs/testing.md): the pure code, the
