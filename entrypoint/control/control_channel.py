@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from entrypoint.control import messages as m
 from entrypoint.control import sockets
+from entrypoint.control.awake import AwakeClock
 from entrypoint.control.identity import Identity
 from entrypoint.control.message_fields import shown
 from entrypoint.control.slow_nodes import STATS_EVERY
@@ -49,6 +50,9 @@ class Channel:
         self.member: int | None = None
         self.lines = Lines()
         self._last_heard = time.monotonic()
+        # Node 0's silence counts only while this node was awake to hear it: `silent()` is
+        # called every round of whichever loop runs (0.2 to 0.5 s of waiting, and its work).
+        self._awake = AwakeClock(slack=1.5)
         self.closed = False
         self.welcomed = False
         self.stats_sent = float("-inf")
@@ -74,6 +78,12 @@ class Channel:
     @last_heard.setter
     def last_heard(self, when: float) -> None:
         self._last_heard = when
+
+    def silent(self) -> float:
+        """Seconds since node 0 was last heard, less the time this node was held up itself
+        (entrypoint.control.awake)."""
+        self._awake.round()
+        return self._awake.since(self.last_heard)
 
     def send(self, message: m.Message) -> bool:
         """Send one message; a hello gets this node's proof, a beat its GPUs' figures only

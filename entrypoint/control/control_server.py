@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from entrypoint.control import messages as m
 from entrypoint.control import sockets
+from entrypoint.control.awake import AwakeClock
 from entrypoint.control.conductor import Conductor
 from entrypoint.control.conductor_terms import ALL, Action, Close, Log, Send
 from entrypoint.control.control_guard import REFUSAL_WINDOW, Pending, Warnings, refusal
@@ -24,6 +25,7 @@ from entrypoint.plan.errors import ConfigError
 
 HELLO_TIMEOUT = 30.0  # seconds from connect to a valid hello; a node collects its fingerprint
 MAX_OUT = 4 << 20  # bytes waiting for one peer; a peer that takes none is stuck (or hostile)
+HELD_UP = 0.7  # seconds: a round (a poll of at most 0.2 s and its work) longer was held up
 MAX_BAD_LINES = 100  # invalid lines a member may send (logged, skipped) before it is dropped
 
 
@@ -103,6 +105,7 @@ class Server(threading.Thread):
         self.finished = threading.Event()
         self._halt = threading.Event()  # not `_stop`: threading.Thread has a method of that name
         self.warnings = Warnings(log, refusal_window)
+        self.clock = AwakeClock(slack=HELD_UP)
 
     def run(self) -> None:
         try:
@@ -126,12 +129,13 @@ class Server(threading.Thread):
         self._halt.set()
 
     def _loop(self) -> None:
-        last_beat = last_tick = time.monotonic()
+        last_beat = last_tick = self.clock.round()
         ended_at = None
         held = False  # the last round was held up: what arrived meanwhile is read first
         while not self._halt.is_set():
             began = time.monotonic()
             ready = self.selector.select(timeout=0 if held else 0.2)
+            self.clock.round()
             for key, events in ready:
                 if key.fileobj is self.listener:
                     self._accept()
@@ -142,12 +146,12 @@ class Server(threading.Thread):
                     self._flush(peer)
                 if peer is not None and events & selectors.EVENT_READ and key.fileobj in self.peers:
                     self._read(peer)
-            now = time.monotonic()
+            now = self.clock.now()
             # A round far longer than its poll (this process stopped, starved of CPU or of the
             # GIL; a poll that outlived its timeout returns nothing): the nodes' heartbeats may
             # be waiting unread, so silence is judged only after one more poll (one: a flood of
             # work must not hold up the heartbeats).
-            held = not held and now - began > 0.7
+            held = not held and time.monotonic() - began > HELD_UP
             if now - last_tick >= 0.5 and not held:
                 last_tick = now
                 self._apply(self.conductor.tick(now))
@@ -174,7 +178,7 @@ class Server(threading.Thread):
             except OSError as err:  # out of file descriptors, say: the job goes on
                 self._dropped_log(f"could not accept a connection: {err.strerror}")
                 return
-            now = time.monotonic()
+            now = self.clock.now()
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             peer = Peer(sock, sockets.peer_text(address), now, sockets.bare_ip(str(address[0])))
@@ -245,7 +249,7 @@ class Server(threading.Thread):
                     return
                 self._dropped_log(f"skipped a line from {peer.name()}: {err}")
                 continue
-            self._dispatch(peer, message, time.monotonic())
+            self._dispatch(peer, message, self.clock.now())
 
     def _dispatch(self, peer: Peer, message: m.Message, now: float) -> None:
         member, c = peer.member, self.conductor
@@ -319,7 +323,7 @@ class Server(threading.Thread):
         self._drop(peer)
         if member is not None and self.members.get(member) is peer:
             del self.members[member]
-            self._apply(self.conductor.closed(member, time.monotonic()))
+            self._apply(self.conductor.closed(member, self.clock.now()))
 
     def _drop(self, peer: Peer) -> None:
         self.pending.discard(peer)
@@ -335,7 +339,7 @@ class Server(threading.Thread):
             pass
 
     def _dropped_log(self, text: str) -> None:
-        self.warnings.dropped(text, time.monotonic())
+        self.warnings.dropped(text, self.clock.now())
 
     # -- actions and writes ---------------------------------------------------------------
 

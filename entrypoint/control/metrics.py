@@ -252,14 +252,20 @@ def registry(
 
 
 def serve(
-    conductor: Conductor, job: Job, port: int, bind: str, log: Callable[[str, str], None]
+    conductor: Conductor,
+    job: Job,
+    port: int,
+    bind: str,
+    log: Callable[[str, str], None],
+    clock: Callable[[], float] = time.monotonic,
 ) -> MetricsServer | None:
     """Serve `/metrics` on `port` (entrypoint.control.metrics_server: bounded against strangers);
-    a port that cannot be had is a warning, never a reason to stop the job. Returns the server
-    (its `shutdown()` stops it), or None."""
+    a port that cannot be had is a warning, never a reason to stop the job. `clock` is the one
+    the Conductor is fed (the control server's). Returns the server (its `shutdown()` stops
+    it), or None."""
     from prometheus_client.exposition import generate_latest  # at the edge: node 0 only
 
-    jobs = registry(conductor, job)
+    jobs = registry(conductor, job, clock)
     try:
         server = MetricsServer(lambda: generate_latest(jobs), port, bind)
     except OSError as error:

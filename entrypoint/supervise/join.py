@@ -122,7 +122,7 @@ def serve(
             return _started(server, host, port)
         name = identity.job.partition("=")[2] or "-"  # ENTRYPOINT_JOB_ID=train: train
         job = metrics.Job(name, plan.platform, plan.nproc_per_node)
-        if metrics.serve(conductor, job, plan.metrics_port, bind, log):
+        if metrics.serve(conductor, job, plan.metrics_port, bind, log, server.clock.now):
             where = host_port(host, plan.metrics_port)
             log("info", f"metrics of every node at http://{where}/metrics (entrypoint status)")
     return _started(server, host, port)
@@ -264,7 +264,7 @@ class Join:
 
     def check_node0(self, timeout: float) -> None:
         """NodeExit when node 0 has been silent for more than `timeout` seconds."""
-        silent = time.monotonic() - self.node0.last_heard
+        silent = self.node0.silent()
         if silent > timeout:
             self.on_lost(LOST_PEER_GRACE)
             raise NodeExit(
