@@ -18,13 +18,14 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from loopback import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINER = str(ROOT / "tests" / "fault_trainer.py")
@@ -49,28 +50,6 @@ while True:  # non-blocking: a full accept queue holds up no other connection
     if len(held) > hold:
         held.popleft().close()
 """
-
-
-def free_ports() -> int:
-    while True:
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-
-
-def free_port_but(*taken: int) -> int:
-    """A free port none of `taken`, for the fault trainer's own collective (its FAULT_PORT)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in taken:
-            return port
 
 
 def node(rank: int, port: int, tmp: Path, collective: int) -> subprocess.Popen:
@@ -105,8 +84,8 @@ def node(rank: int, port: int, tmp: Path, collective: int) -> subprocess.Popen:
 def trial(flooders: int, hold: int, timeout: float) -> dict:
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
-        port = free_ports()
-        collective = free_port_but(port, port + 1, port + 2)
+        port = free_ports(4)  # node 0's rendezvous, control and metrics ports, then the trainer's
+        collective = port + 3
         zero = node(0, port, tmp, collective)
         time.sleep(2)  # node 0 serves its control port
         flood = [

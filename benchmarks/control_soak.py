@@ -18,26 +18,15 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from loopback import free_ports
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    while True:
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            try:
-                b.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
 
 
 def main() -> int:
@@ -56,7 +45,7 @@ def main() -> int:
     args = parser.parse_args()
     seconds = args.minutes * 60
     work = Path(tempfile.mkdtemp(prefix="control-soak-"))
-    port = free_port()
+    port = free_ports(3)  # node 0's rendezvous, control and metrics ports
     env = {
         "PATH": os.environ["PATH"],
         "HOME": os.environ.get("HOME", "/tmp"),

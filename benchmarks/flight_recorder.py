@@ -18,13 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
 from pathlib import Path
+
+from loopback import free_ports
 
 RANK = textwrap.dedent(
     """
@@ -53,14 +54,8 @@ RANK = textwrap.dedent(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def one_round(script: Path, n: int, buffer: str, tmp: str) -> tuple[float, list | None]:
-    init = f"tcp://127.0.0.1:{free_port()}"
+    init = f"tcp://127.0.0.1:{free_ports()}"
     repo = str(Path(__file__).resolve().parents[1])
     procs = [
         subprocess.Popen(
