@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sys
 import time
 import urllib.request
@@ -179,6 +180,26 @@ def save_results(results: list[dict], directory: str) -> None:
         (out / f"rank{r['rank']}.json").write_text(json.dumps(r, indent=2) + "\n")
 
 
+def lost_on_the_way(lost: Mapping[str, int | None]) -> str:
+    """The nodes a job with spares or a minimum went on without, as a sentence:
+    `node local-1a2b-node-1 was lost on the way (exit 137: SIGKILL); the job went on without
+    it`."""
+    said = [f"{name} ({_exit(code)})" for name, code in sorted(lost.items())]
+    if len(said) == 1:
+        return f"node {said[0]} was lost on the way; the job went on without it"
+    listed = ", ".join(said[:-1]) + f" and {said[-1]}"
+    return f"nodes {listed} were lost on the way; the job went on without them"
+
+
+def _exit(code: int | None) -> str:
+    if code is None:
+        return "no exit seen"
+    try:
+        return f"exit {code}" + (f": {signal.Signals(code - 128).name}" if code > 128 else "")
+    except ValueError:
+        return f"exit {code}"
+
+
 def verdict(
     run: ClusterRun, results_dir: str | None, command: list[str], elastic: bool, node0: str
 ) -> int:
@@ -190,7 +211,7 @@ def verdict(
     elastic = elastic and not run.timed_out
     problem = None if elastic and run.exit_codes.get(node0) == 0 else run.problem()
     if elastic and lost and not problem:
-        print(f"local: lost {lost} on the way; the job went on without them")
+        print(f"local: {lost_on_the_way(lost)}")
     if problem:
         print(f"local: FAILED: {problem}", file=sys.stderr)
         return 1

@@ -275,3 +275,26 @@ def test_spare_options_out_of_range_are_refused(spares, least, option):
             gpu_probe=NONE, spares=spares, min_nodes=least,
         )  # fmt: skip
     assert err.value.variable == option
+
+
+@pytest.mark.parametrize(
+    ("lost", "said"),
+    [
+        (
+            {"local-9780-node-1": 137},
+            "node local-9780-node-1 (exit 137: SIGKILL) was lost on the way; the job went on "
+            "without it",
+        ),
+        (
+            {"local-9780-node-2": 75, "local-9780-node-1": 143},
+            "nodes local-9780-node-1 (exit 143: SIGTERM) and local-9780-node-2 (exit 75) were "
+            "lost on the way; the job went on without them",
+        ),
+    ],
+)
+def test_nodes_lost_on_the_way_are_said_in_a_sentence(lost, said):
+    """`local --spares 1 --kill 1@30` ended with `local: lost {'local-9780-node-1': 137} on the
+    way`, a raw dict (issue 52)."""
+    from entrypoint.local.demo import lost_on_the_way
+
+    assert lost_on_the_way(lost) == said
