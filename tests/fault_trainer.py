@@ -24,6 +24,8 @@ FAULT_HANG      "<rank>:<step>,...": those ranks hang at that step, deaf to SIGT
 FAULT_WAIT      "<rank>:<step>,...": those ranks wait at that step (outside any collective) until a
                 signal comes, then record it and exit 128 + its number
 FAULT_NOISE     lines of 100 characters each rank writes to stderr every step
+FAULT_SAY_EVERY rank 0 prints `[fault] step <N>/<FAULT_STEPS>` every that many steps (as a
+                trainer logs its progress; the container tests' faults wait for such a line)
 Every signal a rank receives is appended to <FAULT_OUT>/signals<rank> (one number a line).
 """
 
@@ -43,6 +45,7 @@ pause = float(os.environ.get("FAULT_STEP_SECONDS", "0.05"))
 crash = os.environ.get("FAULT_CRASH", "")
 exit_at = os.environ.get("FAULT_EXIT", "")
 noise = int(os.environ.get("FAULT_NOISE", "0"))
+say_every = int(os.environ.get("FAULT_SAY_EVERY", "0"))
 hang = os.environ.get("FAULT_HANG", "").split(",")
 wait_at = os.environ.get("FAULT_WAIT", "").split(",")
 waiting = False
@@ -202,6 +205,8 @@ for step in range(start + 1, steps + 1):
             ckpt.write_text(str(step - 1))
         break
     time.sleep(pause)
+    if rank == 0 and say_every and step % say_every == 0:
+        print(f"[fault] step {step}/{steps}", flush=True)
     if rank == 0 and step % 20 == 0:
         ckpt.write_text(str(step))
 report = {

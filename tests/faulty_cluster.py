@@ -18,7 +18,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from entrypoint.local.cluster import Cluster, ClusterRun, Node, NodeRun
@@ -65,6 +66,7 @@ class FaultyCluster(Cluster):
         self._triggered: dict[str, float] = {}  # fault name: when its trigger came
         self._fired: dict[str, float] = {}
         self._errors: dict[str, str] = {}
+        self.live: Mapping[str, NodeRun] = {}  # the current run's nodes so far, for an action
 
     def run(
         self, nodes: Sequence[Node], *, faults: Sequence[Fault] = (), **kwargs: Any
@@ -77,6 +79,7 @@ class FaultyCluster(Cluster):
         return FaultyRun(**vars(run), faults=self._fired, fault_errors=self._errors)
 
     def on_poll(self, now: float, runs: Mapping[str, NodeRun]) -> None:
+        self.live = runs
         for fault in list(self._waiting):
             if fault.name not in self._triggered and triggered(fault, now, runs):
                 self._triggered[fault.name] = now
@@ -96,6 +99,14 @@ class FaultyCluster(Cluster):
         return volumes | super()._volumes()
 
     # -- what `Fault` actions call --------------------------------------------------------------
+
+    def seconds(self) -> float:
+        """Seconds since the current run's start (the clock of NodeRun.times and faults)."""
+        return time.monotonic() - self._t0
+
+    def fired(self, name: str) -> float | None:
+        """When the fault `name` fired in the current run, if it did."""
+        return self._fired.get(name)
 
     def kill(self, name: str, signal: str = "SIGKILL") -> None:
         """`docker kill --signal SIGNAL`: to the container's PID 1 (tini passes it on)."""
@@ -133,7 +144,48 @@ class FaultyCluster(Cluster):
 def hand_started(c: FaultyCluster, steps: int, **env: str) -> list[Node]:
     """Two nodes started by hand (NNODES/NODE_RANK, tests/cluster/test_cluster.py's torchrun
     style), 2 CPU workers each, running the built-in job for `steps` steps, plus `env`."""
-    master = c.hostname("node", 0)
+    job = {"ENTRYPOINT_JOB_STEPS": str(steps), "ENTRYPOINT_JOB_LOG_EVERY": "5"}
+    return two_nodes(c, c.hostname("node", 0), **(job | env))
+
+
+# tests/fault_trainer.py as every node of a FaultyCluster(mounts=LIGHT_MOUNT) sees it
+LIGHT_MOUNT = {str(Path(__file__).parent): "/tests"}
+LIGHT = ["run", "--", "python", "/tests/fault_trainer.py"]
+JOB_KNOBS = ("ENTRYPOINT_JOB_STEPS", "ENTRYPOINT_JOB_LOG_EVERY", "ENTRYPOINT_JOB_SAVE_EVERY")
+
+
+def light_started(
+    c: FaultyCluster, steps: int, *, pace: float = 0.05, master: str | None = None, **env: str
+) -> list[Node]:
+    """hand_started's two nodes, lightened (below)."""
+    return lightened(two_nodes(c, master or c.hostname("node", 0), **env), steps, pace=pace)
+
+
+def lightened(nodes: Sequence[Node], steps: int, *, pace: float = 0.05) -> list[Node]:
+    """The same nodes, their workers running tests/fault_trainer.py (steps of `pace` seconds in
+    lockstep, over TCP; rank 0 prints `[fault] step N/STEPS` every 5) instead of the built-in
+    job: for the tests whose subject is the entrypoint, not the trainer. Its workers import
+    neither torch nor DeepSpeed (a 2-node case's CPU: about a third of the built-in job's).
+    The cluster needs `mounts=LIGHT_MOUNT`."""
+    trainer = {
+        "FAULT_OUT": "/tmp/fault",
+        "FAULT_PORT": "29510",
+        "FAULT_STEPS": str(steps),
+        "FAULT_STEP_SECONDS": str(pace),
+        "FAULT_SAY_EVERY": "5",
+    }
+    return [
+        replace(
+            n,
+            env={k: v for k, v in n.env.items() if k not in JOB_KNOBS} | trainer,
+            command=LIGHT,
+        )
+        for n in nodes
+    ]
+
+
+def two_nodes(c: FaultyCluster, master: str, **env: str) -> list[Node]:
+    """Two nodes started by hand, 2 CPU workers each, `env` added."""
     return [
         Node(
             c.hostname("node", r),
@@ -143,8 +195,6 @@ def hand_started(c: FaultyCluster, steps: int, **env: str) -> list[Node]:
                 "MASTER_ADDR": master,
                 "MASTER_PORT": "29500",
                 "ENTRYPOINT_NPROC_PER_NODE": "2",
-                "ENTRYPOINT_JOB_STEPS": str(steps),
-                "ENTRYPOINT_JOB_LOG_EVERY": "5",
             }
             | env,
         )

@@ -3,8 +3,9 @@ wrong token and a node of another job cannot stop a job; and no false alarm at t
 heartbeat timeout when every core is saturated or a node's entrypoint is stopped for a few
 seconds. Kill, pause and cut-off at the same defaults are in tests/cluster/test_faults.py.
 
-Each case is 2 node containers x 2 CPU workers of the image training the built-in DeepSpeed
-job (hand-started nodes), every setting at its default. `pytest -s` prints `MEASURED` lines.
+Each case is 2 node containers x 2 CPU workers (hand-started nodes) running tests/fault_trainer.py
+(steps of 0.05 s in lockstep over TCP; no torch: the subject is the entrypoints' control
+channel, not the trainer), every setting at its default. `pytest -s` prints `MEASURED` lines.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import shutil
 import subprocess
 
 from entrypoint.local.cluster import Node
-from faulty_cluster import Fault, FaultyCluster, hand_started
+from faulty_cluster import LIGHT_MOUNT, Fault, FaultyCluster, light_started
 
 TIMEOUT = 360  # per cluster run: a start takes ~30 s on 2 idle cores, minutes when shared
-TRAINING = "[job] step 10/"
+TRAINING = "[fault] step 10/"
 TOKEN = "9f1c3e5a7b2d4f608192a3b4c5d6e7f8"  # test-only; asserted absent from every log
 WRONG = "5d1f8b2e9a07c4e6b3f0a9d28c7e1b54"  # random too: a token of low variety is refused first
 CONTROL_PORT = 29501  # MASTER_PORT + 1
@@ -49,12 +50,12 @@ def test_a_stranger_on_the_network_cannot_stop_the_job(image, docker_client):
     an HTTP request, a forged exit, 200 connections at once and a silent one, sent to node 0's
     control port from another machine while the job trains, are dropped and logged with the
     stranger's address, and both nodes finish with exit 0."""
-    with FaultyCluster(image, client=docker_client, echo=print) as c:
+    with FaultyCluster(image, client=docker_client, echo=print, mounts=LIGHT_MOUNT) as c:
         first, second = c.hostname("node", 0), c.hostname("node", 1)
         seen: dict[str, tuple[int, str]] = {}
         stranger = ["python3", "-c", STRANGER, first, str(CONTROL_PORT)]
         run = c.run(
-            hand_started(c, 400),  # training outlasts the stranger (about 4 s) on a loaded machine
+            light_started(c, 800),  # 40 s: outlasts the stranger (about 4 s) on a loaded machine
             timeout=TIMEOUT,
             faults=[
                 Fault(
@@ -85,11 +86,11 @@ def test_a_wrong_token_or_another_jobs_node_is_refused_and_the_job_goes_on(image
     another job (ENTRYPOINT_JOB_ID) with the right token. Each is refused with one line on
     both sides naming it and the reason, exits 2, and the real nodes train and exit 0. The
     token never appears in a log."""
-    with FaultyCluster(image, client=docker_client, echo=print) as c:
+    with FaultyCluster(image, client=docker_client, echo=print, mounts=LIGHT_MOUNT) as c:
         first, second = c.hostname("node", 0), c.hostname("node", 1)
         wrong, other = c.hostname("wrongtoken", 1), c.hostname("otherjob", 1)
         job = {"ENTRYPOINT_JOB_ID": "train-42", "ENTRYPOINT_JOB_TOKEN": TOKEN}
-        real = hand_started(c, 60, **job)
+        real = light_started(c, 600, **job)  # 30 s: outlasts the intruders' start at 5 s
         intruders = [
             Node(wrong, real[1].env | {"ENTRYPOINT_JOB_TOKEN": WRONG}, delay=5),
             Node(other, real[1].env | {"ENTRYPOINT_JOB_ID": "train-41"}, delay=5),
@@ -137,10 +138,10 @@ def test_no_false_alarm_when_every_core_is_saturated(image, docker_client, unava
         )
 
     try:
-        with FaultyCluster(image, client=docker_client, echo=print) as c:
+        with FaultyCluster(image, client=docker_client, echo=print, mounts=LIGHT_MOUNT) as c:
             first, second = c.hostname("node", 0), c.hostname("node", 1)
             run = c.run(
-                hand_started(c, 60),
+                light_started(c, 300),  # 15 s of stepping under stress-ng's 45 s
                 timeout=TIMEOUT,
                 faults=[Fault("stress-ng", saturate, node=first, line=TRAINING)],
             )
@@ -177,7 +178,7 @@ def test_no_false_alarm_when_an_entrypoint_is_stopped_briefly(image, docker_clie
     """SIGSTOP, then SIGCONT 3 s later, of node 1's entrypoint, then of node 0's (a stall of
     the scheduler, a slow NFS read): shorter than the 5 s timeout less one interval, so no
     node is named lost and both exit 0."""
-    with FaultyCluster(image, client=docker_client, echo=print) as c:
+    with FaultyCluster(image, client=docker_client, echo=print, mounts=LIGHT_MOUNT) as c:
         first, second = c.hostname("node", 0), c.hostname("node", 1)
         out: dict[str, tuple[int, str]] = {}
 
@@ -187,11 +188,11 @@ def test_no_false_alarm_when_an_entrypoint_is_stopped_briefly(image, docker_clie
             )
 
         run = c.run(
-            hand_started(c, 300),  # training outlasts both 3 s stops on a loaded machine
+            light_started(c, 400),  # 20 s: outlasts both 3 s stops on a loaded machine
             timeout=TIMEOUT,
             faults=[
                 Fault("stop node 1", stop(second), node=first, line=TRAINING),
-                Fault("stop node 0", stop(first), node=first, line="[job] step 30/"),
+                Fault("stop node 0", stop(first), node=first, line=TRAINING, delay=5),
             ],
         )
         assert all(code == 0 and "stopped" in text for code, text in out.values()), out

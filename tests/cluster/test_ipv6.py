@@ -1,8 +1,9 @@
 """IPv6 in real containers (issue 24): two node containers on a Docker network with IPv6
 enabled (dual-stack, as Docker makes it), the master given as node 0's IPv6 address, or as a
 name that resolves to that address only (an /etc/hosts entry, as `--add-host` writes it); the
-built-in DeepSpeed job trains across both, and a killed or paused node ends the job as over
-IPv4 (tests/cluster/test_faults.py)."""
+built-in DeepSpeed job trains across both (gloo over IPv6), and a killed or paused node ends the
+job as over IPv4 (tests/cluster/test_faults.py; the nodes run tests/fault_trainer.py there, as
+the entrypoints, not torch, are the subject)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from entrypoint.local.cluster import Node
-from faulty_cluster import Fault, FaultyCluster
+from faulty_cluster import LIGHT_MOUNT, Fault, FaultyCluster, light_started
 
 from .test_faults import HEARTBEAT_TIMEOUT, LOST, measured, took
 
@@ -51,7 +52,7 @@ class V6Cluster(FaultyCluster):
         }
 
 
-def nodes(c: V6Cluster, master: str, steps: int = STEPS) -> list[Node]:
+def nodes(c: V6Cluster, master: str) -> list[Node]:
     return [
         Node(
             c.hostname("node", r),
@@ -61,7 +62,7 @@ def nodes(c: V6Cluster, master: str, steps: int = STEPS) -> list[Node]:
                 "MASTER_ADDR": master,
                 "MASTER_PORT": "29500",
                 "ENTRYPOINT_NPROC_PER_NODE": "2",
-                "ENTRYPOINT_JOB_STEPS": str(steps),
+                "ENTRYPOINT_JOB_STEPS": str(STEPS),
                 "ENTRYPOINT_JOB_LOG_EVERY": "5",
             },
         )
@@ -88,14 +89,17 @@ def test_the_job_trains_with_an_ipv6_master(image, docker_client, form):
 
 def test_over_ipv6_a_killed_node_and_a_paused_node_end_the_job_as_over_ipv4(image, docker_client):
     for fault in ("kill", "pause"):
-        with V6Cluster(image, client=docker_client, echo=print) as c:
+        with V6Cluster(image, client=docker_client, echo=print, mounts=LIGHT_MOUNT) as c:
             first, other = c.hostname("node", 0), c.hostname("node", 1)
             action = (lambda c: c.kill(other)) if fault == "kill" else (lambda c: c.pause(other))
-            faults = [Fault(fault, action, node=first, line=TRAINING)]
+            faults = [Fault(fault, action, node=first, line="[fault] step 10/")]
             if fault == "pause":
                 faults.append(Fault("unpause", lambda c: c.unpause(other), exited=first))
             run = c.run(
-                nodes(c, c.address(0), steps=5000), timeout=TIMEOUT, grace=90, faults=faults
+                light_started(c, 5000, master=c.address(0)),
+                timeout=TIMEOUT,
+                grace=90,
+                faults=faults,
             )
             want = {first: 75, other: 137 if fault == "kill" else 75}
             assert run.exit_codes == want, run.log(80)

@@ -11,7 +11,7 @@ the figures.
 from __future__ import annotations
 
 from entrypoint.local.cluster import Node
-from faulty_cluster import Fault, FaultyCluster, FaultyRun
+from faulty_cluster import LIGHT_MOUNT, Fault, FaultyCluster, FaultyRun, lightened
 
 from .test_preflight import TwoImages, odd_image  # noqa: F401 - a fixture
 
@@ -46,7 +46,14 @@ def nodes(c, n: int, steps: int = STEPS, workers: str | None = "2", **env: str) 
 
 
 def cluster(image, docker_client) -> FaultyCluster:
-    return FaultyCluster(image, client=docker_client, echo=print, shared=SHARED, output=OUTPUT)
+    return FaultyCluster(
+        image,
+        client=docker_client,
+        echo=print,
+        shared=SHARED,
+        output=OUTPUT,
+        mounts=LIGHT_MOUNT,
+    )
 
 
 def at_step(c: FaultyCluster, name: str, action, line: str = TRAINING, delay: float = 0) -> Fault:
@@ -138,20 +145,22 @@ def test_with_min_nodes_the_job_shrinks_and_resumes_at_the_smaller_world_size(im
 
 def test_a_lost_standby_is_logged_and_node_0_lost_ends_the_job(image, docker_client):
     """2 nodes + 2 spares: spare 3 killed, the job goes on; then node 0 killed: the others stop,
-    75, naming it (node 0 serves the channel and the rendezvous)."""
+    75, naming it (node 0 serves the channel and the rendezvous). The nodes run
+    tests/fault_trainer.py: no checkpoint is resumed here, the entrypoints are the subject."""
     with cluster(image, docker_client) as c:
         n = [c.hostname("node", r) for r in range(4)]
         run = c.run(
-            nodes(c, 4, steps=5000, ENTRYPOINT_SPARES="2"),
+            lightened(nodes(c, 4, ENTRYPOINT_SPARES="2"), 5000),
             timeout=TIMEOUT,
             grace=90,
             faults=[
-                at_step(c, "kill3", lambda c: c.kill(n[3])),
-                at_step(c, "kill0", lambda c: c.kill(n[0]), line="[job] step 40/"),
+                at_step(c, "kill3", lambda c: c.kill(n[3]), line="[fault] step 20/"),
+                at_step(c, "kill0", lambda c: c.kill(n[0]), line="lost standby node 3", delay=2),
             ],
         )
         assert run.exit_codes == {n[0]: 137, n[1]: 75, n[2]: 75, n[3]: 137}, run.log(80)
-        assert "lost standby node 3" in run.node(n[0]).log()
+        log0 = run.node(n[0]).log()
+        assert "[fault] step" in log0.split("lost standby node 3", 1)[1], log0[-2000:]  # went on
         for name in (n[1], n[2]):
             assert "lost node 0" in run.node(name).log(), run.node(name).log()[-2000:]
 
