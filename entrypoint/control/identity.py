@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from entrypoint.control.messages import AUTH_HMAC, AUTH_NONE
-from entrypoint.plan import files
+from entrypoint.plan import files, platforms
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.secrets import TOKEN_FILE_VARIABLE, TOKEN_VARIABLE
 
@@ -30,33 +30,13 @@ MIN_TOKEN = 16  # characters: a short token falls to an offline guess from one h
 MIN_DISTINCT = 8
 TOKEN_FIX = "Use a random one, e.g. `od -An -tx1 -N32 /dev/urandom | tr -d ' \\n'`"
 
-# Per platform, the variables whose value names the job, first present wins. Platforms not
-# listed give their nodes none (Kubernetes Jobs, Kubeflow, Volcano, machines started by hand).
-JOB_VARIABLES: Mapping[str, tuple[str, ...]] = {
-    "slurm": ("SLURM_JOB_ID",),
-    "mpi": ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID"),
-    "awsbatch": ("AWS_BATCH_JOB_ID",),
-    "sagemaker": ("TRAINING_JOB_NAME",),
-    "skypilot": ("SKYPILOT_TASK_ID",),
-    "jobset": ("JOBSET_NAME",),
-}
-
 
 def job_identity(env: Mapping[str, str], platform: str, job_id: str | None = None) -> str:
-    """`VARIABLE=value` naming this node's job, or "" when the platform gives none."""
+    """`VARIABLE=value` naming this node's job: ENTRYPOINT_JOB_ID when set, else what the
+    platform's own module says (its `job_identity`), or "" when the platform gives none."""
     if job_id:
         return f"ENTRYPOINT_JOB_ID={job_id}"
-    for name in JOB_VARIABLES.get(platform, ()):
-        value = env.get(name, "").strip()
-        if not value:
-            continue
-        if name == "AWS_BATCH_JOB_ID":
-            value = value.split("#", 1)[0]  # a multi-node job's node i is <job id>#<i>
-        if name == "SLURM_JOB_ID" and env.get("SLURM_RESTART_COUNT", "").strip():
-            # A requeued job keeps its id: a node left over from the earlier run is not a member.
-            return f"{name}={value} (restart {env['SLURM_RESTART_COUNT'].strip()})"
-        return f"{name}={value}"
-    return ""
+    return platforms.module(platform).job_identity(env) if platform in platforms.ORDER else ""
 
 
 @dataclass(frozen=True)

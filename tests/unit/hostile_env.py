@@ -12,6 +12,7 @@ plan invariants a plan breaks.
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable, Sequence
 
@@ -26,135 +27,13 @@ from entrypoint.supervise.launch import check_hardware
 
 Pick = Callable[[Sequence], object]
 
-# A valid environment of node 1 in a 2-node job, one per platform convention (see each
-# platform's tests/unit/test_platforms_*.py for where its variables are documented).
+# A valid environment of node 1 in a 2-node job, one per platform convention: each platform's
+# EXAMPLES, in its table of cases (tests/unit/test_platforms_<name>.py, where its variables are
+# documented).
 TEMPLATES: dict[str, dict[str, str]] = {
-    "mpi": {
-        "OMPI_COMM_WORLD_SIZE": "16",
-        "OMPI_COMM_WORLD_RANK": "9",
-        "OMPI_COMM_WORLD_LOCAL_SIZE": "8",
-        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-        "MASTER_ADDR": "10.0.0.1",
-        "MASTER_PORT": "29500",
-    },
-    "mpi-hydra": {
-        "PMI_SIZE": "2",
-        "PMI_RANK": "1",
-        "MPI_LOCALNRANKS": "1",
-        "MPI_LOCALRANKID": "0",
-        "MASTER_ADDR": "node-0",
-    },
-    "slurm": {
-        "SLURM_JOB_ID": "4242",
-        "SLURM_JOB_NODELIST": "gpu-[01-02]",
-        "SLURM_NNODES": "2",
-        "SLURM_NODEID": "1",
-        "SLURM_PROCID": "1",
-        "SLURM_LOCALID": "0",
-        "SLURM_NTASKS": "2",
-        "SLURM_TASKS_PER_NODE": "1(x2)",
-        "SLURM_STEP_ID": "0",
-        "SLURM_GPUS_ON_NODE": "8",
-    },
-    "slurm-per-gpu": {
-        "SLURM_JOB_ID": "4242",
-        "SLURM_STEP_NODELIST": "gpu-[01-02]",
-        "SLURM_STEP_NUM_NODES": "2",
-        "SLURM_NODEID": "1",
-        "SLURM_PROCID": "9",
-        "SLURM_LOCALID": "1",
-        "SLURM_STEP_NUM_TASKS": "16",
-        "SLURM_STEP_TASKS_PER_NODE": "8(x2)",
-        "SLURM_STEP_ID": "0",
-    },
-    "pytorchjob": {
-        "WORLD_SIZE": "16",
-        "RANK": "1",
-        "PET_NNODES": "2",
-        "PET_NODE_RANK": "1",
-        "PET_NPROC_PER_NODE": "8",
-        "MASTER_ADDR": "job-master-0",
-        "MASTER_PORT": "23456",
-        "PET_MASTER_ADDR": "job-master-0",
-        "PET_MASTER_PORT": "23456",
-    },
-    "trainjob": {
-        "PET_NNODES": "2",
-        "PET_NODE_RANK": "1",
-        "PET_NPROC_PER_NODE": "auto",
-        "PET_MASTER_ADDR": "tj-node-0-0.tj",
-        "PET_MASTER_PORT": "29500",
-        "JOB_COMPLETION_INDEX": "1",
-    },
-    "volcano": {
-        "WORLD_SIZE": "2",
-        "RANK": "1",
-        "MASTER_ADDR": "vj-master-0.vj",
-        "MASTER_PORT": "23456",
-        "VC_MASTER_HOSTS": "vj-master-0.vj",
-        "VC_MASTER_NUM": "1",
-        "VC_WORKER_HOSTS": "vj-worker-0.vj",
-        "VC_WORKER_NUM": "1",
-        "VC_TASK_INDEX": "0",
-    },
-    "volcano-svc": {
-        "VC_TASK_INDEX": "1",
-        "VC_NODE_HOSTS": "vj-node-0.vj,vj-node-1.vj",
-        "VC_NODE_NUM": "2",
-    },
-    "jobset": {
-        "JOBSET_NAME": "js",
-        "REPLICATED_JOB_NAME": "w",
-        "JOB_INDEX": "0",
-        "REPLICATED_JOB_REPLICAS": "1",
-        "JOB_COMPLETION_INDEX": "1",
-        "ENTRYPOINT_NNODES": "2",
-    },
-    "skypilot": {
-        "SKYPILOT_NODE_RANK": "1",
-        "SKYPILOT_NODE_IPS": "10.0.0.1\n10.0.0.2",
-        "SKYPILOT_NUM_NODES": "2",
-        "SKYPILOT_NUM_GPUS_PER_NODE": "8",
-    },
-    "awsbatch": {
-        "AWS_BATCH_JOB_NODE_INDEX": "1",
-        "AWS_BATCH_JOB_NUM_NODES": "2",
-        "AWS_BATCH_JOB_MAIN_NODE_INDEX": "0",
-        "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS": "10.0.0.1",
-    },
-    "sagemaker": {
-        "SM_HOSTS": '["algo-1","algo-2"]',
-        "SM_CURRENT_HOST": "algo-2",
-        "SM_NUM_GPUS": "8",
-    },
-    "indexedjob": {
-        "JOB_COMPLETION_INDEX": "1",
-        "ENTRYPOINT_NNODES": "2",
-        "MASTER_ADDR": "train-0.train",
-    },
-    "torchrun": {
-        "NNODES": "2",
-        "NODE_RANK": "1",
-        "NPROC_PER_NODE": "8",
-        "GPUS_PER_NODE": "8",
-        "MASTER_ADDR": "10.0.0.1",
-        "MASTER_PORT": "29500",
-    },
-    "commercial": {
-        "WORLD_SIZE": "2",
-        "RANK": "1",
-        "MASTER_ADDR": "job-worker-0",
-        "MASTER_PORT": "29500",
-    },
-    "commercial-procs": {
-        "WORLD_SIZE": "16",
-        "RANK": "9",
-        "LOCAL_RANK": "1",
-        "LOCAL_WORLD_SIZE": "8",
-        "GROUP_RANK": "1",
-        "MASTER_ADDR": "10.0.0.1",
-    },
-    "local": {},
+    name: env
+    for platform in platforms.ORDER
+    for name, env in importlib.import_module(f"test_platforms_{platform}").EXAMPLES.items()
 }
 
 NUMBERS = [

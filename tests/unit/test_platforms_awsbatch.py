@@ -82,3 +82,16 @@ def test_bad_values(env, variable):
     with pytest.raises(ConfigError) as err:
         awsbatch.read(env)
     assert err.value.variable == variable and "\n" not in err.value.line()
+
+
+# This platform's environments for tests/unit/hostile_env.py's fuzzing: node 1 of a 2-node
+# job, one per convention (tests/unit/test_platforms_contract.py checks each detects as this
+# platform).
+EXAMPLES: dict[str, dict[str, str]] = {
+    "awsbatch": {
+        "AWS_BATCH_JOB_NODE_INDEX": "1",
+        "AWS_BATCH_JOB_NUM_NODES": "2",
+        "AWS_BATCH_JOB_MAIN_NODE_INDEX": "0",
+        "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS": "10.0.0.1",
+    },
+}

@@ -58,3 +58,24 @@ def test_bad_values(env, variable):
     with pytest.raises(ConfigError) as err:
         commercial.read(env)
     assert err.value.variable == variable
+
+
+# This platform's environments for tests/unit/hostile_env.py's fuzzing: node 1 of a 2-node
+# job, one per convention (tests/unit/test_platforms_contract.py checks each detects as this
+# platform).
+EXAMPLES: dict[str, dict[str, str]] = {
+    "commercial": {
+        "WORLD_SIZE": "2",
+        "RANK": "1",
+        "MASTER_ADDR": "job-worker-0",
+        "MASTER_PORT": "29500",
+    },
+    "commercial-procs": {
+        "WORLD_SIZE": "16",
+        "RANK": "9",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "8",
+        "GROUP_RANK": "1",
+        "MASTER_ADDR": "10.0.0.1",
+    },
+}

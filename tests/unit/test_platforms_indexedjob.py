@@ -59,3 +59,15 @@ def test_bad_values(env, variable, words):
         indexedjob.read(env)
     assert err.value.variable == variable
     assert words in err.value.line() and "\n" not in err.value.line()
+
+
+# This platform's environments for tests/unit/hostile_env.py's fuzzing: node 1 of a 2-node
+# job, one per convention (tests/unit/test_platforms_contract.py checks each detects as this
+# platform).
+EXAMPLES: dict[str, dict[str, str]] = {
+    "indexedjob": {
+        "JOB_COMPLETION_INDEX": "1",
+        "ENTRYPOINT_NNODES": "2",
+        "MASTER_ADDR": "train-0.train",
+    },
+}

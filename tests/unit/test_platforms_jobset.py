@@ -71,3 +71,18 @@ def test_bad_values(env, variable):
     with pytest.raises(ConfigError) as err:
         jobset.read(env)
     assert err.value.variable == variable and "\n" not in err.value.line()
+
+
+# This platform's environments for tests/unit/hostile_env.py's fuzzing: node 1 of a 2-node
+# job, one per convention (tests/unit/test_platforms_contract.py checks each detects as this
+# platform).
+EXAMPLES: dict[str, dict[str, str]] = {
+    "jobset": {
+        "JOBSET_NAME": "js",
+        "REPLICATED_JOB_NAME": "w",
+        "JOB_INDEX": "0",
+        "REPLICATED_JOB_REPLICAS": "1",
+        "JOB_COMPLETION_INDEX": "1",
+        "ENTRYPOINT_NNODES": "2",
+    },
+}

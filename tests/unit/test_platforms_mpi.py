@@ -212,3 +212,25 @@ def test_bad_values(env, variable, words):
         mpi.read(env)
     assert err.value.variable == variable
     assert words in err.value.line() and "\n" not in err.value.line()
+
+
+# This platform's environments for tests/unit/hostile_env.py's fuzzing: node 1 of a 2-node
+# job, one per convention (tests/unit/test_platforms_contract.py checks each detects as this
+# platform).
+EXAMPLES: dict[str, dict[str, str]] = {
+    "mpi": {
+        "OMPI_COMM_WORLD_SIZE": "16",
+        "OMPI_COMM_WORLD_RANK": "9",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "8",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+    },
+    "mpi-hydra": {
+        "PMI_SIZE": "2",
+        "PMI_RANK": "1",
+        "MPI_LOCALNRANKS": "1",
+        "MPI_LOCALRANKID": "0",
+        "MASTER_ADDR": "node-0",
+    },
+}

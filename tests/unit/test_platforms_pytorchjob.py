@@ -135,3 +135,21 @@ def test_bad_values(env, variable, words):
         pytorchjob.read(env)
     assert err.value.variable == variable
     assert words in err.value.line() and "\n" not in err.value.line()
+
+
+# This platform's environments for tests/unit/hostile_env.py's fuzzing: node 1 of a 2-node
+# job, one per convention (tests/unit/test_platforms_contract.py checks each detects as this
+# platform).
+EXAMPLES: dict[str, dict[str, str]] = {
+    "pytorchjob": {
+        "WORLD_SIZE": "16",
+        "RANK": "1",
+        "PET_NNODES": "2",
+        "PET_NODE_RANK": "1",
+        "PET_NPROC_PER_NODE": "8",
+        "MASTER_ADDR": "job-master-0",
+        "MASTER_PORT": "23456",
+        "PET_MASTER_ADDR": "job-master-0",
+        "PET_MASTER_PORT": "23456",
+    },
+}

@@ -49,3 +49,15 @@ def test_bad_values(env, variable):
     with pytest.raises(ConfigError) as err:
         sagemaker.read(env)
     assert err.value.variable == variable and "\n" not in err.value.line()
+
+
+# This platform's environments for tests/unit/hostile_env.py's fuzzing: node 1 of a 2-node
+# job, one per convention (tests/unit/test_platforms_contract.py checks each detects as this
+# platform).
+EXAMPLES: dict[str, dict[str, str]] = {
+    "sagemaker": {
+        "SM_HOSTS": '["algo-1","algo-2"]',
+        "SM_CURRENT_HOST": "algo-2",
+        "SM_NUM_GPUS": "8",
+    },
+}

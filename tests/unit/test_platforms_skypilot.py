@@ -56,3 +56,16 @@ def test_bad_values(env, variable):
     with pytest.raises(ConfigError) as err:
         skypilot.read(env)
     assert err.value.variable == variable and "\n" not in err.value.line()
+
+
+# This platform's environments for tests/unit/hostile_env.py's fuzzing: node 1 of a 2-node
+# job, one per convention (tests/unit/test_platforms_contract.py checks each detects as this
+# platform).
+EXAMPLES: dict[str, dict[str, str]] = {
+    "skypilot": {
+        "SKYPILOT_NODE_RANK": "1",
+        "SKYPILOT_NODE_IPS": "10.0.0.1\n10.0.0.2",
+        "SKYPILOT_NUM_NODES": "2",
+        "SKYPILOT_NUM_GPUS_PER_NODE": "8",
+    },
+}

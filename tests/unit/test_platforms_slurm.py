@@ -104,3 +104,33 @@ def test_bad_values(change, variable):
         slurm.read(ONE_TASK_PER_NODE | change)
     assert err.value.variable == variable
     assert "\n" not in err.value.line()
+
+
+# This platform's environments for tests/unit/hostile_env.py's fuzzing: node 1 of a 2-node
+# job, one per convention (tests/unit/test_platforms_contract.py checks each detects as this
+# platform).
+EXAMPLES: dict[str, dict[str, str]] = {
+    "slurm": {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NODELIST": "gpu-[01-02]",
+        "SLURM_NNODES": "2",
+        "SLURM_NODEID": "1",
+        "SLURM_PROCID": "1",
+        "SLURM_LOCALID": "0",
+        "SLURM_NTASKS": "2",
+        "SLURM_TASKS_PER_NODE": "1(x2)",
+        "SLURM_STEP_ID": "0",
+        "SLURM_GPUS_ON_NODE": "8",
+    },
+    "slurm-per-gpu": {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_STEP_NODELIST": "gpu-[01-02]",
+        "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_NODEID": "1",
+        "SLURM_PROCID": "9",
+        "SLURM_LOCALID": "1",
+        "SLURM_STEP_NUM_TASKS": "16",
+        "SLURM_STEP_TASKS_PER_NODE": "8(x2)",
+        "SLURM_STEP_ID": "0",
+    },
+}

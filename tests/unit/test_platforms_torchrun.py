@@ -74,3 +74,18 @@ def test_bad_values(env, variable):
 def test_nproc_words_leave_the_choice_to_the_plan():
     r = torchrun.read(PET | {"PET_NPROC_PER_NODE": "auto"})
     assert r.nproc_per_node is None and "auto" in r.notes[0]
+
+
+# This platform's environments for tests/unit/hostile_env.py's fuzzing: node 1 of a 2-node
+# job, one per convention (tests/unit/test_platforms_contract.py checks each detects as this
+# platform).
+EXAMPLES: dict[str, dict[str, str]] = {
+    "torchrun": {
+        "NNODES": "2",
+        "NODE_RANK": "1",
+        "NPROC_PER_NODE": "8",
+        "GPUS_PER_NODE": "8",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+    },
+}

@@ -57,3 +57,18 @@ def test_bad_values(env, variable):
     with pytest.raises(ConfigError) as err:
         trainjob.read(env)
     assert err.value.variable == variable and variable in err.value.line()
+
+
+# This platform's environments for tests/unit/hostile_env.py's fuzzing: node 1 of a 2-node
+# job, one per convention (tests/unit/test_platforms_contract.py checks each detects as this
+# platform).
+EXAMPLES: dict[str, dict[str, str]] = {
+    "trainjob": {
+        "PET_NNODES": "2",
+        "PET_NODE_RANK": "1",
+        "PET_NPROC_PER_NODE": "auto",
+        "PET_MASTER_ADDR": "tj-node-0-0.tj",
+        "PET_MASTER_PORT": "29500",
+        "JOB_COMPLETION_INDEX": "1",
+    },
+}

@@ -83,3 +83,26 @@ def test_bad_values(env, variable):
     with pytest.raises(ConfigError) as err:
         volcano.read(env)
     assert err.value.variable == variable and "\n" not in err.value.line()
+
+
+# This platform's environments for tests/unit/hostile_env.py's fuzzing: node 1 of a 2-node
+# job, one per convention (tests/unit/test_platforms_contract.py checks each detects as this
+# platform).
+EXAMPLES: dict[str, dict[str, str]] = {
+    "volcano": {
+        "WORLD_SIZE": "2",
+        "RANK": "1",
+        "MASTER_ADDR": "vj-master-0.vj",
+        "MASTER_PORT": "23456",
+        "VC_MASTER_HOSTS": "vj-master-0.vj",
+        "VC_MASTER_NUM": "1",
+        "VC_WORKER_HOSTS": "vj-worker-0.vj",
+        "VC_WORKER_NUM": "1",
+        "VC_TASK_INDEX": "0",
+    },
+    "volcano-svc": {
+        "VC_TASK_INDEX": "1",
+        "VC_NODE_HOSTS": "vj-node-0.vj,vj-node-1.vj",
+        "VC_NODE_NUM": "2",
+    },
+}

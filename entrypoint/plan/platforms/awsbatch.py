@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.platforms.base import (
     Reading,
+    named_by,
     node_reading,
     read_addr,
     read_count,
@@ -94,3 +95,8 @@ def read(env: Mapping[str, str]) -> Reading:
         master_port=read_port(env, *MASTER_PORT),
         notes=tuple(notes),
     )
+
+
+def job_identity(env: Mapping[str, str]) -> str:
+    """AWS_BATCH_JOB_ID: a multi-node job's node i has `<job id>#<i>`, the job is before the #."""
+    return named_by(env, "AWS_BATCH_JOB_ID").split("#", 1)[0]

@@ -68,6 +68,20 @@ class Platform(Protocol):
         """Pure: environment in, Reading out, or the one-line ConfigError for what it lacks."""
         ...
 
+    def job_identity(self, env: Mapping[str, str], /) -> str:
+        """`VARIABLE=value` naming this node's job (the same on every node of one job, another
+        for the next job), or "" when the platform gives its nodes no such variable."""
+        ...
+
+
+def named_by(env: Mapping[str, str], *names: str) -> str:
+    """`NAME=value` for the first of `names` set and not blank in env, or ""."""
+    for name in names:
+        value = env.get(name, "").strip()
+        if value:
+            return f"{name}={value}"
+    return ""
+
 
 # Every number, host and port a platform reads goes through entrypoint.plan.values: ASCII digits,
 # bounded by the Limit of what it counts; one host per address: a name, IPv4 or IPv6.

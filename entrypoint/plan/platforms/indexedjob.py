@@ -68,3 +68,8 @@ def read(env: Mapping[str, str]) -> Reading:
         master_port=read_port(env, *MASTER_PORT),
         notes=(f"node rank is the pod's completion index ({JOB_COMPLETION_INDEX})",),
     )
+
+
+def job_identity(env: Mapping[str, str]) -> str:
+    """None: its nodes carry no variable naming the job (ENTRYPOINT_JOB_ID does)."""
+    return ""

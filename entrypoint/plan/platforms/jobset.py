@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.platforms.base import (
     Reading,
+    named_by,
     node_reading,
     read_addr,
     read_count,
@@ -131,3 +132,8 @@ def read(env: Mapping[str, str]) -> Reading:
         master_port=read_port(env, *MASTER_PORT),
         notes=("all nodes are read as one replicated job; the master is its first pod",),
     )
+
+
+def job_identity(env: Mapping[str, str]) -> str:
+    """The JobSet's name."""
+    return named_by(env, JOBSET_NAME)

@@ -26,8 +26,10 @@ from collections.abc import Mapping
 
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.hostlist import expand_var
+from entrypoint.plan.platforms import slurm
 from entrypoint.plan.platforms.base import (
     Reading,
+    named_by,
     node_reading,
     read_addr,
     read_count,
@@ -195,3 +197,8 @@ def _derived_master(env: Mapping[str, str]) -> Sourced[str] | None:
             ),
         )
     return None
+
+
+def job_identity(env: Mapping[str, str]) -> str:
+    """The MPI launcher's job namespace (PMIx, Open MPI), else the SLURM job it runs in."""
+    return named_by(env, "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid") or slurm.job_identity(env)

@@ -13,7 +13,14 @@ import json
 from collections.abc import Mapping
 
 from entrypoint.plan.errors import ConfigError
-from entrypoint.plan.platforms.base import Reading, node_reading, read_count, read_hosts, read_port
+from entrypoint.plan.platforms.base import (
+    Reading,
+    named_by,
+    node_reading,
+    read_count,
+    read_hosts,
+    read_port,
+)
 from entrypoint.plan.values import GPUS, Sourced, derived, first
 
 NAME = "sagemaker"
@@ -77,3 +84,8 @@ def read(env: Mapping[str, str]) -> Reading:
         gpus_per_node=read_count(env, NUM_GPUS, limit=GPUS, allow_zero=True),
         hosts=tuple(listed),
     )
+
+
+def job_identity(env: Mapping[str, str]) -> str:
+    """The training job's name."""
+    return named_by(env, "TRAINING_JOB_NAME")

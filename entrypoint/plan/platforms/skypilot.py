@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.platforms.base import (
     Reading,
+    named_by,
     node_reading,
     read_count,
     read_hosts,
@@ -71,3 +72,8 @@ def read(env: Mapping[str, str]) -> Reading:
         gpus_per_node=gpus,
         hosts=tuple(ips),
     )
+
+
+def job_identity(env: Mapping[str, str]) -> str:
+    """The task's id, the same on every node of one launch."""
+    return named_by(env, "SKYPILOT_TASK_ID")

@@ -11,7 +11,14 @@ from collections.abc import Mapping
 
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.hostlist import expand_var
-from entrypoint.plan.platforms.base import Reading, node_reading, read_count, read_index, read_port
+from entrypoint.plan.platforms.base import (
+    Reading,
+    named_by,
+    node_reading,
+    read_count,
+    read_index,
+    read_port,
+)
 from entrypoint.plan.values import (
     GPUS,
     NODES,
@@ -207,3 +214,11 @@ def read(env: Mapping[str, str]) -> Reading:
         notes=tuple(notes),
         **more,
     )
+
+
+def job_identity(env: Mapping[str, str]) -> str:
+    """SLURM_JOB_ID; a requeued job keeps its id, so its restart count is part of it: a node
+    left over from the earlier run is not a member."""
+    named = named_by(env, "SLURM_JOB_ID")
+    restart = env.get("SLURM_RESTART_COUNT", "").strip()
+    return f"{named} (restart {restart})" if named and restart else named

@@ -55,3 +55,8 @@ def read(env: Mapping[str, str]) -> Reading:
         gpus_per_node=read_count(env, *GPUS_PER_NODE, limit=GPUS),
         notes=notes,
     )
+
+
+def job_identity(env: Mapping[str, str]) -> str:
+    """None: its nodes carry no variable naming the job (ENTRYPOINT_JOB_ID does)."""
+    return ""

@@ -75,3 +75,8 @@ def read(env: Mapping[str, str]) -> Reading:
         nproc_per_node=per_node,
         notes=tuple(notes),
     )
+
+
+def job_identity(env: Mapping[str, str]) -> str:
+    """None: its nodes carry no variable naming the job (ENTRYPOINT_JOB_ID does)."""
+    return ""
