@@ -1,7 +1,7 @@
-"""What the site hook's progress reporting costs a rank (trainer_side/progress.py): the bar is at
+"""What the site hook's progress reporting costs a rank (trainer_side/step_hook.py): the bar is at
 most 10 µs a step and no allocation growth.
 
-In one process, with a real node inbox (supervise/rank_progress.Inbox) listening on its abstract
+In one process, with a real node inbox (supervise/rank_inbox.Inbox) listening on its abstract
 socket and reading on its own thread, as under `entrypoint run`:
 - the hook alone: `_on_optimizer_step` called N times in a loop (every call counts the step,
   one in SEND_EVERY seconds' worth also packs and sends a datagram); and the same with every
@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from entrypoint.supervise.rank_progress import Inbox  # noqa: E402
-from entrypoint.trainer_side import progress  # noqa: E402
+from entrypoint.supervise.rank_inbox import Inbox  # noqa: E402
+from entrypoint.trainer_side import step_hook as progress  # noqa: E402
 
 
 def per_call(fn, n: int) -> float:

@@ -9,6 +9,6 @@ training step, and `entrypoint run` sees this rank's progress as it sees a torch
         entrypoint.progress.step()
 """
 
-from entrypoint.trainer_side.progress import step
+from entrypoint.trainer_side.step_hook import step
 
 __all__ = ["step"]

@@ -24,7 +24,7 @@ import numpy as np
 
 from entrypoint.job import common
 from entrypoint.job.data import batches, make_task
-from entrypoint.trainer_side import progress
+from entrypoint.trainer_side import step_hook
 
 DESCRIPTION = (
     "The image's built-in JAX job: a tiny transformer language model on a synthetic "
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         common.maybe_fail(args, jax.process_index(), step)
         params, state, loss = train_step(params, state, next_batch())
-        progress.step()  # no torch optimizer here: the entrypoint learns of the step this way
+        step_hook.step()  # no torch optimizer here: the entrypoint learns of the step this way
         console.advance()
         last = step == args.steps
         if step == start + 1 or last or step % args.log_every == 0:

@@ -132,7 +132,7 @@ def site_hook(env: Mapping[str, str]) -> Sourced[str]:
             "the entrypoint's site hook first: jax.distributed.initialize() with no arguments "
             "reads the plan (entrypoint/trainer_side/jax_cluster.py); accelerate on CPU nodes "
             "gets gloo (entrypoint/trainer_side/accelerate_cpu.py); every rank's steps reported "
-            "to this node (entrypoint/trainer_side/progress.py)"
+            "to this node (entrypoint/trainer_side/step_hook.py)"
         ),
     )
 

@@ -2,7 +2,7 @@
 shadows, if there is one, leaves sys.path as it found it, then adapts libraries the trainer may
 import, each only once the trainer imports it: JAX's cluster detection reads the plan
 (trainer_side/jax_cluster.py); accelerate on CPU nodes (trainer_side/accelerate_cpu.py); every
-rank's steps reported to the node's entrypoint (trainer_side/progress.py); the world the
+rank's steps reported to the node's entrypoint (trainer_side/step_hook.py); the world the
 trainer forms checked against the plan (trainer_side/world_check.py); and lets gloo's threads
 finish before the interpreter is torn down (trainer_side/exit_guard.py)."""
 
@@ -24,14 +24,14 @@ try:
         accelerate_cpu,
         exit_guard,
         jax_cluster,
-        progress,
+        step_hook,
         world_check,
     )
 
     exit_guard.install()  # first registered, so it runs after the trainer's own exit handlers
     jax_cluster.install()
     accelerate_cpu.install()
-    progress.install()
+    step_hook.install()
     world_check.install()
 except Exception as err:  # never stop the trainer's interpreter from starting
     print(f"entrypoint: site hook: {type(err).__name__}: {err}", file=sys.stderr)

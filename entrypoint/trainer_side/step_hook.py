@@ -169,7 +169,7 @@ class Reporter:
         self.local_rank = int(os.environ.get("LOCAL_RANK", "-1") or -1)
         from entrypoint.trainer_side import flight  # json: only once a rank steps
 
-        # the entrypoint's hang timeout stays below it (entrypoint.control.progress.hang_rule)
+        # the entrypoint's hang timeout stays below it (entrypoint.coordinator.rank_judgement)
         self.group_timeout = flight.group_timeout()
         if self.stacks_dir:
             self._register_dump()

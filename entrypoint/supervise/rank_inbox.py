@@ -1,4 +1,4 @@
-"""This node's end of its ranks' progress reports (entrypoint.trainer_side.progress): a Unix
+"""This node's end of its ranks' progress reports (entrypoint.trainer_side.step_hook): a Unix
 datagram socket in the abstract namespace that the ranks report to, read by a thread of its own
 (a datagram socket queues only net.unix.max_dgram_qlen datagrams, 10 by default: the
 supervising loop's turns are too far apart); what the heartbeat carries to node 0; and the ranks'
@@ -26,9 +26,9 @@ from entrypoint.control.message_fields import (
     BadMessage,
     check_collectives,
 )
-from entrypoint.control.progress import RankReport
+from entrypoint.control.rank_records import RankReport
 from entrypoint.trainer_side import flight
-from entrypoint.trainer_side.progress import (
+from entrypoint.trainer_side.step_hook import (
     DUMP_SIGNAL,
     SOCKET_VARIABLE,
     STACKS_VARIABLE,
@@ -179,10 +179,12 @@ class Inbox:
         try:
             answer = json.loads(self._collectives_file(rank, pid).read_text()[: 1 << 16])
             fitted = [
-                [v[: COLLECTIVE_TEXT[k]] if k in COLLECTIVE_TEXT and type(v) is str else v
-                 for k, v in zip(COLLECTIVE_FIELDS, c, strict=True)]
+                [
+                    v[: COLLECTIVE_TEXT[k]] if k in COLLECTIVE_TEXT and type(v) is str else v
+                    for k, v in zip(COLLECTIVE_FIELDS, c, strict=True)
+                ]
                 for c in answer[:MAX_GROUPS]
-            ]  # fmt: skip
+            ]
             check_collectives(fitted)  # node 0 would refuse the whole node's answer
         except (OSError, ValueError, TypeError, BadMessage):
             return None
