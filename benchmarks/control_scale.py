@@ -20,7 +20,7 @@ Figures (goals from issue 17):
   core).
 - detection: from the silent node's last heartbeat to `stop` reaching the nodes (goal: within
   10 s; the timeout plus up to one check interval).
-- metrics (issue 25): node 0 serves /metrics (entrypoint.control.metrics) as a job does, and this
+- metrics (issue 25): node 0 serves /metrics (entrypoint.metrics.collector) as a job does, and this
   process scrapes it every --scrape seconds through the steady window, as Prometheus would;
   node 0's CPU above includes serving them (goal: under 5% of a core at 1,024 nodes, scraped
   every 15 s). The size and time of one scrape are printed. --scrape 0: no metrics.
@@ -59,9 +59,10 @@ GPUS = [
 
 def node0(n: int, steady: float, settle: float, scrape: float) -> None:
     """Node 0's process: the real Server; prints its CPU use over the steady window."""
-    from entrypoint.control import control_server, metrics
-    from entrypoint.control.conductor import Conductor
-    from entrypoint.control.conductor_terms import Limits
+    from entrypoint.control import control_server
+    from entrypoint.coordinator.conductor import Conductor
+    from entrypoint.coordinator.state import Limits
+    from entrypoint.metrics import collector as metrics
     from entrypoint.plan.settings import Settings
 
     s = Settings.from_env({})

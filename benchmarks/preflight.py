@@ -71,8 +71,8 @@ def node(member: int, port: int, n: int) -> None:
 
 def once(n: int) -> dict:
     from entrypoint.control import control_server
-    from entrypoint.control.conductor import Conductor
-    from entrypoint.control.conductor_terms import Limits
+    from entrypoint.coordinator.conductor import Conductor
+    from entrypoint.coordinator.state import Limits
 
     conductor = Conductor(n, Limits(join_timeout=120), time.monotonic(), address="bench")
     server = control_server.Server(

@@ -1,6 +1,21 @@
 """Turn the environment a platform gives one node into a launch plan, then start the trainer."""
 
+import signal
+
 __version__ = "0.1.0"
+
+# The signals that end a job (every node checkpoints and stops); USR1 and USR2 are passed on and
+# the job goes on. Node 0's mind, the node's supervisor and its workers' signals all read this.
+STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def signal_name(number: int) -> str:
+    """`SIGTERM`, or `signal 64` for a number with no name."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
 
 # The stopping signals `python -m entrypoint` took before a command had handlers of its own
 # (entrypoint/__main__.py). Its handler raises, and Python drops an exception raised where it

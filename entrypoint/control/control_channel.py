@@ -19,7 +19,7 @@ from entrypoint.control import sockets
 from entrypoint.control.awake import AwakeClock
 from entrypoint.control.identity import Identity
 from entrypoint.control.message_fields import shown
-from entrypoint.control.slow_nodes import STATS_EVERY
+from entrypoint.control.messages import STATS_EVERY
 from entrypoint.control.transport import (
     NO_IDENTITY,
     PROTOCOL,

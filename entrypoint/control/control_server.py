@@ -1,6 +1,7 @@
 """Node 0's side of the control channel: the `Server` thread accepts every node's connection, checks
-each line (entrypoint.control.messages) and carries out the pure `Conductor`'s actions. Writes never
-block: what a slow peer cannot take waits in its own buffer, up to MAX_OUT."""
+each line (entrypoint.control.messages) and carries out the actions of node 0's mind (a `Mind`,
+entrypoint.control.actions). Writes never block: what a slow peer cannot take waits in its own
+buffer, up to MAX_OUT."""
 
 from __future__ import annotations
 
@@ -14,9 +15,8 @@ from collections.abc import Callable
 
 from entrypoint.control import messages as m
 from entrypoint.control import sockets
+from entrypoint.control.actions import ALL, Action, Close, Log, Mind, Send
 from entrypoint.control.awake import AwakeClock
-from entrypoint.control.conductor import Conductor
-from entrypoint.control.conductor_terms import ALL, Action, Close, Log, Send
 from entrypoint.control.control_guard import REFUSAL_WINDOW, Pending, Warnings, refusal
 from entrypoint.control.identity import Identity
 from entrypoint.control.message_fields import shown
@@ -64,11 +64,11 @@ class Peer:
 
 
 class Server(threading.Thread):
-    """Node 0's side: accepts every node's connection and carries out the Conductor's actions."""
+    """Node 0's side: accepts every node's connection and carries out its mind's actions."""
 
     def __init__(
         self,
-        conductor: Conductor,
+        mind: Mind,
         port: int,
         *,
         heartbeat_interval: float,
@@ -81,13 +81,13 @@ class Server(threading.Thread):
         refusal_window: float = REFUSAL_WINDOW,
     ) -> None:
         super().__init__(name="entrypoint-control", daemon=True)
-        self.conductor = conductor
+        self.mind = mind
         self.interval = heartbeat_interval
         self.log = log
         self.identity = identity
         self.hello_timeout = hello_timeout
         # Connections not yet through the handshake: every node may be joining at once.
-        self.max_pending = max_pending or conductor.job.expected + 64
+        self.max_pending = max_pending or mind.expected + 64
         raise_open_files_limit()
         self.selector = selectors.DefaultSelector()
         self.listener = listen_or_say(
@@ -154,13 +154,13 @@ class Server(threading.Thread):
             held = not held and time.monotonic() - began > HELD_UP
             if now - last_tick >= 0.5 and not held:
                 last_tick = now
-                self._apply(self.conductor.tick(now))
+                self._apply(self.mind.tick(now))
                 self._expire(now)
                 self.warnings.summaries(now)
             if now - last_beat >= self.interval:
                 last_beat = now
                 self._send(ALL, m.Beat())
-            if self.conductor.job.phase == "end":
+            if self.mind.ended:
                 ended_at = ended_at or now
                 # The verdict is queued for every node; a moment for them to read it, not for
                 # a paused one to come back.
@@ -252,7 +252,7 @@ class Server(threading.Thread):
             self._dispatch(peer, message, self.clock.now())
 
     def _dispatch(self, peer: Peer, message: m.Message, now: float) -> None:
-        member, c = peer.member, self.conductor
+        member, c = peer.member, self.mind
         if isinstance(message, m.Hello):
             self._hello(peer, message, now)
             return
@@ -307,11 +307,11 @@ class Server(threading.Thread):
         old = self.members.get(hello.member)
         self.members[hello.member] = peer
         if old is not None and old is not peer:
-            # The same member again on a new connection: the Conductor decides (a node whose
+            # The same member again on a new connection: the mind decides (a node whose
             # platform restarted it, or two nodes claiming one rank). The older connection is
             # only forgotten, not closed, so that its verdict still reaches it.
             self._forget(old)
-        self._apply(self.conductor.hello(hello.member, hello, now, time.time()))
+        self._apply(self.mind.hello(hello.member, hello, now, time.time()))
 
     def _forget(self, peer: Peer) -> None:
         """No longer a member: waits like a new connection (its verdict, then its close)."""
@@ -323,7 +323,7 @@ class Server(threading.Thread):
         self._drop(peer)
         if member is not None and self.members.get(member) is peer:
             del self.members[member]
-            self._apply(self.conductor.closed(member, self.clock.now()))
+            self._apply(self.mind.closed(member, self.clock.now()))
 
     def _drop(self, peer: Peer) -> None:
         self.pending.discard(peer)

@@ -10,7 +10,6 @@ import math
 import signal
 from typing import Any, overload
 
-from entrypoint.control.fingerprint import MATCHED
 from entrypoint.plan.errors import EXIT_PEERS, EntrypointError
 
 MAX_MEMBER = 1 << 20  # absolute bound; the job's own range is the Conductor's to check
@@ -116,21 +115,39 @@ def short(value: Any) -> str:
 
 # -- the fingerprint and the stats a beat carries ---------------------------------------------
 
-# The compared fields that are plain text; the others are checked one by one below.
-FP_TEXT = tuple(f for f in MATCHED if f not in ("cuda_driver", "gpus_per_node", "packages"))
-LAYOUT_FIELDS = (
+# A fingerprint's fields that node 0 compares across nodes, in the order a mismatch names them
+# (entrypoint.coordinator.comparison).
+MATCHED = (
+    "image_lock",
+    "image_revision",
+    "python",
+    "torch",
+    "jax",
+    "deepspeed",
+    "nccl",
+    "cuda_driver",
+    "gpu_model",
+    "gpus_per_node",
+    "packages",
+)
+# The job's shape as each node planned it (its fingerprint's `layout`), in the order a mismatch
+# names the fields; with each node's own `node_rank` beside them.
+LAYOUT = (
     "nnodes",
-    "node_rank",
+    "spares",
+    "min_nodes",
     "nproc_per_node",
     "world_size",
     "master_addr",
     "master_port",
     "launcher",
 )
+# The compared fields that are plain text; the others are checked one by one below.
+FP_TEXT = tuple(f for f in MATCHED if f not in ("cuda_driver", "gpus_per_node", "packages"))
 
 
 def check_fingerprint(raw: Any) -> dict:
-    """A node's fingerprint as node 0 compares it (entrypoint.control.fingerprint),
+    """A node's fingerprint as node 0 compares it (entrypoint.coordinator.comparison),
     shape-checked."""
     if type(raw) is not dict:
         raise BadMessage("fingerprint must be an object")
@@ -170,6 +187,8 @@ def check_fingerprint(raw: Any) -> dict:
     fp["layout"] = {
         "nnodes": int_field(layout, "nnodes", 1, MAX_MEMBER),
         "node_rank": int_field(layout, "node_rank", 0, MAX_MEMBER),
+        "spares": int_field(layout, "spares", 0, MAX_MEMBER, 0),
+        "min_nodes": int_field(layout, "min_nodes", 0, MAX_MEMBER, 1),
         "nproc_per_node": int_field(layout, "nproc_per_node", 1, 1 << 16),
         "world_size": int_field(layout, "world_size", 1, 1 << 30),
         "master_addr": str_field(layout, "master_addr", 1024),

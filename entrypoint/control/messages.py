@@ -40,10 +40,11 @@ from entrypoint.control.message_fields import (
     str_field,
     strings_field,
 )
-from entrypoint.control.progress import Collective, Frame, RankReport, RankStack
+from entrypoint.control.rank_records import Collective, Frame, RankReport, RankStack
 
 PROTOCOL = 2
 MAX_LINE = 1 << 20  # a hello with every package listed is 10-20 kB; nothing needs more
+STATS_EVERY = 10.0  # seconds: a beat carries the GPU figures at most this often (node 0's CPU)
 AUTH_NONE, AUTH_HMAC = "none", "hmac-sha256"
 
 
@@ -156,8 +157,13 @@ class Health(Message):
         return cls(event, str_field(raw, "where", 200), str_field(raw, "text", 1000), fatal)
 
     def to_wire(self) -> dict:
-        return {"t": self.kind, "kind": self.event, "where": self.where, "text": self.text,
-                "fatal": self.fatal}  # fmt: skip
+        return {
+            "t": self.kind,
+            "kind": self.event,
+            "where": self.where,
+            "text": self.text,
+            "fatal": self.fatal,
+        }
 
 
 @dataclass(frozen=True)
@@ -233,9 +239,9 @@ class Refuse(Message):
 
 @dataclass(frozen=True)
 class Go(Message):
-    """Start the trainer. With spares or shrinking (entrypoint.control.roster), node 0 seats each
-    node: `nnodes` is the job's size for this start and `seat` this node's rank in it; a node given
-    `nnodes` and no `seat` stands by. Neither: train as the node's own plan says."""
+    """Start the trainer. With spares or shrinking (entrypoint.coordinator.roster), node 0 seats
+    each node: `nnodes` is the job's size for this start and `seat` this node's rank in it; a node
+    given `nnodes` and no `seat` stands by. Neither: train as the node's own plan says."""
 
     kind: ClassVar[str] = "go"
     generation: int = 0

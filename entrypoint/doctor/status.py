@@ -1,5 +1,5 @@
 """`entrypoint status`: every node of a running job, from node 0's `/metrics`
-(entrypoint.control.metrics).
+(entrypoint.metrics.collector).
 
 Works from any machine that reaches node 0's metrics port: a login node, a laptop through a
 port-forward, or a pod of the job (`kubectl exec job-0 -- entrypoint status`). In a terminal the
@@ -214,8 +214,9 @@ def rank_table(job: dict) -> list[str]:
         f"{'before bw':>9}  {'last step':>9}  slow",
     ]
     for r in ranks[:256]:
-        step, lead, last = (r.get(k) for k in ("step_seconds", "before_backward_seconds",
-                                                 "last_step_seconds"))  # fmt: skip
+        step, lead, last = (
+            r.get(k) for k in ("step_seconds", "before_backward_seconds", "last_step_seconds")
+        )
         row = (
             f"{r['rank']:>4}  {r['node']:>4}  {r['host'][:24]:<24} {int(r.get('steps', 0)):>8}  "
             f"{'-' if step is None else f'{step:.3f} s':>8}  "

@@ -202,8 +202,12 @@ def _script(
     """The trainer as `entrypoint run` takes it: the script and its arguments, run as the line
     runs it (`--module`, `--no-python`)."""
     if not words:
-        raise ConfigError("command", " ".join(command), f"your {line} line names no script",
-                          "Give the training script after the options")  # fmt: skip
+        raise ConfigError(
+            "command",
+            " ".join(command),
+            f"your {line} line names no script",
+            "Give the training script after the options",
+        )
     script, args = words[0], words[1:]
     if "no-python" in given:
         return (script, *args)
@@ -228,9 +232,11 @@ def check_nodes(adopted: Adopted, nnodes: int, source: str) -> str | None:
         lo, hi = int(low), int(high or low)
     except ValueError:
         raise ConfigError(
-            name, written, f"in your {adopted.line} line is not a node count",
+            name,
+            written,
+            f"in your {adopted.line} line is not a node count",
             f"Drop {name}: the entrypoint supplies the platform's",
-        ) from None  # fmt: skip
+        ) from None
     if lo <= nnodes <= hi:
         if sep:
             return f"{name} {written} in your launch line holds {nnodes}"
@@ -270,15 +276,23 @@ def _accelerate(command: Sequence[str], config_text: str | None, nnodes: int) ->
     if count is not None and (machines is None or _count(machines, machines_at, line) == nnodes):
         if count % nnodes:
             raise ConfigError(
-                procs_at, count,
+                procs_at,
+                count,
                 f"{count} processes on {nnodes} nodes is no whole number per node (accelerate "
                 "counts the processes of every node)",
                 "Set it to nodes x processes per node, or drop it: the entrypoint sets it",
-            )  # fmt: skip
+            )
         per_node = count // nnodes
     replaced = {k: given[k] for k in ACCELERATE_PLATFORM if k in given}
-    for key in ("machine_rank", "main_process_ip", "main_process_port", "rdzv_backend",
-                "same_network", "deepspeed_hostfile", "mpirun_hostfile"):  # fmt: skip
+    for key in (
+        "machine_rank",
+        "main_process_ip",
+        "main_process_port",
+        "rdzv_backend",
+        "same_network",
+        "deepspeed_hostfile",
+        "mpirun_hostfile",
+    ):
         if key in config and key.replace("_", "-") not in replaced:
             replaced[f"{key} in {path}"] = str(config[key])
     return Adopted(
@@ -312,30 +326,37 @@ def _config(path: str, text: str | None, line: str) -> dict[str, Any]:
     accelerate's YAML."""
     if text is None:
         raise ConfigError(
-            "--config_file", path, f"in your {line} line cannot be read on this node",
+            "--config_file",
+            path,
+            f"in your {line} line cannot be read on this node",
             "Put the file in the image or on a volume every node mounts, at that path",
-        )  # fmt: skip
+        )
     try:
         import yaml  # accelerate's own dependency: the image has it
 
         loaded = yaml.safe_load(text)
     except ImportError:  # pragma: no cover - the image has PyYAML
-        raise ConfigError("--config_file", path, "needs PyYAML to be read",
-                          "pip install pyyaml") from None  # fmt: skip
+        raise ConfigError(
+            "--config_file", path, "needs PyYAML to be read", "pip install pyyaml"
+        ) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(
-            "--config_file", path, f"in your {line} line is not valid YAML{at}",
+            "--config_file",
+            path,
+            f"in your {line} line is not valid YAML{at}",
             "Fix the file (`accelerate config` writes one)",
-        ) from None  # fmt: skip
+        ) from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
         raise ConfigError(
-            "--config_file", path, "holds no settings (not a mapping)",
+            "--config_file",
+            path,
+            "holds no settings (not a mapping)",
             "Give accelerate's config file (`accelerate config` writes one)",
-        )  # fmt: skip
+        )
     return loaded
 
 
@@ -351,8 +372,12 @@ def _deepspeed(command: Sequence[str]) -> Adopted:
         trainer = (*LOCAL_RANK_ARG, *trainer)
     nproc = given.get("num-gpus", given.get("num-accelerators"))
     if nproc is not None and not nproc.isdigit():
-        raise ConfigError("--num_gpus", nproc, f"in your {line} line is not a count",
-                          "Give a whole number, or drop it: one worker per GPU")  # fmt: skip
+        raise ConfigError(
+            "--num_gpus",
+            nproc,
+            f"in your {line} line is not a count",
+            "Give a whole number, or drop it: one worker per GPU",
+        )
     own = {"module", "no-python", "no-local-rank", "num-gpus", "num-accelerators", "quiet"}
     return Adopted(
         line=line,

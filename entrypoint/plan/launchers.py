@@ -230,7 +230,7 @@ def accelerate_adopted(layout: Layout, trainer: Sequence[str], adopted: Adopted)
             path,
             *adopted.options,
             *args,
-        ),  # fmt: skip
+        ),
         {"MASTER_PORT": str(layout.master_port), "ENTRYPOINT_ACCELERATE_CONFIG": path},
         {path: f"{head}, with this cluster's numbers; do not edit.\n" + _yaml(body)},
         layout.master_port,

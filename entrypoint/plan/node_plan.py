@@ -66,7 +66,7 @@ class Plan:
     # The GPUs this node's workers use, as CUDA_VISIBLE_DEVICES spells them (indices, GPU-/MIG-
     # UUIDs): what the heartbeat's figures read, never re-parsed from the string.
     devices: tuple[str, ...] = field(default=())
-    # Spares and shrinking (entrypoint.control.roster): the nodes the platform started and this
+    # Spares and shrinking (entrypoint.coordinator.roster): the nodes the platform started and this
     # node's index among them; `nnodes`/`node_rank` are the seat it trains in (the same without
     # them).
     members: int = 1
@@ -74,7 +74,7 @@ class Plan:
     spares: int = 0
     min_nodes: int = 1
     standby: bool = False  # a spare: joins, beats, starts no trainer until node 0 seats it
-    metrics_port: int | None = None  # node 0's /metrics (entrypoint.control.metrics); None: off
+    metrics_port: int | None = None  # node 0's /metrics (entrypoint.metrics.collector); None: off
 
     def __post_init__(self) -> None:
         for name in ("env", "files", "sources"):

@@ -89,7 +89,7 @@ def seated(reading: Reading, settings: Settings, seat: tuple[int, int] | None) -
         reading: the platform's reading, explicit settings applied.
         settings: the ENTRYPOINT_* settings (`spares`, `min_nodes`).
         seat: (node rank, nnodes) when node 0 seated this node after a loss
-            (entrypoint.control.roster); None otherwise.
+            (entrypoint.coordinator.roster); None otherwise.
 
     Returns:
         The seat, with the reading that holds it.

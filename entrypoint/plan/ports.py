@@ -1,7 +1,7 @@
 """The ports node 0 opens beside the rendezvous port, as every node derives them: the control
-channel's (entrypoint.control.transport) and /metrics' (entrypoint.control.metrics). One place, read
-by the plan, by `entrypoint status` and by `entrypoint render`'s scrape wiring, so that they
-agree."""
+channel's (entrypoint.control.transport) and /metrics' (entrypoint.metrics.collector). One
+place, read by the plan, by `entrypoint status` and by `entrypoint render`'s scrape wiring, so
+that they agree."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def metrics_after(master_port: int | None, control: int) -> int:
 def metrics_port(
     settings: Settings, master_port: int | None, control: int | None
 ) -> Sourced[int | None]:
-    """Node 0's /metrics port (entrypoint.control.metrics): ENTRYPOINT_METRICS_PORT (0: off), else
+    """Node 0's /metrics port (entrypoint.metrics.collector): ENTRYPOINT_METRICS_PORT (0: off), else
     the port after the control port (before it, past 65534); off on one node unless set. Never the
     rendezvous or the control port.
 

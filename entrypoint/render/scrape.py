@@ -1,4 +1,4 @@
-"""What each spec says of node 0's /metrics (entrypoint.control.metrics): the port, a named
+"""What each spec says of node 0's /metrics (entrypoint.metrics.collector): the port, a named
 container port and scrape annotations where a pod template is node 0's alone, a prometheus-operator
 PodMonitor (in a comment: it needs the operator's CRDs) that selects node 0's pod, and how to read
 it with `entrypoint status`. The port is the one the nodes derive (entrypoint.plan.ports), or the

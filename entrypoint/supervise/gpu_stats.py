@@ -59,7 +59,7 @@ class Stats:
     # name: how NVML gives it (pynvml's constants: 0 is NVML_TEMPERATURE_GPU and
     # NVML_VOLATILE_ECC, the count since the driver loaded; 1 is NVML_CLOCK_SM and
     # NVML_MEMORY_ERROR_TYPE_UNCORRECTED). `throttle` is NVML's bit mask of clock event reasons
-    # (entrypoint.control.slow_nodes names them).
+    # (entrypoint.coordinator.slow_nodes names them).
     _extras = {
         "temp_c": lambda nvml, h: nvml.nvmlDeviceGetTemperature(h, 0),
         "power_w": lambda nvml, h: nvml.nvmlDeviceGetPowerUsage(h) // 1000,

@@ -171,11 +171,16 @@ def nvml_event(gpu: str, kind: int, data: int) -> Event | None:
     if kind & _GONE:
         return Event("gpu_unavailable", f"GPU {gpu}", f"GPU {gpu} became unavailable", True)
     if kind & _RECOVERY and data:
-        actions = {1: "a GPU reset", 2: "a node reboot", 3: "draining peer traffic",
-                   4: "draining and a GPU reset"}  # fmt: skip
+        actions = {
+            1: "a GPU reset",
+            2: "a node reboot",
+            3: "draining peer traffic",
+            4: "draining and a GPU reset",
+        }
         action = actions.get(int(data), f"recovery action {data}")
-        return Event("recovery_action", f"GPU {gpu}", f"GPU {gpu}: the driver asks for {action}",
-                     True)  # fmt: skip
+        return Event(
+            "recovery_action", f"GPU {gpu}", f"GPU {gpu}: the driver asks for {action}", True
+        )
     return None
 
 
@@ -444,15 +449,23 @@ def before_start(
             handle = _try(nvml_handle, loaded, device)
             if handle is None:
                 failed.append(
-                    Failed(f"GPU {device}", "NVML does not find it",
-                           "check the node (nvidia-smi); the GPU may have fallen off the bus")
-                )  # fmt: skip
+                    Failed(
+                        f"GPU {device}",
+                        "NVML does not find it",
+                        "check the node (nvidia-smi); the GPU may have fallen off the bus",
+                    )
+                )
                 continue
             handles[device] = handle
             reading = gpu_reading(loaded, handle)
             if reading.remap_failed:
-                failed.append(Failed(f"GPU {device}", "row remapping failed",
-                                     "the GPU needs service: drain this node"))  # fmt: skip
+                failed.append(
+                    Failed(
+                        f"GPU {device}",
+                        "row remapping failed",
+                        "the GPU needs service: drain this node",
+                    )
+                )
             elif reading.remap_pending:
                 reset = "reset the GPU (nvidia-smi -r) or reboot the node"
                 failed.append(Failed(f"GPU {device}", "a row remapping waits for a reset", reset))
@@ -461,9 +474,14 @@ def before_start(
     for name, state in read_links(links).items():
         if not is_up(state):
             what = "InfiniBand port" if "/" in name else "network interface"
-            failed.append(Failed(f"{what} {name}", f"is {state.lower()}",
-                                 "bring the link up, or leave it out of the plan's "
-                                 "NCCL_SOCKET_IFNAME / NCCL_IB_HCA"))  # fmt: skip
+            failed.append(
+                Failed(
+                    f"{what} {name}",
+                    f"is {state.lower()}",
+                    "bring the link up, or leave it out of the plan's "
+                    "NCCL_SOCKET_IFNAME / NCCL_IB_HCA",
+                )
+            )
     for variable, path, write in dirs:
         problem = directory(variable, path, write)
         if problem is not None:

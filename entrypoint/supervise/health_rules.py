@@ -85,7 +85,7 @@ def gpu_changes(gpu: str, before: GpuReading, now: GpuReading) -> list[Event]:
                 f"GPU {gpu}: {new} new uncorrected ECC error(s), "
                 f"{now.ecc_uncorrected} since the driver loaded",
                 False,
-            )  # fmt: skip
+            )
         )
     if now.remap_failed and not before.remap_failed:
         out.append(
@@ -94,7 +94,7 @@ def gpu_changes(gpu: str, before: GpuReading, now: GpuReading) -> list[Event]:
                 f"GPU {gpu}",
                 f"GPU {gpu}: row remapping failed (no spare rows left): the GPU needs service",
                 True,
-            )  # fmt: skip
+            )
         )
     if now.remap_pending and not before.remap_pending:
         out.append(
@@ -103,16 +103,14 @@ def gpu_changes(gpu: str, before: GpuReading, now: GpuReading) -> list[Event]:
                 f"GPU {gpu}",
                 f"GPU {gpu}: a row remapping waits for the GPU's reset",
                 False,
-            )  # fmt: skip
+            )
         )
     if now.nvlinks_up is not None and before.nvlinks_up is not None:
         down = sorted(before.nvlinks_up - now.nvlinks_up)
         if down:
             links = ", ".join(map(str, down))
             out.append(
-                Event(
-                    "nvlink_down", f"GPU {gpu}", f"GPU {gpu}: NVLink {links} went down", True
-                )  # fmt: skip
+                Event("nvlink_down", f"GPU {gpu}", f"GPU {gpu}: NVLink {links} went down", True)
             )
     return out
 

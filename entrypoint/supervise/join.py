@@ -1,5 +1,6 @@
 """The join's parts: the job's identity, node 0's control server, each member's hello, and
-`Join`, a node's side of the join, which the Supervisor holds with the `NodeState` they share."""
+`Join`, a node's side of the join. The Supervisor holds it, and both read and change the node's
+`NodeState` (entrypoint.supervise.node_state); Join raises, and holds nothing of the Supervisor."""
 
 from __future__ import annotations
 
@@ -7,15 +8,15 @@ import random
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from entrypoint import STOPPING, signal_name
 from entrypoint.control import control_channel, control_server, sockets
 from entrypoint.control import messages as m
-from entrypoint.control.conductor import Conductor
-from entrypoint.control.conductor_terms import STOPPING, Limits, signal_name
 from entrypoint.control.identity import Identity, job_identity, read_token
-from entrypoint.control.roster import Roster
+from entrypoint.coordinator.conductor import Conductor
+from entrypoint.coordinator.roster import Roster
+from entrypoint.coordinator.state import Limits
 from entrypoint.plan.errors import EXIT_PEERS
 from entrypoint.plan.launchers import Launcher
 from entrypoint.plan.node_plan import Plan
@@ -24,11 +25,11 @@ from entrypoint.plan.settings import Settings
 from entrypoint.plan.values import host_port
 from entrypoint.supervise import health, probe
 from entrypoint.supervise.gpu_stats import Stats
-from entrypoint.supervise.launch_watch import LOST_PEER_GRACE, Interrupted, NodeExit
-from entrypoint.supervise.worker_signals import SignalRelay
+from entrypoint.supervise.launch_watch import Interrupted, Node0Lost, NodeExit
+from entrypoint.supervise.node_state import NodeState
 
 if TYPE_CHECKING:
-    from entrypoint.supervise.logs import Logger
+    pass
 
 # A crash breaks its peers' collectives a moment later: node 0 waits this long for every
 # node's report before it names the first failure as the cause.
@@ -113,7 +114,7 @@ def serve(
         log("warning", no_token_warning(server.port))
     if plan.metrics_port:
         try:
-            from entrypoint.control import metrics  # node 0 only: prometheus-client loads here
+            from entrypoint.metrics import collector as metrics  # node 0 only: prometheus-client
         except ImportError as err:  # an image that dropped it: the job goes on without metrics
             log(
                 "warning",
@@ -195,46 +196,14 @@ def hello(
     )
 
 
-# Node 0 seated this node anew (node rank, nnodes): the plan for that seat and the trainer's
-# environment with it (entrypoint.supervise.node).
-Replan = Callable[[int, int], tuple[Plan, dict[str, str]]]
-
-
-@dataclass
-class NodeState:
-    """What a node's join (`Join`) and its supervising loop (entrypoint.supervise.supervisor)
-    share: the plan it trains with, who it is in the job, this start's generation, the signals
-    it received, and its ends of the control channel."""
-
-    plan: Plan
-    settings: Settings
-    log: Logger  # the node's structlog logger (entrypoint.supervise.logs.setup)
-    env: dict[str, str]  # the trainer's environment, less the job's token
-    identity: Identity
-    member: int  # this member's id in the job (node 0 is 0)
-    expected: int  # the members the platform started, spares included
-    unit: str  # "node", or "process" when the platform started one per GPU
-    signals: SignalRelay
-    replan: Replan | None = None
-    generation: int = 0  # this start: 0, then one more at every restart
-    standing_by: bool = False  # a spare: no trainer until node 0 seats it
-    # A stopping signal this node received, or that node 0 passed on: the job is ending and no
-    # restart may start it again.
-    stop_signal: int | None = None
-    server: control_server.Server | None = None  # node 0's control server, on node 0
-    channel: control_channel.Channel | None = None  # this node's channel to node 0
-    connecting: bool = False  # in a blocking connect, which a stopping signal ends at once
-
-
 class Join:
     """A node's join, the first time and at every restart: reach node 0 (serve it, on node 0), say
-    hello, wait for `go` and the seat node 0 gives (entrypoint.control.seating), or stand by.
-    It owns the node's word with node 0 (`receive`, `check_node0`); `on_lost(grace)` ends the
-    running workers when node 0 is lost."""
+    hello, wait for `go` and the seat node 0 gives (entrypoint.coordinator.seating), or stand by.
+    It owns the node's word with node 0 (`receive`, `check_node0`), and raises `Node0Lost` when
+    node 0 is lost; the node's supervising loop, which holds it, ends its workers then."""
 
-    def __init__(self, node: NodeState, on_lost: Callable[[float], None]) -> None:
+    def __init__(self, node: NodeState) -> None:
         self.node = node
-        self.on_lost = on_lost
         # the join in progress: node 0's address, when the join times out, this node's
         # fingerprint, and how many times node 0 closed the connection before its welcome
         self._node0_at: tuple[str, int] = ("", 0)
@@ -251,11 +220,10 @@ class Join:
         return self.node.channel
 
     def receive(self, timeout: float) -> list[m.Message]:
-        """Node 0's messages within `timeout`; NodeExit when its connection closed."""
+        """Node 0's messages within `timeout`; Node0Lost when its connection closed."""
         messages = self.node0.receive(timeout)
         if self.node0.closed:
-            self.on_lost(LOST_PEER_GRACE)
-            raise NodeExit(
+            raise Node0Lost(
                 EXIT_PEERS,
                 f"lost node 0 ({self.node.plan.master_addr}): its connection "
                 "closed (container killed, node crashed or rebooted)",
@@ -263,11 +231,10 @@ class Join:
         return messages
 
     def check_node0(self, timeout: float) -> None:
-        """NodeExit when node 0 has been silent for more than `timeout` seconds."""
+        """Node0Lost when node 0 has been silent for more than `timeout` seconds."""
         silent = self.node0.silent()
         if silent > timeout:
-            self.on_lost(LOST_PEER_GRACE)
-            raise NodeExit(
+            raise Node0Lost(
                 EXIT_PEERS,
                 f"node 0 ({self.node.plan.master_addr}) silent for {silent:.0f} s "
                 f"(ENTRYPOINT_HEARTBEAT_TIMEOUT={timeout:g}): it hangs, is "

@@ -1,6 +1,6 @@
 """The supervising loop's small values: one launch as the loop sees it (`Watch`), the `NodeExit`
-that ends this node with a code, the `Interrupted` wait for node 0, and the graces the workers
-get when the job ends elsewhere."""
+that ends this node with a code (`Node0Lost` when node 0 is lost), the `Interrupted` wait for
+node 0, and the graces the workers get when the job ends elsewhere."""
 
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ class NodeExit(Exception):
     def __init__(self, code: int, reason: str = "") -> None:
         super().__init__(reason)
         self.code, self.reason = code, reason
+
+
+class Node0Lost(NodeExit):
+    """Node 0 is lost (its connection closed, or it went silent): the node ends with EXIT_PEERS,
+    its running workers given LOST_PEER_GRACE first (entrypoint.supervise.supervisor)."""
 
 
 class Interrupted(Exception):

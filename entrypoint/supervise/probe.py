@@ -407,7 +407,7 @@ def data_summary(path: Path | None, *, limit: int = 200_000) -> dict | None:
 
 @dataclasses.dataclass(frozen=True)
 class Fingerprint:
-    """This node as node 0 compares it (entrypoint.control.fingerprint.MATCHED: image, Python,
+    """This node as node 0 compares it (entrypoint.coordinator.comparison.MATCHED: image, Python,
     the headline packages, the driver, the GPUs, every package), and its data directory."""
 
     image_lock: str

@@ -28,10 +28,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 
-from entrypoint import early_signals
+from entrypoint import STOPPING, early_signals, signal_name
 from entrypoint.control import control_channel
 from entrypoint.control import messages as m
-from entrypoint.control.conductor_terms import STOPPING, signal_name
 from entrypoint.control.transport import PeersError
 from entrypoint.plan import secrets
 from entrypoint.plan.errors import EXIT_CONFIG, EXIT_HUNG, EXIT_PEERS
@@ -43,12 +42,14 @@ from entrypoint.supervise.launch_watch import (
     LOST_PEER_GRACE,
     PEER_STOP_GRACE,
     Interrupted,
+    Node0Lost,
     NodeExit,
     Watch,
 )
 from entrypoint.supervise.launcher_process import LauncherProcess, exit_status, start
 from entrypoint.supervise.logs import Logger
-from entrypoint.supervise.rank_progress import Inbox
+from entrypoint.supervise.node_state import NodeState, Replan
+from entrypoint.supervise.rank_inbox import Inbox
 from entrypoint.supervise.worker_signals import FORWARDED, SignalRelay
 from entrypoint.trainer_side.world_check import MISMATCH as WORLD_MISMATCH
 
@@ -144,7 +145,7 @@ class Supervisor:
         settings: Settings,
         log: Logger,
         echo: Callable[[str], None] | None = None,
-        replan: join.Replan | None = None,
+        replan: Replan | None = None,
         resolved: Callable[[], tuple[Plan, dict[str, str]] | None] | None = None,
     ) -> None:
         self.resolved = resolved  # the plan again once the master's name resolves (node.py)
@@ -161,7 +162,7 @@ class Supervisor:
             raw_echo(secrets.mask(line, self.secret_values))
 
         self.echo = passed_on
-        self.node = join.NodeState(
+        self.node = NodeState(
             plan=plan,
             settings=settings,
             log=log,
@@ -174,12 +175,12 @@ class Supervisor:
             replan=replan,
             standing_by=plan.standby,  # a spare: no trainer until node 0 seats it
         )
-        self.join = join.Join(self.node, on_lost=self._end_workers)
+        self.join = join.Join(self.node)
         self.settings, self.log = settings, log
         self.launch: LauncherProcess | None = None
         self.guard: procs.Guard | None = None
         self.log_dir = Path(settings.run_dir) / f"node{plan.member}" / "logs"
-        self.inbox: Inbox | None = None  # the ranks' progress reports (rank_progress)
+        self.inbox: Inbox | None = None  # the ranks' progress reports (rank_inbox)
         self.beats: Beats | None = None  # the heartbeat while a launch runs
         self.health: health.HealthWatch | None = None  # GPU and link events, from the join on
 
@@ -263,6 +264,9 @@ class Supervisor:
                     last_reap = turn.at
                     procs.reap(exclude=launch.process.pid)
                     turn.mark("reaping orphans")
+        except Node0Lost:  # the workers hang in their next collective: a moment to flush, then go
+            self._end_workers(LOST_PEER_GRACE)
+            raise
         finally:
             beats.stop()
 
@@ -470,7 +474,7 @@ def run(
     env: Mapping[str, str],
     settings: Settings,
     log: Logger,
-    replan: join.Replan | None = None,
+    replan: Replan | None = None,
     resolved: Callable[[], tuple[Plan, dict[str, str]] | None] | None = None,
 ) -> int:
     """Run this node's part of the job to its end: join, launch, supervise, restart, stop.

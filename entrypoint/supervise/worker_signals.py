@@ -6,7 +6,7 @@ import collections
 import signal
 from typing import TYPE_CHECKING
 
-from entrypoint.control.conductor_terms import STOPPING, signal_name
+from entrypoint import STOPPING, signal_name
 from entrypoint.supervise import procs
 from entrypoint.supervise.launcher_process import LauncherProcess
 

@@ -1,10 +1,12 @@
-"""Node 0's decisions as a table of events: no sockets, no clocks (entrypoint.control.conductor)."""
+"""Node 0's decisions as a table of events: no sockets, no clocks
+(entrypoint.coordinator.conductor)."""
 
 import pytest
 
-from entrypoint.control.conductor import Conductor
-from entrypoint.control.conductor_terms import ALL, Limits, Log, Send
+from entrypoint.control.actions import ALL, Log, Send
 from entrypoint.control.messages import Beat, Done, Exit, Go, Hello, Restart, Signal, Stop
+from entrypoint.coordinator.conductor import Conductor
+from entrypoint.coordinator.state import Limits
 from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
 
 FP = {

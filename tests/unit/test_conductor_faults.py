@@ -7,9 +7,10 @@ import signal
 
 import pytest
 
-from entrypoint.control.conductor import Conductor
-from entrypoint.control.conductor_terms import Limits, Log, Send
+from entrypoint.control.actions import Log, Send
 from entrypoint.control.messages import KINDS, Hello
+from entrypoint.coordinator.conductor import Conductor
+from entrypoint.coordinator.state import Limits
 from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
 
 FP = {"image_lock": "abc", "torch": "2.10.0", "packages": {"torch": "2.10.0"}}

@@ -16,9 +16,9 @@ import pytest
 
 from entrypoint.control import control_channel, control_server, transport
 from entrypoint.control import messages as m
-from entrypoint.control.conductor import Conductor
-from entrypoint.control.conductor_terms import Limits
 from entrypoint.control.identity import Identity
+from entrypoint.coordinator.conductor import Conductor
+from entrypoint.coordinator.state import Limits
 
 FP = {
     "image_lock": "abc",
@@ -36,6 +36,8 @@ FP = {
     "layout": {
         "nnodes": 2,
         "node_rank": 0,
+        "spares": 0,
+        "min_nodes": 2,
         "nproc_per_node": 2,
         "world_size": 4,
         "master_addr": "node-0",
@@ -511,6 +513,29 @@ def test_the_layout_is_compared_and_the_odd_node_named(node0):
             "node 1 (node-1) plans another job shape: nnodes 4 vs 2 on node 0 (node-0); "
             "world_size 8 vs 4"
         ) in stops[0].reason
+
+
+def test_a_node_that_plans_other_spares_is_named_over_the_wire(node0):
+    """A hello's layout carries the node's ENTRYPOINT_SPARES and ENTRYPOINT_MIN_NODES, and the
+    wire check keeps them (it kept 7 of the layout's 9 fields: node 0 compared them only in unit
+    tests that skipped the wire, and two nodes planning other spares would have gone on)."""
+    n = node0()
+    a = n.node(0)
+    b = control_channel.connect("127.0.0.1", n.port, timeout=5, log=print)
+    shape = hello(1)
+    shape["fingerprint"]["layout"] |= {"spares": 1, "min_nodes": 1}
+    b.send(typed(shape))
+    for channel in (a, b):
+        end = time.monotonic() + 5
+        stops = []
+        while not stops:
+            stops = [msg for msg in channel.receive(0.2) if isinstance(msg, m.Stop)]
+            assert time.monotonic() < end
+        assert stops[0].code == 2
+        assert (
+            "node 1 (node-1) plans another job shape: spares 1 vs 0 on node 0 (node-0); "
+            "min_nodes 1 vs 2"
+        ) in stops[0].reason, stops[0].reason
 
 
 FAKE = "evil\n2026-11-25T03:00:00Z [error    ] node 0: stopping the job\x1b[2K\r\x1b]0;x\x07"

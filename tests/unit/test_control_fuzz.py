@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from entrypoint.control import control_channel, control_server
 from entrypoint.control import messages as m
-from entrypoint.control.conductor import Conductor
-from entrypoint.control.conductor_terms import Limits
 from entrypoint.control.identity import Identity
+from entrypoint.coordinator.conductor import Conductor
+from entrypoint.coordinator.state import Limits
 from tests.unit.test_control import TOKEN, goes, hello, typed
 
 JSON = st.recursive(

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from test_seating import LIMITS, hello, logs, sent, started
 
-from entrypoint.control.conductor import Conductor
-from entrypoint.control.conductor_terms import Close
+from entrypoint.control.actions import Close
 from entrypoint.control.messages import BadMessage, Go, Health, Restart, Stop, decode, encode
-from entrypoint.control.roster import Roster, seat
+from entrypoint.coordinator.conductor import Conductor
+from entrypoint.coordinator.roster import Roster, seat
 from entrypoint.plan.errors import EXIT_PEERS
 from entrypoint.supervise import health
 from entrypoint.supervise.health_rules import (
@@ -304,7 +304,7 @@ def test_a_replaced_node_that_comes_back_sick_is_refused_and_the_job_goes_on():
 def test_a_node_sick_at_its_first_hello_shows_in_metrics_by_its_host():
     from prometheus_client import generate_latest
 
-    from entrypoint.control import metrics
+    from entrypoint.metrics import collector as metrics
 
     c = Conductor(2, LIMITS, 0.0)
     c.hello(0, hello(0), now=1.0, wall_now=1000.0)

@@ -12,7 +12,7 @@ import time
 
 from entrypoint.control import messages as m
 from entrypoint.control.control_channel import Channel
-from entrypoint.control.progress import RankReport
+from entrypoint.control.rank_records import RankReport
 from entrypoint.control.transport import Lines
 from entrypoint.plan.settings import Settings
 from entrypoint.supervise.supervisor import Beats, Turn

@@ -30,6 +30,8 @@ FP = {
     "layout": {
         "nnodes": 2,
         "node_rank": 1,
+        "spares": 0,
+        "min_nodes": 2,
         "nproc_per_node": 8,
         "world_size": 16,
         "master_addr": "node-0",

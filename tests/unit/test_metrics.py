@@ -1,4 +1,4 @@
-"""Node 0's /metrics text from a Conductor's state (entrypoint.control.metrics), and `entrypoint
+"""Node 0's /metrics text from a Conductor's state (entrypoint.metrics.collector), and `entrypoint
 status` reading it back (entrypoint.doctor.status): per-node GPU figures combined over the node's
 GPUs, states, the job's series, no secret; the real servers are in test_status_real.py and
 tests/cluster/test_metrics.py."""
@@ -7,9 +7,9 @@ from prometheus_client import generate_latest
 from test_conductor import joined
 from test_slow_nodes import Nvml
 
-from entrypoint.control import metrics
 from entrypoint.control.messages import Beat
 from entrypoint.doctor import status
+from entrypoint.metrics import collector as metrics
 from entrypoint.supervise.gpu_stats import Stats
 
 JOB = metrics.Job("train", "kubernetes", 8)

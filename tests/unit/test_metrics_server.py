@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from entrypoint.control.metrics_server import MAX_REQUEST, MetricsServer
+from entrypoint.metrics.metrics_server import MAX_REQUEST, MetricsServer
 
 
 @pytest.fixture

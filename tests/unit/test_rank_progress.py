@@ -1,5 +1,6 @@
-"""Every rank's progress: the pure rules (control/progress.py), the wire, the node's inbox and
-the site hook in a real torch process (trainer_side/progress.py, supervise/rank_progress.py)."""
+"""Every rank's progress: the pure rules (coordinator/rank_judgement.py), the wire, the node's
+inbox and the site hook in a real torch process (trainer_side/step_hook.py,
+supervise/rank_inbox.py)."""
 
 import json
 import os
@@ -13,26 +14,24 @@ import pytest
 from ports import free_ports
 
 from entrypoint.control import messages as m
-from entrypoint.control.conductor import Conductor
-from entrypoint.control.conductor_terms import ALL, Limits, Send
+from entrypoint.control.actions import ALL, Send
 from entrypoint.control.message_fields import BadMessage, check_collectives
-from entrypoint.control.progress import (
+from entrypoint.control.rank_records import Collective, Frame, RankReport, RankStack
+from entrypoint.coordinator.conductor import Conductor
+from entrypoint.coordinator.rank_judgement import (
     HANG_FLOOR,
-    Collective,
-    Frame,
     JobProgress,
-    RankReport,
-    RankStack,
     hang_rule,
     never_entered,
     slow_ranks,
     suspects,
     verdict,
 )
+from entrypoint.coordinator.state import Limits
 from entrypoint.plan.errors import EXIT_HUNG
-from entrypoint.supervise.rank_progress import Inbox, Rank, main_stack
+from entrypoint.supervise.rank_inbox import Inbox, Rank, main_stack
 from entrypoint.trainer_side import flight, jax_cluster
-from entrypoint.trainer_side.progress import DUMP_SIGNAL
+from entrypoint.trainer_side.step_hook import DUMP_SIGNAL
 
 SITE = "/venv/lib/python3.13/site-packages"
 
@@ -644,7 +643,7 @@ EVALUATOR = textwrap.dedent(
         for _ in range(steps):
             model(torch.randn(8, 4)).sum().backward()
             opt.step()
-    from entrypoint.trainer_side import progress
+    from entrypoint.trainer_side import step_hook as progress
     train(5)
     print("trained", len(progress._watched), flush=True)
     model.eval()

@@ -1,12 +1,14 @@
-"""Spares, shrinking and growing back as tables of events (entrypoint.control.roster, .seating): who
-sits in which node rank after each loss, what node 0 says, and when the job ends instead."""
+"""Spares, shrinking and growing back as tables of events (entrypoint.coordinator.roster and
+.seating): who sits in which node rank after each loss, what node 0 says, and when the job ends
+instead."""
 
 import pytest
 
-from entrypoint.control.conductor import Conductor
-from entrypoint.control.conductor_terms import ALL, Close, Limits, Log, Send
+from entrypoint.control.actions import ALL, Close, Log, Send
 from entrypoint.control.messages import Beat, Done, Exit, Go, Hello, Restart, Signal, Stop
-from entrypoint.control.roster import Roster, changes, seat
+from entrypoint.coordinator.conductor import Conductor
+from entrypoint.coordinator.roster import Roster, changes, seat
+from entrypoint.coordinator.state import Limits
 from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
 
 FP = {"image_lock": "abc", "torch": "2.10.0", "gpus_per_node": 8, "packages": {}, "data": None}

@@ -1,8 +1,10 @@
-"""The package's shape (issues 14 and 26): at most 12 entries at its top level, each subpackage
-saying what it owns and light to import, no module over 500 lines, no function over 60 lines
-outside the built-in jobs' training loops, no import cycle between its modules (a package and its
-own modules included), and no private (`_name`) import from one module into another. Which
-subpackage may import which is import-linter's contract in pyproject.toml (`make lint`)."""
+"""The package's shape (issues 14, 26 and 49): at most 15 entries at its top level, each
+subpackage saying what it owns and light to import, no module over 800 lines, no function over
+80 lines outside the built-in jobs' training loops (files are cut where their jobs part, not
+where a count falls: these only catch a file grown past reading), no import cycle between its
+modules (a package and its own modules included), and no private (`_name`) import from one
+module into another. Which subpackage may import which is import-linter's contract in
+pyproject.toml (`make lint`)."""
 
 import ast
 import subprocess
@@ -12,10 +14,23 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "entrypoint"
-MAX_MODULE_LINES = 500  # 400 until issue 26 folded settings_text, cluster_run, local_report back
-MAX_FUNCTION_LINES = 60
-MAX_TOP_LEVEL = 13  # 12 rooms and progress.py, the one module a trainer imports
-SUBPACKAGES = ("plan", "control", "supervise", "doctor", "local", "render", "job", "trainer_side")
+MAX_MODULE_LINES = 800  # 500 until issue 49: the cap shaped the code more than its jobs did
+MAX_FUNCTION_LINES = 80  # 60 until issue 49
+MAX_TOP_LEVEL = (
+    15  # 14 rooms and modules, progress.py (the one module a trainer imports) among them
+)
+SUBPACKAGES = (
+    "plan",
+    "control",
+    "coordinator",
+    "metrics",
+    "supervise",
+    "doctor",
+    "local",
+    "render",
+    "job",
+    "trainer_side",
+)
 # What no subpackage may load on import: `entrypoint --help` and `render` start without them,
 # and the trainer's interpreter imports trainer_side and job.
 HEAVY = (
@@ -178,7 +193,7 @@ NOT_FOR_PLAN = (
     "entrypoint.supervise.supervisor",
     "entrypoint.supervise.logs",
     "entrypoint.control.control_channel",
-    "entrypoint.control.conductor",
+    "entrypoint.coordinator.conductor",
     "structlog",
     "rich",
     "pydantic_settings",

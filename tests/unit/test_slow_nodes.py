@@ -1,5 +1,5 @@
-"""Slow nodes named (issue 25): the rule as a table (entrypoint.control.slow_nodes), then node 0's
-Conductor fed the heartbeats of real `Stats` readers over a stand-in NVML (no GPU here): one
+"""Slow nodes named (issue 25): the rule as a table (entrypoint.coordinator.slow_nodes), then node
+0's Conductor fed the heartbeats of real `Stats` readers over a stand-in NVML (no GPU here): one
 node's GPUs throttled is named once with NVML's reason, and again when it recovers; every node
 equally slow, or a node slow for less than the window, is not named."""
 
@@ -8,9 +8,10 @@ from types import SimpleNamespace
 import pytest
 from test_conductor import joined
 
-from entrypoint.control.conductor_terms import Limits, Log
-from entrypoint.control.messages import Beat
-from entrypoint.control.slow_nodes import STATS_EVERY, reasons, slow_nodes
+from entrypoint.control.actions import Log
+from entrypoint.control.messages import STATS_EVERY, Beat
+from entrypoint.coordinator.slow_nodes import reasons, slow_nodes
+from entrypoint.coordinator.state import Limits
 from entrypoint.supervise.gpu_stats import Stats
 
 MIB = 1 << 20

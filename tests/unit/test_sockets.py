@@ -12,8 +12,8 @@ import time
 import pytest
 
 from entrypoint.control import control_channel, control_server, sockets
-from entrypoint.control.conductor import Conductor
-from entrypoint.control.conductor_terms import Limits
+from entrypoint.coordinator.conductor import Conductor
+from entrypoint.coordinator.state import Limits
 from entrypoint.plan.values import host_port
 from tests.unit.test_control import goes, hello, typed
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 
-STATS_EVERY = 10.0  # seconds: a beat carries the GPU figures at most this often (node 0's CPU)
-
 # Below the job's median by this much, in every sample of the window.
 UTIL_GAP = 20.0  # percentage points of GPU utilization
 CLOCK_SHARE = 0.85  # of the median SM clock

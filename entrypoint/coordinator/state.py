@@ -1,20 +1,18 @@
-"""What node 0's Conductor shares with its caller: the actions it returns (`Send`, `Log`, `Close`),
-its `Phase`, its `Limits`, and the texts it builds (a signal's name, a failure's summary). Pure
-values; entrypoint.control.conductor decides, entrypoint.control.control_server carries out."""
+"""Node 0's state of the job, one record (`JobState`): every member, the phase, the seats, the
+generation, the restarts left, the failures awaiting their verdict, every rank's progress. The
+Conductor's rules (entrypoint.coordinator: conductor, seating, verdicts, hangs) read and change it;
+/metrics reads it at scrape time. It holds no callbacks and nothing outside it is state."""
 
 from __future__ import annotations
 
-import signal
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from entrypoint.control.messages import Exit, Message
-from entrypoint.control.progress import HangRule, JobProgress, RankStack
-from entrypoint.control.roster import Roster
-
-ALL = -1  # Send.to: every connected member
-STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # these end the job; USR1/2 do not
+from entrypoint.control.messages import Exit
+from entrypoint.coordinator.rank_judgement import HangRule, JobProgress, RankStack
+from entrypoint.coordinator.roster import Roster
 
 
 class Phase(StrEnum):
@@ -36,27 +34,6 @@ JOIN, RUN, END = Phase.JOIN, Phase.RUN, Phase.END
 
 
 @dataclass(frozen=True)
-class Send:
-    to: int  # member id, or ALL
-    message: Message
-
-
-@dataclass(frozen=True)
-class Log:
-    level: str  # "info" | "warning" | "error"
-    text: str
-
-
-@dataclass(frozen=True)
-class Close:
-    member: int
-
-
-# What every event of the Conductor returns, in order; control_server carries them out.
-Action = Send | Log | Close
-
-
-@dataclass(frozen=True)
 class Limits:
     join_timeout: float = 300.0
     heartbeat_timeout: float = 30.0
@@ -68,30 +45,6 @@ class Limits:
     hang_timeout: float | None = None  # ENTRYPOINT_HANG_TIMEOUT; None: learned from the steps
     collective_timeout: float = 600.0  # ENTRYPOINT_COLLECTIVE_TIMEOUT: the learned one stays below
     heartbeat_interval: float = 1.0
-
-
-def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def failure_summary(failure: dict, where: str) -> str:
-    """The failing rank's error, once: rank, node, exit code, the last lines of its traceback."""
-    rank = failure.get("rank")
-    head = (
-        (f"worker failed: rank {rank}" if rank is not None else "worker failed")
-        + f" on {where}"
-        + (
-            f" (local rank {failure['local_rank']})"
-            if failure.get("local_rank") is not None
-            else ""
-        )
-        + f", exit code {failure.get('exitcode', '?')}"
-    )
-    tail = failure.get("tail") or []
-    return head + ("\n    " + "\n    ".join(tail) if tail else "")
 
 
 HISTORY = 64  # beats with figures kept per member: 10+ minutes at one every 10 s
@@ -144,8 +97,7 @@ class StackProbe:
 
 @dataclass
 class JobState:
-    """What node 0 knows of the job, which the Conductor's events and its Seating (each start's
-    join) both read and change; /metrics reads it at scrape time."""
+    """What node 0 knows of the job."""
 
     expected: int  # members the platform started, spares included
     limits: Limits
@@ -172,6 +124,8 @@ class JobState:
     # health (supervise/health.py): events by (member, kind); members taken out, with why
     health_events: dict[tuple[int, str], int] = field(default_factory=dict)
     sick: dict[int, str] = field(default_factory=dict)
+    last_monitor: float = field(init=False)  # when the monitor table was last logged
+    last_slow_check: float = field(init=False)  # when slow nodes and ranks were last judged
     units: str = field(init=False)  # "nodes" or "processes"
     seats: dict[int, int] = field(init=False)  # member: node rank, this start (roster.py)
     awaited: set[int] = field(init=False)  # the members the next `go` waits for
@@ -184,6 +138,20 @@ class JobState:
         self.awaited = set(range(self.expected))
         self.join_deadline = self.join_started + self.limits.join_timeout
         self.restarts_left = self.limits.max_restarts
+        self.last_monitor = self.last_slow_check = self.join_started
+
+    def next_start(self, awaited: Iterable[int], now: float) -> None:
+        """The next generation's join: every member says hello again before it goes ahead."""
+        self.generation += 1
+        self.received = {}
+        self.failures, self.decide_at = {}, None
+        self.phase = JOIN
+        self.members.clear()
+        self.progress.restart()
+        self.probe = None
+        self.awaited = set(awaited)
+        self.join_started = now
+        self.join_deadline = now + self.limits.join_timeout
 
     def name(self, member: int) -> str:
         state = self.members.get(member)

@@ -1,8 +1,8 @@
 """Node 0's `/metrics`: what it knows of every node, in Prometheus' text format.
 
-Read at scrape time from node 0's Conductor (entrypoint.control.conductor): nothing is computed
+Read at scrape time from node 0's Conductor (entrypoint.coordinator.conductor): nothing is computed
 between scrapes, so a job nobody scrapes pays only for an idle listening socket. The HTTP server
-(entrypoint.control.metrics_server) is one daemon thread, bounded against strangers; it reads
+(entrypoint.metrics.metrics_server) is one daemon thread, bounded against strangers; it reads
 copies of the conductor's dictionaries (a `dict()` copy is atomic under the GIL) and never
 changes them. Labels hold node numbers, host names and the job's name: no secret is ever a
 label.
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from entrypoint.control.conductor import Conductor
-from entrypoint.control.conductor_terms import JOIN, RUN
-from entrypoint.control.metrics_server import MetricsServer
+from entrypoint.coordinator.conductor import Conductor
+from entrypoint.coordinator.state import JOIN, RUN
+from entrypoint.metrics.metrics_server import MetricsServer
 
 PREFIX = "multinode_"
 STATES = ("joining", "training", "standby", "lost")
@@ -168,7 +168,7 @@ class JobCollector(Collector):
         yield from (counted, unhealthy)
 
     def _ranks(self, seen: dict, now: float) -> Iterator[GaugeMetricFamily]:
-        """Every rank's steps (control/progress.py), labelled by its node and host."""
+        """Every rank's steps (coordinator/rank_judgement.py), labelled by its node and host."""
         c = self.c
         ranks, slow = dict(c.job.progress.ranks), dict(c.job.slow_ranks)
         labels = ["node", "host", "rank"]
@@ -259,7 +259,7 @@ def serve(
     log: Callable[[str, str], None],
     clock: Callable[[], float] = time.monotonic,
 ) -> MetricsServer | None:
-    """Serve `/metrics` on `port` (entrypoint.control.metrics_server: bounded against strangers);
+    """Serve `/metrics` on `port` (entrypoint.metrics.metrics_server: bounded against strangers);
     a port that cannot be had is a warning, never a reason to stop the job. `clock` is the one
     the Conductor is fed (the control server's). Returns the server (its `shutdown()` stops
     it), or None."""

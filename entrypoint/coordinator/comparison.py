@@ -16,22 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-CLOCK_WARN_SECONDS = 2.0
+from entrypoint.control.message_fields import LAYOUT, MATCHED
 
-# Fields compared across nodes, in the order a mismatch names them.
-MATCHED = (
-    "image_lock",
-    "image_revision",
-    "python",
-    "torch",
-    "jax",
-    "deepspeed",
-    "nccl",
-    "cuda_driver",
-    "gpu_model",
-    "gpus_per_node",
-    "packages",
-)
+CLOCK_WARN_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -90,19 +77,6 @@ def mismatches(members: list[Member]) -> list[str]:
     for member_id, diffs in sorted(odd.items()):
         lines.append(f"{_name(by_id[member_id])} differs: " + "; ".join(diffs))
     return lines
-
-
-# The job's shape as each node planned it, in the order a mismatch names the fields.
-LAYOUT = (
-    "nnodes",
-    "spares",
-    "min_nodes",
-    "nproc_per_node",
-    "world_size",
-    "master_addr",
-    "master_port",
-    "launcher",
-)
 
 
 def layout_mismatches(members: list[Member]) -> list[str]:

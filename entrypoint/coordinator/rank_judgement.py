@@ -2,7 +2,7 @@
 job's goodput. Pure: the caller passes `now` (node 0's monotonic seconds).
 
 The nodes' heartbeats carry their ranks' reports (`RankReport`, from the site hook's optimizer-step
-hook, entrypoint.trainer_side.progress). From them:
+hook, entrypoint.trainer_side.step_hook). From them:
 
 - **Hang.** Ranks that were stepping and have not stepped for `HangRule.seconds`, none of them
   saving a checkpoint: node 0 asks every node for its ranks' stacks, and `verdict` names the
@@ -22,6 +22,8 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from entrypoint.control.rank_records import Collective, Frame, RankReport, RankStack
+
 WARMUP_STEPS = 10  # steps every rank makes before the learned hang timeout is trusted
 HANG_FLOOR = 180.0  # seconds: the learned timeout is never shorter
 HANG_FACTOR = 10.0  # times the longest step interval seen after warm-up
@@ -31,30 +33,6 @@ STACKS_WAIT = 5.0  # seconds node 0 waits for every node's stacks before it judg
 SLOW_SHARE = 1.5  # a rank's time before backward over the job's median, in every sample
 SLOW_MIN_GAP = 0.02  # seconds a step: below that nobody is named (noise)
 SAMPLE_EVERY = 5.0  # seconds between slow-rank samples
-
-
-@dataclass(frozen=True)
-class RankReport:
-    """One rank as a node's heartbeat reports it."""
-
-    rank: int
-    steps: int
-    age: float  # seconds since its last step, on its node's clock, when the beat left
-    lead: float | None  # mean seconds a step before backward since the last beat; None: unknown
-    longest: float  # longest step interval since the last beat (0: none)
-    saving: bool = False
-    # seconds since its last forward pass in evaluation (None: none since its first step)
-    evaluated: float | None = None
-    # its default process group's collective timeout, seconds (None: unknown)
-    timeout: float | None = None
-
-    def to_wire(self) -> list:
-        wire = [self.rank, self.steps, round(self.age, 3), self.lead, round(self.longest, 4),
-                int(self.saving)]  # fmt: skip
-        evaluated = None if self.evaluated is None else round(self.evaluated, 3)
-        if self.timeout is not None:
-            return [*wire, evaluated, round(self.timeout, 3)]
-        return wire if evaluated is None else [*wire, evaluated]
 
 
 @dataclass
@@ -251,72 +229,23 @@ def slow_rank_news(
 ) -> list[tuple[str, int, int, str]]:
     """(level, member, rank, text) to log: a rank newly slow, once, with why; a rank slow
     before that keeps pace now, once."""
-    out = [("warning", m, r, f"is slow: {why}") for (m, r), why in sorted(now.items())
-           if (m, r) not in before]  # fmt: skip
+    out = [
+        ("warning", m, r, f"is slow: {why}")
+        for (m, r), why in sorted(now.items())
+        if (m, r) not in before
+    ]
     still = set(present)
-    out += [("info", m, r, "keeps pace again") for (m, r) in sorted(before)
-            if (m, r) not in now and (m, r) in still]  # fmt: skip
+    out += [
+        ("info", m, r, "keeps pace again")
+        for (m, r) in sorted(before)
+        if (m, r) not in now and (m, r) in still
+    ]
     return out
 
 
 # -- a hang's verdict, from every rank's stack --------------------------------------------------
 
-# Where a rank waits for the others: a collective, the autograd engine (DDP's all-reduce runs
-# inside backward), a barrier.
-WAITING = (
-    "torch/distributed/",
-    "torch/autograd/",
-    "torch/nn/parallel/",
-    "deepspeed/comm/",
-    "jax/_src/distributed",
-)
 LIBRARY = ("site-packages/", "dist-packages/", "/lib/python3", "entrypoint/trainer_side/")
-
-
-@dataclass(frozen=True)
-class Frame:
-    file: str
-    line: int
-    function: str
-    source: str = ""
-
-
-@dataclass(frozen=True)
-class Collective:
-    """A process group's last collective as one rank's Flight Recorder holds it."""
-
-    group: str  # torch's id of the group: "0" is the default group
-    description: str  # torch's: "default_pg", "undefined", or the name given by the trainer
-    seq: int  # the group's collective sequence number, the same on every member
-    op: str  # "nccl:all_reduce", "gloo:broadcast"
-    detail: str  # the input's type and sizes: "float [[4,5]]"
-
-    @property
-    def group_name(self) -> str:
-        if self.description and self.description != "undefined":
-            return f"process group {self.group} ({self.description})"
-        return f"process group {self.group}"
-
-
-@dataclass(frozen=True)
-class RankStack:
-    member: int
-    host: str
-    rank: int
-    steps: int
-    frames: tuple[Frame, ...]  # the main thread's, innermost first
-    collectives: tuple[Collective, ...] = ()  # each group's last; none where it did not answer
-
-    @property
-    def place(self) -> tuple[str, int, str] | None:
-        if not self.frames:
-            return None
-        top = self.frames[0]
-        return (top.file, top.line, top.function)
-
-    @property
-    def waiting(self) -> bool:
-        return any(any(w in f.file for w in WAITING) for f in self.frames[:4])
 
 
 def _short(path: str) -> str:

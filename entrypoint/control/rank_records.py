@@ -1,0 +1,95 @@
+"""What a node's beat and stacks carry of its ranks, as node 0 reads them off the wire: one rank's
+progress (`RankReport`, from the site hook's step hook, entrypoint.trainer_side.step_hook, through
+the node's inbox, entrypoint.supervise.rank_inbox) and its stack when node 0 asked
+(`RankStack`). Node 0 judges them in entrypoint.coordinator.rank_judgement."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """One rank as a node's heartbeat reports it."""
+
+    rank: int
+    steps: int
+    age: float  # seconds since its last step, on its node's clock, when the beat left
+    lead: float | None  # mean seconds a step before backward since the last beat; None: unknown
+    longest: float  # longest step interval since the last beat (0: none)
+    saving: bool = False
+    # seconds since its last forward pass in evaluation (None: none since its first step)
+    evaluated: float | None = None
+    # its default process group's collective timeout, seconds (None: unknown)
+    timeout: float | None = None
+
+    def to_wire(self) -> list:
+        wire = [
+            self.rank,
+            self.steps,
+            round(self.age, 3),
+            self.lead,
+            round(self.longest, 4),
+            int(self.saving),
+        ]
+        evaluated = None if self.evaluated is None else round(self.evaluated, 3)
+        if self.timeout is not None:
+            return [*wire, evaluated, round(self.timeout, 3)]
+        return wire if evaluated is None else [*wire, evaluated]
+
+
+# Where a rank waits for the others: a collective, the autograd engine (DDP's all-reduce runs
+# inside backward), a barrier.
+WAITING = (
+    "torch/distributed/",
+    "torch/autograd/",
+    "torch/nn/parallel/",
+    "deepspeed/comm/",
+    "jax/_src/distributed",
+)
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    function: str
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Collective:
+    """A process group's last collective as one rank's Flight Recorder holds it."""
+
+    group: str  # torch's id of the group: "0" is the default group
+    description: str  # torch's: "default_pg", "undefined", or the name given by the trainer
+    seq: int  # the group's collective sequence number, the same on every member
+    op: str  # "nccl:all_reduce", "gloo:broadcast"
+    detail: str  # the input's type and sizes: "float [[4,5]]"
+
+    @property
+    def group_name(self) -> str:
+        if self.description and self.description != "undefined":
+            return f"process group {self.group} ({self.description})"
+        return f"process group {self.group}"
+
+
+@dataclass(frozen=True)
+class RankStack:
+    member: int
+    host: str
+    rank: int
+    steps: int
+    frames: tuple[Frame, ...]  # the main thread's, innermost first
+    collectives: tuple[Collective, ...] = ()  # each group's last; none where it did not answer
+
+    @property
+    def place(self) -> tuple[str, int, str] | None:
+        if not self.frames:
+            return None
+        top = self.frames[0]
+        return (top.file, top.line, top.function)
+
+    @property
+    def waiting(self) -> bool:
+        return any(any(w in f.file for w in WAITING) for f in self.frames[:4])
