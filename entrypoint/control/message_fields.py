@@ -342,20 +342,3 @@ def _gpu_figures(g: dict) -> dict:
         if g.get(key) is not None:
             out[key] = int_field(g, key, lo, hi)
     return out
-
-
-def check_failure(raw: Any) -> dict | None:
-    """What a node says about its failing rank (entrypoint.supervise.failures.failure)."""
-    if raw is None:
-        return None
-    if type(raw) is not dict:
-        raise BadMessage("failure must be an object or null")
-    return {
-        "rank": int_field(raw, "rank", 0, 1 << 30, None),
-        "local_rank": int_field(raw, "local_rank", 0, 1 << 16, None),
-        "exitcode": int_field(raw, "exitcode", -255, 255, None),
-        "tail": list(strings_field(raw, "tail", 100, 4096)),
-        "time": float_field(raw, "time", None),
-        "killed": str_field(raw, "killed", 1024, "") or "",
-        "peer_lost": bool_field(raw, "peer_lost", False),
-    }

@@ -27,7 +27,6 @@ from typing import Any, ClassVar, NoReturn
 from entrypoint.control.message_fields import (
     MAX_MEMBER,
     BadMessage,
-    check_failure,
     check_fingerprint,
     check_ranks,
     check_stacks,
@@ -40,7 +39,7 @@ from entrypoint.control.message_fields import (
     str_field,
     strings_field,
 )
-from entrypoint.control.rank_records import Collective, Frame, RankReport, RankStack
+from entrypoint.control.rank_records import Collective, Failure, Frame, RankReport, RankStack
 
 PROTOCOL = 2
 MAX_LINE = 1 << 20  # a hello with every package listed is 10-20 kB; nothing needs more
@@ -173,7 +172,7 @@ class Exit(Message):
     kind: ClassVar[str] = "exit"
     code: int
     signal: int | None = None
-    failure: dict | None = None
+    failure: Failure | None = None
     reason: str | None = None
 
     @classmethod
@@ -181,7 +180,7 @@ class Exit(Message):
         return cls(
             code=int_field(raw, "code", 0, 255),
             signal=signal_field(raw, "signal", None),
-            failure=check_failure(raw.get("failure")),
+            failure=Failure.from_wire(raw.get("failure")),
             reason=str_field(raw, "reason", 4096, None),
         )
 

@@ -1,11 +1,54 @@
-"""What a node's beat and stacks carry of its ranks, as node 0 reads them off the wire: one rank's
-progress (`RankReport`, from the site hook's step hook, entrypoint.trainer_side.step_hook, through
-the node's inbox, entrypoint.supervise.rank_inbox) and its stack when node 0 asked
-(`RankStack`). Node 0 judges them in entrypoint.coordinator.rank_judgement."""
+"""What a node's messages carry of its ranks, as node 0 reads them off the wire: the failing rank
+of an exit (`Failure`, from entrypoint.supervise.failures), one rank's progress (`RankReport`,
+from the site hook's step hook, entrypoint.trainer_side.step_hook, through the node's inbox,
+entrypoint.supervise.rank_inbox) and its stack when node 0 asked (`RankStack`). Node 0 judges
+them in entrypoint.coordinator (verdicts, rank_judgement)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from entrypoint.control.message_fields import (
+    BadMessage,
+    bool_field,
+    float_field,
+    int_field,
+    str_field,
+    strings_field,
+)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What a node says of its failing rank when its launcher exited with an error: the rank and
+    local rank (None: not known), the exit code, the last lines of its stderr, when it failed (on
+    its node's wall clock), how the launcher itself died when a signal killed it, and whether its
+    own lines say it only lost a peer."""
+
+    rank: int | None = None
+    local_rank: int | None = None
+    exitcode: int | None = None
+    tail: tuple[str, ...] = ()
+    time: float | None = None
+    killed: str = ""
+    peer_lost: bool = False
+
+    @classmethod
+    def from_wire(cls, raw: Any) -> Failure | None:
+        if raw is None:
+            return None
+        if type(raw) is not dict:
+            raise BadMessage("failure must be an object or null")
+        return cls(
+            rank=int_field(raw, "rank", 0, 1 << 30, None),
+            local_rank=int_field(raw, "local_rank", 0, 1 << 16, None),
+            exitcode=int_field(raw, "exitcode", -255, 255, None),
+            tail=strings_field(raw, "tail", 100, 4096),
+            time=float_field(raw, "time", None),
+            killed=str_field(raw, "killed", 1024, "") or "",
+            peer_lost=bool_field(raw, "peer_lost", False),
+        )
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ from entrypoint.coordinator.state import (
     JobState,
     Limits,
     MemberState,
+    Reported,
     monitor_table,
 )
 from entrypoint.coordinator.verdicts import end, failure, judge, stop_message
@@ -235,7 +236,7 @@ class Conductor:
                     else [Log("info", f"all {len(seated)} {self.job.units} finished"), *done]
                 )
             return []
-        self.job.failures[member] = (message, code, len(self.job.failures))
+        self.job.failures[member] = Reported(message, code, len(self.job.failures))
         if self.job.decide_at is None:
             self.job.decide_at = now + self.job.limits.failure_window
         everyone = all(

@@ -47,6 +47,16 @@ class Limits:
     heartbeat_interval: float = 1.0
 
 
+@dataclass(frozen=True)
+class Reported:
+    """A member's failure, reported and awaiting its verdict (`failure_window`): its exit
+    message, the code, and its place in the order the reports came."""
+
+    exit: Exit
+    code: int
+    order: int
+
+
 HISTORY = 64  # beats with figures kept per member: 10+ minutes at one every 10 s
 
 
@@ -109,7 +119,7 @@ class JobState:
     phase: Phase = JOIN
     generation: int = 0
     outcome: tuple[int, str] | None = None  # (exit code, reason) once the job ended
-    failures: dict[int, tuple[Exit, int, int]] = field(default_factory=dict)  # (msg, code, order)
+    failures: dict[int, Reported] = field(default_factory=dict)  # by member
     decide_at: float | None = None  # when the failures reported so far are judged
     received: dict[int, int] = field(default_factory=dict)  # signal: the member that had it first
     # each member's last state, across restarts; lost and slow members, with why

@@ -9,26 +9,22 @@ from collections.abc import Iterable
 
 from entrypoint import STOPPING, signal_name
 from entrypoint.control.actions import ALL, Action, Log, Send
-from entrypoint.control.messages import Exit, Restart, Stop
-from entrypoint.coordinator.state import END, JobState
+from entrypoint.control.messages import Restart, Stop
+from entrypoint.control.rank_records import Failure
+from entrypoint.coordinator.state import END, JobState, Reported
 from entrypoint.plan.errors import EXIT_CONFIG
 
 
-def failure_summary(failure: dict, where: str) -> str:
+def failure_summary(failed: Failure, where: str) -> str:
     """The failing rank's error, once: rank, node, exit code, the last lines of its traceback."""
-    rank = failure.get("rank")
+    rank, local = failed.rank, failed.local_rank
     head = (
         (f"worker failed: rank {rank}" if rank is not None else "worker failed")
         + f" on {where}"
-        + (
-            f" (local rank {failure['local_rank']})"
-            if failure.get("local_rank") is not None
-            else ""
-        )
-        + f", exit code {failure.get('exitcode', '?')}"
+        + (f" (local rank {local})" if local is not None else "")
+        + f", exit code {'?' if failed.exitcode is None else failed.exitcode}"
     )
-    tail = failure.get("tail") or []
-    return head + ("\n    " + "\n    ".join(tail) if tail else "")
+    return head + ("\n    " + "\n    ".join(failed.tail) if failed.tail else "")
 
 
 def judge(job: JobState, now: float) -> list[Action]:
@@ -36,21 +32,22 @@ def judge(job: JobState, now: float) -> list[Action]:
     any other (clock offsets are estimates), then by its own time on node 0's clock, else the
     report's order."""
 
-    def first(item: tuple[int, tuple[Exit, int, int]]) -> tuple[bool, float, int]:
-        member, (message, _code, order) = item
-        when = (failure := message.failure or {}).get("time")
+    def first(item: tuple[int, Reported]) -> tuple[bool, float, int]:
+        member, reported = item
+        failed = reported.exit.failure or Failure()
         offset = job.members[member].clock_offset if member in job.members else 0.0
-        at = float(when) - offset if when is not None else float("inf")
-        return (bool(failure.get("peer_lost")), at, order)
+        at = failed.time - offset if failed.time is not None else float("inf")
+        return (failed.peer_lost, at, reported.order)
 
-    member, (message, code, _) = min(job.failures.items(), key=first)
+    member, chosen = min(job.failures.items(), key=first)
+    message, code = chosen.exit, chosen.code
     job.failures, job.decide_at = {}, None
     reason = message.reason or f"{job.name(member)}'s trainer exited with code {code}"
     return failure(job, member, message.failure, reason, code, now)
 
 
 def failure(
-    job: JobState, member: int, failed: dict | None, reason: str, code: int, now: float
+    job: JobState, member: int, failed: Failure | None, reason: str, code: int, now: float
 ) -> list[Action]:
     """`member` failed (`failed`: its failing rank, when a trainer's): every node's trainer
     starts again while restarts are left, else the job ends with `code`. A job being stopped

@@ -8,9 +8,11 @@ import shutil
 import signal
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from entrypoint.control.messages import Exit
+from entrypoint.control.rank_records import Failure
 from entrypoint.plan.network import FLIGHT_RECORDER_OLD_NAMES
 from entrypoint.plan.node_plan import Plan
 from entrypoint.supervise.launcher_process import LauncherProcess, exit_status
@@ -168,7 +170,7 @@ def failure(
     log_dir: Path,
     lines: int = 12,
     seen: float | None = None,
-) -> dict:
+) -> Failure:
     """Rank, local rank, exit code (0-255, as the job exits), the last lines of the failing
     rank's stderr, and when it failed (its error file's last write, else `seen`: when the
     launcher's exit was seen)."""
@@ -193,15 +195,15 @@ def failure(
         hint = " (out of memory? the kernel's OOM killer sends SIGKILL)" if sig == 9 else ""
         if not killed:
             lines_found = lines_found + [f"killed by {name}{hint}"]
-    return {
-        "rank": rank,
-        "local_rank": local,
-        "exitcode": exit_status(exitcode if exitcode is not None else code),
-        "tail": lines_found,
-        "time": when,
-        "killed": killed,
-        "peer_lost": lost_a_peer(lines_found),
-    }
+    return Failure(
+        rank=rank,
+        local_rank=local,
+        exitcode=exit_status(exitcode if exitcode is not None else code),
+        tail=tuple(lines_found),
+        time=when,
+        killed=killed,
+        peer_lost=lost_a_peer(lines_found),
+    )
 
 
 def exit_report(
@@ -218,14 +220,15 @@ def exit_report(
 ) -> Exit:
     """The exit message to node 0 for a launch that ended with `code` (0-255): a signal's
     stop, or a failure with its summary (rank, exit code, masked last lines) and reason."""
-    found: dict | None = None
+    found: Failure | None = None
     if code != 0 and signalled is None:
         if launch.pump is not None:
             launch.pump.join(timeout=3)  # the error's last lines are in the summary
         seen_failure = failure(plan, launch, launch.process.returncode, log_dir, seen=seen)
-        seen_failure["tail"] = [mask(line) for line in seen_failure["tail"]]
-        by = seen_failure["exitcode"] - 128
-        if seen_failure["exitcode"] > 128 and delivered.get(by):
+        seen_failure = replace(seen_failure, tail=tuple(mask(line) for line in seen_failure.tail))
+        exitcode = seen_failure.exitcode if seen_failure.exitcode is not None else code
+        by = exitcode - 128
+        if exitcode > 128 and delivered.get(by):
             # Its workers had that signal from this node (SIGUSR1: checkpoint and stop).
             signalled = by
         else:
@@ -233,14 +236,14 @@ def exit_report(
             # entrypoint passed on; node 0 decides (a signal another node received makes
             # it a stop, else a failure).
             found = seen_failure
-            code = exit_status(found["exitcode"])  # -9 from torchrun: 137
+            code = exit_status(exitcode)  # -9 from torchrun: 137
     if signalled is not None:
         return Exit(code, signal=signalled, failure=found)
     if code == 0 or found is None:
         return Exit(code)
     first, last = plan.ranks
-    ranks = f"rank {found['rank']}" if found["rank"] is not None else f"ranks {first}-{last}"
-    what = found["killed"] or f"{ranks} failed with exit code {found['exitcode']}"
+    ranks = f"rank {found.rank}" if found.rank is not None else f"ranks {first}-{last}"
+    what = found.killed or f"{ranks} failed with exit code {found.exitcode}"
     since = time.time() - (time.monotonic() - launch.started)
     # the plan's, or yours under either name (kept, so not in the plan)
     names = ("TORCH_FR_DUMP_TEMP_FILE", *FLIGHT_RECORDER_OLD_NAMES["TORCH_FR_DUMP_TEMP_FILE"])

@@ -5,6 +5,7 @@ import pytest
 
 from entrypoint.control.actions import ALL, Log, Send
 from entrypoint.control.messages import Beat, Done, Exit, Go, Hello, Restart, Signal, Stop
+from entrypoint.control.rank_records import Failure
 from entrypoint.coordinator.conductor import Conductor
 from entrypoint.coordinator.state import Limits
 from entrypoint.plan.errors import EXIT_CONFIG, EXIT_PEERS
@@ -162,7 +163,11 @@ def test_a_failed_trainer_stops_every_node_with_its_code_and_one_summary():
     }
     actions = c.exited(
         1,
-        Exit(1, failure=failure, reason="node 1 (worker-1): rank 3 failed with exit code 1"),
+        Exit(
+            1,
+            failure=Failure.from_wire(failure),
+            reason="node 1 (worker-1): rank 3 failed with exit code 1",
+        ),
         now=9,
     )
     summaries = [a.text for a in actions if isinstance(a, Log) and "worker failed" in a.text]
@@ -176,7 +181,7 @@ def test_a_failed_trainer_stops_every_node_with_its_code_and_one_summary():
 
 def test_a_failed_trainer_restarts_every_node_while_restarts_remain():
     c = joined(limits=Limits(join_timeout=60, heartbeat_timeout=30, max_restarts=1))
-    actions = c.exited(1, Exit(1, failure={"rank": 1, "exitcode": 1}), now=9)
+    actions = c.exited(1, Exit(1, failure=Failure(rank=1, exitcode=1)), now=9)
     restart = [a.message for a in actions if isinstance(a, Send)]
     assert restart == [Restart(1, "node 1 (worker-1)'s trainer exited with code 1")]
     assert c.job.phase == "join" and c.job.members == {}
@@ -250,8 +255,10 @@ def test_the_crash_is_named_not_the_peer_it_broke_that_reported_first():
     """Rank 3 crashes; rank 0's collective breaks 2 s later, but node 0's report arrives first:
     node 0 waits for every node's report and names the rank that failed first."""
     c = joined(limits=WINDOW)
-    assert c.exited(0, Exit(1, failure=BROKEN_PEER), now=10) == []
-    actions = c.exited(1, Exit(1, failure=CRASH), now=11)  # every node reported: judged
+    assert c.exited(0, Exit(1, failure=Failure.from_wire(BROKEN_PEER)), now=10) == []
+    actions = c.exited(
+        1, Exit(1, failure=Failure.from_wire(CRASH)), now=11
+    )  # every node reported: judged
     (summary,) = summaries(actions)
     assert summary.startswith("worker failed: rank 3 on node 1 (worker-1) (local rank 1)")
     assert "injected failure" in summary and "Connection closed" not in summary
@@ -264,18 +271,18 @@ def test_the_crash_is_named_when_its_broken_peer_seems_earlier_on_node_0s_clock(
     did not, whatever the times say."""
     c = joined(limits=WINDOW)
     early_peer = BROKEN_PEER | {"time": 1001.0, "peer_lost": True}
-    c.exited(0, Exit(1, failure=early_peer), now=10)
-    actions = c.exited(1, Exit(1, failure=CRASH | {"peer_lost": False}), now=11)
+    c.exited(0, Exit(1, failure=Failure.from_wire(early_peer)), now=10)
+    actions = c.exited(1, Exit(1, failure=Failure.from_wire(CRASH | {"peer_lost": False})), now=11)
     assert summaries(actions)[0].startswith("worker failed: rank 3 on node 1 (worker-1)")
 
 
 def test_a_lone_failure_is_judged_when_the_window_ends():
     c = joined(limits=WINDOW)
-    assert c.exited(1, Exit(1, failure=CRASH), now=10) == []
+    assert c.exited(1, Exit(1, failure=Failure.from_wire(CRASH)), now=10) == []
     assert stops(c.tick(12.5)) == []
     actions = c.tick(13.5)  # node 0's trainer still runs (or hangs): 3 s, no more
     assert stops(actions)[0].code == 1 and "rank 3 on node 1" in summaries(actions)[0]
-    assert c.exited(0, Exit(1, failure=BROKEN_PEER), now=14) == []  # judged once
+    assert c.exited(0, Exit(1, failure=Failure.from_wire(BROKEN_PEER)), now=14) == []  # judged once
 
 
 def test_failure_times_are_compared_on_node_0s_clock():
@@ -283,14 +290,16 @@ def test_failure_times_are_compared_on_node_0s_clock():
     c = Conductor(2, WINDOW, now=0.0)
     c.hello(0, hello(0, time=1000.0), now=1, wall_now=1000.0)
     c.hello(1, hello(1, time=1003.0), now=1, wall_now=1000.0)
-    c.exited(0, Exit(1, failure=CRASH | {"rank": 0, "time": 1002.0}), now=10)
-    actions = c.exited(1, Exit(1, failure=CRASH | {"rank": 2, "time": 1004.0}), now=10)
+    c.exited(0, Exit(1, failure=Failure.from_wire(CRASH | {"rank": 0, "time": 1002.0})), now=10)
+    actions = c.exited(
+        1, Exit(1, failure=Failure.from_wire(CRASH | {"rank": 2, "time": 1004.0})), now=10
+    )
     assert summaries(actions)[0].startswith("worker failed: rank 2 on node 1")
 
 
 def test_a_lost_node_during_the_window_ends_the_job_at_once():
     c = joined(limits=WINDOW)
-    c.exited(0, Exit(1, failure=BROKEN_PEER), now=10)
+    c.exited(0, Exit(1, failure=Failure.from_wire(BROKEN_PEER)), now=10)
     (stop,) = stops(c.closed(1, now=10.5))
     assert stop.code == EXIT_PEERS and c.tick(20) == []
 

@@ -39,7 +39,7 @@ def hello(member, host=None, time=1000.0):
 def typed(raw):
     """The Conductor takes typed messages (entrypoint.control.messages), as the server decodes
     them."""
-    return KINDS[raw["t"]](**{k: v for k, v in raw.items() if k != "t"})
+    return KINDS[raw["t"]].from_wire(raw)
 
 
 def sent(actions, kind):
@@ -80,7 +80,7 @@ def test_a_trainer_code_above_128_is_a_failure_when_no_node_received_a_signal(co
 
 def test_the_same_code_after_a_node_received_that_signal_is_a_stop_on_it():
     c = running()
-    c.signalled(1, typed({"t": "signal", "signal": signal.SIGTERM}), now=4.0)
+    c.signalled(1, typed({"t": "signal", "signal": int(signal.SIGTERM)}), now=4.0)
     (stop,) = sent(c.exited(0, failed(143, rank=0), now=5.0), "stop")  # the shared stop flag
     assert stop["code"] == 143 and stop["signal"] == signal.SIGTERM
     assert "which node 1 (worker-1) received" in stop["reason"]
@@ -96,7 +96,7 @@ def test_a_trainer_that_exits_130_itself_is_restarted_like_any_failure():
 def test_a_stopping_signal_in_the_failure_window_ends_the_job_instead_of_restarting():
     c = running(RESTARTS)
     assert c.exited(1, failed(3), now=5.0) == []  # waiting for the other reports
-    actions = c.signalled(0, typed({"t": "signal", "signal": signal.SIGTERM}), now=6.0)
+    actions = c.signalled(0, typed({"t": "signal", "signal": int(signal.SIGTERM)}), now=6.0)
     (stop,) = sent(actions, "stop")
     assert stop["code"] == 143 and stop["signal"] == signal.SIGTERM
     assert "no restart: node 0 (worker-0) received SIGTERM" in stop["reason"]
@@ -106,7 +106,7 @@ def test_a_stopping_signal_in_the_failure_window_ends_the_job_instead_of_restart
 
 def test_a_failure_after_a_stopping_signal_does_not_restart_either():
     c = running(RESTARTS)
-    c.signalled(0, typed({"t": "signal", "signal": signal.SIGTERM}), now=4.0)
+    c.signalled(0, typed({"t": "signal", "signal": int(signal.SIGTERM)}), now=4.0)
     c.exited(1, failed(1), now=5.0)
     (stop,) = sent(c.tick(8.5), "stop")
     assert stop["code"] == 143

@@ -12,6 +12,7 @@ import pytest
 from entrypoint.control import message_fields
 from entrypoint.control import messages as m
 from entrypoint.control.identity import job_identity, read_token
+from entrypoint.control.rank_records import Failure
 from entrypoint.plan.errors import ConfigError
 
 FP = {
@@ -59,15 +60,7 @@ EVERY_KIND = [
     m.Exit(143, signal=15),
     m.Exit(
         1,
-        failure={
-            "rank": 3,
-            "local_rank": 1,
-            "exitcode": -9,
-            "tail": ["boom"],
-            "time": 1.5,
-            "killed": "",
-            "peer_lost": False,
-        },
+        failure=Failure(3, 1, -9, ("boom",), 1.5, "", False),
         reason="rank 3 failed",
     ),
     m.Signal(10),

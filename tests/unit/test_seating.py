@@ -6,6 +6,7 @@ import pytest
 
 from entrypoint.control.actions import ALL, Close, Log, Send
 from entrypoint.control.messages import Beat, Done, Exit, Go, Hello, Restart, Signal, Stop
+from entrypoint.control.rank_records import Failure
 from entrypoint.coordinator.conductor import Conductor
 from entrypoint.coordinator.roster import Roster, changes, seat
 from entrypoint.coordinator.state import Limits
@@ -193,7 +194,7 @@ def test_the_job_is_done_when_every_seated_node_finished_and_standbys_are_told()
 def test_a_trainer_failure_uses_restarts_not_spares_and_keeps_the_seats():
     limits = Limits(join_timeout=60, heartbeat_timeout=30, max_restarts=1, monitor_interval=0)
     c, _ = started(3, 2, 2, limits=limits)
-    actions = c.exited(1, Exit(1, failure={"rank": 2, "exitcode": 1}), now=10.0)
+    actions = c.exited(1, Exit(1, failure=Failure(rank=2, exitcode=1)), now=10.0)
     assert sent(actions, Restart) and "restart 1 of 1" in logs(actions)
     assert sent(rejoin(c, [0, 1, 2], now=15.0), Go) == {
         0: Go(1, (), 0, 2),

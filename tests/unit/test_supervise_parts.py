@@ -194,8 +194,8 @@ def test_the_rank_that_failed_first_is_named_not_the_lower_rank_torchrun_names(t
     assert "Root Cause (first observed failure):" in text, err
     launch = launcher_process.LauncherProcess(process, True, collections.deque(text), 0.0)
     found = failures.failure(None, launch, process.returncode, log_dir)  # type: ignore[arg-type]
-    assert (found["rank"], found["local_rank"], found["exitcode"]) == (1, 1, 1), err
-    assert "ValueError: the first failure" in found["tail"]
+    assert (found.rank, found.local_rank, found.exitcode) == (1, 1, 1), err
+    assert "ValueError: the first failure" in found.tail
 
 
 CRASH_WRITES_LAST = """
@@ -244,8 +244,8 @@ def test_the_crash_is_named_when_it_wrote_last_and_its_peer_said_it_lost_a_peer(
     text = collections.deque(err.splitlines())
     launch = launcher_process.LauncherProcess(process, True, text, 0.0)
     found = failures.failure(None, launch, process.returncode, log_dir)  # type: ignore[arg-type]
-    assert (found["rank"], found["local_rank"], found["exitcode"]) == (1, 1, 1), err
-    assert "ValueError: the first failure" in found["tail"] and not found["peer_lost"]
+    assert (found.rank, found.local_rank, found.exitcode) == (1, 1, 1), err
+    assert "ValueError: the first failure" in found.tail and not found.peer_lost
 
 
 CRASH_LEAVES_AFTER_THE_CLOSING_SIGNAL = """
@@ -294,8 +294,8 @@ def test_the_crash_is_named_when_it_exits_after_torchruns_closing_signal(tmp_pat
         process, True, collections.deque(err.splitlines()), 0.0
     )
     found = failures.failure(None, launch, process.returncode, log_dir)  # type: ignore[arg-type]
-    assert (found["rank"], found["local_rank"], found["exitcode"]) == (1, 1, 1), err
-    assert "ValueError: the first failure" in found["tail"] and not found["peer_lost"]
+    assert (found.rank, found.local_rank, found.exitcode) == (1, 1, 1), err
+    assert "ValueError: the first failure" in found.tail and not found.peer_lost
 
 
 def test_a_rank_that_lost_a_peer_says_so_in_its_own_words():
