@@ -4,6 +4,13 @@ import signal
 
 __version__ = "0.1.0"
 
+# Exit codes a platform's retry policy can key on (entrypoint.plan.errors raises them; the
+# trainer's side reads them too). Otherwise: the trainer's own exit code, or 128 + N after signal
+# N (143: SIGTERM, preempted).
+EXIT_CONFIG = 2  # configuration error found before launch: retrying will not help
+EXIT_PEERS = 75  # the master or a peer is unavailable, lost or silent: a retry may succeed
+EXIT_HUNG = 124  # ranks stopped stepping (ENTRYPOINT_HANG_TIMEOUT): one hangs, named with its stack
+
 # The signals that end a job (every node checkpoints and stops); USR1 and USR2 are passed on and
 # the job goes on. Node 0's mind, the node's supervisor and its workers' signals all read this.
 STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

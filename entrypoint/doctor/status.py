@@ -17,9 +17,9 @@ import time
 from collections.abc import Mapping
 
 from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.ports import DEFAULT_MASTER_PORT
 
 HEALTHY, DEGRADED, UNREACHABLE = 0, 1, 2
-DEFAULT_MASTER_PORT = 29500
 TIMEOUT = 5.0
 LABEL_LIMIT = 64  # characters of a label value shown
 

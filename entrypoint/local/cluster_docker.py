@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from entrypoint.job.common import DEFAULT_OUTPUT
 from entrypoint.plan.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from docker.models.containers import Container
 
 # Where the built-in job writes when ENTRYPOINT_JOB_OUTPUT is unset (entrypoint/job/common.py).
-DEFAULT_OUTPUT = "/tmp/entrypoint-job"
 
 
 def read_results(container: Container, output: str = DEFAULT_OUTPUT) -> list[dict]:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-# Exit codes a platform's retry policy can key on.
-EXIT_CONFIG = 2  # configuration error found before launch: retrying will not help
-EXIT_PEERS = 75  # the master or a peer is unavailable, lost or silent: a retry may succeed
-EXIT_HUNG = 124  # ranks stopped stepping (ENTRYPOINT_HANG_TIMEOUT): one hangs, named with its stack
-# Otherwise: the trainer's own exit code, or 128 + N after signal N (143: SIGTERM, preempted).
+# Exit codes a platform's retry policy can key on (defined once, at the package's root).
+from entrypoint import EXIT_CONFIG, EXIT_HUNG, EXIT_PEERS
+
+__all__ = ["EXIT_CONFIG", "EXIT_HUNG", "EXIT_PEERS"]
 
 
 class EntrypointError(Exception):

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.values import PREFIX, Sourced, derived, env_var
 
+DEFAULT_MASTER_PORT = 29500  # torchrun's: the rendezvous port when nothing names one
+
 if TYPE_CHECKING:  # pydantic stays off `entrypoint --help` and `render`'s path
     from entrypoint.plan.settings import Settings
 

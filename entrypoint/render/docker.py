@@ -10,6 +10,7 @@ Toolkit; --network host and --ipc host give NCCL the host's interfaces and share
 
 from __future__ import annotations
 
+from entrypoint.plan.ports import DEFAULT_MASTER_PORT
 from entrypoint.render import quote, scrape, text
 from entrypoint.render.request import Request
 
@@ -18,13 +19,12 @@ SUMMARY = "one docker run command per machine started by hand"
 DOCS = "https://docs.docker.com/reference/cli/docker/container/run/"
 OPTIONS = ("--master-addr", "--master-port")
 
-DEFAULT_PORT = 29500  # torchrun's
 # RDMA registers (pins) memory, and the default 8 MiB stack is small for some NCCL paths.
 ULIMITS = ("--ulimit memlock=-1", "--ulimit stack=67108864")
 
 
 def _command(request: Request, rank: int) -> list[str]:
-    port = request.master_port or DEFAULT_PORT
+    port = request.master_port or DEFAULT_MASTER_PORT
     master = request.master_addr or "127.0.0.1"
     # With spares, docker starts a failed node's container again: it rejoins as a standby.
     again = "--restart on-failure" if request.elastic and rank else "--rm"
@@ -55,7 +55,7 @@ def _command(request: Request, rank: int) -> list[str]:
 
 
 def render(request: Request) -> str:
-    port = request.master_port or DEFAULT_PORT
+    port = request.master_port or DEFAULT_MASTER_PORT
     opening = text.header(
         request,
         (f"{request.name}: {text.shape(request, 'machine')} started by hand, {request.image}"),

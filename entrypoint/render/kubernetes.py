@@ -10,6 +10,7 @@ MASTER_ADDR, the variables entrypoint/plan/platforms/indexedjob.py reads.
 
 from __future__ import annotations
 
+from entrypoint.plan.ports import DEFAULT_MASTER_PORT
 from entrypoint.render import scrape, text
 from entrypoint.render.request import Request
 
@@ -25,11 +26,10 @@ MASTER_PORT = "MASTER_PORT"
 # from 1.27).
 JOB_NAME_LABEL = "job-name"
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"  # on the Job's pods from 1.28
-DEFAULT_PORT = 29500  # torchrun's
 
 
 def metrics_port(request: Request) -> int | None:
-    return scrape.port(request, request.master_port or DEFAULT_PORT)
+    return scrape.port(request, request.master_port or DEFAULT_MASTER_PORT)
 
 
 def master_addr(request: Request) -> str:

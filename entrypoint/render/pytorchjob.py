@@ -21,7 +21,7 @@ OPTIONS = ("--master-port", "--namespace", "--secret-name", "--token")
 
 CONTAINER = "pytorch"  # the operator refuses a job without a container of this name
 PORT_NAME = "pytorchjob-port"
-DEFAULT_PORT = 23456  # PyTorchJobDefaultPort, pkg/apis/kubeflow.org/v1/pytorch_types.go
+PYTORCHJOB_PORT = 23456  # PyTorchJobDefaultPort, pkg/apis/kubeflow.org/v1/pytorch_types.go
 
 
 def master_addr(request: Request) -> str:
@@ -32,7 +32,7 @@ RESTARTS = 10  # with spares: pod restarts in all before the job fails
 
 
 def metrics_port(request: Request) -> int | None:
-    return scrape.port(request, request.master_port or DEFAULT_PORT)
+    return scrape.port(request, request.master_port or PYTORCHJOB_PORT)
 
 
 def _replica(request: Request, replicas: int, node0: bool) -> dict:
@@ -75,7 +75,7 @@ def render(request: Request) -> str:
 
 
 def _opening(request: Request) -> list[str]:
-    port = request.master_port or DEFAULT_PORT
+    port = request.master_port or PYTORCHJOB_PORT
     return text.header(
         request,
         (f"{request.name}: {text.shape(request)}, a Kubeflow PyTorchJob of {request.image}"),

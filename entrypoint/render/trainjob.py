@@ -22,7 +22,7 @@ OPTIONS = ("--namespace", "--secret-name", "--token")
 
 RUNTIME = "torch-distributed"  # the ClusterTrainingRuntime the Trainer's manifests install
 NODE = "node"  # the runtime's replicated job and container
-MASTER_PORT = 29500  # constants.ContainerTrainerPort
+TRAINER_PORT = 29500  # constants.ContainerTrainerPort
 PATCH_MANAGER = "entrypoint.render"
 
 
@@ -92,7 +92,7 @@ def _opening(request: Request) -> list[str]:
         (f"{request.name}: {text.shape(request)}, a Kubeflow TrainJob of {request.image}"),
         [
             *text.kube_notes(request),
-            f"Node 0 is pod {master_addr(request)}:{MASTER_PORT} (the Trainer fixes the port).",
+            f"Node 0 is pod {master_addr(request)}:{TRAINER_PORT} (the Trainer fixes the port).",
             f"Needs Kubeflow Trainer v2.3 or later with the {RUNTIME} ClusterTrainingRuntime.",
             *text.when_a_node_dies(
                 request,
@@ -101,7 +101,7 @@ def _opening(request: Request) -> list[str]:
             ),
             *scrape.kube_lines(
                 request,
-                scrape.port(request, MASTER_PORT),
+                scrape.port(request, TRAINER_PORT),
                 f"{request.name}-{NODE}-0-0",
                 {
                     "jobset.sigs.k8s.io/jobset-name": request.name,

@@ -23,7 +23,7 @@ OPTIONS = ("--master-port", "--namespace", "--secret-name", "--token")
 
 MASTER = "master"
 WORKER = "worker"
-DEFAULT_PORT = 23456  # the pytorch plugin's DefaultPort
+PLUGIN_PORT = 23456  # the pytorch plugin's DefaultPort
 
 
 def master_addr(request: Request) -> str:
@@ -31,7 +31,7 @@ def master_addr(request: Request) -> str:
 
 
 def metrics_port(request: Request) -> int | None:
-    return scrape.port(request, request.master_port or DEFAULT_PORT)
+    return scrape.port(request, request.master_port or PLUGIN_PORT)
 
 
 def _task(request: Request, name: str, replicas: int, **more: Any) -> dict:
@@ -89,7 +89,7 @@ def render(request: Request) -> str:
 
 
 def _opening(request: Request) -> list[str]:
-    port = request.master_port or DEFAULT_PORT
+    port = request.master_port or PLUGIN_PORT
     return text.header(
         request,
         (f"{request.name}: {text.shape(request)}, a Volcano Job of {request.image}"),

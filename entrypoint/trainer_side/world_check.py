@@ -17,10 +17,10 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from entrypoint import EXIT_CONFIG
 from entrypoint.trainer_side.after_import import when_imported
 
 PLAN_VARIABLE = "ENTRYPOINT_PLAN_FILE"
-EXIT_CONFIG = 2
 MISMATCH = "entrypoint: the trainer formed"  # how the node's entrypoint knows the line
 
 

@@ -103,3 +103,36 @@ def test_no_code_is_packed_by_hand():
             if "# fmt: skip" in line and n not in tables:
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{n}")
     assert not found, found
+
+
+VARIABLE_NAME = re.compile(r"[A-Z][A-Z0-9_]+")
+
+
+def test_every_constant_is_defined_once():
+    """No UPPER_CASE name is given the same literal value in two modules: a fact is written in
+    one place and imported. Excepted: a platform's variable names (`WORLD_SIZE = "WORLD_SIZE"`,
+    read by several platforms) and a platform's reader and renderer naming the same platform
+    (NAME, DOCS). Two facts that share a value get two names (Volcano's PLUGIN_PORT and
+    Kubeflow's PYTORCHJOB_PORT are both 23456)."""
+    where: dict[tuple[str, str], list[str]] = {}
+    for path, tree in _trees():
+        if "site-hook" in path.parts:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Assign):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names = [node.target.id]
+            else:
+                continue
+            value = node.value
+            if not isinstance(value, ast.Constant) or value.value is None:
+                continue
+            if isinstance(value.value, str) and VARIABLE_NAME.fullmatch(value.value):
+                continue
+            for name in names:
+                if name.isupper() and name not in ("NAME", "DOCS"):
+                    key = (name, repr(value.value))
+                    where.setdefault(key, []).append(str(path.relative_to(PACKAGE.parent)))
+    twice = {f"{name} = {value}": paths for (name, value), paths in where.items() if len(paths) > 1}
+    assert not twice, twice

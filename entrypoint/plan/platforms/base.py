@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.ports import DEFAULT_MASTER_PORT
 from entrypoint.plan.values import (
     NODES,
     PER_NODE,
@@ -25,8 +26,6 @@ from entrypoint.plan.values import (
     index,
     port,
 )
-
-DEFAULT_MASTER_PORT = 29500  # torchrun's default
 
 
 @dataclass(frozen=True)
