@@ -128,6 +128,7 @@ def nodes(
     """A worker process driving `members`: join, beat, go silent (one of them), report."""
     from entrypoint.control import control_channel
     from entrypoint.control import messages as m
+    from entrypoint.control.node_stats import NodeStats
     from entrypoint.supervise import probe
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -146,7 +147,9 @@ def nodes(
         channel = control_channel.Channel(sim.sock, "bench")
         sim.channel = channel
         sel.register(sim.sock, selectors.EVENT_READ, sim)
-    beats = [m.encode(m.Beat({"gpus": GPUS}))] + [m.encode(m.Beat())] * 9  # STATS_EVERY
+    beats = [m.encode(m.Beat(NodeStats.from_wire({"gpus": GPUS})))] + [
+        m.encode(m.Beat())
+    ] * 9  # STATS_EVERY
     go_count = 0
     silenced_at = None
     stopped = 0

@@ -198,22 +198,6 @@ def check_fingerprint(raw: Any) -> dict:
     return fp
 
 
-def check_stats(raw: Any) -> dict:
-    """GPU utilization and memory (NVML), or the CPU load, as a beat carries them."""
-    if raw is None:
-        return {}
-    if type(raw) is not dict:
-        raise BadMessage("stats must be an object")
-    if "gpus" in raw:
-        gpus = raw["gpus"]
-        if type(gpus) is not list or len(gpus) > 1024 or any(type(g) is not dict for g in gpus):
-            raise BadMessage("stats.gpus must be a list of at most 1024 objects")
-        return {"gpus": [_gpu_figures(g) for g in gpus]}
-    if "load" in raw:
-        return {"load": float_field(raw, "load")}
-    return {}
-
-
 MAX_RANKS = 4096  # ranks one beat reports: a node of 256 GPUs has 256
 MAX_FRAMES = 40  # frames of one rank's stack sent to node 0
 MAX_TIMEOUT = 1e9  # seconds of a process group's timeout (torch's own are 600 and 1800)
@@ -319,26 +303,3 @@ def _rows(raw: Any, fields: tuple[str, ...], what: str, limit: int) -> list[dict
             raise BadMessage(f"each {what} must be [{', '.join(fields)}]")
         rows.append(dict(zip(fields, item, strict=True)))
     return rows
-
-
-# The figures a GPU may lack (entrypoint.supervise.gpu_stats): name and bounds.
-GPU_EXTRAS = {
-    "temp_c": (0, 1000),
-    "power_w": (0, 100_000),
-    "sm_mhz": (0, 100_000),
-    "sm_max_mhz": (0, 100_000),
-    "throttle": (0, (1 << 64) - 1),
-    "ecc_uncorrected": (0, 1 << 62),
-}
-
-
-def _gpu_figures(g: dict) -> dict:
-    out = {
-        "util": float_field(g, "util"),
-        "mem_used_mib": int_field(g, "mem_used_mib", 0, 1 << 40),
-        "mem_total_mib": int_field(g, "mem_total_mib", 0, 1 << 40),
-    }
-    for key, (lo, hi) in GPU_EXTRAS.items():
-        if g.get(key) is not None:
-            out[key] = int_field(g, key, lo, hi)
-    return out

@@ -30,7 +30,6 @@ from entrypoint.control.message_fields import (
     check_fingerprint,
     check_ranks,
     check_stacks,
-    check_stats,
     float_field,
     hex_field,
     int_field,
@@ -39,6 +38,7 @@ from entrypoint.control.message_fields import (
     str_field,
     strings_field,
 )
+from entrypoint.control.node_stats import NodeStats
 from entrypoint.control.rank_records import Collective, Failure, Frame, RankReport, RankStack
 
 PROTOCOL = 2
@@ -121,12 +121,18 @@ class Beat(Message):
     its process group's timeout)."""
 
     kind: ClassVar[str] = "beat"
-    stats: dict = field(default_factory=dict)
+    stats: NodeStats = field(default_factory=NodeStats)
     ranks: tuple[tuple, ...] | None = None
 
     @classmethod
     def from_wire(cls, raw: dict) -> Beat:
-        return cls(check_stats(raw.get("stats")), check_ranks(raw.get("ranks")))
+        return cls(NodeStats.from_wire(raw.get("stats")), check_ranks(raw.get("ranks")))
+
+    def to_wire(self) -> dict:
+        out: dict[str, Any] = {"t": self.kind, "stats": self.stats.to_wire()}
+        if self.ranks is not None:
+            out["ranks"] = [list(r) for r in self.ranks]
+        return out
 
     def reports(self) -> list[RankReport]:
         return [

@@ -174,8 +174,8 @@ class Conductor:
         if state is not None:
             state.last_seen = now
             if message.stats:
-                state.stats = dict(message.stats)
-                state.history.append(state.stats.get("gpus") or [])
+                state.stats = message.stats
+                state.history.append(message.stats.gpus)
             if message.ranks is not None and self.job.phase == RUN and member in self.job.seats:
                 reports = message.reports()
                 self.job.progress.beat(member, reports, now)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 
+from entrypoint.control.node_stats import GpuFigures
+
 # Below the job's median by this much, in every sample of the window.
 UTIL_GAP = 20.0  # percentage points of GPU utilization
 CLOCK_SHARE = 0.85  # of the median SM clock
@@ -57,18 +59,20 @@ def reasons(mask: int) -> list[str]:
     return [name for bit, name in REASONS.items() if mask & bit]
 
 
-def _figures(sample: Sequence[dict]) -> tuple[float, float | None, int]:
+def _figures(sample: Sequence[GpuFigures]) -> tuple[float, float | None, int]:
     """One node's sample (its GPUs' figures): mean utilization, the slowest GPU's SM clock (it
     sets the pace of a synchronous step), the union of the clock event reasons."""
-    util = sum(g["util"] for g in sample) / len(sample)
-    clocks = [g["sm_mhz"] for g in sample if g.get("sm_mhz")]
+    util = sum(g.util for g in sample) / len(sample)
+    clocks = [g.sm_mhz for g in sample if g.sm_mhz]
     mask = 0
     for g in sample:
-        mask |= g.get("throttle", 0)
+        mask |= g.throttle or 0
     return util, (min(clocks) if clocks else None), mask
 
 
-def slow_nodes(history: Mapping[int, Sequence[Sequence[dict]]], samples: int) -> dict[int, str]:
+def slow_nodes(
+    history: Mapping[int, Sequence[Sequence[GpuFigures]]], samples: int
+) -> dict[int, str]:
     """{node: why} for each node slow in all of its last `samples` samples. `history`: per node,
     its samples oldest first, each a list of its GPUs' figures (empty for a node without GPUs,
     which is never compared)."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from entrypoint.control.messages import Exit
+from entrypoint.control.node_stats import GpuFigures, NodeStats
 from entrypoint.coordinator.rank_judgement import HangRule, JobProgress, RankStack
 from entrypoint.coordinator.roster import Roster
 
@@ -71,8 +72,9 @@ class MemberState:
     fingerprint: dict = field(default_factory=dict)
     clock_offset: float = 0.0
     exit_code: int | None = None
-    stats: dict = field(default_factory=dict)
-    history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))  # GPU figures
+    stats: NodeStats = field(default_factory=NodeStats)  # its last beat's figures
+    # its GPUs' figures, a beat's at a time
+    history: deque[tuple[GpuFigures, ...]] = field(default_factory=lambda: deque(maxlen=HISTORY))
     domain: str = ""  # its GPUs' NVLink domain (a GB200 NVL72 rack's): spares go to the same
 
 
@@ -80,15 +82,14 @@ def monitor_table(members: dict[int, MemberState], now: float) -> str:
     """The per-node table node 0 logs every ENTRYPOINT_MONITOR_INTERVAL."""
     rows = [f"{'node':<6}{'host':<28}{'last beat':<11}{'devices':<44}"]
     for member, state in sorted(members.items()):
-        stats = state.stats
-        gpus = stats.get("gpus") or []
+        stats, gpus = state.stats, state.stats.gpus
         if gpus:
-            util = sum(g["util"] for g in gpus) / len(gpus)
-            used = sum(g["mem_used_mib"] for g in gpus) / 1024
-            total = sum(g["mem_total_mib"] for g in gpus) / 1024
+            util = sum(g.util for g in gpus) / len(gpus)
+            used = sum(g.mem_used_mib for g in gpus) / 1024
+            total = sum(g.mem_total_mib for g in gpus) / 1024
             devices = f"{len(gpus)} GPU, util {util:.0f}%, mem {used:.1f}/{total:.0f} GiB"
         else:
-            devices = f"CPU, load {stats.get('load', 0):.1f}" if stats else "-"
+            devices = f"CPU, load {stats.load or 0:.1f}" if stats else "-"
         rows.append(
             f"{member:<6}{state.host[:27]:<28}{now - state.last_seen:>5.0f} s ago {devices}"
         )

@@ -21,12 +21,13 @@ import functools
 import operator
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from entrypoint.control.node_stats import GpuFigures
 from entrypoint.coordinator.conductor import Conductor
 from entrypoint.coordinator.state import JOIN, RUN
 from entrypoint.metrics.metrics_server import MetricsServer
@@ -93,12 +94,12 @@ NODE_GPUS: dict[str, tuple[str, str, Callable, float]] = {
 }
 
 
-def node_gpus(gpus: list[dict]) -> dict[str, float]:
+def node_gpus(gpus: Sequence[GpuFigures]) -> dict[str, float]:
     """A node's NODE_GPUS figures from its GPUs' (entrypoint.supervise.gpu_stats); a figure no GPU
     gave is left out."""
     out = {}
     for name, (_, key, combine, scale) in NODE_GPUS.items():
-        figures = [g[key] for g in gpus if key in g]
+        figures = [value for g in gpus if (value := getattr(g, key)) is not None]
         if figures:
             out[name] = combine(figures) * scale
     return out
@@ -136,9 +137,9 @@ class JobCollector(Collector):
             if state is None:
                 continue
             beat.add_metric(labels, max(0.0, now - state.last_seen))
-            if "load" in state.stats:
-                load.add_metric(labels, state.stats["load"])
-            for name, value in node_gpus(state.stats.get("gpus") or []).items():
+            if state.stats.load is not None:
+                load.add_metric(labels, state.stats.load)
+            for name, value in node_gpus(state.stats.gpus).items():
                 gpu[name].add_metric(labels, value)
         yield from (up, state_g, rank, beat, slow_g, load, *gpu.values())
         yield from self._health(states, seen)

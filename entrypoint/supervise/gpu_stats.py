@@ -9,6 +9,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from entrypoint.control.node_stats import GpuFigures, NodeStats
+
 
 def nvml_handle(nvml: Any, device: str) -> Any:
     """The NVML handle of one of the plan's devices: an index (NVML counts every GPU of the
@@ -35,7 +37,7 @@ class Stats:
             except Exception:  # stats are nice to have; never a reason to stop
                 self.handles = []
 
-    def read(self) -> dict:
+    def read(self) -> NodeStats:
         gpus = []
         for handle in self.handles:
             try:
@@ -43,18 +45,14 @@ class Stats:
                 memory = self.nvml.nvmlDeviceGetMemoryInfo(handle)
             except Exception:
                 continue
-            figures = {
-                "util": util,
-                "mem_used_mib": memory.used >> 20,
-                "mem_total_mib": memory.total >> 20,
-            }
+            extras = {}
             for key, read in self._extras.items():
                 try:
-                    figures[key] = int(read(self.nvml, handle))
+                    extras[key] = int(read(self.nvml, handle))
                 except Exception:  # this GPU or driver has no such figure
                     continue
-            gpus.append(figures)
-        return {"gpus": gpus} if gpus else {"load": os.getloadavg()[0]}
+            gpus.append(GpuFigures(util, memory.used >> 20, memory.total >> 20, **extras))
+        return NodeStats(gpus=tuple(gpus)) if gpus else NodeStats(load=os.getloadavg()[0])
 
     # name: how NVML gives it (pynvml's constants: 0 is NVML_TEMPERATURE_GPU and
     # NVML_VOLATILE_ECC, the count since the driver loaded; 1 is NVML_CLOCK_SM and

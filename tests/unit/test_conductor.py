@@ -5,6 +5,7 @@ import pytest
 
 from entrypoint.control.actions import ALL, Log, Send
 from entrypoint.control.messages import Beat, Done, Exit, Go, Hello, Restart, Signal, Stop
+from entrypoint.control.node_stats import NodeStats
 from entrypoint.control.rank_records import Failure
 from entrypoint.coordinator.conductor import Conductor
 from entrypoint.coordinator.state import Limits
@@ -212,9 +213,15 @@ def test_a_node_restarted_by_its_platform_while_running_stops_the_job():
 def test_monitor_table_every_interval():
     c = joined(limits=Limits(monitor_interval=60))
     c.beat(
-        0, Beat({"gpus": [{"util": 90, "mem_used_mib": 40960, "mem_total_mib": 81920}] * 8}), now=50
+        0,
+        Beat(
+            NodeStats.from_wire(
+                {"gpus": [{"util": 90, "mem_used_mib": 40960, "mem_total_mib": 81920}] * 8}
+            )
+        ),
+        now=50,
     )
-    c.beat(1, Beat({"load": 1.5}), now=55)
+    c.beat(1, Beat(NodeStats(load=1.5)), now=55)
     (table,) = [a.text for a in c.tick(61.0) if isinstance(a, Log)]
     assert "8 GPU, util 90%, mem 320.0/640 GiB" in table and "CPU, load 1.5" in table
 

@@ -12,6 +12,7 @@ import time
 
 from entrypoint.control import messages as m
 from entrypoint.control.control_channel import Channel
+from entrypoint.control.node_stats import NodeStats
 from entrypoint.control.rank_records import RankReport
 from entrypoint.control.transport import Lines
 from entrypoint.plan.settings import Settings
@@ -35,9 +36,9 @@ class Stats:
     def __init__(self, delay: float = 0.0) -> None:
         self.delay = delay
 
-    def read(self) -> dict:
+    def read(self) -> NodeStats:
         time.sleep(self.delay)
-        return {"load": 0.5}
+        return NodeStats(load=0.5)
 
 
 def _pair() -> tuple[Channel, socket.socket]:

@@ -12,6 +12,7 @@ import pytest
 from entrypoint.control import message_fields
 from entrypoint.control import messages as m
 from entrypoint.control.identity import job_identity, read_token
+from entrypoint.control.node_stats import GpuFigures, NodeStats
 from entrypoint.control.rank_records import Failure
 from entrypoint.plan.errors import ConfigError
 
@@ -54,8 +55,8 @@ EVERY_KIND = [
         nonce="a" * 32,
         proof="b" * 64,
     ),
-    m.Beat({"gpus": [{"util": 90.0, "mem_used_mib": 1, "mem_total_mib": 2}]}),
-    m.Beat({"load": 1.5}),
+    m.Beat(NodeStats((GpuFigures(90.0, 1, 2),))),
+    m.Beat(NodeStats(load=1.5)),
     m.Beat(),
     m.Exit(143, signal=15),
     m.Exit(

@@ -16,6 +16,7 @@ from ports import free_ports
 from entrypoint.control import messages as m
 from entrypoint.control.actions import ALL, Send
 from entrypoint.control.message_fields import BadMessage, check_collectives
+from entrypoint.control.node_stats import NodeStats
 from entrypoint.control.rank_records import Collective, Frame, RankReport, RankStack
 from entrypoint.coordinator.conductor import Conductor
 from entrypoint.coordinator.rank_judgement import (
@@ -345,7 +346,7 @@ def test_equal_ranks_are_never_named():
 
 
 def test_a_beat_carries_its_ranks_and_stacks_come_back():
-    beat = m.Beat({}, ((3, 120, 0.5, 0.01, 0.2, 0),))
+    beat = m.Beat(NodeStats(), ((3, 120, 0.5, 0.01, 0.2, 0),))
     back = m.decode(m.encode(beat))
     assert isinstance(back, m.Beat) and back.reports() == [RankReport(3, 120, 0.5, 0.01, 0.2)]
     for report in (
@@ -353,7 +354,7 @@ def test_a_beat_carries_its_ranks_and_stacks_come_back():
         RankReport(3, 120, 0.5, None, 0.2, True, 2.5, 1800.0),
         RankReport(3, 120, 0.5, None, 0.2, False, 2.5),
     ):
-        wired = m.Beat({}, (tuple(report.to_wire()),))
+        wired = m.Beat(NodeStats(), (tuple(report.to_wire()),))
         assert m.decode(m.encode(wired)).reports() == [report]
     stacks = m.Stacks(({"rank": 3, "steps": 20, "frames": [["t.py", 4, "main", "x()"]]},))
     got = m.decode(m.encode(stacks))
@@ -404,7 +405,7 @@ def _running(max_restarts=0):
 
 def _beat(c, member, steps, now, age=0.0):
     ranks = tuple((member * 2 + r, steps, age, 0.01, 0.1, 0) for r in range(2))
-    return c.beat(member, m.Beat({}, ranks), now)
+    return c.beat(member, m.Beat(NodeStats(), ranks), now)
 
 
 def _stacks(member, frames_by_rank):
@@ -475,7 +476,7 @@ def _conductor(hang_timeout):
 
 def _timed_beat(c, member, steps, now, timeout=40.0, age=0.0):
     ranks = tuple((member * 2 + r, steps, age, 0.01, 0.1, 0, None, timeout) for r in range(2))
-    return c.beat(member, m.Beat({}, ranks), now)
+    return c.beat(member, m.Beat(NodeStats(), ranks), now)
 
 
 def test_the_trainers_process_group_timeout_is_beaten_by_the_hang_probe():

@@ -10,6 +10,7 @@ from test_conductor import joined
 
 from entrypoint.control.actions import Log
 from entrypoint.control.messages import STATS_EVERY, Beat
+from entrypoint.control.node_stats import GpuFigures
 from entrypoint.coordinator.slow_nodes import reasons, slow_nodes
 from entrypoint.coordinator.state import Limits
 from entrypoint.supervise.gpu_stats import Stats
@@ -19,13 +20,7 @@ HW_THERMAL, POWER_CAP, IDLE = 0x40, 0x4, 0x1
 
 
 def gpu(util=95.0, mhz=1980, throttle=0):
-    return {
-        "util": util,
-        "mem_used_mib": 1,
-        "mem_total_mib": 80,
-        "sm_mhz": mhz,
-        "throttle": throttle,
-    }
+    return GpuFigures(util, 1, 80, sm_mhz=mhz, throttle=throttle)
 
 
 def series(n, **figures):
@@ -100,17 +95,19 @@ class Nvml:
 
 
 def test_stats_read_every_figure_nvml_gives():
-    figures = Stats(("0",), nvml=Nvml(throttled=True)).read()["gpus"][0]
-    assert figures == {
-        "util": 61,
-        "mem_used_mib": 70 * 1024,
-        "mem_total_mib": 80 * 1024,
-        "temp_c": 91,
-        "power_w": 350,
-        "sm_mhz": 1215,
-        "sm_max_mhz": 1980,
-        "throttle": HW_THERMAL,
-    }
+    (figures,) = Stats(("0",), nvml=Nvml(throttled=True)).read().gpus
+    assert figures == GpuFigures(
+        util=61,
+        mem_used_mib=70 * 1024,
+        mem_total_mib=80 * 1024,
+        temp_c=91,
+        power_w=350,
+        sm_mhz=1215,
+        sm_max_mhz=1980,
+        throttle=HW_THERMAL,
+    )
+    assert figures.ecc_uncorrected is None  # this GPU gives none: left out of the wire too
+    assert "ecc_uncorrected" not in figures.to_wire()
 
 
 def run(nodes: dict[int, Nvml], beats: int, window: float = 60):
