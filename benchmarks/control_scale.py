@@ -38,6 +38,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -128,15 +129,14 @@ def nodes(
     """A worker process driving `members`: join, beat, go silent (one of them), report."""
     from entrypoint.control import control_channel
     from entrypoint.control import messages as m
+    from entrypoint.control.node_fingerprint import PlannedShape
     from entrypoint.control.node_stats import NodeStats
     from entrypoint.supervise import probe
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    fp = probe.fingerprint(
-        gpus_per_node=8, gpu_names=("NVIDIA H100 80GB HBM3",), data_dir=None
-    ).to_wire()
-    fp["cuda_driver"] = "12"
+    fp = probe.fingerprint(gpus_per_node=8, gpu_names=("NVIDIA H100 80GB HBM3",), data_dir=None)
+    fp = replace(fp, cuda_driver="12")
     print("ready", flush=True)
     sys.stdin.readline()
     sel = selectors.DefaultSelector()
@@ -171,20 +171,20 @@ def nodes(
                 msg = m.decode(line, m.FROM_NODE_0)
                 if isinstance(msg, m.Challenge):
                     sim.channel.challenge = msg
-                    layout = {
-                        "nnodes": n,
-                        "node_rank": sim.member,
-                        "nproc_per_node": 8,
-                        "world_size": 8 * n,
-                        "master_addr": "node-0",
-                        "master_port": 29500,
-                        "launcher": "torchrun",
-                    }
+                    layout = PlannedShape(
+                        nnodes=n,
+                        node_rank=sim.member,
+                        nproc_per_node=8,
+                        world_size=8 * n,
+                        master_addr="node-0",
+                        master_port=29500,
+                        launcher="torchrun",
+                    )
                     sim.channel.send(
                         m.Hello(
                             member=sim.member,
                             host=f"sim-{sim.member}",
-                            fingerprint=fp | {"layout": layout},
+                            fingerprint=replace(fp, layout=layout),
                             time=time.time(),
                             node_rank=sim.member,
                             generation=0,

@@ -19,27 +19,32 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 
 def node(member: int, port: int, n: int) -> None:
     """One simulated node: ready, wait for the start line, then join as the supervisor does."""
     from entrypoint.control import control_channel
     from entrypoint.control import messages as m
+    from entrypoint.control.node_fingerprint import PlannedShape
     from entrypoint.supervise import probe
 
     print("ready", flush=True)
     sys.stdin.readline()
     start = time.monotonic()
-    fp = probe.fingerprint(gpus_per_node=0, gpu_names=(), data_dir=None).to_wire()
-    fp["layout"] = {
-        "nnodes": n,
-        "node_rank": member,
-        "nproc_per_node": 1,
-        "world_size": n,
-        "master_addr": "127.0.0.1",
-        "master_port": port - 1,
-        "launcher": "torchrun",
-    }
+    fp = probe.fingerprint(gpus_per_node=0, gpu_names=(), data_dir=None)
+    fp = replace(
+        fp,
+        layout=PlannedShape(
+            nnodes=n,
+            node_rank=member,
+            nproc_per_node=1,
+            world_size=n,
+            master_addr="127.0.0.1",
+            master_port=port - 1,
+            launcher="torchrun",
+        ),
+    )
     collected = time.monotonic()
     channel = control_channel.connect("127.0.0.1", port, timeout=60, log=lambda line: None)
     hello = m.Hello(

@@ -1,8 +1,9 @@
 """The field checks behind entrypoint.control.messages: every value that arrives from the network is
 checked for its type and range here (exit codes 0-255, signals this system knows, finite
-numbers, bounded strings and lists), and the nested fingerprint, stats and failure objects
-are shape-checked, before anything else reads them. A bad field raises `BadMessage` saying
-what is wrong."""
+numbers, bounded strings and lists), and the rows of a rank's stack, before anything else
+reads them; the nested records (a fingerprint, a beat's figures, a failure) check themselves
+with these in their own `from_wire` (node_fingerprint, node_stats, rank_records). A bad field
+raises `BadMessage` saying what is wrong."""
 
 from __future__ import annotations
 
@@ -114,88 +115,6 @@ def short(value: Any) -> str:
 
 
 # -- the fingerprint and the stats a beat carries ---------------------------------------------
-
-# A fingerprint's fields that node 0 compares across nodes, in the order a mismatch names them
-# (entrypoint.coordinator.comparison).
-MATCHED = (
-    "image_lock",
-    "image_revision",
-    "python",
-    "torch",
-    "jax",
-    "deepspeed",
-    "nccl",
-    "cuda_driver",
-    "gpu_model",
-    "gpus_per_node",
-    "packages",
-)
-# The job's shape as each node planned it (its fingerprint's `layout`), in the order a mismatch
-# names the fields; with each node's own `node_rank` beside them.
-LAYOUT = (
-    "nnodes",
-    "spares",
-    "min_nodes",
-    "nproc_per_node",
-    "world_size",
-    "master_addr",
-    "master_port",
-    "launcher",
-)
-# The compared fields that are plain text; the others are checked one by one below.
-FP_TEXT = tuple(f for f in MATCHED if f not in ("cuda_driver", "gpus_per_node", "packages"))
-
-
-def check_fingerprint(raw: Any) -> dict:
-    """A node's fingerprint as node 0 compares it (entrypoint.coordinator.comparison),
-    shape-checked."""
-    if type(raw) is not dict:
-        raise BadMessage("fingerprint must be an object")
-    fp: dict = {key: str_field(raw, key, 512) for key in FP_TEXT}
-    driver = raw.get("cuda_driver")
-    if driver is not None and (type(driver) is not str or len(driver) > 64):
-        raise BadMessage("fingerprint.cuda_driver must be a string or null")
-    fp["cuda_driver"] = driver
-    fp["gpus_per_node"] = int_field(raw, "gpus_per_node", 0, 1 << 16)
-    pkgs = raw.get("packages")
-    if (
-        type(pkgs) is not dict
-        or len(pkgs) > 20_000
-        or any(
-            type(k) is not str or type(v) is not str or len(k) > 256 or len(v) > 256
-            for k, v in pkgs.items()
-        )
-    ):
-        raise BadMessage("fingerprint.packages must map at most 20000 names to versions")
-    fp["packages"] = pkgs
-    data = raw.get("data")
-    if data is not None:
-        if type(data) is not dict:
-            raise BadMessage("fingerprint.data must be an object or null")
-        fp["data"] = {"path": str_field(data, "path", 4096), "exists": data.get("exists") is True}
-        if fp["data"]["exists"]:
-            fp["data"] |= {
-                "files": int_field(data, "files", 0, 1 << 62),
-                "bytes": int_field(data, "bytes", 0, 1 << 62),
-                "partial": data.get("partial") is True,
-            }
-    else:
-        fp["data"] = None
-    layout = raw.get("layout")
-    if type(layout) is not dict:
-        raise BadMessage("fingerprint.layout must be an object")
-    fp["layout"] = {
-        "nnodes": int_field(layout, "nnodes", 1, MAX_MEMBER),
-        "node_rank": int_field(layout, "node_rank", 0, MAX_MEMBER),
-        "spares": int_field(layout, "spares", 0, MAX_MEMBER, 0),
-        "min_nodes": int_field(layout, "min_nodes", 0, MAX_MEMBER, 1),
-        "nproc_per_node": int_field(layout, "nproc_per_node", 1, 1 << 16),
-        "world_size": int_field(layout, "world_size", 1, 1 << 30),
-        "master_addr": str_field(layout, "master_addr", 1024),
-        "master_port": int_field(layout, "master_port", 1, 65535, None),
-        "launcher": str_field(layout, "launcher", 64),
-    }
-    return fp
 
 
 MAX_RANKS = 4096  # ranks one beat reports: a node of 256 GPUs has 256

@@ -27,7 +27,6 @@ from typing import Any, ClassVar, NoReturn
 from entrypoint.control.message_fields import (
     MAX_MEMBER,
     BadMessage,
-    check_fingerprint,
     check_ranks,
     check_stacks,
     float_field,
@@ -38,6 +37,7 @@ from entrypoint.control.message_fields import (
     str_field,
     strings_field,
 )
+from entrypoint.control.node_fingerprint import Fingerprint
 from entrypoint.control.node_stats import NodeStats
 from entrypoint.control.rank_records import Collective, Failure, Frame, RankReport, RankStack
 
@@ -74,7 +74,7 @@ class Hello(Message):
     kind: ClassVar[str] = "hello"
     member: int
     host: str
-    fingerprint: dict
+    fingerprint: Fingerprint
     time: float
     node_rank: int = 0
     generation: int = 0
@@ -92,14 +92,14 @@ class Hello(Message):
         member = int_field(raw, "member", 0, MAX_MEMBER)
         host = str_field(raw, "host", 255)
         if protocol != PROTOCOL:  # the rest may be another version's: say so, check no more
-            return cls(member, host, {}, 0.0, protocol=protocol)
+            return cls(member, host, Fingerprint(), 0.0, protocol=protocol)
         auth = str_field(raw, "auth", 32)
         if auth not in (AUTH_NONE, AUTH_HMAC):
             raise BadMessage(f"auth must be {AUTH_NONE} or {AUTH_HMAC}")
         return cls(
             member=member,
             host=host,
-            fingerprint=check_fingerprint(raw.get("fingerprint")),
+            fingerprint=Fingerprint.from_wire(raw.get("fingerprint")),
             time=float_field(raw, "time"),
             node_rank=int_field(raw, "node_rank", 0, MAX_MEMBER),
             generation=int_field(raw, "generation", 0, 1 << 30),
@@ -111,6 +111,9 @@ class Hello(Message):
             unhealthy=str_field(raw, "unhealthy", 4096, ""),
             domain=str_field(raw, "domain", 100, ""),
         )
+
+    def to_wire(self) -> dict:
+        return super().to_wire() | {"fingerprint": self.fingerprint.to_wire()}
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,10 @@ Pure: each node's fingerprint is collected at its edge (entrypoint.supervise.pro
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from entrypoint.control.message_fields import LAYOUT, MATCHED
+from entrypoint.control.node_fingerprint import LAYOUT, MATCHED, Fingerprint, PlannedShape
 
 CLOCK_WARN_SECONDS = 2.0
 
@@ -27,7 +26,7 @@ class Member:
 
     id: int
     host: str
-    fingerprint: Mapping
+    fingerprint: Fingerprint
     clock_offset: float = 0.0  # its wall clock minus node 0's, seconds
 
 
@@ -58,9 +57,9 @@ def mismatches(members: list[Member]) -> list[str]:
     odd: dict[int, list[str]] = {}
     for field in MATCHED:
         values = [
-            repr(sorted(m.fingerprint.get(field, {}).items()))
+            repr(sorted(m.fingerprint.packages.items()))
             if field == "packages"
-            else repr(m.fingerprint.get(field))
+            else repr(m.fingerprint.value(field))
             for m in ordered
         ]
         counts = Counter(values)
@@ -70,7 +69,9 @@ def mismatches(members: list[Member]) -> list[str]:
         for member, key in zip(ordered, values, strict=True):
             if key != reference_key:
                 odd.setdefault(member.id, []).append(
-                    _diff(field, member.fingerprint.get(field), reference.fingerprint.get(field))
+                    _diff(
+                        field, member.fingerprint.value(field), reference.fingerprint.value(field)
+                    )
                     + f" on {_name(reference)}"
                 )
     by_id = {m.id: m for m in ordered}
@@ -87,7 +88,7 @@ def layout_mismatches(members: list[Member]) -> list[str]:
     if len(members) < 2:
         return []
     ordered = sorted(members, key=lambda m: m.id)
-    shapes = {m.id: m.fingerprint.get("layout") or {} for m in ordered}
+    shapes = {m.id: _shape(m.fingerprint.layout) for m in ordered}
     odd: dict[int, list[str]] = {}
     for field in LAYOUT:
         voters = [m for m in ordered if not (field == "master_addr" and m.id == 0)]
@@ -116,25 +117,30 @@ def layout_mismatches(members: list[Member]) -> list[str]:
     ]
 
 
+def _shape(shape: PlannedShape | None) -> dict[str, Any]:
+    """A node's planned shape by field (none: every field unknown)."""
+    return asdict(shape) if shape is not None else {}
+
+
 def data_mismatches(members: list[Member]) -> list[str]:
     """A configured data directory must exist everywhere and look the same (count, size)."""
-    summaries = {m.id: m.fingerprint.get("data") for m in members}
+    summaries = {m.id: m.fingerprint.data for m in members}
     if all(s is None for s in summaries.values()):
         return []
     lines = []
     by_id = {m.id: m for m in members}
     for member_id, summary in sorted(summaries.items()):
-        if not summary or not summary.get("exists"):
-            path = (summary or {}).get("path", "ENTRYPOINT_DATA_DIR unset")
+        if summary is None or not summary.exists:
+            path = summary.path if summary is not None else "ENTRYPOINT_DATA_DIR unset"
             lines.append(f"{_name(by_id[member_id])}: data directory {path} does not exist")
-    seen = Counter((s["files"], s["bytes"]) for s in summaries.values() if s and s.get("exists"))
+    seen = Counter((s.files, s.bytes) for s in summaries.values() if s is not None and s.exists)
     if len(seen) > 1:
         common = seen.most_common(1)[0][0]
         for member_id, s in sorted(summaries.items()):
-            if s and s.get("exists") and (s["files"], s["bytes"]) != common:
+            if s is not None and s.exists and (s.files, s.bytes) != common:
                 lines.append(
-                    f"{_name(by_id[member_id])}: data directory {s['path']} has "
-                    f"{s['files']} files, {s['bytes']} bytes; most nodes have "
+                    f"{_name(by_id[member_id])}: data directory {s.path} has "
+                    f"{s.files} files, {s.bytes} bytes; most nodes have "
                     f"{common[0]} files, {common[1]} bytes"
                 )
     return lines

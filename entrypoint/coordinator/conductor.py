@@ -161,7 +161,7 @@ class Conductor:
             host=host,
             joined_at=now,
             last_seen=now,
-            fingerprint=dict(message.fingerprint),
+            fingerprint=message.fingerprint,
             clock_offset=message.time - wall_now,
             domain=message.domain,
         )

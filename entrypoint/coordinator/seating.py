@@ -75,16 +75,15 @@ def _go(job: JobState, now: float) -> list[Action]:
     first = members[0].fingerprint
     actions: list[Action] = [Log("warning", w) for w in warnings]
     if job.expected > 1:
-        lock = str(first.get("image_lock"))
+        lock = first.image_lock
         lock = lock if lock.startswith("none") else lock[:12]
         actions.append(
             Log(
                 "info",
                 f"all {len(job.members)} {job.units} joined in {took:.1f} s "
                 f"and match: lock {lock}, "
-                f"torch {first.get('torch')}, jax {first.get('jax')}, "
-                f"deepspeed {first.get('deepspeed')}, NCCL "
-                f"{first.get('nccl')}",
+                f"torch {first.torch}, jax {first.jax}, "
+                f"deepspeed {first.deepspeed}, NCCL {first.nccl}",
             )
         )
     if not job.roster.elastic:
@@ -192,7 +191,7 @@ def standby_joins(
         host=message.host,
         joined_at=now,
         last_seen=now,
-        fingerprint=dict(message.fingerprint),
+        fingerprint=message.fingerprint,
         clock_offset=message.time - wall_now,
         domain=message.domain,
     )

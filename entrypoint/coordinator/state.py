@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from entrypoint.control.messages import Exit
+from entrypoint.control.node_fingerprint import Fingerprint
 from entrypoint.control.node_stats import GpuFigures, NodeStats
 from entrypoint.coordinator.rank_judgement import HangRule, JobProgress, RankStack
 from entrypoint.coordinator.roster import Roster
@@ -69,7 +70,7 @@ class MemberState:
     connected: bool = True
     joined_at: float = 0.0
     last_seen: float = 0.0
-    fingerprint: dict = field(default_factory=dict)
+    fingerprint: Fingerprint = field(default_factory=Fingerprint)
     clock_offset: float = 0.0
     exit_code: int | None = None
     stats: NodeStats = field(default_factory=NodeStats)  # its last beat's figures

@@ -8,12 +8,14 @@ import random
 import socket
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from entrypoint import STOPPING, signal_name
 from entrypoint.control import control_channel, control_server, sockets
 from entrypoint.control import messages as m
 from entrypoint.control.identity import Identity, job_identity, read_token
+from entrypoint.control.node_fingerprint import Fingerprint, PlannedShape
 from entrypoint.coordinator.conductor import Conductor
 from entrypoint.coordinator.roster import Roster
 from entrypoint.coordinator.state import Limits
@@ -147,38 +149,38 @@ def _started(
     return server, host, port
 
 
-def layout(plan: Plan) -> dict:
-    """This node's view of the job's shape (its plan), as node 0 compares it."""
-    return {  # as the platform counts them: a spare's seat is node 0's to give
-        "nnodes": plan.members,
-        "node_rank": plan.member,
-        "spares": plan.spares,
-        "min_nodes": plan.min_nodes,
-        "nproc_per_node": plan.nproc_per_node,
-        "world_size": plan.members * plan.nproc_per_node if plan.spawn else plan.world_size,
-        "master_addr": plan.master_addr,
-        "master_port": plan.master_port,
-        "launcher": plan.launcher,
-    }
+def layout(plan: Plan) -> PlannedShape:
+    """This node's view of the job's shape (its plan), as node 0 compares it: as the platform
+    counts its members (a spare's seat is node 0's to give)."""
+    return PlannedShape(
+        nnodes=plan.members,
+        node_rank=plan.member,
+        spares=plan.spares,
+        min_nodes=plan.min_nodes,
+        nproc_per_node=plan.nproc_per_node,
+        world_size=plan.members * plan.nproc_per_node if plan.spawn else plan.world_size,
+        master_addr=plan.master_addr,
+        master_port=plan.master_port,
+        launcher=plan.launcher,
+    )
 
 
-def collect_fingerprint(plan: Plan, settings: Settings, healthy: bool = True) -> dict:
+def collect_fingerprint(plan: Plan, settings: Settings, healthy: bool = True) -> Fingerprint:
     """This node's fingerprint, as node 0 compares it: hardware, software, data, the plan's
     layout. A node that failed its checks does not count its data (the directory may hang)."""
     fp = probe.fingerprint(
         gpus_per_node=plan.gpus_per_node,
         gpu_names=plan.gpu_names,
         data_dir=settings.data_dir if healthy else None,
-    ).to_wire()
-    fp["layout"] = layout(plan)
-    return fp
+    )
+    return replace(fp, layout=layout(plan))
 
 
 def hello(
     plan: Plan,
     member: int,
     generation: int,
-    fp: dict,
+    fp: Fingerprint,
     unhealthy: str = "",
     domain: str = "",
 ) -> m.Hello:
@@ -208,7 +210,7 @@ class Join:
         # fingerprint, and how many times node 0 closed the connection before its welcome
         self._node0_at: tuple[str, int] = ("", 0)
         self._join_deadline = 0.0
-        self._fp: dict = {}
+        self._fp = Fingerprint()
         self._rejoins = 0
         self._unhealthy = ""  # the checks this node failed before this start, one line
         self._domain = ""  # this node's NVLink domain (supervise/health.py), "" without one
@@ -356,7 +358,7 @@ class Join:
                 f"{time.monotonic() - began:.1f} s: node 0 keeps it out of the job"
             )
 
-    def say_hello(self, fp: dict | None = None) -> None:
+    def say_hello(self, fp: Fingerprint | None = None) -> None:
         """Say hello (again, at a restart: `fp` None checks and fingerprints anew) and wait
         for `go`."""
         if fp is None:

@@ -16,10 +16,11 @@ import socket
 import struct
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from entrypoint.control import sockets
+from entrypoint.control.node_fingerprint import DataSummary, Fingerprint
 from entrypoint.plan import launch_lines
 from entrypoint.plan.facts import Facts, Gpu, Interface
 from entrypoint.supervise.health_rules import torch_cuda
@@ -380,12 +381,12 @@ def cuda_driver_major() -> str | None:
         return None
 
 
-def data_summary(path: Path | None, *, limit: int = 200_000) -> dict | None:
+def data_summary(path: Path | None, *, limit: int = 200_000) -> DataSummary | None:
     """File count and total size of a dataset directory (None when none is configured)."""
     if path is None:
         return None
     if not path.is_dir():
-        return {"path": str(path), "exists": False}
+        return DataSummary(str(path), False)
     files = size = 0
     for root, _dirs, names in os.walk(path):
         for name in names:
@@ -395,38 +396,8 @@ def data_summary(path: Path | None, *, limit: int = 200_000) -> dict | None:
                 continue
             files += 1
             if files >= limit:  # a huge tree: compare what was counted, and say so
-                return {
-                    "path": str(path),
-                    "exists": True,
-                    "files": files,
-                    "bytes": size,
-                    "partial": True,
-                }
-    return {"path": str(path), "exists": True, "files": files, "bytes": size}
-
-
-@dataclasses.dataclass(frozen=True)
-class Fingerprint:
-    """This node as node 0 compares it (entrypoint.coordinator.comparison.MATCHED: image, Python,
-    the headline packages, the driver, the GPUs, every package), and its data directory."""
-
-    image_lock: str
-    image_revision: str
-    python: str
-    torch: str
-    jax: str
-    deepspeed: str
-    nccl: str
-    cuda_driver: str | None
-    gpu_model: str
-    gpus_per_node: int
-    packages: Mapping[str, str]
-    data: dict | None
-
-    def to_wire(self) -> dict:
-        """The fingerprint as the hello carries it."""
-        wire = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return wire | {"packages": dict(self.packages)}
+                return DataSummary(str(path), True, files, size, partial=True)
+    return DataSummary(str(path), True, files, size)
 
 
 def fingerprint(

@@ -2,6 +2,7 @@
 (entrypoint.coordinator.conductor)."""
 
 import pytest
+from fingerprints import fingerprint
 
 from entrypoint.control.actions import ALL, Log, Send
 from entrypoint.control.messages import Beat, Done, Exit, Go, Hello, Restart, Signal, Stop
@@ -31,7 +32,9 @@ LIMITS = Limits(
 
 
 def hello(member, fp=FP, host=None, time=1000.0):
-    return Hello(member=member, host=host or f"worker-{member}", time=time, fingerprint=fp)
+    return Hello(
+        member=member, host=host or f"worker-{member}", time=time, fingerprint=fingerprint(fp)
+    )
 
 
 def stops(actions):

@@ -6,6 +6,7 @@ faults with real processes are in test_supervise_real.py."""
 import signal
 
 import pytest
+from fingerprints import fingerprint
 
 from entrypoint.control.actions import Log, Send
 from entrypoint.control.messages import KINDS, Hello
@@ -33,7 +34,9 @@ RESTARTS = Limits(
 
 
 def hello(member, host=None, time=1000.0):
-    return Hello(member=member, host=host or f"worker-{member}", time=time, fingerprint=FP)
+    return Hello(
+        member=member, host=host or f"worker-{member}", time=time, fingerprint=fingerprint(FP)
+    )
 
 
 def typed(raw):

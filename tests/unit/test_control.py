@@ -17,6 +17,7 @@ import pytest
 from entrypoint.control import control_channel, control_server, transport
 from entrypoint.control import messages as m
 from entrypoint.control.identity import Identity
+from entrypoint.control.node_fingerprint import Fingerprint
 from entrypoint.coordinator.conductor import Conductor
 from entrypoint.coordinator.state import Limits
 
@@ -63,8 +64,12 @@ def hello(member: int, **fields) -> dict:
 
 
 def typed(raw: dict) -> m.Message:
-    """A message given in its wire form, as the channel takes it."""
-    return m.KINDS[raw["t"]](**{k: v for k, v in raw.items() if k != "t"})
+    """A message given in its wire form, as the channel takes it (a hello's fingerprint checked
+    as node 0 checks it)."""
+    fields = {k: v for k, v in raw.items() if k != "t"}
+    if "fingerprint" in fields:
+        fields["fingerprint"] = Fingerprint.from_wire(fields["fingerprint"])
+    return m.KINDS[raw["t"]](**fields)
 
 
 class Node0:
@@ -546,7 +551,11 @@ def test_a_strangers_host_and_job_cannot_write_fake_log_lines(node0):
     escaped and bounded, on one line naming the stranger's address (issue 28)."""
     n = node0(identity=Identity("SLURM_JOB_ID=7"))
     sock = raw(n.port)
-    sock.sendall(m.encode(m.Hello(1, FAKE * 3, FP, time.time(), job=FAKE, nonce="c" * 32)))
+    sock.sendall(
+        m.encode(
+            m.Hello(1, FAKE * 3, Fingerprint.from_wire(FP), time.time(), job=FAKE, nonce="c" * 32)
+        )
+    )
     line = n.logged("refused node 1")
     port = sock.getsockname()[1]
     assert not any(c in line for c in "\n\r\x1b\x07"), line
@@ -564,7 +573,7 @@ def test_a_member_with_a_hostile_host_is_named_escaped(node0):
     first = n.node(1)
     until(lambda: 1 in n.server.members)
     sock = raw(n.port)
-    sock.sendall(m.encode(m.Hello(1, FAKE, FP, time.time(), nonce="c" * 32)))
+    sock.sendall(m.encode(m.Hello(1, FAKE, Fingerprint.from_wire(FP), time.time(), nonce="c" * 32)))
     line = n.logged("claimed by both")
     assert not any(c in line for c in "\n\r\x1b\x07"), line
     assert "'evil\\n2026" in line
@@ -595,7 +604,11 @@ def test_refusals_are_logged_a_few_per_address_then_counted(node0):
     for _ in range(4):
         socks = [raw(n.port) for _ in range(50)]
         for sock in socks:
-            sock.sendall(m.encode(m.Hello(1, "x", FP, time.time(), job="J", nonce="c" * 32)))
+            sock.sendall(
+                m.encode(
+                    m.Hello(1, "x", Fingerprint.from_wire(FP), time.time(), job="J", nonce="c" * 32)
+                )
+            )
         for sock in socks:
             assert json.loads(sock.recv(65536).split(b"\n")[0])["t"] == "refuse"
             sock.close()

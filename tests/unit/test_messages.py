@@ -12,6 +12,7 @@ import pytest
 from entrypoint.control import message_fields
 from entrypoint.control import messages as m
 from entrypoint.control.identity import job_identity, read_token
+from entrypoint.control.node_fingerprint import Fingerprint
 from entrypoint.control.node_stats import GpuFigures, NodeStats
 from entrypoint.control.rank_records import Failure
 from entrypoint.plan.errors import ConfigError
@@ -46,7 +47,7 @@ EVERY_KIND = [
     m.Hello(
         1,
         "node-1",
-        FP,
+        Fingerprint.from_wire(FP),
         1000.5,
         node_rank=1,
         generation=2,

@@ -16,6 +16,7 @@ from ports import free_ports
 from entrypoint.control import messages as m
 from entrypoint.control.actions import ALL, Send
 from entrypoint.control.message_fields import BadMessage, check_collectives
+from entrypoint.control.node_fingerprint import Fingerprint
 from entrypoint.control.node_stats import NodeStats
 from entrypoint.control.rank_records import Collective, Frame, RankReport, RankStack
 from entrypoint.coordinator.conductor import Conductor
@@ -398,7 +399,7 @@ def test_bad_progress_messages_are_refused(raw):
 def _running(max_restarts=0):
     c = Conductor(2, Limits(hang_timeout=10, max_restarts=max_restarts), 0.0)
     for member in (0, 1):
-        c.hello(member, m.Hello(member, f"host{member}", {}, 0.0), 0.0, 0.0)
+        c.hello(member, m.Hello(member, f"host{member}", Fingerprint(), 0.0), 0.0, 0.0)
     assert c.job.phase == "run"
     return c
 
@@ -451,7 +452,7 @@ def test_a_crash_awaiting_its_verdict_is_named_not_a_hang(crash_at):
     within the failure window, is the cause; the stacks arriving meanwhile name no hang."""
     c = Conductor(2, Limits(hang_timeout=10, failure_window=2), 0.0)
     for member in (0, 1):
-        c.hello(member, m.Hello(member, f"host{member}", {}, 0.0), 0.0, 0.0)
+        c.hello(member, m.Hello(member, f"host{member}", Fingerprint(), 0.0), 0.0, 0.0)
         _beat(c, member, 20, 1.0)
     crash = m.Exit(134, reason="node 1 (host1): rank 2 failed with exit code 134")
     if crash_at < 12:
@@ -470,7 +471,7 @@ def test_a_crash_awaiting_its_verdict_is_named_not_a_hang(crash_at):
 def _conductor(hang_timeout):
     c = Conductor(2, Limits(hang_timeout=hang_timeout), 0.0)
     for member in (0, 1):
-        c.hello(member, m.Hello(member, f"host{member}", {}, 0.0), 0.0, 0.0)
+        c.hello(member, m.Hello(member, f"host{member}", Fingerprint(), 0.0), 0.0, 0.0)
     return c
 
 
