@@ -158,34 +158,17 @@ def check_ranks(raw: Any) -> tuple[tuple, ...] | None:
     return tuple(out)
 
 
-def check_stacks(raw: Any) -> tuple[dict, ...]:
-    """A node's ranks' stacks: {rank, steps, frames: [[file, line, function, source], ...],
-    collectives (optional): see check_collectives}."""
-    if type(raw) is not list or len(raw) > MAX_RANKS:
-        raise BadMessage(f"ranks must be a list of at most {MAX_RANKS}")
-    out = []
-    for r in raw:
-        if type(r) is not dict:
-            raise BadMessage("each of ranks must be an object")
-        frames = _rows(r.get("frames"), ("file", "line", "function", "source"), "frame", MAX_FRAMES)
-        checked = [  # a peer's words, logged by node 0: escaped
-            (
-                shown(str_field(parts, "file", 1024), 1024),
-                int_field(parts, "line", 0, 1 << 30),
-                shown(str_field(parts, "function", 256), 256),
-                shown(str_field(parts, "source", 512), 512),
-            )
-            for parts in frames
-        ]
-        out.append(
-            {
-                "rank": int_field(r, "rank", -1, 1 << 30),
-                "steps": int_field(r, "steps", 0, 1 << 62),
-                "frames": checked,
-                "collectives": check_collectives(r.get("collectives", [])),
-            }
+def check_frames(raw: Any) -> list[tuple[str, int, str, str]]:
+    """A rank's main-thread stack, innermost first: [[file, line, function, source], ...]."""
+    return [  # a peer's words, logged by node 0: escaped
+        (
+            shown(str_field(parts, "file", 1024), 1024),
+            int_field(parts, "line", 0, 1 << 30),
+            shown(str_field(parts, "function", 256), 256),
+            shown(str_field(parts, "source", 512), 512),
         )
-    return tuple(out)
+        for parts in rows(raw, ("file", "line", "function", "source"), "frame", MAX_FRAMES)
+    ]
 
 
 MAX_GROUPS = 16  # process groups per rank in a stacks answer
@@ -208,11 +191,11 @@ def check_collectives(raw: Any) -> list[tuple[str, str, int, str, str]]:
             text(parts, "op"),
             text(parts, "detail"),
         )
-        for parts in _rows(raw, COLLECTIVE_FIELDS, "collective", MAX_GROUPS)
+        for parts in rows(raw, COLLECTIVE_FIELDS, "collective", MAX_GROUPS)
     ]
 
 
-def _rows(raw: Any, fields: tuple[str, ...], what: str, limit: int) -> list[dict]:
+def rows(raw: Any, fields: tuple[str, ...], what: str, limit: int) -> list[dict]:
     """`raw`, a list of at most `limit` lists of one value per field, as one dict per list."""
     if type(raw) is not list or len(raw) > limit:
         raise BadMessage(f"{what}s must be a list of at most {limit}")

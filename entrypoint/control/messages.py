@@ -28,7 +28,6 @@ from entrypoint.control.message_fields import (
     MAX_MEMBER,
     BadMessage,
     check_ranks,
-    check_stacks,
     float_field,
     hex_field,
     int_field,
@@ -39,7 +38,13 @@ from entrypoint.control.message_fields import (
 )
 from entrypoint.control.node_fingerprint import Fingerprint
 from entrypoint.control.node_stats import NodeStats
-from entrypoint.control.rank_records import Collective, Failure, Frame, RankReport, RankStack
+from entrypoint.control.rank_records import (
+    Failure,
+    RankDump,
+    RankReport,
+    RankStack,
+    rank_dumps,
+)
 
 PROTOCOL = 2
 MAX_LINE = 1 << 20  # a hello with every package listed is 10-20 kB; nothing needs more
@@ -324,24 +329,17 @@ class Stacks(Message):
     where the rank answered: [group, description, seq, op, detail])."""
 
     kind: ClassVar[str] = "stacks"
-    ranks: tuple[dict, ...] = ()
+    ranks: tuple[RankDump, ...] = ()
 
     @classmethod
     def from_wire(cls, raw: dict) -> Stacks:
-        return cls(check_stacks(raw.get("ranks")))
+        return cls(rank_dumps(raw.get("ranks")))
+
+    def to_wire(self) -> dict:
+        return {"t": self.kind, "ranks": [r.to_wire() for r in self.ranks]}
 
     def stacks(self, member: int, host: str) -> list[RankStack]:
-        return [
-            RankStack(
-                member,
-                host,
-                r["rank"],
-                r["steps"],
-                tuple(Frame(*f) for f in r["frames"]),
-                tuple(Collective(*c) for c in r.get("collectives", ())),
-            )
-            for r in self.ranks
-        ]
+        return [r.at(member, host) for r in self.ranks]
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from entrypoint.control.message_fields import (
+    MAX_RANKS,
     BadMessage,
     bool_field,
+    check_collectives,
+    check_frames,
     float_field,
     int_field,
     str_field,
@@ -136,3 +139,50 @@ class RankStack:
     @property
     def waiting(self) -> bool:
         return any(any(w in f.file for w in WAITING) for f in self.frames[:4])
+
+
+@dataclass(frozen=True)
+class RankDump:
+    """One rank's answer to node 0's `dump`, as its node sends it: its steps, its main-thread
+    stack (innermost first) and, where its Flight Recorder answered, each process group's last
+    collective. Node 0 places it on its node (`at`)."""
+
+    rank: int
+    steps: int
+    frames: tuple[Frame, ...] = ()
+    collectives: tuple[Collective, ...] = ()
+
+    @classmethod
+    def from_wire(cls, raw: Any) -> RankDump:
+        if type(raw) is not dict:
+            raise BadMessage("each of ranks must be an object")
+        return cls(
+            rank=int_field(raw, "rank", -1, 1 << 30),
+            steps=int_field(raw, "steps", 0, 1 << 62),
+            frames=tuple(Frame(*f) for f in check_frames(raw.get("frames"))),
+            collectives=tuple(
+                Collective(*c) for c in check_collectives(raw.get("collectives", []))
+            ),
+        )
+
+    def to_wire(self) -> dict:
+        wire: dict[str, Any] = {
+            "rank": self.rank,
+            "steps": self.steps,
+            "frames": [[f.file, f.line, f.function, f.source] for f in self.frames],
+        }
+        if self.collectives:
+            wire["collectives"] = [
+                [c.group, c.description, c.seq, c.op, c.detail] for c in self.collectives
+            ]
+        return wire
+
+    def at(self, member: int, host: str) -> RankStack:
+        return RankStack(member, host, self.rank, self.steps, self.frames, self.collectives)
+
+
+def rank_dumps(raw: Any) -> tuple[RankDump, ...]:
+    """A node's ranks' answers, as a `stacks` message carries them."""
+    if type(raw) is not list or len(raw) > MAX_RANKS:
+        raise BadMessage(f"ranks must be a list of at most {MAX_RANKS}")
+    return tuple(RankDump.from_wire(r) for r in raw)

@@ -26,7 +26,7 @@ from entrypoint.control.message_fields import (
     BadMessage,
     check_collectives,
 )
-from entrypoint.control.rank_records import RankReport
+from entrypoint.control.rank_records import Collective, Frame, RankDump, RankReport
 from entrypoint.trainer_side import flight
 from entrypoint.trainer_side.step_hook import (
     DUMP_SIGNAL,
@@ -152,7 +152,7 @@ class Inbox:
     def dump_ready(self, now: float) -> bool:
         return self.dumped_at is not None and now - self.dumped_at >= DUMP_WAIT
 
-    def stacks(self) -> list[dict]:
+    def stacks(self) -> list[RankDump]:
         """Each rank's main-thread stack from its last dump, innermost frame first."""
         self.dumped_at = None
         out = []
@@ -165,12 +165,9 @@ class Inbox:
                 text = path.read_text(errors="replace")[-(1 << 20) :]
             except OSError:
                 text = ""
-            frames = [list(f) for f in main_stack(text)[:MAX_FRAMES]]
-            entry = {"rank": rank, "steps": r.steps, "frames": frames}
-            collectives = self._collectives(rank, r.pid)
-            if collectives is not None:
-                entry["collectives"] = collectives
-            out.append(entry)
+            frames = tuple(Frame(*f) for f in main_stack(text)[:MAX_FRAMES])
+            collectives = self._collectives(rank, r.pid) or []
+            out.append(RankDump(rank, r.steps, frames, tuple(Collective(*c) for c in collectives)))
         return out
 
     def _collectives(self, rank: int, pid: int) -> list | None:

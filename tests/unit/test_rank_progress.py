@@ -18,7 +18,7 @@ from entrypoint.control.actions import ALL, Send
 from entrypoint.control.message_fields import BadMessage, check_collectives
 from entrypoint.control.node_fingerprint import Fingerprint
 from entrypoint.control.node_stats import NodeStats
-from entrypoint.control.rank_records import Collective, Frame, RankReport, RankStack
+from entrypoint.control.rank_records import Collective, Frame, RankDump, RankReport, RankStack
 from entrypoint.coordinator.conductor import Conductor
 from entrypoint.coordinator.rank_judgement import (
     HANG_FLOOR,
@@ -252,17 +252,18 @@ def test_an_answer_node_0_would_refuse_is_dropped_not_sent(tmp_path):
         inbox.ranks[0] = Rank(0, 0, os.getpid())
         for text in ("[[1, 2]]", "not json", '[["0", "d", -1, "op", "x"]]'):
             (tmp_path / f"rank0.pid{os.getpid()}.collectives.json").write_text(text)
-            assert "collectives" not in inbox.stacks()[0], text
+            assert inbox.stacks()[0].collectives == (), text
         (tmp_path / f"rank0.pid{os.getpid()}.collectives.json").write_text('[["0","d",1,"o","x"]]')
-        assert inbox.stacks()[0]["collectives"] == [["0", "d", 1, "o", "x"]]
+        assert inbox.stacks()[0].collectives == (Collective("0", "d", 1, "o", "x"),)
         # a long name given by the trainer, and more groups than node 0 takes: cut, then taken
         named = flight.summary(
             [_entry(3, group=(str(g), "x" * 500), op="gloo:" + "y" * 500) for g in range(20)]
         )
         (tmp_path / f"rank0.pid{os.getpid()}.collectives.json").write_text(json.dumps(named))
-        taken = inbox.stacks()[0]["collectives"]
-        check_collectives(taken)
-        assert len(taken) == 16 and taken[0][1] == "x" * 128 and taken[0][3] == "gloo:" + "y" * 123
+        taken = inbox.stacks()[0].collectives
+        check_collectives([[c.group, c.description, c.seq, c.op, c.detail] for c in taken])
+        assert len(taken) == 16 and taken[0].description == "x" * 128
+        assert taken[0].op == "gloo:" + "y" * 123
     finally:
         inbox.close()
 
@@ -357,14 +358,12 @@ def test_a_beat_carries_its_ranks_and_stacks_come_back():
     ):
         wired = m.Beat(NodeStats(), (tuple(report.to_wire()),))
         assert m.decode(m.encode(wired)).reports() == [report]
-    stacks = m.Stacks(({"rank": 3, "steps": 20, "frames": [["t.py", 4, "main", "x()"]]},))
+    stacks = m.Stacks((RankDump(3, 20, (Frame("t.py", 4, "main", "x()"),)),))
     got = m.decode(m.encode(stacks))
     assert isinstance(got, m.Stacks)
     assert got.stacks(1, "h")[0].frames == (Frame("t.py", 4, "main", "x()"),)
     assert isinstance(m.decode(m.encode(m.Dump(31.0)), m.FROM_NODE_0), m.Dump)
-    with_recorder = m.Stacks(
-        ({"rank": 3, "steps": 20, "frames": [], "collectives": [["0", "pg", 7, "op", "d"]]},)
-    )
+    with_recorder = m.Stacks((RankDump(3, 20, (), (Collective("0", "pg", 7, "op", "d"),)),))
     (back_stack,) = m.decode(m.encode(with_recorder)).stacks(1, "h")
     assert back_stack.collectives == (Collective("0", "pg", 7, "op", "d"),)
 
@@ -410,12 +409,7 @@ def _beat(c, member, steps, now, age=0.0):
 
 
 def _stacks(member, frames_by_rank):
-    return m.Stacks(
-        tuple(
-            {"rank": r, "steps": 20, "frames": [[f.file, f.line, f.function, f.source] for f in fr]}
-            for r, fr in frames_by_rank.items()
-        )
-    )
+    return m.Stacks(tuple(RankDump(r, 20, tuple(fr)) for r, fr in frames_by_rank.items()))
 
 
 @pytest.mark.parametrize("max_restarts", [0, 1])
@@ -545,11 +539,11 @@ def test_the_site_hook_reports_steps_saves_and_its_stack(tmp_path):
         inbox.dump(time.monotonic())
         time.sleep(1.0)
         (answer,) = inbox.stacks()
-        top = answer["frames"][0]
+        top = answer.frames[0]
         assert (
-            top[0] == str(script)
-            and top[3]
-            == "time.sleep(60)  # waiting here: the test asks for its stack"[: len(top[3])]
+            top.file == str(script)
+            and top.source
+            == "time.sleep(60)  # waiting here: the test asks for its stack"[: len(top.source)]
         )
     finally:
         proc.kill()
@@ -609,9 +603,9 @@ def test_each_rank_answers_with_its_recorder_and_the_one_behind_is_named(tmp_pat
         inbox.dump(time.monotonic())
         time.sleep(1.0)
         answers = inbox.stacks()
-        assert [a["collectives"] for a in answers] == [
-            [["0", "default_pg", 7, "gloo:all_reduce", "float [[5,3]]"]],
-            [["0", "default_pg", 6, "gloo:all_reduce", "float [[1]]"]],
+        assert [a.collectives for a in answers] == [
+            (Collective("0", "default_pg", 7, "gloo:all_reduce", "float [[5,3]]"),),
+            (Collective("0", "default_pg", 6, "gloo:all_reduce", "float [[1]]"),),
         ], answers
         stacks = m.decode(m.encode(m.Stacks(tuple(answers)))).stacks(0, "h")
         member, text = verdict(stacks, 31, {0: "node 0 (h)"})
@@ -624,7 +618,7 @@ def test_each_rank_answers_with_its_recorder_and_the_one_behind_is_named(tmp_pat
         inbox.dump(time.monotonic())
         time.sleep(1.0)
         again = inbox.stacks()
-        assert "collectives" in again[0] and "collectives" not in again[1], again
+        assert again[0].collectives and not again[1].collectives, again
         os.kill(procs[1].pid, signal.SIGCONT)
     finally:
         for p in procs:
