@@ -34,7 +34,7 @@ from entrypoint.doctor.doctor_report import report, table
 from entrypoint.plan import secrets
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.node_plan import ALLREDUCE
-from entrypoint.supervise import health, launch, node, probe
+from entrypoint.supervise import health, node, preflight, probe
 from entrypoint.supervise import report as plan_report
 
 if TYPE_CHECKING:
@@ -215,7 +215,7 @@ def cmd_doctor(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     # What `run` refuses (GPUs promised that the node does not see) is doctor's finding: a
     # problem in the report with its fix, exit 1, not a refusal.
     try:
-        launch.check_hardware(plan, env, facts)
+        preflight.check_hardware(plan, env, facts)
         unfit: list[str] = []
     except ConfigError as err:
         unfit = [err.line()]

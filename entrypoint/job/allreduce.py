@@ -27,7 +27,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from entrypoint.job.common import read_plan
+from entrypoint.job.harness import read_plan
 
 if TYPE_CHECKING:
     import torch

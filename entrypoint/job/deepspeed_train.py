@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from entrypoint.job import common
+from entrypoint.job import harness
 from entrypoint.job.data import batches, make_task
 
 if TYPE_CHECKING:
@@ -135,10 +135,10 @@ def find_checkpoint(directory: Path, world_size: int) -> tuple[int, str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
-    args = common.parse_args(argv, "python -m entrypoint.job", DESCRIPTION)
-    place = common.Place.from_env()
-    console = common.Console(place.rank)
-    plan = common.read_plan()
+    args = harness.parse_args(argv, "python -m entrypoint.job", DESCRIPTION)
+    place = harness.Place.from_env()
+    console = harness.Console(place.rank)
+    plan = harness.read_plan()
     device, backend = choose_device(plan)
     if device == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cuda":
         torch.cuda.set_device(place.local_rank)
     torch.manual_seed(args.seed)
-    stop = common.StopRequest()
+    stop = harness.StopRequest()
     timeout = datetime.timedelta(seconds=int(os.environ.get("ENTRYPOINT_COLLECTIVE_TIMEOUT", 600)))
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
     import torch.distributed as dist
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     def barrier() -> None:  # naming the GPU spares nccl's guess (and its warning)
         dist.barrier(device_ids=[place.local_rank] if device == "cuda" else None)
 
-    config, config_from = common.deepspeed_config(world, device)
+    config, config_from = harness.deepspeed_config(world, device)
     task = make_task(args.seed)
     model = build_model(task.vocab, task.seq_len)
     engine, _, _, _ = deepspeed.initialize(
@@ -221,13 +221,13 @@ def main(argv: list[str] | None = None) -> int:
             )
         console.log(f"starting fresh: {why}")
         if place.local_rank == 0 and (
-            moved := common.move_aside(args.checkpoints, place.node_rank)
+            moved := harness.move_aside(args.checkpoints, place.node_rank)
         ):
             console.warn(f"moved the old checkpoints aside to {moved}")
         barrier()
 
     if place.local_rank == 0:
-        common.drop_stale_results(args.results, world)
+        harness.drop_stale_results(args.results, world)
     is_writer = engine.global_rank == 0
     if start >= args.steps:
         console.log(
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(start + 1, args.steps + 1):
         if stopped_by := agreed_stop():
             break
-        common.maybe_fail(args, place.rank, step)
+        harness.maybe_fail(args, place.rank, step)
         total = 0.0
         for _ in range(accumulation):
             loss = engine(*next_batch())
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         done = step
     console.close()
     if stopped_by:
-        name = common.StopRequest.name(stopped_by)
+        name = harness.StopRequest.name(stopped_by)
         console.log(f"{name}: stopping after step {done} of {args.steps}")
         if done > start and not (checkpoint or "").endswith(f"step{done}"):
             checkpoint = save(done)
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             first_loss = final_loss = global_mean(engine(*next_batch()).item())
 
-    results = common.Results(
+    results = harness.Results(
         job="deepspeed",
         rank=place.rank,
         world_size=world,
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_writer=is_writer,
         checkpoint=checkpoint,
         seconds=round(time.monotonic() - started, 2),
-        stopped_by=common.StopRequest.name(stopped_by) if stopped_by else None,
+        stopped_by=harness.StopRequest.name(stopped_by) if stopped_by else None,
     )
     results.write(args.results)
     barrier()

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from entrypoint.job import common
+from entrypoint.job import harness
 from entrypoint.job.data import batches, make_task
 from entrypoint.trainer_side import step_hook
 
@@ -184,14 +184,14 @@ def find_checkpoint(directory: Path, global_batch: int) -> tuple[int, Path | Non
 
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
-    args = common.parse_args(argv, "python -m entrypoint.job.jax_train", DESCRIPTION)
+    args = harness.parse_args(argv, "python -m entrypoint.job.jax_train", DESCRIPTION)
     processes = int(os.environ.get("JAX_NUM_PROCESSES", "1"))
     process_id = int(os.environ.get("JAX_PROCESS_ID", "0"))
-    plan = common.read_plan()
+    plan = harness.read_plan()
     if plan.get("device", "cpu") == "cpu":
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-    stop = common.StopRequest()
+    stop = harness.StopRequest()
     import jax
 
     try:  # cross-process collectives on CPU (gloo is the default in newer JAX); before any backend
@@ -202,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     from jax.experimental import multihost_utils
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    console = common.Console(jax.process_index(), prefix="jax job")
-    place = common.Place.from_env("JAX_PROCESS_ID", "JAX_NUM_PROCESSES")
+    console = harness.Console(jax.process_index(), prefix="jax job")
+    place = harness.Place.from_env("JAX_PROCESS_ID", "JAX_NUM_PROCESSES")
     backend = jax.default_backend()
     device = "cuda" if backend == "gpu" else backend
     if plan.get("device") == "cuda" and device != "cuda":
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             "container with --gpus all, or set ENTRYPOINT_DEVICE=cpu"
         )
     devices = jax.devices()
-    config, config_from = common.deepspeed_config(len(devices), device)
+    config, config_from = harness.deepspeed_config(len(devices), device)
     opt = optimizer_settings(config)
     global_batch = int(config.get("train_batch_size", 16))
     if global_batch % len(devices):
@@ -275,11 +275,11 @@ def main(argv: list[str] | None = None) -> int:
                 "shared by every node?)"
             )
         console.log(f"starting fresh: {why}")
-        if moved := common.move_aside(directory, place.node_rank):  # one process per node
+        if moved := harness.move_aside(directory, place.node_rank):  # one process per node
             console.warn(f"moved the old checkpoints aside to {moved}")
         multihost_utils.sync_global_devices("entrypoint-job-fresh")
 
-    common.drop_stale_results(args.results, processes)
+    harness.drop_stale_results(args.results, processes)
     params, state = put(host_params), put(host_state)
     train_step = make_train_step(jax, opt)
     stream = batches(len(task.tokens), process_id, processes, local_batch, args.seed, start)
@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(start + 1, args.steps + 1):
         if stopped_by := agreed_stop():
             break
-        common.maybe_fail(args, jax.process_index(), step)
+        harness.maybe_fail(args, jax.process_index(), step)
         params, state, loss = train_step(params, state, next_batch())
         step_hook.step()  # no torch optimizer here: the entrypoint learns of the step this way
         console.advance()
@@ -331,14 +331,14 @@ def main(argv: list[str] | None = None) -> int:
     console.close()
     if stopped_by:
         console.log(
-            f"{common.StopRequest.name(stopped_by)}: stopping after step {done} of {args.steps}"
+            f"{harness.StopRequest.name(stopped_by)}: stopping after step {done} of {args.steps}"
         )
         if done > start and not (checkpoint or "").endswith(f"step{done}.npz"):
             checkpoint = save(done)
     if first_loss is None:
         first_loss = final_loss = float(eval_loss(params, next_batch()))
 
-    results = common.Results(
+    results = harness.Results(
         job="jax",
         rank=jax.process_index(),
         world_size=jax.process_count(),
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_writer=is_writer,
         checkpoint=checkpoint,
         seconds=round(time.monotonic() - started, 2),
-        stopped_by=common.StopRequest.name(stopped_by) if stopped_by else None,
+        stopped_by=harness.StopRequest.name(stopped_by) if stopped_by else None,
     )
     results.write(args.results)
     multihost_utils.sync_global_devices("entrypoint-job-done")

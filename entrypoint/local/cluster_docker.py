@@ -16,14 +16,14 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from entrypoint.job.common import DEFAULT_OUTPUT
+from entrypoint.job.harness import DEFAULT_OUTPUT
 from entrypoint.plan.errors import ConfigError
 
 if TYPE_CHECKING:
     from docker import DockerClient
     from docker.models.containers import Container
 
-# Where the built-in job writes when ENTRYPOINT_JOB_OUTPUT is unset (entrypoint/job/common.py).
+# Where the built-in job writes when ENTRYPOINT_JOB_OUTPUT is unset (entrypoint/job/harness.py).
 
 
 def read_results(container: Container, output: str = DEFAULT_OUTPUT) -> list[dict]:

@@ -322,7 +322,7 @@ def _layout_of(args: argparse.Namespace, host_gpus: int, gpu_probe: str) -> Clus
 
 def cmd_local(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """The edge: probe, check, talk to Docker, run, report. Returns the exit code."""
-    from entrypoint.job.common import DEFAULT_OUTPUT
+    from entrypoint.job.harness import DEFAULT_OUTPUT
     from entrypoint.local import demo
     from entrypoint.supervise import probe  # when run only, like the cluster (see the top)
 

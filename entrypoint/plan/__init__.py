@@ -1,5 +1,5 @@
 """The environment and the node's facts in, one frozen `Plan` out (`node_plan.make_plan`, its
-steps in `plan_steps` and `launch_steps`), and the primitives it stands on: the errors
+steps in `plan_steps`), and the primitives it stands on: the errors
 (`errors`), the bounded readers of values, hostlists and files (`values`, `hostlist`, `files`),
 the ENTRYPOINT_* settings (`settings`), secret masking (`secrets`), the derived ports (`ports`),
 the probes' plain results (`facts`), the platform readers (`platforms/`), and the pure

@@ -1,5 +1,5 @@
 """The launch plan: a frozen value computed by pure code from (environment, hardware facts).
-`make_plan` runs the steps in entrypoint.plan.plan_steps and launch_steps in order, each returning
+`make_plan` runs the steps in entrypoint.plan.plan_steps in order, each returning
 what it decided; this module is their sequence, and alone puts what they return into the plan.
 
 Precedence for every value: explicit ENTRYPOINT_* settings beat the platform's variables,
@@ -14,8 +14,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
-from entrypoint.plan import configs, gpus, launch_lines, launchers, network, ports, variables
-from entrypoint.plan import launch_steps as later
+from entrypoint.plan import configs, gpus, launch_lines, launchers, network, ports, stray_variables
 from entrypoint.plan import plan_steps as steps
 from entrypoint.plan.facts import Facts
 from entrypoint.plan.launchers import ALLREDUCE, Launcher, LaunchSpec, Layout
@@ -165,7 +164,9 @@ def make_plan(
     """
     settings = settings or Settings.from_env(env)
     platform_name, why, reading = read or read_platform(env, settings)
-    unknown = tuple(variables.warnings(env, Settings.model_fields))  # ENTRYPOINT_STRICT: refused
+    unknown = tuple(
+        stray_variables.warnings(env, Settings.model_fields)
+    )  # ENTRYPOINT_STRICT: refused
     node = _Node(platform_name, why, reading, unknown, steps.seated(reading, settings, seat))
     w = _workers(env, settings, node.seat.reading, facts, command, node.seat.member)
     e = _environment(env, settings, facts, w)
@@ -175,7 +176,7 @@ def make_plan(
 def _plan(node: _Node, settings: Settings, facts: Facts, w: _Workers, e: _Environment) -> Plan:
     """Node 0's ports, then every step's values, sources, notes and warnings in one plan."""
     reading, seat = node.seat.reading, node.seat
-    control = later.choose_control_port(settings, reading, w.layout)
+    control = steps.choose_control_port(settings, reading, w.layout)
     metrics = ports.metrics_port(settings, e.launch.master_port, control.value)
     sources = {"platform": derived(node.why)}
     sources |= {k: getattr(node.reading, k).source for k in ("nnodes", "node_rank", "master_port")}
@@ -302,17 +303,17 @@ def _environment(
     needs_config = w.trainer in BUILTIN_JOBS.values() or (
         w.launcher is Launcher.ACCELERATE and w.adopted is None  # a user's file has its own
     )
-    chosen = later.config(settings, w.device, devices, needs_config, w.layout.run_dir)
+    chosen = steps.config(settings, w.device, devices, needs_config, w.layout.run_dir)
     net_env, net_sources, net_warnings = network.settle(
         env, facts, settings, nnodes=nnodes, device=w.device
     )
     out: dict[str, str | None] = {**chosen.env, **net_env, "MASTER_ADDR": w.layout.master_addr}
     if w.layout.cuda_visible is not None:
         out["CUDA_VISIBLE_DEVICES"] = w.layout.cuda_visible
-    out |= later.device_env(env, settings, facts, w.device, w.nproc)
-    hook = later.site_hook(env)
+    out |= steps.device_env(env, settings, facts, w.device, w.nproc)
+    hook = steps.site_hook(env)
     out["PYTHONPATH"] = hook.value
-    launched = later.launch(
+    launched = steps.launch(
         env,
         settings,
         w.trainer,

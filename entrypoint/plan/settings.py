@@ -16,7 +16,7 @@ import annotated_types
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 
-from entrypoint.plan import variables
+from entrypoint.plan import stray_variables
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.values import GPUS, NODES, PER_NODE, PREFIX, host, number
 
@@ -364,12 +364,12 @@ class Settings(BaseModel):
             ) from None
         settings._check_heartbeat(given)
         if settings.strict:
-            for name in variables.unknown(env, cls.model_fields):
+            for name in stray_variables.unknown(env, cls.model_fields):
                 raise ConfigError(
                     name,
                     env[name],
                     "is not a setting (ENTRYPOINT_STRICT=1)",
-                    variables.misspelt_fix(name, cls.model_fields),
+                    stray_variables.misspelt_fix(name, cls.model_fields),
                 )
         return settings
 

@@ -278,7 +278,7 @@ def accelerator_of(device: str, env: Mapping[str, str]) -> str:
 
 def check(plan: Plan, env: Mapping[str, str]) -> None:
     """Refuse, before launch, a DeepSpeed config that needs an op the image lacks.
-    `env` is the trainer's environment (launch.child_env)."""
+    `env` is the trainer's environment (preflight.child_env)."""
     uses_generated = plan.trainer in BUILTIN_JOBS.values() or plan.launcher == "accelerate"
     found = configs_of(tuple(plan.trainer), plan.files, uses_generated, _read)
     if not found:

@@ -27,7 +27,7 @@ from entrypoint.plan.settings import Settings
 from entrypoint.plan.values import host_port
 from entrypoint.supervise import health, probe
 from entrypoint.supervise.gpu_stats import Stats
-from entrypoint.supervise.launch_watch import Interrupted, Node0Lost, NodeExit
+from entrypoint.supervise.node_exits import Interrupted, Node0Lost, NodeExit
 from entrypoint.supervise.node_state import NodeState
 
 if TYPE_CHECKING:

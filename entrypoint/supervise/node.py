@@ -117,7 +117,7 @@ def is_ip(text: str) -> bool:
 def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Settings) -> int:
     """Check the plan against this node, write its configs, then join the other nodes and
     supervise the launcher (`run`, and `doctor --allreduce` with its own trainer)."""
-    from entrypoint.supervise import dsops, launch, logs, supervisor
+    from entrypoint.supervise import dsops, logs, preflight, supervisor
 
     values = secrets.secret_values(env)
     log = logs.setup(
@@ -129,7 +129,7 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
         secret_values=values,
     )
     started = time.monotonic()
-    launch.check_hardware(plan, env, facts)
+    preflight.check_hardware(plan, env, facts)
     if plan.trainer in BUILTIN_JOBS.values() and importlib.util.find_spec(plan.trainer[2]) is None:
         raise ConfigError(
             "command",
@@ -142,8 +142,8 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
     for note in plan.notes:
         log.info(note)
     _say_plan(plan, settings, log, values)
-    launch.check_command(plan, env)
-    dsops.check(plan, launch.child_env(plan, env))  # a DeepSpeed op the image lacks: say so now
+    preflight.check_command(plan, env)
+    dsops.check(plan, preflight.child_env(plan, env))  # a DeepSpeed op the image lacks: say so now
     env = _prebuilt_ops_lockable(env, settings, log)
     if plan.standby:
         log.info(
@@ -190,7 +190,7 @@ def _prebuilt_ops_lockable(
 
 def _trainer_env(plan: Plan, env: Mapping[str, str], settings: Settings) -> dict[str, str]:
     """The plan's files written for this node, and the trainer's environment with them."""
-    from entrypoint.supervise import launch
+    from entrypoint.supervise import preflight
 
-    plan_file = launch.apply(plan, Path(settings.run_dir) / f"node{plan.member}")
-    return launch.child_env(plan, env) | {"ENTRYPOINT_PLAN_FILE": str(plan_file)}
+    plan_file = preflight.apply(plan, Path(settings.run_dir) / f"node{plan.member}")
+    return preflight.child_env(plan, env) | {"ENTRYPOINT_PLAN_FILE": str(plan_file)}

@@ -38,7 +38,9 @@ from entrypoint.plan.node_plan import Plan
 from entrypoint.plan.settings import Settings
 from entrypoint.supervise import failures, health, join, logs, procs
 from entrypoint.supervise.gpu_stats import Stats
-from entrypoint.supervise.launch_watch import (
+from entrypoint.supervise.launcher_process import LauncherProcess, exit_status, start
+from entrypoint.supervise.logs import Logger
+from entrypoint.supervise.node_exits import (
     LOST_PEER_GRACE,
     PEER_STOP_GRACE,
     Interrupted,
@@ -46,8 +48,6 @@ from entrypoint.supervise.launch_watch import (
     NodeExit,
     Watch,
 )
-from entrypoint.supervise.launcher_process import LauncherProcess, exit_status, start
-from entrypoint.supervise.logs import Logger
 from entrypoint.supervise.node_state import NodeState, Replan
 from entrypoint.supervise.rank_inbox import Inbox
 from entrypoint.supervise.worker_signals import FORWARDED, SignalRelay

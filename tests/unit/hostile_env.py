@@ -23,7 +23,7 @@ from entrypoint.plan.node_plan import Plan, gpus_stated, make_plan, read_platfor
 from entrypoint.plan.settings import Settings
 from entrypoint.plan.values import GPUS, NODES, PER_NODE, host
 from entrypoint.supervise import report
-from entrypoint.supervise.launch import check_hardware
+from entrypoint.supervise.preflight import check_hardware
 
 Pick = Callable[[Sequence], object]
 

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from entrypoint.job import common
+from entrypoint.job import harness
 from entrypoint.job.data import VOCAB, batches, make_task, shard_indices
 
 
@@ -44,22 +44,22 @@ def test_a_resumed_stream_continues_where_it_stopped():
 def test_settings_from_command_line_beat_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("ENTRYPOINT_JOB_STEPS", "7")
     monkeypatch.setenv("ENTRYPOINT_JOB_OUTPUT", str(tmp_path))
-    args = common.parse_args([], "job", "")
+    args = harness.parse_args([], "job", "")
     assert (args.steps, args.output, args.checkpoints) == (7, tmp_path, tmp_path / "checkpoints")
-    assert common.parse_args(["--steps", "3"], "job", "").steps == 3
+    assert harness.parse_args(["--steps", "3"], "job", "").steps == 3
 
 
 def test_defaults(monkeypatch):
     for name in ("STEPS", "OUTPUT", "SAVE_EVERY", "LOG_EVERY", "SEED", "RESUME"):
         monkeypatch.delenv(f"ENTRYPOINT_JOB_{name}", raising=False)
-    args = common.parse_args([], "job", "")
-    assert (args.steps, str(args.output), args.resume) == (100, common.DEFAULT_OUTPUT, "auto")
+    args = harness.parse_args([], "job", "")
+    assert (args.steps, str(args.output), args.resume) == (100, harness.DEFAULT_OUTPUT, "auto")
 
 
 @pytest.mark.parametrize("argv", [["--steps", "0"], ["--resume", "maybe"], ["--steps", "x"]])
 def test_bad_settings_are_refused(argv):
     with pytest.raises(SystemExit) as exit_info:
-        common.parse_args(argv, "job", "")
+        harness.parse_args(argv, "job", "")
     assert exit_info.value.code == 2
 
 

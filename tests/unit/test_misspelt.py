@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import node
-from entrypoint.job.common import _SETTINGS as JOB_OPTIONS
-from entrypoint.plan import variables
+from entrypoint.job.harness import _SETTINGS as JOB_OPTIONS
+from entrypoint.plan import stray_variables
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.node_plan import make_plan
 from entrypoint.plan.settings import Settings
@@ -45,10 +45,10 @@ def test_a_name_like_nothing_gets_the_list_and_strict_refuses():
 
 
 def test_settings_and_the_entrypoints_own_variables_are_not_warned_about():
-    env = {name: "1" for name in variables.known(Settings.model_fields)}
-    assert variables.unknown(env, Settings.model_fields) == []
+    env = {name: "1" for name in stray_variables.known(Settings.model_fields)}
+    assert stray_variables.unknown(env, Settings.model_fields) == []
     assert (
-        variables.unknown(
+        stray_variables.unknown(
             {"SLURM_JOB_ID": "1", "WORLD_SIZE": "2", "PET_NNODES": "2"}, Settings.model_fields
         )
         == []
@@ -62,7 +62,7 @@ def test_every_entrypoint_variable_the_code_names_is_known():
     for path in PACKAGE.rglob("*.py"):
         named |= set(re.findall(r"ENTRYPOINT_[A-Z0-9_]*[A-Z0-9]", path.read_text()))
     named |= {f"ENTRYPOINT_JOB_{name.upper()}" for name, *_ in JOB_OPTIONS}
-    assert named - variables.known(Settings.model_fields) == set()
+    assert named - stray_variables.known(Settings.model_fields) == set()
 
 
 def test_plan_shows_it_and_strict_exits_2_in_one_line():

@@ -9,7 +9,7 @@ import pytest
 from conftest import node
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.node_plan import BUILTIN_JOB, make_plan
-from entrypoint.supervise.launch import check_hardware
+from entrypoint.supervise.preflight import check_hardware
 
 SEED_004_WORKER_1 = {
     "MASTER_ADDR": "jo-dbxfe2k2l635222i-worker-0",

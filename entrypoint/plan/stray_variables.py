@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from entrypoint.plan.values import PREFIX
 
 # ENTRYPOINT_* variables that are not settings, yet the entrypoint's own: the built-in job's
-# options (entrypoint/job/common.py), and what the entrypoint sets for the trainer.
+# options (entrypoint/job/harness.py), and what the entrypoint sets for the trainer.
 OTHER_VARIABLES = frozenset(
     {
         *(
