@@ -7,6 +7,9 @@ seats (`seating`, who sits where in `roster`, the nodes compared in `comparison`
 (`verdicts`: a failure, a restart, the end), hangs (`hangs`), the ranks' steps judged
 (`rank_judgement`) and slow nodes (`slow_nodes`).
 
+The state is whole: written elsewhere and read back (`Conductor.resume`), it decides every later
+event as the original does (tests/unit/test_job_state.py), which node 0's replacement needs.
+
 No sockets, clocks, threads or files (import-linter's "node 0's mind is pure"): the caller passes
 `now` and carries out the returned actions (entrypoint.control.control_server). Imports `control`'s
 records and `plan` only. Importing this package imports nothing.

@@ -88,6 +88,14 @@ class Conductor:
             expected, limits, roster or Roster(expected, expected, expected), now, unit, address
         )
 
+    @classmethod
+    def resume(cls, job: JobState) -> Conductor:
+        """A Conductor that goes on from `job`: node 0's whole state, written elsewhere and read
+        back (nothing of the job lives outside it)."""
+        conductor = cls.__new__(cls)
+        conductor.job = job
+        return conductor
+
     # -- names -----------------------------------------------------------------------------
 
     def name(self, member: int) -> str:
