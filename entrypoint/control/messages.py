@@ -130,22 +130,22 @@ class Beat(Message):
 
     kind: ClassVar[str] = "beat"
     stats: NodeStats = field(default_factory=NodeStats)
-    ranks: tuple[tuple, ...] | None = None
+    ranks: tuple[RankReport, ...] | None = None
 
     @classmethod
     def from_wire(cls, raw: dict) -> Beat:
-        return cls(NodeStats.from_wire(raw.get("stats")), check_ranks(raw.get("ranks")))
+        checked = check_ranks(raw.get("ranks"))
+        ranks = None if checked is None else tuple(RankReport.from_checked(r) for r in checked)
+        return cls(NodeStats.from_wire(raw.get("stats")), ranks)
 
     def to_wire(self) -> dict:
         out: dict[str, Any] = {"t": self.kind, "stats": self.stats.to_wire()}
         if self.ranks is not None:
-            out["ranks"] = [list(r) for r in self.ranks]
+            out["ranks"] = [r.to_wire() for r in self.ranks]
         return out
 
     def reports(self) -> list[RankReport]:
-        return [
-            RankReport(r[0], r[1], r[2], r[3], r[4], bool(r[5]), *r[6:8]) for r in self.ranks or ()
-        ]
+        return list(self.ranks or ())
 
 
 @dataclass(frozen=True)

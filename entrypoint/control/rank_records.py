@@ -69,6 +69,11 @@ class RankReport:
     # its default process group's collective timeout, seconds (None: unknown)
     timeout: float | None = None
 
+    @classmethod
+    def from_checked(cls, row: tuple) -> RankReport:
+        """From a beat's row as message_fields.check_ranks checked it."""
+        return cls(row[0], row[1], row[2], row[3], row[4], bool(row[5]), *row[6:8])
+
     def to_wire(self) -> list:
         wire = [
             self.rank,

@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # the platform modules and request.py import this package, ne
     from entrypoint.render.request import Request
 
 # The order `entrypoint render --help` lists them in.
-PLATFORMS: tuple[str, ...] = ("slurm", "kubernetes", "pytorchjob", "trainjob", "volcano", "docker")
+TARGETS: tuple[str, ...] = ("slurm", "kubernetes", "pytorchjob", "trainjob", "volcano", "docker")
 
 
 def module(name: str) -> ModuleType:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from entrypoint.plan.errors import ConfigError
-from entrypoint.render import PLATFORMS, module, render
+from entrypoint.render import TARGETS, module, render
 from entrypoint.render.request import (
     DEFAULT_NAME,
     DEFAULT_RUNTIME,
@@ -153,14 +153,14 @@ def _listing() -> dict[str, str]:
         row(
             flag + " " + kw["metavar"],
             "["
-            + ", ".join(name for name in PLATFORMS if flag in module(name).OPTIONS)
+            + ", ".join(name for name in TARGETS if flag in module(name).OPTIONS)
             + "] "
             + kw["help"],
         )
         for flag, kw in _OPTIONS.items()
     ]
     return {
-        "platforms": "\n".join(row(name, module(name).SUMMARY) for name in PLATFORMS),
+        "platforms": "\n".join(row(name, module(name).SUMMARY) for name in TARGETS),
         "common": "\n".join(common),
         "more": "\n".join(more),
     }
@@ -172,15 +172,15 @@ def add_parser(
     """Add `render` and one sub-command per platform to the entrypoint's sub-commands."""
     parser = subparsers.add_parser(
         "render",
-        help="write a job spec for a platform: " + ", ".join(PLATFORMS),
+        help="write a job spec for a platform: " + ", ".join(TARGETS),
         description=_DESCRIPTION.format(**_listing()),
         epilog=_EXAMPLE.format(platform="kubernetes", more=""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     platforms = parser.add_subparsers(
-        dest="platform", metavar="PLATFORM", required=True, help="one of: " + ", ".join(PLATFORMS)
+        dest="platform", metavar="PLATFORM", required=True, help="one of: " + ", ".join(TARGETS)
     )
-    for name in PLATFORMS:
+    for name in TARGETS:
         platform = module(name)
         sub = platforms.add_parser(
             name,

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from entrypoint.plan.errors import ConfigError
-from entrypoint.render import PLATFORMS, checks, module
+from entrypoint.render import TARGETS, checks, module
 from entrypoint.render.quote import shell_join
 
 DEFAULT_NAME = "train"
@@ -221,12 +221,12 @@ SPARES_WHAT = "the standby nodes (at most the job's node limit less --nodes)"
 
 def _platform_takes(platform: str, given: dict[str, str | None]) -> None:
     """A platform render knows, and only options it takes."""
-    if platform not in PLATFORMS:
+    if platform not in TARGETS:
         raise ConfigError(
             "PLATFORM",
             platform,
             "is not a platform render knows",
-            f"Use one of: {', '.join(PLATFORMS)}",
+            f"Use one of: {', '.join(TARGETS)}",
         )
     taken = module(platform).OPTIONS
     for option, value in given.items():

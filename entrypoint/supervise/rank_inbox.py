@@ -105,7 +105,7 @@ class Inbox:
             r.leads += leads
             r.longest = max(r.longest, longest)
 
-    def reports(self, now: float | None = None) -> list[list]:
+    def reports(self, now: float | None = None) -> list[RankReport]:
         """Each living rank's progress for the heartbeat; the per-beat sums start again."""
         now = time.monotonic() if now is None else now
         out = []
@@ -122,7 +122,7 @@ class Inbox:
                 report = RankReport(
                     rank, r.steps, age, lead, r.longest, r.saving, evaluated, timeout
                 )
-                out.append(report.to_wire())
+                out.append(report)
                 r.lead_sum, r.leads, r.longest = 0.0, 0, 0.0
         return out
 

@@ -93,7 +93,7 @@ class Beats(threading.Thread):
                 )
             last = now
             if now - self.turn.began <= self.stuck_after:
-                ranks = tuple(tuple(r) for r in self.inbox.reports(now))
+                ranks = tuple(self.inbox.reports(now))
                 self.channel.send(m.Beat(self.stats.read(), ranks))
             self.halt.wait(self.interval)
 

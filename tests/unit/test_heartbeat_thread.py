@@ -29,7 +29,7 @@ class Log:
 
 class Ranks:
     def reports(self, _now: float) -> list:
-        return [RankReport(0, 7, 0.1, None, 0.05, False).to_wire()]
+        return [RankReport(0, 7, 0.1, None, 0.05, False)]
 
 
 class Stats:

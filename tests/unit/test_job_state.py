@@ -10,7 +10,7 @@ from test_seating import FP
 
 from entrypoint.control.messages import Beat, Exit, Hello
 from entrypoint.control.node_stats import GpuFigures, NodeStats
-from entrypoint.control.rank_records import Failure
+from entrypoint.control.rank_records import Failure, RankReport
 from entrypoint.coordinator.conductor import Conductor
 from entrypoint.coordinator.roster import Roster
 from entrypoint.coordinator.state import Limits
@@ -30,8 +30,8 @@ def hello(member: int) -> Hello:
     return Hello(member, f"worker-{member}", fingerprint(FP), 1000.0)
 
 
-def ranks(member: int, steps: int) -> tuple[tuple, ...]:
-    return tuple((member * 2 + r, steps, 0.1, 0.01, 0.2, 0) for r in range(2))
+def ranks(member: int, steps: int) -> tuple[RankReport, ...]:
+    return tuple(RankReport(member * 2 + r, steps, 0.1, 0.01, 0.2) for r in range(2))
 
 
 def later(c: Conductor) -> list:

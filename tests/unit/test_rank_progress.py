@@ -240,8 +240,8 @@ def test_a_process_group_timeout_node_0_would_refuse_is_not_sent(tmp_path, repor
     try:
         inbox.ranks[0] = Rank(0, 0, os.getpid(), steps=3, timeout=reported)
         (row,) = inbox.reports()
-        m.Beat.from_wire({"ranks": [row]})  # node 0 takes it
-        assert (row[7] if len(row) == 8 else None) == sent, row
+        m.Beat.from_wire({"ranks": [row.to_wire()]})  # node 0 takes it
+        assert row.timeout == sent, row
     finally:
         inbox.close()
 
@@ -348,7 +348,7 @@ def test_equal_ranks_are_never_named():
 
 
 def test_a_beat_carries_its_ranks_and_stacks_come_back():
-    beat = m.Beat(NodeStats(), ((3, 120, 0.5, 0.01, 0.2, 0),))
+    beat = m.Beat(NodeStats(), (RankReport(3, 120, 0.5, 0.01, 0.2),))
     back = m.decode(m.encode(beat))
     assert isinstance(back, m.Beat) and back.reports() == [RankReport(3, 120, 0.5, 0.01, 0.2)]
     for report in (
@@ -356,7 +356,7 @@ def test_a_beat_carries_its_ranks_and_stacks_come_back():
         RankReport(3, 120, 0.5, None, 0.2, True, 2.5, 1800.0),
         RankReport(3, 120, 0.5, None, 0.2, False, 2.5),
     ):
-        wired = m.Beat(NodeStats(), (tuple(report.to_wire()),))
+        wired = m.Beat(NodeStats(), (report,))
         assert m.decode(m.encode(wired)).reports() == [report]
     stacks = m.Stacks((RankDump(3, 20, (Frame("t.py", 4, "main", "x()"),)),))
     got = m.decode(m.encode(stacks))
@@ -404,7 +404,7 @@ def _running(max_restarts=0):
 
 
 def _beat(c, member, steps, now, age=0.0):
-    ranks = tuple((member * 2 + r, steps, age, 0.01, 0.1, 0) for r in range(2))
+    ranks = tuple(RankReport(member * 2 + r, steps, age, 0.01, 0.1) for r in range(2))
     return c.beat(member, m.Beat(NodeStats(), ranks), now)
 
 
@@ -470,7 +470,9 @@ def _conductor(hang_timeout):
 
 
 def _timed_beat(c, member, steps, now, timeout=40.0, age=0.0):
-    ranks = tuple((member * 2 + r, steps, age, 0.01, 0.1, 0, None, timeout) for r in range(2))
+    ranks = tuple(
+        RankReport(member * 2 + r, steps, age, 0.01, 0.1, False, None, timeout) for r in range(2)
+    )
     return c.beat(member, m.Beat(NodeStats(), ranks), now)
 
 
@@ -535,7 +537,8 @@ def test_the_site_hook_reports_steps_saves_and_its_stack(tmp_path):
         rank = inbox.ranks[5]
         assert (rank.steps, rank.local_rank, rank.pid, rank.saving) == (30, 1, proc.pid, False)
         (report,) = inbox.reports()
-        assert report[0] == 5 and report[1] == 30 and report[3] >= 0.015  # the sleep before bw
+        assert report.rank == 5 and report.steps == 30
+        assert report.lead is not None and report.lead >= 0.015  # the sleep before backward
         inbox.dump(time.monotonic())
         time.sleep(1.0)
         (answer,) = inbox.stacks()
@@ -599,7 +602,7 @@ def test_each_rank_answers_with_its_recorder_and_the_one_behind_is_named(tmp_pat
         time.sleep(0.5)
         assert sorted(inbox.ranks) == [0, 1]
         # each rank's report carries its process group's timeout (the hang is named below it)
-        assert [row[-1] for row in inbox.reports()] == [77.0, 77.0]
+        assert [row.timeout for row in inbox.reports()] == [77.0, 77.0]
         inbox.dump(time.monotonic())
         time.sleep(1.0)
         answers = inbox.stacks()
@@ -678,7 +681,7 @@ def test_the_site_hook_counts_forward_passes_in_evaluation_and_leaves_training_a
         # progress reported at most once a second: 1 s and more after the last step
         assert rank.active - rank.last_step > 0.8
         (report,) = inbox.reports()
-        assert report[1] == 5 and report[6] < 1.5  # the last forward pass in evaluation: recent
+        assert report.steps == 5 and report.evaluated is not None and report.evaluated < 1.5
         assert proc.stdout.readline().split() == ["evaluated", "4"]  # the model, its 3 children
         assert proc.stdout.readline().split() == ["trained", "again", "0"]
     finally:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from render_cases import GOLDEN, GOLDEN_DIR
 
-from entrypoint.render import PLATFORMS
+from entrypoint.render import TARGETS
 
 BASE = ["--nodes", "2", "--gpus-per-node", "8", "--image", "ghcr.io/example/multinode:1.0"]
 
@@ -74,7 +74,7 @@ def test_trainer_arguments_that_look_like_options_stay_the_trainers():
     assert "multinode:1.0 run -- python -m pkg --nodes 3 --image x" in out.stdout
 
 
-@pytest.mark.parametrize("command", [["render"], *(["render", p] for p in PLATFORMS)])
+@pytest.mark.parametrize("command", [["render"], *(["render", p] for p in TARGETS)])
 def test_help(command):
     out = entrypoint(*command, "--help")
     assert out.returncode == 0 and "usage: entrypoint render" in out.stdout
@@ -83,7 +83,7 @@ def test_help(command):
 def test_render_help_lists_every_platform_and_option():
     out = entrypoint("render", "--help").stdout
     for word in (
-        *PLATFORMS,
+        *TARGETS,
         "--nodes",
         "--gpus-per-node",
         "--image",
@@ -175,7 +175,7 @@ def _docs_examples() -> list[tuple[list[str], list[str]]]:
 
 
 def test_docs_show_every_platform():
-    assert sorted({args[0] for args, _ in _docs_examples()}) == sorted(PLATFORMS)
+    assert sorted({args[0] for args, _ in _docs_examples()}) == sorted(TARGETS)
 
 
 @pytest.mark.parametrize(("args", "shown"), _docs_examples(), ids=lambda x: str(x[0])[:12])

@@ -8,7 +8,7 @@ from render_cases import GOLDEN, rendered
 
 from entrypoint.cli import main
 from entrypoint.plan.errors import ConfigError
-from entrypoint.render import PLATFORMS, render
+from entrypoint.render import TARGETS, render
 from entrypoint.render.request import build
 from entrypoint.render.slurm import apptainer_image, pyxis_image
 
@@ -25,7 +25,7 @@ def test_the_quoted_command_renders_the_same_spec(case, capsys):
     assert capsys.readouterr().out == text
 
 
-@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("platform", TARGETS)
 def test_no_secret_value_reaches_a_request_or_a_spec(platform):
     request = build(
         platform,
