@@ -71,9 +71,17 @@ def _table(text: list[str]) -> list[tuple[int, int, int | None]]:
     SIGKILL, torchrun's escalation), or exited 128 + its number as a trainer that catches it
     does: one that exited with a code of its own failed by itself, the signal having reached it
     on its way out (under load, the crash can exit after the peer it broke)."""
+    failed, _stopped = _failures(text)
+    return failed
+
+
+def _failures(
+    text: list[str],
+) -> tuple[list[tuple[int, int, int | None]], list[tuple[int, int, int | None]]]:
+    """torchrun's last failure table as (the failures `_table` weighs, the workers it stopped)."""
     starts = [i for i, line in enumerate(text) if "Root Cause" in line]
     if not starts:
-        return []
+        return [], []
     root = starts[-1]
     heads = [i for i, line in enumerate(text[:root]) if line.strip().endswith("Failures:")]
     sent = {int(m[1]): m[2] for line in text[:root] if (m := _CLOSING.search(line))}
@@ -83,12 +91,11 @@ def _table(text: list[str]) -> list[tuple[int, int, int | None]]:
             found.append([int(m[1]), int(m[2]), None, None])
         elif found and found[-1][2] is None and (m := _ROOT_EXIT.search(line)):
             found[-1][2:] = [int(m[1]), int(m[2]) if m[2] else None]
-    failed = [
-        (rank, local, code)
-        for rank, local, code, pid in found
-        if pid not in sent or not _ended_by(code, sent[pid])
-    ]
-    return failed or [(rank, local, code) for rank, local, code, _ in found[:1]]
+    stopped = {pid for _, _, code, pid in found if pid in sent and _ended_by(code, sent[pid])}
+    failed = [(rank, local, code) for rank, local, code, pid in found if pid not in stopped]
+    if not failed:
+        return [(rank, local, code) for rank, local, code, _ in found[:1]], []
+    return failed, [(rank, local, code) for rank, local, code, pid in found if pid in stopped]
 
 
 def _ended_by(code: int | None, name: str) -> bool:
@@ -110,18 +117,25 @@ def _root_cause(
     named. Where the table lists several that torchrun did not stop itself, a rank whose own
     last lines say it lost a peer comes after one whose do not (the crash's exit-time writes
     can land after its peer's error, under load), then the one whose stderr was last written
-    first: the peer's own error comes after the first's."""
+    first: the peer's own error comes after the first's. Where every one of them only lost a
+    peer, a worker torchrun stopped whose stderr ends in an error of its own is the crash (under
+    load, its peer exited first and torchrun's closing signal ended the crash before it did):
+    it is named, with the launch's exit code."""
     if not launch.spawns_workers:
         rank = plan.rank if plan.rank is not None else plan.node_rank
         local = plan.local_rank if plan.local_rank is not None else 0
         return rank, local, code
-    table = _table(text)
+    table, stopped = _failures(text)
     if not table:
         return None, None, None
-    run = _newest_run(log_dir) if len(table) > 1 else None
+    run = _newest_run(log_dir) if len(table) > 1 or stopped else None
     seen = {local: _heard(run, local) for _, local, _ in table} if run else {}
     heard = {local: found for local, found in seen.items() if found is not None}
-    if heard and len(heard) == len(seen):
+    if run is not None and heard and all(lost for lost, _ in heard.values()):
+        crash = next((w for w in stopped if _own_error(run, w[1])), None)
+        if crash is not None:  # the crash itself, stopped by torchrun before it exited
+            return crash[0], crash[1], table[0][2]
+    if len(table) > 1 and heard and len(heard) == len(seen):
         return min(table, key=lambda failed: heard[failed[1]])  # stable: root on ties
     return table[0]
 
@@ -139,6 +153,18 @@ def _heard(run: Path, local: int) -> tuple[bool, float] | None:
         return lost_a_peer(tail(path, PEER_LINES)), path.stat().st_mtime
     except OSError:
         return None
+
+
+def _own_error(run: Path, local: int) -> bool:
+    """Whether a local rank's stderr ends in an error of its own (a traceback that does not say
+    it lost a peer)."""
+    try:
+        lines = tail(run / str(local) / "stderr.log", PEER_LINES)
+    except OSError:
+        return False
+    return any("Traceback (most recent call last)" in line for line in lines) and not lost_a_peer(
+        lines
+    )
 
 
 def _rank_log(log_dir: Path, local: int, lines: int) -> tuple[list[str], float] | None:

@@ -298,6 +298,38 @@ def test_the_crash_is_named_when_it_exits_after_torchruns_closing_signal(tmp_pat
     assert "ValueError: the first failure" in found.tail and not found.peer_lost
 
 
+def test_the_crash_torchrun_stopped_before_it_exited_is_named_when_its_peer_only_lost_it(
+    tmp_path,
+):
+    """Under load (make test-unit, 2026-12-06): the peer that lost the crash exited 1 first, and
+    torchrun's closing SIGTERM ended the crash (-15) before it exited by itself. The only failure
+    left to weigh says it lost a peer; the stopped worker's own stderr ends in its traceback: it
+    is the crash, named with the launch's exit code."""
+    run = tmp_path / "run0" / "attempt_0"
+    for local, lines in {
+        0: "RuntimeError: [gloo/transport/tcp/pair.cc:547] Connection closed by peer\n",
+        1: 'Traceback (most recent call last):\n  File "train.py"\nValueError: the first failure\n',
+    }.items():
+        (run / str(local)).mkdir(parents=True)
+        (run / str(local) / "stderr.log").write_text(lines)
+    table = """Sending process 11 closing signal SIGTERM
+Failures:
+[1]:
+  rank      : 3 (local_rank: 1)
+  exitcode  : -15 (pid: 11)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 2 (local_rank: 0)
+  exitcode  : 1 (pid: 10)
+============================================================""".splitlines()
+    launch = launcher_process.LauncherProcess(None, True, collections.deque(table), 0.0)  # type: ignore[arg-type]
+    assert failures._root_cause(None, launch, table, 1, tmp_path) == (3, 1, 1)  # type: ignore[arg-type]
+    # a stopped worker with no error of its own (it was training) is not: the peer stays named
+    (run / "1" / "stderr.log").write_text("step 20\n")
+    assert failures._root_cause(None, launch, table, 1, tmp_path) == (2, 0, 1)  # type: ignore[arg-type]
+
+
 def test_a_rank_that_lost_a_peer_says_so_in_its_own_words():
     assert failures.lost_a_peer(["RuntimeError: [pair.cc:547] Connection reset by peer [::1]:5"])
     assert failures.lost_a_peer(["NCCL error: remote process exited or there was a network error"])
