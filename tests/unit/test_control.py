@@ -501,46 +501,42 @@ def test_lines_split_once_however_the_bytes_arrive():
 def test_the_layout_is_compared_and_the_odd_node_named(node0):
     """Node 0 with WORLD_SIZE=2 nodes, node 1 with ENTRYPOINT_NNODES=4 (issue 17): both stop
     with exit 2 before training, node 1 and the fields named."""
-    n = node0()
-    a = n.node(0)
-    b = control_channel.connect("127.0.0.1", n.port, timeout=5, log=print)
-    shape = hello(1)
-    shape["fingerprint"]["layout"] |= {"nnodes": 4, "world_size": 8}
-    b.send(typed(shape))
-    for channel in (a, b):
-        end = time.monotonic() + 5
-        stops = []
-        while not stops:
-            stops = [msg for msg in channel.receive(0.2) if isinstance(msg, m.Stop)]
-            assert time.monotonic() < end
-        assert stops[0].code == 2
+    for stop in _both_stopped(node0(), {"nnodes": 4, "world_size": 8}):
+        assert stop.code == 2
         assert (
             "node 1 (node-1) plans another job shape: nnodes 4 vs 2 on node 0 (node-0); "
             "world_size 8 vs 4"
-        ) in stops[0].reason
+        ) in stop.reason
+
+
+def _both_stopped(n: "Node0", layout: dict) -> list[m.Stop]:
+    """Node 0 and node 1, whose hello plans `layout` over node 0's: the stop each receives."""
+    a = n.node(0)
+    b = control_channel.connect("127.0.0.1", n.port, timeout=5, log=print)
+    shape = hello(1)
+    shape["fingerprint"]["layout"] |= layout
+    b.send(typed(shape))
+    got = []
+    for channel in (a, b):
+        end = time.monotonic() + 5
+        stops: list[m.Stop] = []
+        while not stops:
+            stops = [msg for msg in channel.receive(0.2) if isinstance(msg, m.Stop)]
+            assert time.monotonic() < end
+        got.append(stops[0])
+    return got
 
 
 def test_a_node_that_plans_other_spares_is_named_over_the_wire(node0):
     """A hello's layout carries the node's ENTRYPOINT_SPARES and ENTRYPOINT_MIN_NODES, and the
     wire check keeps them (it kept 7 of the layout's 9 fields: node 0 compared them only in unit
     tests that skipped the wire, and two nodes planning other spares would have gone on)."""
-    n = node0()
-    a = n.node(0)
-    b = control_channel.connect("127.0.0.1", n.port, timeout=5, log=print)
-    shape = hello(1)
-    shape["fingerprint"]["layout"] |= {"spares": 1, "min_nodes": 1}
-    b.send(typed(shape))
-    for channel in (a, b):
-        end = time.monotonic() + 5
-        stops = []
-        while not stops:
-            stops = [msg for msg in channel.receive(0.2) if isinstance(msg, m.Stop)]
-            assert time.monotonic() < end
-        assert stops[0].code == 2
+    for stop in _both_stopped(node0(), {"spares": 1, "min_nodes": 1}):
+        assert stop.code == 2
         assert (
             "node 1 (node-1) plans another job shape: spares 1 vs 0 on node 0 (node-0); "
             "min_nodes 1 vs 2"
-        ) in stops[0].reason, stops[0].reason
+        ) in stop.reason, stop.reason
 
 
 FAKE = "evil\n2026-11-25T03:00:00Z [error    ] node 0: stopping the job\x1b[2K\r\x1b]0;x\x07"

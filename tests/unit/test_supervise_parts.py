@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from entrypoint.control.rank_records import Failure
 from entrypoint.supervise import failures, launcher_process, logs
 from entrypoint.supervise.launcher_process import exit_status
 
@@ -173,27 +174,34 @@ raise RuntimeError("Connection closed by peer")
 """
 
 
-@pytest.mark.parametrize("later", [0.05, 0.3])
-def test_the_rank_that_failed_first_is_named_not_the_lower_rank_torchrun_names(tmp_path, later):
-    """torchrun's failure timestamps are whole seconds: two ranks that fail within one of its
-    polls tie, and it names the lower rank as root cause. The entrypoint names the rank whose
-    error was written first."""
+def _torchrun_failure(tmp_path: Path, trainer: str, *args: str) -> tuple[Failure, str]:
+    """`trainer` run by a real torchrun with 2 workers, and the failure the node reports of it,
+    with torchrun's stderr."""
     script = tmp_path / "train.py"
-    script.write_text(FIRST_THEN_PEER)
+    script.write_text(trainer)
     log_dir = tmp_path / "logs"
     process = subprocess.Popen(
         [
             *(str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node=2"),
-            *(f"--log-dir={log_dir}", "--redirects=3", str(script), str(later)),
+            *(f"--log-dir={log_dir}", "--redirects=3", str(script), *args),
         ],
         stderr=subprocess.PIPE,
         text=True,
     )
     _, err = process.communicate(timeout=120)
-    text = err.splitlines()
-    assert "Root Cause (first observed failure):" in text, err
-    launch = launcher_process.LauncherProcess(process, True, collections.deque(text), 0.0)
-    found = failures.failure(None, launch, process.returncode, log_dir)  # type: ignore[arg-type]
+    launch = launcher_process.LauncherProcess(
+        process, True, collections.deque(err.splitlines()), 0.0
+    )
+    return failures.failure(None, launch, process.returncode, log_dir), err  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("later", [0.05, 0.3])
+def test_the_rank_that_failed_first_is_named_not_the_lower_rank_torchrun_names(tmp_path, later):
+    """torchrun's failure timestamps are whole seconds: two ranks that fail within one of its
+    polls tie, and it names the lower rank as root cause. The entrypoint names the rank whose
+    error was written first."""
+    found, err = _torchrun_failure(tmp_path, FIRST_THEN_PEER, str(later))
+    assert "Root Cause (first observed failure):" in err, err
     assert (found.rank, found.local_rank, found.exitcode) == (1, 1, 1), err
     assert "ValueError: the first failure" in found.tail
 
@@ -229,21 +237,7 @@ sys.exit(1)
 def test_the_crash_is_named_when_it_wrote_last_and_its_peer_said_it_lost_a_peer(tmp_path):
     """Under load, the crash's exit-time writes can land after its peer's error: the rank whose
     own lines say it lost a peer is not the root cause."""
-    script = tmp_path / "train.py"
-    script.write_text(CRASH_WRITES_LAST)
-    log_dir = tmp_path / "logs"
-    process = subprocess.Popen(
-        [
-            *(str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node=2"),
-            *(f"--log-dir={log_dir}", "--redirects=3", str(script)),
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    _, err = process.communicate(timeout=120)
-    text = collections.deque(err.splitlines())
-    launch = launcher_process.LauncherProcess(process, True, text, 0.0)
-    found = failures.failure(None, launch, process.returncode, log_dir)  # type: ignore[arg-type]
+    found, err = _torchrun_failure(tmp_path, CRASH_WRITES_LAST)
     assert (found.rank, found.local_rank, found.exitcode) == (1, 1, 1), err
     assert "ValueError: the first failure" in found.tail and not found.peer_lost
 
@@ -277,23 +271,8 @@ def test_the_crash_is_named_when_it_exits_after_torchruns_closing_signal(tmp_pat
     to the crash, still shutting down, which then exited with its own code 1. A worker sent the
     signal but not ended by it failed by itself: it is weighed, and named (it did not only lose
     a peer). Made certain here: the crash ignores the signal and leaves 1 s after its peer."""
-    script = tmp_path / "train.py"
-    script.write_text(CRASH_LEAVES_AFTER_THE_CLOSING_SIGNAL)
-    log_dir = tmp_path / "logs"
-    process = subprocess.Popen(
-        [
-            *(str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node=2"),
-            *(f"--log-dir={log_dir}", "--redirects=3", str(script)),
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    _, err = process.communicate(timeout=120)
+    found, err = _torchrun_failure(tmp_path, CRASH_LEAVES_AFTER_THE_CLOSING_SIGNAL)
     assert "closing signal" in err, err
-    launch = launcher_process.LauncherProcess(
-        process, True, collections.deque(err.splitlines()), 0.0
-    )
-    found = failures.failure(None, launch, process.returncode, log_dir)  # type: ignore[arg-type]
     assert (found.rank, found.local_rank, found.exitcode) == (1, 1, 1), err
     assert "ValueError: the first failure" in found.tail and not found.peer_lost
 
