@@ -84,19 +84,21 @@ doctor: ## Run `entrypoint doctor` in the image IMAGE here (ARGS: --json)
 
 # `make test`: the unit tests in UNIT_JOBS processes (pytest-xdist: a test at a time to whichever
 # process is free, the longest first (tests/conftest.py): most of the real-process tests wait on
-# timeouts, so 5 processes keep 2 cores busy); then SERIAL alone: unit tests that time signals
-# against a process's start (beside a second test process, one SIGTERM of 27 went unhandled
-# once: being looked into); then the container tests in CONTAINER_JOBS processes, a file to
-# each (a file's tests share its module's fixtures: a built derived image, a SLURM image), the
-# users' trainers first, their file being the longest; then ALONE: the registry push and pull
-# of the whole image (15 GB of tmpfs and gigabytes of disk writes held every process of the
-# machine up 6 s at a time, past the nodes' 5 s heartbeat timeout). Each runs whatever the one
-# before gives. PYTEST_JUNIT=PREFIX: junit reports PREFIX-unit.xml, PREFIX-serial.xml,
-# PREFIX-containers.xml and PREFIX-alone.xml (CI reads them). Figures: docs/testing.md.
+# timeouts, so 5 processes keep 2 cores busy); then the container tests in CONTAINER_JOBS
+# processes, a file to each (a file's tests share its module's fixtures: a built derived image,
+# a SLURM image), the files that take longest first, then the users' trainers a job at a time
+# (tests/conftest.py); then ALONE: the registry push and pull of the whole image (15 GB of tmpfs
+# and gigabytes of disk writes held every process of the machine up 6 s at a time, past the
+# nodes' 5 s heartbeat timeout), and beside it SERIAL: unit tests that time signals against a
+# process's start, which run away from the other unit tests (beside a second test process, one
+# SIGTERM of 27 went unhandled once: being looked into) and use a fraction of a core, as the
+# push uses one. Each runs whatever the one before gives. PYTEST_JUNIT=PREFIX: junit reports
+# PREFIX-unit.xml, PREFIX-serial.xml, PREFIX-containers.xml and PREFIX-alone.xml (CI reads
+# them). Figures: docs/testing.md.
 UNIT_JOBS ?= 5
 UNIT_DIST = -n $(UNIT_JOBS) --dist load --maxschedchunk 1
 CONTAINER_JOBS ?= 4
-CONTAINER_DIST = -n $(CONTAINER_JOBS) --dist loadfile
+CONTAINER_DIST = -n $(CONTAINER_JOBS) --dist loadgroup --no-loadscope-reorder
 CONTAINER_TESTS = tests/compat tests/cluster tests/image
 ALONE = tests/image/test_pull.py
 SERIAL = tests/unit/test_signals_early.py
@@ -108,10 +110,13 @@ test: $(VENV)/.done ## Run every test; builds the image first when a Docker engi
 	@status=0; \
 	$(VENV)/bin/python -m pytest $(UNIT_DIST) tests/unit $(addprefix --ignore=,$(SERIAL)) \
 		$(call junit,unit) || status=$$?; \
-	$(VENV)/bin/python -m pytest $(SERIAL) $(call junit,serial) || status=$$?; \
 	$(VENV)/bin/python -m pytest $(CONTAINER_DIST) $(CONTAINER_TESTS) \
 		$(addprefix --ignore=,$(ALONE)) $(call junit,containers) || status=$$?; \
+	log=$$(mktemp); \
+	$(VENV)/bin/python -m pytest $(SERIAL) $(call junit,serial) >$$log 2>&1 & serial=$$!; \
 	$(VENV)/bin/python -m pytest $(ALONE) $(call junit,alone) || status=$$?; \
+	wait $$serial || status=$$?; \
+	echo "== $(SERIAL), beside it:"; cat $$log; rm -f $$log; \
 	exit $$status
 
 # The CUDA 13 image's own suites: its image tests (not the registry pull nor the benchmarks'

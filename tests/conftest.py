@@ -32,6 +32,26 @@ LONGEST_FIRST = {
     "unit/test_world_check.py": 4,
     "unit/test_exit_guard.py": 2,
     "unit/test_launch_lines.py": 1.4,
+    "compat/test_compat.py": 43,  # each case goes alone (below)
+}
+# The container tests go a file to a process (below), the files whose tests take longest
+# together first: the seconds of each file's tests together (CI's run of 2026-12-06, 4
+# processes side by side), so that no long file starts last and holds the run open.
+FILES_FIRST = {
+    "cluster/test_faults.py": 550,
+    "cluster/test_spares.py": 370,
+    "cluster/test_preflight.py": 230,
+    "image/test_deepspeed_ops.py": 220,
+    "cluster/test_local.py": 210,
+    "image/test_job.py": 200,
+    "cluster/test_control.py": 180,
+    "image/test_benchmarks.py": 160,
+    "cluster/test_ipv6.py": 150,
+    "cluster/test_ranks.py": 115,
+    "cluster/test_cluster.py": 95,
+    "cluster/test_metrics.py": 72,
+    "image/test_image.py": 66,
+    "image/test_users_code.py": 52,
 }
 
 
@@ -44,11 +64,18 @@ def pytest_collection_modifyitems(config, items):
         path = Path(str(item.fspath))
         if HERE in path.parents and path.relative_to(HERE).parts[0] in MARKS:
             item.add_marker(MARKS[path.relative_to(HERE).parts[0]])
+            # The container tests go to their processes a file at a time (`--dist loadgroup`,
+            # the Makefile): a file's tests share its module's fixtures (a derived image, a
+            # SLURM image). A test marked with a group of its own goes alone (tests/compat).
+            if item.get_closest_marker("xdist_group") is None:
+                item.add_marker(pytest.mark.xdist_group(str(path.relative_to(HERE))))
     items.sort(key=lambda item: -expected_seconds(item.nodeid))  # stable: the rest keep order
 
 
 def expected_seconds(nodeid: str) -> float:
-    return next((s for key, s in LONGEST_FIRST.items() if key in nodeid), 0.0)
+    """A test's seconds, or those of its whole file where the file goes to one process."""
+    table = FILES_FIRST if any(key in nodeid for key in FILES_FIRST) else LONGEST_FIRST
+    return next((s for key, s in table.items() if key in nodeid), 0.0)
 
 
 @pytest.fixture(scope="session")
