@@ -98,7 +98,7 @@ doctor: ## Run `entrypoint doctor` in the image IMAGE here (ARGS: --json)
 UNIT_JOBS ?= 5
 UNIT_DIST = -n $(UNIT_JOBS) --dist load --maxschedchunk 1
 CONTAINER_JOBS ?= 4
-CONTAINER_DIST = -n $(CONTAINER_JOBS) --dist loadgroup --no-loadscope-reorder
+CONTAINER_DIST = -n $(CONTAINER_JOBS) --dist loadfile --no-loadscope-reorder
 CONTAINER_TESTS = tests/compat tests/cluster tests/image
 ALONE = tests/image/test_pull.py
 SERIAL = tests/unit/test_signals_early.py

@@ -34,9 +34,11 @@ LONGEST_FIRST = {
     "unit/test_launch_lines.py": 1.4,
     "compat/test_compat.py": 43,  # each case goes alone (below)
 }
-# The container tests go a file to a process (below), the files whose tests take longest
-# together first: the seconds of each file's tests together (CI's run of 2026-12-06, 4
-# processes side by side), so that no long file starts last and holds the run open.
+# The container tests go a file to a process (`--dist loadfile`: a file's tests share its
+# module's fixtures, a derived image, a SLURM image), the files whose tests take longest together
+# first: the seconds of each file's tests together (CI's run of 2026-12-06, 4 processes side by
+# side), so that no long file starts last and holds the run open. Then the users' trainers, a
+# case at a time (CASE_AT_A_TIME, pytest_xdist_make_scheduler below).
 FILES_FIRST = {
     "cluster/test_faults.py": 550,
     "cluster/test_spares.py": 370,
@@ -55,6 +57,28 @@ FILES_FIRST = {
 }
 
 
+# Files whose cases go to whichever process is free, one at a time, under `--dist loadfile`:
+# each case is a job of its own, and the file is the longest (its module fixture, the derived
+# Lightning image, is built under a tag of each process's own).
+CASE_AT_A_TIME = ("compat/test_compat.py",)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, with CASE_AT_A_TIME's cases each a unit of work of its own. (xdist's
+    `loadgroup` would say it with marks, but it renames the tests to do so, which pytest 9's
+    node ids no longer allow: every test went alone.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FileOrCase(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            alone = any(nodeid.split("::")[0].endswith(f) for f in CASE_AT_A_TIME)
+            return nodeid if alone else super()._split_scope(nodeid)
+
+    return FileOrCase(config, log)
+
+
 def pytest_configure(config):
     register_profile(config)  # TEST_PROFILE=DIR: a line per test (tests/profiling.py)
 
@@ -64,11 +88,6 @@ def pytest_collection_modifyitems(config, items):
         path = Path(str(item.fspath))
         if HERE in path.parents and path.relative_to(HERE).parts[0] in MARKS:
             item.add_marker(MARKS[path.relative_to(HERE).parts[0]])
-            # The container tests go to their processes a file at a time (`--dist loadgroup`,
-            # the Makefile): a file's tests share its module's fixtures (a derived image, a
-            # SLURM image). A test marked with a group of its own goes alone (tests/compat).
-            if item.get_closest_marker("xdist_group") is None:
-                item.add_marker(pytest.mark.xdist_group(str(path.relative_to(HERE))))
     items.sort(key=lambda item: -expected_seconds(item.nodeid))  # stable: the rest keep order
 
 

@@ -153,17 +153,8 @@ TRAINER_SHAPES = {
 
 # Which trainer under which convention (see the module's docstring).
 MATRIX = os.environ.get("COMPAT_MATRIX", "full")
-
-
-def alone(*values: str, group: str = "") -> object:
-    """A case that goes to whichever test process is free, not with the rest of this file
-    (tests/conftest.py): each is a job of its own, and this file is the longest. The cases of
-    the derived image share `group`, which builds it once per process."""
-    return pytest.param(*values, marks=pytest.mark.xdist_group(group or "-".join(values)))
-
-
 CASES = [
-    alone(t, c, group="derived image" if TRAINER_SHAPES[t].derived else "")
+    (t, c)
     for t in TRAINER_SHAPES
     for c in STYLES
     if (
@@ -274,9 +265,7 @@ HUNG = {  # a rank hangs inside its optimizer step: tests/hang_wrapper.py runs t
 }
 
 
-@pytest.mark.parametrize(
-    "shape", [alone(s) for s in (["hf_trainer"] if MATRIX == "smoke" else sorted(HUNG))]
-)
+@pytest.mark.parametrize("shape", ["hf_trainer"] if MATRIX == "smoke" else sorted(HUNG))
 def test_a_hang_inside_a_users_trainer_is_named(docker_client, image, shape):
     """Rank 3 (node 1) sleeps inside an optimizer step of the Hugging Face Trainer with
     DeepSpeed, accelerate's quick tour or an FSDP2 trainer: node 0 names it with its stack and
@@ -345,7 +334,7 @@ LAUNCH_CASES = [
 
 @pytest.mark.parametrize(
     ("form", "convention"),
-    [alone(*f) for f in LAUNCH_CASES if MATRIX != "smoke" or f[0] in ("torchrun", "deepspeed")],
+    [f for f in LAUNCH_CASES if MATRIX != "smoke" or f[0] in ("torchrun", "deepspeed")],
 )
 def test_a_users_launch_line_forms_one_world(docker_client, image, form, convention):
     """`entrypoint run -- torchrun --nproc-per-node=2 ddp_tutorial.py` on 2 node containers:
