@@ -83,11 +83,11 @@ doctor: ## Run `entrypoint doctor` in the image IMAGE here (ARGS: --json)
 	docker run --rm --shm-size=8g $(if $(wildcard /dev/nvidia0),--gpus all) $(IMAGE) doctor $(ARGS)
 
 # `make test`: the unit tests in UNIT_JOBS processes (pytest-xdist: a test at a time to whichever
-# process is free, the longest first (tests/conftest.py): most of the real-process tests wait on
+# process is free, the longest first (tests/schedule.py): most of the real-process tests wait on
 # timeouts, so 5 processes keep 2 cores busy); then the container tests in CONTAINER_JOBS
 # processes, a file to each (a file's tests share its module's fixtures: a built derived image,
-# a SLURM image), the files that take longest first, then the users' trainers a job at a time
-# (tests/conftest.py); then ALONE: the registry push and pull of the whole image (15 GB of tmpfs
+# a SLURM image), the files that take longest first, then the users' trainers a case at a time
+# (tests/schedule.py); then ALONE: the registry push and pull of the whole image (15 GB of tmpfs
 # and gigabytes of disk writes held every process of the machine up 6 s at a time, past the
 # nodes' 5 s heartbeat timeout), and beside it SERIAL: unit tests that time signals against a
 # process's start, which run away from the other unit tests (beside a second test process, one

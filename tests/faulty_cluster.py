@@ -173,14 +173,18 @@ def light_started(
     return lightened(two_nodes(c, master or c.hostname("node", 0), **env), steps, pace=pace)
 
 
-def lightened(nodes: Sequence[Node], steps: int, *, pace: float = 0.05) -> list[Node]:
+def lightened(
+    nodes: Sequence[Node], steps: int, *, pace: float = 0.05, out: str = "/tmp/fault"
+) -> list[Node]:
     """The same nodes, their workers running tests/fault_trainer.py (steps of `pace` seconds in
     lockstep, over TCP; rank 0 prints `[fault] step N/STEPS` every 5) instead of the built-in
     job: for the tests whose subject is the entrypoint, not the trainer. Its workers import
     neither torch nor DeepSpeed (a 2-node case's CPU: about a third of the built-in job's).
-    The cluster needs `mounts=LIGHT_MOUNT`."""
+    Its checkpoint and reports go to `out` (an output's `results` folder: read as the built-in
+    job's reports are, a shared one: resumed by a spare). The cluster needs
+    `mounts=LIGHT_MOUNT`."""
     trainer = {
-        "FAULT_OUT": "/tmp/fault",
+        "FAULT_OUT": out,
         "FAULT_PORT": "29510",
         "FAULT_STEPS": str(steps),
         "FAULT_STEP_SECONDS": str(pace),

@@ -1,11 +1,31 @@
-"""How `make test` deals the container tests to its processes (tests/conftest.py loads it):
-a file at a time (`--dist loadfile`: a file's tests share its module's fixtures, a derived image,
-a SLURM image), the files whose tests take longest together first (FILES_FIRST, by which
-tests/conftest.py orders the collection), then the users' trainers a case at a time
-(CASE_AT_A_TIME). tests/unit/test_schedule.py runs it."""
+"""How `make test` deals the tests to its processes (tests/conftest.py loads it and orders the
+collection by expected_seconds): the unit tests a test at a time, the longest first
+(LONGEST_FIRST); the container tests a file at a time (`--dist loadfile`: a file's tests share
+its module's fixtures, a derived image, a SLURM image), the files whose tests take longest
+together first (FILES_FIRST), then the users' trainers a case at a time (CASE_AT_A_TIME).
+tests/unit/test_schedule.py runs it."""
 
 from __future__ import annotations
 
+# The tests that mostly wait, longest first: their mean seconds per test (`make test-profile`,
+# 2026-12-06, docs/testing.md). The unit tests' processes take a test at a time in this order
+# (`--dist load --maxschedchunk 1`), so no long test starts last and holds the run open.
+LONGEST_FIRST = {
+    "unit/test_hang_real.py::test_with_no_setting_the_learned_timeout": 192,
+    "unit/test_hang_real.py": 40,
+    "unit/test_allreduce_real.py": 24,
+    "unit/test_spares_real.py": 17,
+    "unit/test_health_real.py": 15,
+    "unit/test_status_real.py": 12,
+    "unit/test_supervise_real.py": 9,
+    "unit/test_run_real.py": 7,
+    "unit/test_control_real.py": 7,
+    "unit/test_benchmarks.py": 5,
+    "unit/test_world_check.py": 4,
+    "unit/test_exit_guard.py": 2,
+    "unit/test_launch_lines.py": 1.4,
+    "compat/test_compat.py": 43,  # each case goes alone (CASE_AT_A_TIME)
+}
 # The container tests go a file to a process (`--dist loadfile`: a file's tests share its
 # module's fixtures, a derived image, a SLURM image), the files whose tests take longest together
 # first: the seconds of each file's tests together (CI's run of 2026-12-06, 4 processes side by
@@ -54,3 +74,9 @@ def work_unit(nodeid: str) -> str:
     """The unit of work a test goes to a process in: its file, or itself in CASE_AT_A_TIME."""
     path = nodeid.split("::", 1)[0]
     return nodeid if path.endswith(CASE_AT_A_TIME) else path
+
+
+def expected_seconds(nodeid: str) -> float:
+    """A test's seconds, or those of its whole file where the file goes to one process."""
+    table = FILES_FIRST if any(key in nodeid for key in FILES_FIRST) else LONGEST_FIRST
+    return next((s for key, s in table.items() if key in nodeid), 0.0)

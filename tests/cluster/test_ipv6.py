@@ -3,16 +3,14 @@ enabled (dual-stack, as Docker makes it), the master given as node 0's IPv6 addr
 name that resolves to that address only (an /etc/hosts entry, as `--add-host` writes it); the
 built-in DeepSpeed job trains across both (gloo over IPv6) with the master bracketed, the form
 most likely misread; with the literal and the name, tests/fault_trainer.py's workers do, over
-the same torchrun rendezvous (each form is the entrypoint's and torchrun's to read), and a
-killed or paused node ends the
-job as over IPv4 (tests/cluster/test_faults.py; the nodes run tests/fault_trainer.py there, as
-the entrypoints, not torch, are the subject)."""
+the same torchrun rendezvous (each form is the entrypoint's and torchrun's to read); and a
+killed or paused node ends the job as over IPv4 (tests/cluster/test_faults.py; the nodes run
+tests/fault_trainer.py there, as the entrypoints, not torch, are the subject)."""
 
 from __future__ import annotations
 
 import ipaddress
 import secrets
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -83,9 +81,8 @@ def test_the_job_trains_with_an_ipv6_master(image, docker_client, form, light):
     with V6Cluster(image, client=docker_client, echo=print, mounts=mounts) as c:
         master = {"literal": c.address(0), "bracketed": f"[{c.address(0)}]", "name": V6_NAME}
         specs = nodes(c, master[form])
-        if light:  # its reports where the built-in job's go, read from node 0
-            out = {"FAULT_OUT": f"{DEFAULT_OUTPUT}/results"}
-            specs = [replace(n, env=n.env | out) for n in lightened(specs, STEPS)]
+        if light:  # its reports where the built-in job's go
+            specs = lightened(specs, STEPS, out=f"{DEFAULT_OUTPUT}/results")
         run = c.run(specs, timeout=TIMEOUT)
         names = [c.hostname("node", r) for r in (0, 1)]
         assert run.exit_codes == {names[0]: 0, names[1]: 0}, run.log(80)

@@ -10,8 +10,6 @@ the figures.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from entrypoint.local.cluster import Node
 from faulty_cluster import LIGHT_MOUNT, Fault, FaultyCluster, FaultyRun, lightened
 
@@ -82,13 +80,9 @@ def test_spares_take_the_ranks_of_two_nodes_killed_in_a_row(image, docker_client
     is test_a_paused_node_is_replaced_by_a_spare's."""
     with cluster(image, docker_client) as c:
         n = [c.hostname("node", r) for r in range(4)]
-        steps, reports = 300, f"{OUTPUT}/results"  # still training at the second kill
-        specs = [
-            replace(node, env=node.env | {"FAULT_OUT": reports})
-            for node in lightened(nodes(c, 4, ENTRYPOINT_SPARES="2"), steps)
-        ]
+        steps = 300  # still training at the second kill
         run = c.run(
-            specs,
+            lightened(nodes(c, 4, ENTRYPOINT_SPARES="2"), steps, out=f"{OUTPUT}/results"),
             timeout=TIMEOUT,
             grace=float("inf"),
             faults=[
