@@ -3,9 +3,10 @@ a crashing worker with and without a restart, a killed launcher, secrets in the 
 
 Each case is 2 node containers x 2 CPU workers (hand-started nodes: NNODES, NODE_RANK,
 MASTER_ADDR) training the image's built-in DeepSpeed job where the job's own behaviour is the
-subject (its checkpoint on SIGTERM, its resume, its crash), and tests/fault_trainer.py where
-only the entrypoint's is (a node killed, paused or cut off, a killed launcher: the workers
-import no torch, so a case costs a third of the CPU), with the fault injected once rank 0 logs
+subject (its checkpoint on SIGTERM and its resume, its crash among torch's errors), and
+tests/fault_trainer.py where only the entrypoint's is (a node killed, paused or cut off, a
+killed launcher, a restart after a crash: the workers import no torch, so a case costs a third
+of the CPU), with the fault injected once rank 0 logs
 step 10, and asserts exit codes, the time the other nodes took (the product's bound is 60 s;
 asserted with margin, as CI machines are slow and shared) and the message. `pytest -s` prints
 the measured times (lines `MEASURED ...`): docs/failures.md's table of faults comes from them. The
@@ -26,7 +27,15 @@ from datetime import datetime
 import pytest
 
 from entrypoint.local.cluster import LABEL, Node
-from faulty_cluster import LIGHT_MOUNT, Fault, FaultyCluster, FaultyRun, hand_started, light_started
+from faulty_cluster import (
+    LIGHT_MOUNT,
+    Fault,
+    FaultyCluster,
+    FaultyRun,
+    hand_started,
+    light_started,
+    lightened,
+)
 
 STEPS = 5000  # never reached (~6 steps/s here): every case but the restart ends by its fault
 TRAINING = "step 10/"  # rank 0's line once the job trains ([job] or [fault]): the fault's moment
@@ -278,30 +287,25 @@ def test_a_crashing_worker_stops_both_and_node_0_shows_its_error_once(image, doc
 
 
 def test_a_crashing_worker_restarts_every_node_which_resume_and_finish(image, docker_client):
-    """The same crash at step 25 with ENTRYPOINT_MAX_RESTARTS=1: every node's trainer restarts
-    together (the crash injection fires on the first start only), resumes from the step-20
-    checkpoint on the shared output, trains to the end, and both exit 0."""
-    with FaultyCluster(image, client=docker_client, echo=print, shared=SHARED, output=OUTPUT) as c:
+    """Rank 3 raises at step 25 with ENTRYPOINT_MAX_RESTARTS=1: every node's trainer restarts
+    together (the crash fires on the first start only), resumes from the step-20 checkpoint on
+    the shared output, trains to the end, and both exit 0. The restart is the entrypoints'
+    subject, so the nodes run tests/fault_trainer.py; the built-in job's own resume from its
+    checkpoint is tests/image/test_job.py's, on each image."""
+    with FaultyCluster(
+        image, client=docker_client, echo=print, shared=SHARED, output=OUTPUT, mounts=LIGHT_MOUNT
+    ) as c:
         first, second = c.hostname("node", 0), c.hostname("node", 1)
-        run = c.run(
-            nodes(
-                c,
-                ENTRYPOINT_JOB_STEPS="40",
-                ENTRYPOINT_JOB_SAVE_EVERY="10",
-                ENTRYPOINT_JOB_FAIL_AT_STEP="25",
-                ENTRYPOINT_JOB_FAIL_RANK="3",
-                ENTRYPOINT_MAX_RESTARTS="1",
-                ENTRYPOINT_JOB_OUTPUT=OUTPUT,
-            ),
-            timeout=TIMEOUT,
-        )
+        specs = hand_started(c, 40, **SECRETS, ENTRYPOINT_MAX_RESTARTS="1", FAULT_CRASH="3:25")
+        run = c.run(lightened(specs, 40, out=f"{OUTPUT}/results"), timeout=TIMEOUT)
         assert run.exit_codes == {first: 0, second: 0}, run.log(80)
         log0 = run.node(first).log()
         assert log0.count("worker failed: rank 3 on node 1") == 1
         assert "restarting every node's trainer (restart 1 of 1)" in log0
-        assert [(r["resumed_from"], r["steps"]) for r in run.results] == [(20, 40)] * 4
-        crashed = run.node(second).when("RuntimeError: injected failure at step 25")
-        resumed = run.node(first).when("resuming from checkpoint")
+        reports = [(r["start"], r["last_step"], r["restart"]) for r in run.results]
+        assert reports == [(20, 40, 1)] * 4, reports
+        crashed = run.node(second).when("ValueError: injected failure on rank 3 at step 25")
+        resumed = run.node(first).when("rank 0/4 starts at step 20 (restart 1)")
         assert crashed is not None and resumed is not None
         assert_no_secret(run.log())
         measured("crash to training again after the restart", resumed - crashed)

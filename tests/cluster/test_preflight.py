@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.local.cluster import LABEL, Cluster, Node
+from faulty_cluster import FaultyCluster
 
 from .test_cluster import STEPS, TIMEOUT, assert_trained, torchrun, with_job
 from .test_slurm import _ca_bundle, _docker_cli
@@ -27,8 +28,9 @@ JOIN_TIMEOUT = 20  # seconds, for the master that never starts
 ODD = ("hjson", "3.0.2", "3.1.0")  # tests/preflight/Dockerfile: (package, its version, the lock's)
 
 
-class TwoImages(Cluster):
-    """A cluster whose named nodes run another image (the rest run the cluster's)."""
+class TwoImages(FaultyCluster):
+    """A cluster whose named nodes run another image (the rest run the cluster's); it takes a
+    FaultyCluster's mounts."""
 
     def __init__(self, image: str, others: dict[str, str], **kwargs) -> None:
         super().__init__(image, **kwargs)

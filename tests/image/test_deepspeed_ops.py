@@ -1,8 +1,8 @@
 """DeepSpeed's ops in the built image: every op a standard config selects loads prebuilt on
 both accelerators the image serves, with no compiler and no build at start; a config that
-needs an op the image lacks is refused before launch; and a Hugging Face Trainer with
-`--deepspeed` and a standard ZeRO-2 AdamW config (seed 003's shape) trains through
-`entrypoint run` on CPU workers.
+needs an op the image lacks is refused before launch. A Hugging Face Trainer with
+`--deepspeed` and a standard ZeRO-2 AdamW config (seed 003's shape) training with the prebuilt
+FusedAdam through `entrypoint run` on CPU workers is tests/compat's `hf_trainer`, on each image.
 
 "No build" is shown, not assumed: DeepSpeed's JIT path (the only one the CPU accelerator has
 for the ops it did not install) calls `ninja --version` before it looks for a prebuilt op, so
@@ -26,7 +26,6 @@ from entrypoint.doctor import cuda_kernels
 from .image_helpers import CUDA, REPO
 
 READ_ONLY = ("--read-only", "--tmpfs", "/tmp")
-TRAINERS = REPO / "tests" / "trainers"
 IMAGE_PATH = "/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NINJA_STUB = """#!/bin/sh
 # torch asks `ninja --version`, then runs `ninja -v` in the op's directory before it loads a
@@ -288,64 +287,6 @@ def test_run_refuses_a_config_needing_an_op_the_image_lacks(image, tmp_path):
         "needs DeepSpeed's async_io op for the cpu accelerator"
     ), errors
     assert "trainer started" not in proc.stdout and "Traceback" not in proc.stderr
-
-
-def test_hf_trainer_deepspeed_zero2_adamw_on_cpu(image, no_build, tmp_path):
-    """Seed 003's shape: a Trainer script with `--deepspeed ds_config.json` (AdamW, "auto"
-    values) through `entrypoint run` on a CPU container, no build at start.
-
-    Two workers: accelerate 1.15 alone picks no process-group backend for DeepSpeed on CPU
-    (the Trainer would count a world of 1 and DeepSpeed's batch check stop it); the site hook
-    gives it gloo on CPU nodes (entrypoint/trainer_side/accelerate_cpu.py), as nccl on GPUs."""
-    out_dir = tmp_path / "out"
-    out_dir.mkdir()
-    out_dir.chmod(0o777)
-    proc = image.run(
-        "run",
-        "--",
-        "python",
-        "/trainers/hf_trainer.py",
-        "--deepspeed",
-        "/trainers/ds_config_zero2.json",
-        "--output_dir",
-        "/out",
-        "--max_steps",
-        "4",
-        "--per_device_train_batch_size",
-        "2",
-        "--learning_rate",
-        "1e-3",
-        "--logging_steps",
-        "1",
-        "--save_strategy",
-        "no",
-        "--report_to",
-        "none",
-        timeout=600,
-        docker_args=(
-            "--shm-size=1g",
-            "-v",
-            f"{TRAINERS}:/trainers:ro",
-            "-v",
-            f"{out_dir}:/out",
-            "-e",
-            "ENTRYPOINT_GPUS_PER_NODE=0",
-            "-e",
-            "ENTRYPOINT_NPROC_PER_NODE=2",
-            "-e",
-            "HF_HUB_OFFLINE=1",
-            *no_build,
-        ),
-    )
-    log = proc.stdout + proc.stderr
-    for rank in (0, 1):
-        assert re.search(
-            rf"hf_trainer: rank {rank} of 2 trained 4 steps with DeepSpeedEngine "
-            r"and FusedAdam",
-            log,
-        ), log
-    assert re.search(r"hf_trainer: done, loss \d+\.\d+", log), log
-    assert "ninja stub" not in log, log
 
 
 def _promised() -> tuple[set[int], set[int]]:
