@@ -22,8 +22,25 @@ LONGEST_FIRST = {
     "unit/test_control_real.py": 7,
     "unit/test_benchmarks.py": 5,
     "unit/test_world_check.py": 4,
-    "unit/test_exit_guard.py": 2,
+    "unit/test_exit_guard.py": 6,
     "unit/test_launch_lines.py": 1.4,
+    # ... and the other tests that wait most, each by itself (tests/unit's, 2026-12-06: wall
+    # seconds with 5 processes on 2 cores), which would otherwise come last in the file order
+    "unit/test_render_hostile.py::test_any_arguments_read_back_from_every_manifest": 30,
+    "unit/test_hostile.py::test_doctor_and_run_refuse_the_same_way": 19,
+    "unit/test_doctor.py::test_gpus_promised_but_not_seen": 19,
+    "unit/test_rank_progress.py::test_the_site_hook_counts_forward_passes": 15,
+    "unit/test_rank_progress.py::test_each_rank_answers_with_its_recorder": 12,
+    "unit/test_rank_progress.py::test_the_site_hook_reports_steps_saves": 12,
+    "unit/test_supervise_parts.py::test_the_rank_that_failed_first": 12,
+    "unit/test_supervise_parts.py::test_the_crash_is_named_when_it_exits_after": 12,
+    "unit/test_worker_output.py::test_two_workers_lines_never_mix": 12,
+    "unit/test_doctor.py::test_json_exit_code_follows_the_problems": 9,
+    "unit/test_schedule.py::test_a_real_run": 9,
+    "unit/test_rank_progress.py::test_without_the_entrypoint_the_hook_costs": 8,
+    "unit/test_render_hostile.py::test_any_arguments_reach_the_command": 8,
+    "unit/test_supervise_parts.py::test_the_crash_is_named_when_it_wrote_last": 7,
+    "unit/test_control_fuzz.py": 4,
     "compat/test_compat.py": 43,  # each case goes alone (CASE_AT_A_TIME)
 }
 # The container tests go a file to a process (`--dist loadfile`: a file's tests share its
@@ -35,17 +52,17 @@ FILES_FIRST = {
     "cluster/test_faults.py": 550,
     "cluster/test_spares.py": 370,
     "cluster/test_preflight.py": 230,
-    "image/test_deepspeed_ops.py": 220,
-    "cluster/test_local.py": 210,
     "image/test_job.py": 200,
     "cluster/test_control.py": 180,
     "image/test_benchmarks.py": 160,
     "cluster/test_ipv6.py": 150,
+    "image/test_deepspeed_ops.py": 130,
+    "cluster/test_local.py": 130,
     "cluster/test_ranks.py": 115,
-    "cluster/test_cluster.py": 95,
     "cluster/test_metrics.py": 72,
     "image/test_image.py": 66,
     "image/test_users_code.py": 52,
+    "cluster/test_cluster.py": 50,
 }
 
 

@@ -6,9 +6,11 @@ and both containers' exit codes.
 
 Each platform's variable set is the one its unit test cites (tests/unit/test_platforms_*.py)
 and docs/platforms.md's table lists. The conventions are used here by the other container tests
-(tests/compat runs torch DDP and JAX under each); the built-in jobs themselves run once here,
-under a container platform's variables: where each convention puts a rank is the launch's, not
-the job's, and tests/compat/test_compat.py checks it under every convention.
+(tests/compat runs torch DDP and JAX under each); the built-in JAX job runs once here, under a
+container platform's variables: where each convention puts a rank is the launch's, not the
+job's, and tests/compat/test_compat.py checks it under every convention. The built-in DeepSpeed
+job's same checks across two containers are tests/cluster/test_local.py's
+`test_two_nodes_train_together` (`entrypoint local`, hand-started nodes).
 """
 
 from __future__ import annotations
@@ -138,15 +140,6 @@ def assert_trained(run, nodes: list[Node], *, job: str, per_node: int) -> None:
             assert r["final_loss"] < r["first_loss"] - 1.0, r  # from ~4.3 (guessing is 4.16)
     writers = [r["rank"] for r in got if r["checkpoint_writer"]]
     assert writers == [0], f"checkpoint writers: {writers}"
-
-
-@pytest.mark.parametrize("style", ["commercial"])
-def test_deepspeed(image, docker_client, style):
-    with Cluster(image, client=docker_client, echo=print) as c:
-        nodes = with_job(STYLES[style](c), ENTRYPOINT_JOB_STEPS=str(STEPS))
-        run = c.run(nodes, timeout=TIMEOUT)
-        assert_trained(run, nodes, job="deepspeed", per_node=2)
-        print(f"{style}: {run.seconds:.1f} s")
 
 
 @pytest.mark.parametrize("style", ["commercial"])

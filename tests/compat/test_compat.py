@@ -13,11 +13,13 @@ weights after DDP, a psum over every process, ...).
 
 By default every trainer runs under every convention (20 jobs, and FSDP2 under one);
 COMPAT_MATRIX=quick (CI's, for its time) runs every trainer under one convention and every
-convention under DDP and JAX (12 jobs); COMPAT_MATRIX=smoke (CI's on the CUDA 13 image, beside
-the full run on the default one) runs torch DDP, accelerate, the Hugging Face Trainer with
-DeepSpeed and JAX under one convention, one hang, and the torchrun and deepspeed launch lines
-(8 tests; the CUDA 13 tier leaves the start script to the default image's run: what it proves
-is the entrypoint's, not the stack's).
+convention under DDP and JAX (11 jobs: DDP under a container platform's variables is its
+`torchrun` line's job, QUICK_LEAVES), the hangs, and the launch lines but `python -m
+torch.distributed.run`'s; COMPAT_MATRIX=smoke (CI's on the CUDA 13 image, beside the run on the
+default one) runs torch DDP, accelerate, the Hugging Face Trainer with DeepSpeed and JAX under
+one convention, one hang, and the torchrun and deepspeed launch lines (8 tests; the CUDA 13
+tier leaves the start script to the default image's run: what it proves is the entrypoint's,
+not the stack's).
 """
 
 from __future__ import annotations
@@ -152,6 +154,17 @@ TRAINER_SHAPES = {
     ),
 }
 
+# COMPAT_MATRIX=quick leaves two jobs whose every check another of its jobs makes:
+# - DDP under a container platform's variables: the `torchrun` line under the same convention
+#   runs the same trainer with the same checks, and the other trainers under it run through the
+#   torchrun the entrypoint builds;
+# - the `python -m torch.distributed.run` line under SLURM: tests/unit/test_launch_lines.py forms
+#   a world of 4 with that form on two nodes, and DDP under SLURM is a job of its own here.
+QUICK_LEAVES = (("ddp", "commercial"), ("python -m torch.distributed.run", "slurm"))
+# COMPAT_MATRIX=smoke (a second image): a user's torchrun line under PyTorchJob (whose PET_*
+# variables torchrun itself reads) and DeepSpeed's launcher
+SMOKE_LINES = (("torchrun", "pytorchjob"), ("deepspeed", "slurm"))
+
 # Which trainer under which convention (see the module's docstring).
 MATRIX = os.environ.get("COMPAT_MATRIX", "full")
 CASES = [
@@ -161,7 +174,9 @@ CASES = [
     if (
         c == "commercial" and t in ("ddp", "accelerate", "hf_trainer", "jax")
         if MATRIX == "smoke"
-        else (MATRIX != "quick" and t != "fsdp2") or c == "commercial" or t in ("ddp", "jax")
+        else (MATRIX != "quick" and t != "fsdp2")
+        or (c == "commercial" or t in ("ddp", "jax"))
+        and (MATRIX != "quick" or (t, c) not in QUICK_LEAVES)
     )
 ]
 
@@ -338,7 +353,7 @@ LAUNCH_CASES = [
     [
         f
         for f in LAUNCH_CASES
-        if MATRIX != "smoke" or f in (("torchrun", "commercial"), ("deepspeed", "slurm"))
+        if (MATRIX != "smoke" or f in SMOKE_LINES) and (MATRIX != "quick" or f not in QUICK_LEAVES)
     ],
 )
 def test_a_users_launch_line_forms_one_world(docker_client, image, form, convention):
