@@ -255,11 +255,17 @@ def test_a_node_loss_you_can_watch(image, docker_client):
     assert proc.returncode == 0, out[-4000:]
     story = [line for line in out.splitlines() if line.startswith("local: node 1 lost")]
     assert len(story) == 1, out[-4000:]
-    assert re.match(
-        r"local: node 1 lost at step 30 \(killed, [\d.]+ s in\); node 2 took node rank 1; "
-        r"training again [\d.]+ s later, from the step-25 checkpoint$",
+    # the kill comes once node 0's lines reach step 30, and names the step they had reached:
+    # on a loaded machine the lines come late, several steps at once (step 40, seen beside
+    # stress-ng), and the checkpoint resumed is then the last one before that step
+    told = re.match(
+        r"local: node 1 lost at step (\d+) \(killed, [\d.]+ s in\); node 2 took node rank 1; "
+        r"training again [\d.]+ s later, from the step-(\d+) checkpoint$",
         story[0],
-    ), story
+    )
+    assert told, story
+    lost, resumed = int(told[1]), int(told[2])
+    assert lost >= 30 and resumed % 25 == 0 and 25 <= resumed <= lost, story
     assert "local: 100 of 100 steps done" in out
     assert not re.search(r"^\[local-[0-9a-f]+-node-\d+\] \{", out, re.M), out[-4000:]
     assert re.search(r"^\[local-[0-9a-f]+-node-0\] world size +4 ", out, re.M), out[:4000]
