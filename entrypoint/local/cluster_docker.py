@@ -86,7 +86,9 @@ def sweep(client: DockerClient, label: str) -> None:
     """Remove whatever still carries `label` (`key=value`): an object dockerd made for a call
     that never returned (a signal outside `held_signals`, a client timeout). Never raises."""
     mine = {"label": label}
-    _sweep("container", lambda: client.containers.list(all=True, filters=mine), force=True, v=True)
+    # ignore_removed: one that goes while listed (its own --rm, another sweep) is not an error
+    found = functools.partial(client.containers.list, all=True, filters=mine, ignore_removed=True)
+    _sweep("container", found, force=True, v=True)
     _sweep("network", lambda: client.networks.list(filters=mine))
     _sweep("volume", lambda: client.volumes.list(filters=mine), force=True)
 

@@ -34,7 +34,9 @@ def local(*args: str, **kw) -> subprocess.Popen:
 
 
 def leftovers(client, prefix: str) -> list[str]:
-    containers = client.containers.list(all=True, filters={"label": f"{LABEL}={prefix}"})
+    containers = client.containers.list(
+        all=True, filters={"label": f"{LABEL}={prefix}"}, ignore_removed=True
+    )
     networks = client.networks.list(filters={"label": f"{LABEL}={prefix}"})
     return [c.name for c in containers] + [n.name for n in networks]
 
@@ -125,7 +127,8 @@ def handled(pid: int, number: int, seconds: float) -> None:
 
 def local_leftovers(client) -> list[str]:
     """Every container and network an `entrypoint local` made (their label's value `local-...`)."""
-    containers = client.containers.list(all=True, filters={"label": LABEL})
+    # other tests' clusters carry the label too, and go while they are listed
+    containers = client.containers.list(all=True, filters={"label": LABEL}, ignore_removed=True)
     networks = client.networks.list(filters={"label": LABEL})
     return [c.name for c in containers if c.labels.get(LABEL, "").startswith("local-")] + [
         n.name
