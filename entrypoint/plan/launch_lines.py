@@ -1,4 +1,6 @@
-"""A user's own launch line, adopted: `torchrun ...`, `python -m torch.distributed.run ...` or
+"""A user's own launch line, adopted: `torchrun ...`, `python -m torch.distributed.run ...`,
+`python -m torch.distributed.launch [--use-env] ...` (the older launcher: torchrun's options,
+and the script's local rank as `--local-rank=N` unless `--use-env`), `deepspeed ...` or
 `accelerate launch [--config_file cfg.yaml] ...` after `entrypoint run --`. The entrypoint
 becomes that launcher's caller instead of wrapping it (a torchrun inside torchrun knows nothing
 of the other nodes: every node would train alone).
@@ -65,8 +67,12 @@ DEEPSPEED_SHORT = {"-H": "hostfile", "-i": "include", "-e": "exclude", "-q": "qu
 # DeepSpeed's own names for the workers per node, and the node count.
 DEEPSPEED_NAMES = {"num-gpus": "nproc-per-node", "num-accelerators": "nproc-per-node",
                    "num-nodes": "nnodes"}  # fmt: skip
-# How the trainer gets `--local_rank=N` after its arguments, as DeepSpeed's launcher gives it.
+# How the trainer gets `--local_rank=N` after its arguments, as DeepSpeed's launcher gives it,
+# and `--local-rank=N` before them, as `torch.distributed.launch` gives it without --use-env.
 LOCAL_RANK_ARG = ("python", "-m", "entrypoint.trainer_side.local_rank_arg")
+LOCAL_RANK_FIRST = (*LOCAL_RANK_ARG, "--first")
+# torch.distributed.launch's one option of its own (torch/distributed/launch.py, parse_args).
+LAUNCH_FLAGS = FLAGS | {"use-env"}
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,7 @@ class Adopted:
     """The user's launch line, read: the trainer as `entrypoint run` takes it, the workers per
     node the line asks for, and what it said that the entrypoint decides instead."""
 
-    line: str  # `torchrun`, `python -m torch.distributed.run` or `accelerate launch`
+    line: str  # `torchrun`, `python -m torch.distributed.run`, ..., `accelerate launch`
     trainer: tuple[str, ...]
     nproc_per_node: int | None = None
     nnodes: str | None = None  # as written: `2`, or a range `1:4`
@@ -106,6 +112,11 @@ def _named(command: Sequence[str], program: tuple[str, ...], module: str) -> int
 
 def is_torchrun(command: Sequence[str]) -> int:
     return _named(command, ("torchrun",), "torch.distributed.run")
+
+
+def is_launch(command: Sequence[str]) -> int:
+    """`python -m torch.distributed.launch` (it has no command of its own)."""
+    return _named(command, ("python -m torch.distributed.launch",), "torch.distributed.launch")
 
 
 def is_accelerate(command: Sequence[str]) -> int:
@@ -144,14 +155,20 @@ def read(
     if is_deepspeed(command or ()):
         assert command is not None
         return _deepspeed(command)
-    skip = is_torchrun(command or ())
-    if not skip:
-        return None
-    assert command is not None
-    line = "torchrun" if skip == 1 else "python -m torch.distributed.run"
-    words = list(command[skip:])
-    given = {name: value for name, value, _ in _options(words, line, FLAGS, SHORT, VALUED)}
+    if is_launch(command or ()):
+        assert command is not None
+        line, words, flags = "python -m torch.distributed.launch", list(command[3:]), LAUNCH_FLAGS
+    else:
+        skip = is_torchrun(command or ())
+        if not skip:
+            return None
+        assert command is not None
+        line = "torchrun" if skip == 1 else "python -m torch.distributed.run"
+        words, flags = list(command[skip:]), FLAGS
+    given = {name: value for name, value, _ in _options(words, line, flags, SHORT, VALUED)}
     trainer = _script(words, given, command, line)
+    if flags is LAUNCH_FLAGS and "use-env" not in given:
+        trainer = (*LOCAL_RANK_FIRST, *trainer)
     nproc = given.get("nproc-per-node")
     return Adopted(
         line=line,
@@ -218,7 +235,7 @@ def _script(
 
 # The line's own, kept: how the script runs and the workers per node (the others are the
 # entrypoint's torchrun's: logs, restarts, signals, its monitoring).
-KEPT = frozenset({"nproc-per-node", "module", "no-python", "run-path"})
+KEPT = frozenset({"nproc-per-node", "module", "no-python", "run-path", "use-env"})
 
 
 def check_nodes(adopted: Adopted, nnodes: int, source: str) -> str | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from entrypoint.plan import configs, launch_lines, launchers, platforms, ports
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.facts import Facts
-from entrypoint.plan.launch_lines import LOCAL_RANK_ARG, Adopted
+from entrypoint.plan.launch_lines import LOCAL_RANK_ARG, LOCAL_RANK_FIRST, Adopted
 from entrypoint.plan.launchers import Launcher, LaunchSpec, Layout
 from entrypoint.plan.platforms.base import Reading
 from entrypoint.plan.settings import PREFIX, Settings
@@ -239,7 +239,12 @@ def adopt(adopted: Adopted, reading: Reading, spawn: bool) -> list[str]:
             )
     else:
         notes = [f"your {adopted.line} line is run by the entrypoint's torchrun, on every node"]
-    if adopted.kind == "deepspeed" and adopted.trainer[: len(LOCAL_RANK_ARG)] == LOCAL_RANK_ARG:
+    if adopted.trainer[: len(LOCAL_RANK_FIRST)] == LOCAL_RANK_FIRST:
+        notes.append(
+            "the script gets --local-rank=N before its arguments, as torch.distributed.launch "
+            "gives it (--use-env: not)"
+        )
+    elif adopted.kind == "deepspeed" and adopted.trainer[: len(LOCAL_RANK_ARG)] == LOCAL_RANK_ARG:
         notes.append(
             "the script gets --local_rank=N after its arguments, as DeepSpeed's launcher "
             "gives it (--no_local_rank: not)"

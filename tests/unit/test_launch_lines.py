@@ -33,6 +33,12 @@ TWO_NODES = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "node-0", "MASTER_P
          ("./run.sh", "a"), None),
         ("torchrun --nnodes=2 --node_rank=0 --master_addr=10.0.0.9 train.py",
          ("python", "train.py"), None),
+        # the older launcher: with --use-env, torchrun's; without, --local-rank=N first
+        ("python -m torch.distributed.launch --nproc_per_node=2 --use-env train.py --lr 1",
+         ("python", "train.py", "--lr", "1"), 2),
+        ("python3 -m torch.distributed.launch --use_env -m pkg.t", ("python", "-m", "pkg.t"), None),
+        ("python -m torch.distributed.launch --nproc_per_node 2 train.py --lr 1",
+         (*launch_lines.LOCAL_RANK_FIRST, "python", "train.py", "--lr", "1"), 2),
     ],
 )  # fmt: skip
 def test_a_launch_line_is_read(line, trainer, nproc):
@@ -58,6 +64,26 @@ def test_torchruns_options_are_all_known():
         if longs and longs[0] != "--help":
             names.add(longs[0].removeprefix("--"))
     assert names == launch_lines.VALUED | launch_lines.FLAGS
+
+
+def test_the_older_launchers_options_are_all_known(monkeypatch):
+    """torch.distributed.launch's parser is torchrun's with --use-env: the same check."""
+    import argparse
+
+    from torch.distributed import launch
+
+    seen: list[argparse.ArgumentParser] = []
+    monkeypatch.setattr(
+        argparse.ArgumentParser, "parse_args", lambda self, a=None: seen.append(self)
+    )
+    launch.parse_args([])
+    names = {
+        longs[0].removeprefix("--")
+        for action in seen[0]._actions
+        if (longs := [o for o in action.option_strings if o.startswith("--")])
+        and longs[0] != "--help"
+    }
+    assert names == launch_lines.VALUED | launch_lines.LAUNCH_FLAGS
 
 
 def test_the_plan_keeps_the_script_and_the_workers_and_replaces_the_rest():
@@ -96,6 +122,9 @@ def test_a_line_that_disagrees_is_refused_in_one_line(line, env, says):
         # seed 003's line, as its sbatch wrote it for node 0, run as is on both nodes
         "python -m torch.distributed.run --nproc_per_node 2 --nnodes 2 --node_rank 0 "
         "--master_addr 10.0.0.9 --master_port 29500 {check}",
+        # the older launcher, as tutorials still write it for node 0: --local-rank=N first
+        "python -m torch.distributed.launch --nproc_per_node=2 --nnodes=2 --node_rank=0 "
+        "--master_addr=10.0.0.9 {check} --lr 1",
     ],
 )
 def test_every_form_forms_one_world_across_two_nodes(tmp_path, line):
@@ -128,7 +157,12 @@ def test_every_form_forms_one_world_across_two_nodes(tmp_path, line):
     assert all(r["world_size"] == 4 and r["sum"] == 10.0 for r in got)
     # DeepSpeed's launcher gives its scripts --local_rank=N; torchrun's get their arguments
     local = [
-        [f"--local_rank={r['local_rank']}"] if line.startswith("deepspeed") else [] for r in got
+        [f"--local_rank={r['local_rank']}"]
+        if line.startswith("deepspeed")
+        else [f"--local-rank={r['local_rank']}", "--lr", "1"]
+        if "launch " in line
+        else []
+        for r in got
     ]
     assert [r["argv"] for r in got] == local
     assert all(r["path0"] == str(Path(CHECK).parent) for r in got)
