@@ -14,12 +14,17 @@ the text of the config file it names, read at the edge) in, an `Adopted` or None
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from entrypoint.plan.errors import ConfigError
+from entrypoint.trainer_side.launcher_names import (  # noqa: F401  named here too
+    is_accelerate,
+    is_deepspeed,
+    is_launch,
+    is_torchrun,
+)
 
 # torchrun's options (torch/distributed/run.py, get_args_parser; tests/unit/test_launch_lines.py
 # checks this list against torch's own): those that take a value, and the flags.
@@ -95,36 +100,6 @@ class Adopted:
     num_processes: int | None = None
     nnodes_name: str = "--nnodes"
     nproc_name: str = "--nproc-per-node"
-
-
-def _named(command: Sequence[str], program: tuple[str, ...], module: str) -> int:
-    """How many words of `command` name a launcher: its `program` (with a subcommand, as
-    `accelerate launch`), or `python -m <module>` (3); 0 when it names another."""
-    if not command:
-        return 0
-    head = os.path.basename(command[0])
-    if head == program[0] and tuple(command[1 : len(program)]) == program[1:]:
-        return len(program)
-    if head.startswith("python") and list(command[1:3]) == ["-m", module]:
-        return 3
-    return 0
-
-
-def is_torchrun(command: Sequence[str]) -> int:
-    return _named(command, ("torchrun",), "torch.distributed.run")
-
-
-def is_launch(command: Sequence[str]) -> int:
-    """`python -m torch.distributed.launch` (it has no command of its own)."""
-    return _named(command, ("python -m torch.distributed.launch",), "torch.distributed.launch")
-
-
-def is_accelerate(command: Sequence[str]) -> int:
-    return _named(command, ("accelerate", "launch"), "accelerate.commands.launch")
-
-
-def is_deepspeed(command: Sequence[str]) -> int:
-    return _named(command, ("deepspeed",), "deepspeed.launcher.runner")
 
 
 def config_file(command: Sequence[str] | None) -> str | None:

@@ -18,6 +18,7 @@ from typing import IO
 
 from entrypoint.plan.node_plan import Plan
 from entrypoint.supervise import procs
+from entrypoint.trainer_side.inner_launcher import NODE_PID
 
 # The launcher is exec'd through this: it gets SIGTERM when the entrypoint dies, however it
 # dies (PR_SET_PDEATHSIG survives exec). A wrapper, not preexec_fn: node 0 has threads.
@@ -237,7 +238,11 @@ def start(
     log_dir = _log_dir(plan.command)
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
-    child_env = dict(env) | {"ENTRYPOINT_RESTART_COUNT": str(generation)}
+    # the node's pid: its own launcher is its child (trainer_side/inner_launcher.py)
+    child_env = dict(env) | {
+        "ENTRYPOINT_RESTART_COUNT": str(generation),
+        NODE_PID: str(os.getpid()),
+    }
     process = subprocess.Popen(
         [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *plan.command],
         env=child_env,

@@ -51,6 +51,7 @@ from entrypoint.supervise.node_exits import (
 from entrypoint.supervise.node_state import NodeState, Replan
 from entrypoint.supervise.rank_inbox import Inbox
 from entrypoint.supervise.worker_signals import FORWARDED, SignalRelay
+from entrypoint.trainer_side.inner_launcher import REFUSED as INNER_LAUNCHER
 from entrypoint.trainer_side.world_check import MISMATCH as WORLD_MISMATCH
 
 
@@ -152,13 +153,15 @@ class Supervisor:
         self.secret_values = secrets.secret_values(env)
         raw_echo = echo or logs.echo
         # The site hook's word that the trainer formed another world than the plan's
-        # (trainer_side/world_check.py): the failure's reason, and exit 2 on every node.
+        # (trainer_side/world_check.py), or that a launcher inside the command would have
+        # (trainer_side/inner_launcher.py): the failure's reason, and exit 2 on every node.
         self.world_error: str | None = None
 
         def passed_on(line: str) -> None:
             # The trainer's stderr passes through here: a token in a traceback is masked too.
-            if self.world_error is None and WORLD_MISMATCH in line:
-                self.world_error = line[line.index(WORLD_MISMATCH) :]
+            for marker in (WORLD_MISMATCH, INNER_LAUNCHER):
+                if self.world_error is None and marker in line:
+                    self.world_error = line[line.index(marker) :]
             raw_echo(secrets.mask(line, self.secret_values))
 
         self.echo = passed_on
@@ -389,8 +392,10 @@ class Supervisor:
 
     def _report_exit(self, code: int, signalled: int | None, seen: float) -> None:
         who = f"{self.node.unit} {self.node.member} ({socket.gethostname()})"
-        if code != 0 and self.world_error is not None and signalled is None:
+        if self.world_error is not None and signalled is None:
             # Every node stops with the site hook's line: a restart would form the same world.
+            # Even at exit 0: a start script that went on past its refused launcher trained
+            # nothing.
             reason = f"{who}: {secrets.mask(self.world_error, self.secret_values)}"
             self.node0.send(m.Exit(EXIT_CONFIG, reason=reason[:4000]))
             return

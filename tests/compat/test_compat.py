@@ -374,8 +374,9 @@ def test_a_users_launch_line_forms_one_world(docker_client, image, form, convent
 
 
 def test_a_start_script_with_its_own_launcher_stops_every_node(docker_client, image):
-    """`entrypoint run -- bash start.sh` whose script runs torchrun for one machine: the world it
-    forms is not the plan's, and every node stops with exit 2 and the one line."""
+    """`entrypoint run -- bash start.sh` whose script runs torchrun for one machine: the launcher
+    is stopped before it starts a job of its own (the site hook in the image's venv), and every
+    node stops with exit 2 and the one line, the last (no launcher's traceback)."""
     with FaultyCluster(
         image, client=docker_client, echo=print, mounts={str(TRAINERS): WORKSPACE}
     ) as c:
@@ -386,4 +387,6 @@ def test_a_start_script_with_its_own_launcher_stops_every_node(docker_client, im
         run = c.run(nodes, timeout=TIMEOUT)
         assert [n.exit_code for n in run.nodes] == [2, 2], run.log(60)
         line = next(x for x in run.nodes[0].lines if "stopping every node (exit 2)" in x)
-        assert "entrypoint: the trainer formed" in line, line
+        assert "entrypoint: a launcher inside the command (`torchrun" in line, line
+        assert "started by `bash /workspace" in line, line
+        assert not any("ChildFailedError" in x for n in run.nodes for x in n.lines), run.log(60)

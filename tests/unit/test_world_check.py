@@ -1,4 +1,4 @@
-"""A launcher inside the command that starts a job of its own (a start script running torchrun)
+"""A launcher inside the command that starts a job of its own (a wrapper calling torchrun's main)
 never trains on the wrong world: the site hook compares the world the trainer forms with the
 plan, and every node stops with exit 2 and one line saying what to write instead."""
 
@@ -31,9 +31,13 @@ def test_the_world_formed_against_the_plan(world, rank, plan, wrong):
         assert line.startswith(MISMATCH) and "entrypoint run -- python train.py" in line
 
 
-def test_a_start_script_running_its_own_torchrun_stops_every_node(tmp_path):
+def test_a_launcher_called_from_python_stops_every_node(tmp_path):
+    """A wrapper that calls torchrun's main() in its own process: no command line names the
+    launcher (a start script's is stopped before it starts: test_inner_launcher.py), so the
+    world it forms is what shows it."""
     script = tmp_path / "start.sh"
-    script.write_text(f"#!/bin/bash\nexec torchrun --nproc-per-node=2 {DDP}\n")
+    wrapper = f"from torch.distributed.run import main; main(['--nproc-per-node=2', '{DDP}'])"
+    script.write_text(f'#!/bin/bash\nexec python -c "{wrapper}"\n')
     port = free_ports(3)
     env = {
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",

@@ -3,8 +3,9 @@ shadows, if there is one, leaves sys.path as it found it, then adapts libraries 
 import, each only once the trainer imports it: JAX's cluster detection reads the plan
 (trainer_side/jax_cluster.py); accelerate on CPU nodes (trainer_side/accelerate_cpu.py); every
 rank's steps reported to the node's entrypoint (trainer_side/step_hook.py); the world the
-trainer forms checked against the plan (trainer_side/world_check.py); and lets gloo's threads
-finish before the interpreter is torn down (trainer_side/exit_guard.py)."""
+trainer forms checked against the plan (trainer_side/world_check.py); a launcher started inside
+the command stopped in one line (trainer_side/inner_launcher.py); and lets gloo's threads finish
+before the interpreter is torn down (trainer_side/exit_guard.py)."""
 
 import os
 import sys
@@ -23,11 +24,13 @@ try:
     from entrypoint.trainer_side import (
         accelerate_cpu,
         exit_guard,
+        inner_launcher,
         jax_cluster,
         step_hook,
         world_check,
     )
 
+    inner_launcher.install()  # first: a launcher inside the command goes no further
     exit_guard.install()  # first registered, so it runs after the trainer's own exit handlers
     jax_cluster.install()
     accelerate_cpu.install()

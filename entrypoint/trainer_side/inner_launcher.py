@@ -1,0 +1,122 @@
+"""A launcher started inside a worker of the entrypoint's launch stops at once, in one line.
+
+`entrypoint run -- bash start.sh` whose script runs `torchrun ...` (or `python -m
+torch.distributed.run`, `python -m torch.distributed.launch`, `accelerate launch`, `deepspeed`):
+the entrypoint's torchrun runs the script as its worker, and the launcher inside knows nothing
+of the other nodes. It would start a job of its own on this node (refused by world_check once it
+formed, behind its own tracebacks), or wait for a master that is not this job's (a script written
+for machine 0, `--master_addr` an old address: it waited for minutes, with no line at all). So
+the site hook stops it before it reads its arguments: one line naming the launcher, the script
+that started it and the master it would wait for, and exit 2 (a configuration error: every node
+stops, and a restart would not help). A launch line the entrypoint is given itself (`entrypoint
+run -- torchrun ...`) is adopted instead (plan/launch_lines.py).
+
+Told apart from the entrypoint's own launcher and what it starts (accelerate's own
+subprocesses): torchrun gives its workers TORCHELASTIC_RUN_ID, and the entrypoint's launcher is
+its node's child (ENTRYPOINT_NODE_PID)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from entrypoint import EXIT_CONFIG
+from entrypoint.trainer_side import launcher_names as names
+from entrypoint.trainer_side.world_check import PLAN_VARIABLE
+
+REFUSED = "entrypoint: a launcher inside the command"  # how the node's entrypoint knows the line
+WORKER_OF_TORCHRUN = "TORCHELASTIC_RUN_ID"
+NODE_PID = "ENTRYPOINT_NODE_PID"  # set by the node for its launcher (supervise/launcher_process)
+# The options that name where the launcher's rendezvous waits (torchrun's, accelerate's,
+# DeepSpeed's), spelled with dashes.
+ADDRESS = ("rdzv-endpoint", "master-addr", "main-process-ip")
+PORT = ("master-port", "main-process-port")
+# The launchers' options that take no value (the names that matter here; another flag only
+# makes the master go unnamed).
+FLAGS = frozenset({"standalone", "module", "m", "no-python", "run-path", "virtual-local-rank",
+                   "use-env", "multi-gpu", "cpu", "use-deepspeed", "use-fsdp", "same-network",
+                   "no-local-rank", "no-ssh", "no-ssh-check", "quiet", "q", "debug"})  # fmt: skip
+
+
+def launcher(argv: Sequence[str]) -> tuple[str, list[str]] | None:
+    """(its name, its words) when this process is a launcher: `python -m torch.distributed.run`
+    and the like as the interpreter was started (sys.orig_argv), or a launcher's command
+    (`torchrun`, `accelerate launch`, `deepspeed`: the interpreter, then the command's path)."""
+    words = list(argv)
+    for command in (words, words[1:]):
+        if names.is_launch(command):
+            return "python -m torch.distributed.launch", command[3:]
+        for is_it, name in (
+            (names.is_torchrun, "torchrun"),
+            (names.is_accelerate, "accelerate launch"),
+            (names.is_deepspeed, "deepspeed"),
+        ):
+            skip = is_it(command)
+            if skip:
+                return (name if skip < 3 else f"python -m {command[2]}"), command[skip:]
+    return None
+
+
+def waits_for(words: Sequence[str]) -> str | None:
+    """The master the launcher's options name (`--master_addr old-host --master_port 29500`,
+    `--rdzv-endpoint=h:p`), as written; None when they name none. The options end at the
+    first word that is neither an option nor an option's value: the script."""
+    found: dict[str, str] = {}
+    i = 0
+    while i < len(words) and words[i].startswith("-"):
+        name, sep, value = words[i].partition("=")
+        name = name.lstrip("-").replace("_", "-")
+        takes = not sep and name not in FLAGS and i + 1 < len(words)
+        if takes:
+            value = words[i + 1]
+        if name in ADDRESS + PORT and value:
+            found.setdefault(name, value)
+        i += 2 if takes else 1
+    address = next((found[n] for n in ADDRESS if n in found), None)
+    port = next((found[n] for n in PORT if n in found), None)
+    if address is None:
+        return None
+    return f"{address}:{port}" if port and ":" not in address else address
+
+
+def line(name: str, words: Sequence[str], parent: str | None, master: str | None = None) -> str:
+    """The one line, naming the launcher, what started it, the master it would wait for and the
+    job's (`master`, as the entrypoint's torchrun gives its workers)."""
+    written = " ".join([name, *words])
+    written = written if len(written) <= 160 else written[:157] + "..."
+    by = f", started by `{parent}`" if parent else ""
+    named = waits_for(words)
+    ours = f" ({master})" if master else ""
+    waits = f", and would wait for {named}, not this job's master{ours}" if named else ""
+    return (
+        f"{REFUSED} (`{written}`{by}) would start a job of its own on this node, which knows "
+        f"nothing of the other nodes{waits}. Give the launch line to the entrypoint itself, "
+        "which adopts it with the cluster's node count, node rank and master: entrypoint run -- "
+        f"{name} ... train.py ARGS; or give it the trainer: entrypoint run -- python train.py ARGS"
+    )
+
+
+def _parent() -> str | None:
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            words = f.read().split(b"\0")
+    except OSError:
+        return None
+    text = " ".join(w.decode(errors="replace") for w in words if w)
+    return (text if len(text) <= 80 else text[:77] + "...") or None
+
+
+def install(env: Mapping[str, str] = os.environ, argv: Sequence[str] | None = None) -> None:
+    """In a worker of the entrypoint's launch (its plan file and torchrun's run id set), a
+    process that is a launcher says so in one line and exits 2, before it reads its options."""
+    if not env.get(PLAN_VARIABLE) or WORKER_OF_TORCHRUN not in env:
+        return
+    if env.get(NODE_PID) == str(os.getppid()):
+        return  # the node's own launcher (the entrypoint itself runs under a torchrun)
+    found = launcher(sys.orig_argv if argv is None else argv)
+    if found is None:
+        return
+    ours = ":".join(v for v in (env.get("MASTER_ADDR"), env.get("MASTER_PORT")) if v) or None
+    print(line(*found, _parent(), ours), file=sys.stderr, flush=True)
+    os._exit(EXIT_CONFIG)
