@@ -216,10 +216,31 @@ def accelerate_adopted(layout: Layout, trainer: Sequence[str], adopted: Adopted)
     body = dict(adopted.config) | _cluster_numbers(layout) | {"same_network": True}
     body.pop("deepspeed_hostfile", None)  # pdsh's list of hosts: the platform starts the nodes
     body.pop("mpirun_hostfile", None)
-    if "distributed_type" not in body:  # accelerate's own default is one process
-        body["distributed_type"] = "MULTI_GPU" if layout.cuda_visible is not None else "MULTI_CPU"
+    written = body.get("distributed_type")
+    cpu_type = written is None or str(written).upper() == "MULTI_CPU"
+    kind = ""
     if layout.cuda_visible is None:
         body["use_cpu"] = True
+        if cpu_type and layout.world_size > 1:
+            # accelerate starts one process per machine for MULTI_CPU (mpirun for more): its
+            # multi-process launcher (torchrun's) starts the plan's, and on CPU they take gloo
+            # (trainer_side/accelerate_cpu.py).
+            body["distributed_type"] = "MULTI_GPU"
+            kind = (
+                f"; distributed_type {written or '(none)'} run by accelerate's multi-process "
+                f"launcher, {layout.nproc_per_node} per node, with gloo (with MULTI_CPU "
+                "accelerate starts one process per machine)"
+            )
+    elif written is None:  # accelerate's own default is one process
+        body["distributed_type"] = "MULTI_GPU"
+    elif cpu_type:
+        raise ConfigError(
+            f"distributed_type in {adopted.config_file}",
+            written,
+            "asks accelerate for CPU processes, one per machine, but this node runs "
+            f"{layout.nproc_per_node} workers on its GPUs",
+            "Set distributed_type: MULTI_GPU (or DEEPSPEED, FSDP) in the file, or run on CPU nodes",
+        )
     head = f"# Written by the entrypoint for this node from {adopted.config_file or 'no file'}"
     return LaunchSpec(
         (
@@ -238,6 +259,7 @@ def accelerate_adopted(layout: Layout, trainer: Sequence[str], adopted: Adopted)
             "accelerate.yaml": derived(
                 (f"your {adopted.config_file}" if adopted.config_file else "your launch line")
                 + " with this cluster's numbers (machines, machine rank, main process, processes)"
+                + kind
             )
         },
     )

@@ -30,7 +30,7 @@ import secrets
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -75,6 +75,12 @@ def deepspeed_evaluated_all(lines: list[re.Match]) -> None:
     for m in lines:
         assert m["type"] == "DistributedType.DEEPSPEED", m[0]
         assert int(m["examples"]) == 100, m[0]  # gather_for_metrics drops the padding
+
+
+def multi_cpu_evaluated_all(lines: list[re.Match]) -> None:
+    for m in lines:
+        assert m["type"] == "DistributedType.MULTI_CPU", m[0]  # gloo, one world of the plan's
+        assert int(m["examples"]) == 100, m[0]
 
 
 def same_step(lines: list[re.Match]) -> None:
@@ -322,6 +328,12 @@ LAUNCH_LINES = {
         "accelerate", "launch", "--config_file", f"{WORKSPACE}/accelerate_machine0.yaml",
         f"{WORKSPACE}/accelerate_quicktour.py",
     ),
+    # the CPU form of the same file (MULTI_CPU, 4 processes): accelerate alone would start one
+    # process per machine
+    "accelerate launch multi-cpu": (
+        "accelerate", "launch", "--config_file", f"{WORKSPACE}/accelerate_multi_cpu.yaml",
+        f"{WORKSPACE}/accelerate_quicktour.py",
+    ),
 }  # fmt: skip
 # DeepSpeed's getting started, launched by a user's `deepspeed` line (LAUNCH_LINES) only: it
 # reads --local_rank, which DeepSpeed's launcher gives
@@ -335,6 +347,9 @@ DEEPSPEED_TUTORIAL = Trainer(
 )
 TRAINER_OF_LINE = {
     "accelerate launch": TRAINER_SHAPES["accelerate"],
+    "accelerate launch multi-cpu": replace(
+        TRAINER_SHAPES["accelerate"], check=multi_cpu_evaluated_all
+    ),
     "deepspeed": DEEPSPEED_TUTORIAL,
 }
 
@@ -344,6 +359,7 @@ LAUNCH_CASES = [
     ("python -m torch.distributed.run", "slurm"),
     ("torchrun", "pytorchjob"),
     ("accelerate launch", "commercial"),
+    ("accelerate launch multi-cpu", "pytorchjob"),
     ("deepspeed", "slurm"),
 ]
 

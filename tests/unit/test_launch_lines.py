@@ -209,6 +209,34 @@ def test_an_accelerate_line_keeps_its_file_and_gets_this_clusters_numbers():
     assert "num_processes in cfg.yaml: 16 agrees" in notes
 
 
+# The CPU form of seed 004's file: 2 machines, 4 processes.
+MULTI_CPU = MACHINE0.replace("DEEPSPEED", "MULTI_CPU").replace("16", "4") + "use_cpu: true\n"
+
+
+def test_a_multi_cpu_file_runs_the_planned_processes_on_cpu_nodes():
+    """With MULTI_CPU accelerate starts one process per machine: on CPU nodes its multi-process
+    launcher starts the plan's (gloo, from the site hook), and the plan says so."""
+    line = "accelerate launch --config_file cfg.yaml train.py".split()
+    plan = make_plan(TWO_NODES, _with_file(MULTI_CPU), line)
+    written = json.loads(plan.files[plan.command[4]].split("\n", 1)[1])
+    assert (written["distributed_type"], written["use_cpu"]) == ("MULTI_GPU", True)
+    assert (written["num_processes"], plan.nproc_per_node, plan.world_size) == (4, 2, 4)
+    assert "distributed_type MULTI_CPU run by accelerate's multi-process launcher, 2 per node" in (
+        str(plan.sources["accelerate.yaml"])
+    )
+    # no distributed_type at all: the same on CPU nodes, MULTI_GPU on GPU nodes
+    bare = "num_machines: 2\n"
+    for env, device_type in ((TWO_NODES, "MULTI_GPU"), (EIGHT_GPUS, "MULTI_GPU")):
+        plan = make_plan(env, _with_file(bare), line)
+        written = json.loads(plan.files[plan.command[4]].split("\n", 1)[1])
+        assert written["distributed_type"] == device_type
+    # on GPU nodes a file that asks for CPU processes is refused, naming the setting
+    with pytest.raises(ConfigError) as err:
+        make_plan(EIGHT_GPUS, _with_file(MULTI_CPU.replace("4", "16")), line)
+    said = err.value.line()
+    assert "distributed_type in cfg.yaml='MULTI_CPU'" in said and "MULTI_GPU" in said, said
+
+
 @pytest.mark.parametrize(
     ("line", "text", "env", "says"),
     [
