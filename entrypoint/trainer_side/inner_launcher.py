@@ -17,6 +17,7 @@ its node's child (ENTRYPOINT_NODE_PID)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -80,31 +81,64 @@ def waits_for(words: Sequence[str]) -> str | None:
     return f"{address}:{port}" if port and ":" not in address else address
 
 
-def line(name: str, words: Sequence[str], parent: str | None, master: str | None = None) -> str:
-    """The one line, naming the launcher, what started it, the master it would wait for and the
-    job's (`master`, as the entrypoint's torchrun gives its workers)."""
-    written = " ".join([name, *words])
-    written = written if len(written) <= 160 else written[:157] + "..."
-    by = f", started by `{parent}`" if parent else ""
+def line(
+    name: str,
+    words: Sequence[str],
+    parent: str | None,
+    master: str | None = None,
+    command: str | None = None,
+) -> str:
+    """The one line, naming the launcher, the process that started it (`parent`) and the
+    command given to the entrypoint, the master it would wait for and the job's (`master`, as
+    the entrypoint's torchrun gives its workers)."""
+    written = _short(" ".join([name, *words]), 160)
+    by = f", started by `{parent}`" if parent and parent != command else ""
+    yours = f", in your command `{command}`" if command else ""
     named = waits_for(words)
     ours = f" ({master})" if master else ""
     waits = f", and would wait for {named}, not this job's master{ours}" if named else ""
     return (
-        f"{REFUSED} (`{written}`{by}) would start a job of its own on this node, which knows "
-        f"nothing of the other nodes{waits}. Give the launch line to the entrypoint itself, "
-        "which adopts it with the cluster's node count, node rank and master: entrypoint run -- "
-        f"{name} ... train.py ARGS; or give it the trainer: entrypoint run -- python train.py ARGS"
+        f"{REFUSED} (`{written}`{by}{yours}) would start a job of its own on this node, which "
+        f"knows nothing of the other nodes{waits}. Give the launch line to the entrypoint "
+        "itself, which adopts it with the cluster's node count, node rank and master: "
+        f"entrypoint run -- {name} ... train.py ARGS; or give it the trainer: entrypoint run "
+        "-- python train.py ARGS"
     )
 
 
-def _parent() -> str | None:
+def _short(text: str, most: int) -> str:
+    return text if len(text) <= most else text[: most - 3] + "..."
+
+
+def _cmdline(pid: int) -> tuple[str, int] | None:
+    """A process's command line and its parent's pid."""
     try:
-        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
             words = f.read().split(b"\0")
-    except OSError:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
         return None
-    text = " ".join(w.decode(errors="replace") for w in words if w)
-    return (text if len(text) <= 80 else text[:77] + "...") or None
+    return " ".join(w.decode(errors="replace") for w in words if w), ppid
+
+
+def _parent(node: str | None) -> str | None:
+    """The command line of the process that started this one, unless it is the entrypoint's own
+    launcher (its parent is the node): then the launcher was the command itself (`exec`)."""
+    found = _cmdline(os.getppid())
+    if found is None or (node is not None and str(found[1]) == node):
+        return None
+    return _short(found[0], 80) or None
+
+
+def _command(plan_file: str) -> str | None:
+    """The command given to `entrypoint run --`, from the plan."""
+    try:
+        with open(plan_file) as f:
+            trainer = json.load(f)["trainer"]
+        return _short(" ".join(str(w) for w in trainer), 80) or None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def install(env: Mapping[str, str] = os.environ, argv: Sequence[str] | None = None) -> None:
@@ -118,5 +152,6 @@ def install(env: Mapping[str, str] = os.environ, argv: Sequence[str] | None = No
     if found is None:
         return
     ours = ":".join(v for v in (env.get("MASTER_ADDR"), env.get("MASTER_PORT")) if v) or None
-    print(line(*found, _parent(), ours), file=sys.stderr, flush=True)
+    said = line(*found, _parent(env.get(NODE_PID)), ours, _command(env[PLAN_VARIABLE]))
+    print(said, file=sys.stderr, flush=True)
     os._exit(EXIT_CONFIG)

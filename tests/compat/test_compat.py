@@ -404,5 +404,5 @@ def test_a_start_script_with_its_own_launcher_stops_every_node(docker_client, im
         assert [n.exit_code for n in run.nodes] == [2, 2], run.log(60)
         line = next(x for x in run.nodes[0].lines if "stopping every node (exit 2)" in x)
         assert "entrypoint: a launcher inside the command (`torchrun" in line, line
-        assert "started by `bash /workspace" in line, line
+        assert "in your command `bash /workspace/start.sh`" in line, line
         assert not any("ChildFailedError" in x for n in run.nodes for x in n.lines), run.log(60)

@@ -97,7 +97,7 @@ MACHINE_0 = "torchrun --nnodes=2 --node_rank=0 --master_addr=old-host.invalid tr
     [
         {"start.sh": f"{MACHINE_0}\necho the script went on\n"},
         {"start.sh": "exec torchrun --nproc-per-node=2 train.py\n"},
-        {"outer.sh": "bash {dir}/inner.sh\n", "inner.sh": f"exec {MACHINE_0}\n"},
+        {"outer.sh": "bash {dir}/inner.sh\n", "inner.sh": f"{MACHINE_0}\n"},
     ],
     ids=["machine-0-stale-master", "no-node-values", "two-shells-deep"],
 )
@@ -122,6 +122,9 @@ def test_a_start_scripts_own_launcher_stops_every_node_at_once(tmp_path, scripts
     took = time.monotonic() - began
     assert [p.returncode for p in procs] == [2, 2], outputs[0][-3000:]
     assert took < 60, took  # the bound the issue sets, on a loaded machine
+    assert f"in your command `bash {tmp_path / first}`" in outputs[0], outputs[0][-3000:]
+    if len(scripts) > 1:  # the shell that ran it, inside the command
+        assert f"started by `bash {tmp_path / 'inner.sh'}`" in outputs[0], outputs[0][-3000:]
     stop = [line for line in outputs[0].splitlines() if "stopping every node (exit 2)" in line]
     assert stop and REFUSED in stop[0], outputs[0][-3000:]
     if "old-host" in str(scripts):
