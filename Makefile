@@ -93,9 +93,9 @@ doctor: ## Run `entrypoint doctor` in the image IMAGE here (ARGS: --json)
 # (tests/schedule.py); then ALONE: the registry push and pull of the whole image (15 GB of tmpfs
 # and gigabytes of disk writes held every process of the machine up 6 s at a time, past the
 # nodes' 5 s heartbeat timeout), and beside it SERIAL: unit tests that time signals against a
-# process's start, which run away from the other unit tests (beside a second test process, one
-# SIGTERM of 27 went unhandled once: being looked into) and use a fraction of a core, as the
-# push uses one. Each runs whatever the one before gives. PYTEST_JUNIT=PREFIX: junit reports
+# process's start, using a fraction of a core, as the push uses one (`make test-unit` runs them
+# beside the other unit tests: they passed there idle and beside `stress-ng --cpu 2`, 2026-12-06;
+# docs/testing.md). Each runs whatever the one before gives. PYTEST_JUNIT=PREFIX: junit reports
 # PREFIX-unit.xml, PREFIX-serial.xml, PREFIX-containers.xml and PREFIX-alone.xml (CI reads
 # them). Figures: docs/testing.md.
 UNIT_JOBS ?= 5
@@ -153,9 +153,14 @@ test-profile: $(VENV)/.done ## Run `make test`, timing every test (wall, CPU, sl
 	$(VENV)/bin/python tests/profile_report.py --costs $(PROFILE) | tee $(PROFILE)/table.md; \
 	exit $$status
 
-test-unit: $(VENV)/.done ## Run the unit tests (UNIT_JOBS processes; SERIAL alone after them)
-	$(VENV)/bin/python -m pytest $(UNIT_DIST) tests/unit $(addprefix --ignore=,$(SERIAL))
-	$(VENV)/bin/python -m pytest $(SERIAL)
+test-unit: $(VENV)/.done ## Run the unit tests (UNIT_JOBS processes; SERIAL beside them)
+	@status=0; log=$$(mktemp); \
+	$(VENV)/bin/python -m pytest $(SERIAL) >$$log 2>&1 & serial=$$!; \
+	$(VENV)/bin/python -m pytest $(UNIT_DIST) tests/unit $(addprefix --ignore=,$(SERIAL)) \
+		|| status=$$?; \
+	wait $$serial || status=$$?; \
+	echo "== $(SERIAL), beside it:"; cat $$log; rm -f $$log; \
+	exit $$status
 
 # `make test-quick`: the fast tier, before every commit (docs/testing.md): the pure code, the
 # plan, the wire formats, the renderers, and one real two-node job over loopback (torchrun,

@@ -128,7 +128,7 @@ def _parent(node: str | None) -> str | None:
     found = _cmdline(os.getppid())
     if found is None or (node is not None and str(found[1]) == node):
         return None
-    return _short(found[0], 80) or None
+    return _short(found[0], 200) or None
 
 
 def _command(plan_file: str) -> str | None:
@@ -136,7 +136,7 @@ def _command(plan_file: str) -> str | None:
     try:
         with open(plan_file) as f:
             trainer = json.load(f)["trainer"]
-        return _short(" ".join(str(w) for w in trainer), 80) or None
+        return _short(" ".join(str(w) for w in trainer), 200) or None
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
