@@ -186,7 +186,7 @@ class Conductor:
                 state.history.append(message.stats.gpus)
             if message.ranks is not None and self.job.phase == RUN and member in self.job.seats:
                 reports = message.reports()
-                self.job.progress.beat(member, reports, now)
+                self.job.progress.beat(member, reports, now, self.job.limits.slow_window)
                 return hangs.check_setting(self.job, reports)
         return []
 

@@ -32,7 +32,8 @@ STACKS_WAIT = 5.0  # seconds node 0 waits for every node's stacks before it judg
 
 SLOW_SHARE = 1.5  # a rank's time before backward over the job's median, in every sample
 SLOW_MIN_GAP = 0.02  # seconds a step: below that nobody is named (noise)
-SAMPLE_EVERY = 5.0  # seconds between slow-rank samples
+SAMPLES_PER_WINDOW = 24  # slow-rank samples a window holds: one per window / 24 seconds
+LEADS_KEPT = 64  # samples kept per rank: 2.7 windows
 
 
 @dataclass
@@ -45,8 +46,19 @@ class RankState:
     saving: bool = False
     timeout: float | None = None  # its default process group's collective timeout, seconds
     interval: float | None = None  # mean step interval, from the steps between two beats
-    leads: deque = field(default_factory=lambda: deque(maxlen=64))  # (now, mean lead)
+    leads: deque = field(default_factory=lambda: deque(maxlen=LEADS_KEPT))  # (now, mean lead)
     _prev: tuple[float, int] | None = None  # (last_step, steps) at the previous beat
+    _pending: tuple[float, int] = (0.0, 0)  # leads summed since the last sample, and how many
+
+    def add_lead(self, now: float, lead: float, every: float) -> None:
+        """A beat's mean lead, kept as one sample per `every` seconds (the mean of the beats
+        between): beats come every second, and a window of samples must span the window."""
+        total, count = self._pending[0] + lead, self._pending[1] + 1
+        if self.leads and now - self.leads[-1][0] < every:
+            self._pending = (total, count)
+            return
+        self.leads.append((now, total / count))
+        self._pending = (0.0, 0)
 
 
 @dataclass(frozen=True)
@@ -114,8 +126,12 @@ class JobProgress:
         self.stepping = 0.0  # seconds since then that the job was stepping
         self._last_tick: float | None = None
 
-    def beat(self, member: int, reports: Iterable[RankReport], now: float) -> None:
-        """A node's ranks, as its beat says; a rank the node no longer reports has ended."""
+    def beat(
+        self, member: int, reports: Iterable[RankReport], now: float, window: float = 120.0
+    ) -> None:
+        """A node's ranks, as its beat says; a rank the node no longer reports has ended.
+        `window`: the slow-rank window (ENTRYPOINT_SLOW_NODE_WINDOW), which sets how often a
+        rank's lead is sampled."""
         seen = set()
         for r in reports:
             key = (member, r.rank)
@@ -136,7 +152,7 @@ class JobProgress:
             state.steps, state.saving = r.steps, r.saving
             state.timeout = r.timeout if r.timeout is not None else state.timeout
             if r.lead is not None:
-                state.leads.append((now, r.lead))
+                state.add_lead(now, r.lead, window / SAMPLES_PER_WINDOW)
         for key in [k for k in self.ranks if k[0] == member and k not in seen]:
             del self.ranks[key]
 

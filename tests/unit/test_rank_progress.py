@@ -339,6 +339,20 @@ def test_a_rank_every_step_waits_for_is_named():
     assert list(slow) == [(0, 3)] and "0.300 s a step before backward" in slow[(0, 3)]
 
 
+def test_with_the_default_window_and_a_beat_a_second_the_slow_rank_is_named():
+    """Beats come every second; the default window is 120 s. Every beat's lead was a sample, 64
+    kept: 63 s of them, never the 72 s a judgement needs, so nobody was ever named."""
+    p = JobProgress()
+    leads = {0: 0.01, 1: 0.011, 2: 0.012, 3: 0.51}  # rank 3: 0.5 s slower every step
+    named = None
+    for t in range(0, 181):
+        p.beat(0, [RankReport(r, t + 1, 0, lead, 0.1) for r, lead in leads.items()], t, 120)
+        if named is None and slow_ranks(p.ranks.values(), t, 120):
+            named = t
+    assert named is not None and 72 <= named <= 80, named
+    assert list(slow_ranks(p.ranks.values(), 180, 120)) == [(0, 3)]
+
+
 def test_equal_ranks_are_never_named():
     p = _sampled({0: 0.05, 1: 0.052, 2: 0.049, 3: 0.051})
     assert slow_ranks(p.ranks.values(), 60, 50) == {}
