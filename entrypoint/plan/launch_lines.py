@@ -132,7 +132,8 @@ def read(
         return _deepspeed(command)
     if is_launch(command or ()):
         assert command is not None
-        line, words, flags = "python -m torch.distributed.launch", list(command[3:]), LAUNCH_FLAGS
+        line, flags = "python -m torch.distributed.launch", LAUNCH_FLAGS
+        words = list(command[is_launch(command) :])
     else:
         skip = is_torchrun(command or ())
         if not skip:

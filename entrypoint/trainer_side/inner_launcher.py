@@ -46,16 +46,16 @@ def launcher(argv: Sequence[str]) -> tuple[str, list[str]] | None:
     (`torchrun`, `accelerate launch`, `deepspeed`: the interpreter, then the command's path)."""
     words = list(argv)
     for command in (words, words[1:]):
-        if names.is_launch(command):
-            return "python -m torch.distributed.launch", command[3:]
         for is_it, name in (
+            (names.is_launch, "python -m torch.distributed.launch"),
             (names.is_torchrun, "torchrun"),
             (names.is_accelerate, "accelerate launch"),
             (names.is_deepspeed, "deepspeed"),
         ):
             skip = is_it(command)
             if skip:
-                return (name if skip < 3 else f"python -m {command[2]}"), command[skip:]
+                module = skip >= 3 and command[skip - 2] == "-m"
+                return (f"python -m {command[skip - 1]}" if module else name), command[skip:]
     return None
 
 

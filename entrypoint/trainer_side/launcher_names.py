@@ -8,18 +8,27 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+# The interpreter's options that take a value (`python -X dev -W error -m ...`).
+VALUED = frozenset({"-X", "-W"})
+
 
 def _named(command: Sequence[str], program: tuple[str, ...], module: str) -> int:
     """How many words of `command` name a launcher: its `program` (with a subcommand, as
-    `accelerate launch`), or `python -m <module>` (3); 0 when it names another."""
+    `accelerate launch`), or `python [options] -m <module>` (3, and one more for each of the
+    interpreter's options, as `python -u -m torch.distributed.run`); 0 when it names another."""
     if not command:
         return 0
     head = os.path.basename(command[0])
     if program and head == program[0] and tuple(command[1 : len(program)]) == program[1:]:
         return len(program)
-    if head.startswith("python") and list(command[1:3]) == ["-m", module]:
-        return 3
-    return 0
+    if not head.startswith("python"):
+        return 0
+    i = 1
+    while i < len(command) and command[i].startswith("-") and command[i] != "-m":
+        if command[i] == "-c" or command[i] == "-":
+            return 0  # code, not a module
+        i += 2 if command[i] in VALUED else 1
+    return i + 2 if list(command[i : i + 2]) == ["-m", module] else 0
 
 
 def is_torchrun(command: Sequence[str]) -> int:

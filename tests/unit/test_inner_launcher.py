@@ -25,13 +25,16 @@ PY = sys.executable
         ([PY, "/venv/bin/torchrun", "--nnodes=2", "t.py"], "torchrun"),
         ([PY, "-m", "torch.distributed.run", "t.py"], "python -m torch.distributed.run"),
         ([PY, "-m", "torch.distributed.launch", "t.py"], "python -m torch.distributed.launch"),
+        ([PY, "-u", "-X", "dev", "-m", "torch.distributed.run", "t.py"],
+         "python -m torch.distributed.run"),
+        ([PY, "-c", "import torch.distributed.run", "-m", "torch.distributed.run"], None),
         ([PY, "/venv/bin/accelerate", "launch", "t.py"], "accelerate launch"),
         ([PY, "/venv/bin/deepspeed", "t.py"], "deepspeed"),
         ([PY, "t.py", "--nnodes=2"], None),
         ([PY, "/venv/bin/accelerate", "config"], None),
         ([PY, "-c", "pass"], None),
     ],
-)
+)  # fmt: skip
 def test_a_launcher_is_known_by_how_the_interpreter_was_started(argv, name):
     found = inner_launcher.launcher(argv)
     assert (found[0] if found else None) == name

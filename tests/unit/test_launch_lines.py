@@ -28,6 +28,7 @@ TWO_NODES = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "node-0", "MASTER_P
     [
         ("torchrun --nproc-per-node=2 train.py --lr 1", ("python", "train.py", "--lr", "1"), 2),
         ("python -m torch.distributed.run --nproc_per_node 2 train.py", ("python", "train.py"), 2),
+        ("python3 -u -m torch.distributed.run --nproc_per_node 2 t.py", ("python", "t.py"), 2),
         ("python3 -m torch.distributed.run -m pkg.train", ("python", "-m", "pkg.train"), None),
         ("/opt/venv/bin/torchrun --no-python --nproc-per-node gpu ./run.sh a",
          ("./run.sh", "a"), None),
