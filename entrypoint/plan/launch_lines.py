@@ -19,56 +19,36 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from entrypoint.plan.errors import ConfigError
-from entrypoint.trainer_side.launcher_names import (  # noqa: F401  named here too
+from entrypoint.trainer_side.launcher_names import (
+    ACCELERATE_FLAGS,
+    ACCELERATE_SHORT,
+    DEEPSPEED_FLAGS,
+    DEEPSPEED_SHORT,
+    FLAGS,
+    LAUNCH_FLAGS,
+    SHORT,
+    VALUED,
     is_accelerate,
     is_deepspeed,
     is_launch,
     is_torchrun,
 )
 
-# torchrun's options (torch/distributed/run.py, get_args_parser; tests/unit/test_launch_lines.py
-# checks this list against torch's own): those that take a value, and the flags.
-VALUED = frozenset(
-    {
-        "nnodes", "nproc-per-node", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf",
-        "max-restarts", "monitor-interval", "start-method", "event-log-handler", "role",
-        "log-dir", "redirects", "tee", "local-ranks-filter", "duplicate-stdout-filters",
-        "duplicate-stderr-filters", "node-rank", "master-addr", "master-port", "local-addr",
-        "logs-specs", "numa-binding", "signals-to-handle", "shutdown-timeout",
-    }
-)  # fmt: skip
-FLAGS = frozenset({"standalone", "module", "no-python", "run-path", "virtual-local-rank"})
-SHORT = {"-m": "module", "-r": "redirects", "-t": "tee"}
-# What only the platform knows: the entrypoint's values replace the line's.
+# The launchers' options (their names, flags and short forms) are in
+# trainer_side/launcher_names.py, which the trainer's processes read too.
+
+# torchrun's: what only the platform knows, the entrypoint's values in place of the line's.
 PLATFORM = ("nnodes", "node-rank", "master-addr", "master-port", "rdzv-endpoint", "rdzv-backend",
             "rdzv-id", "rdzv-conf", "standalone", "local-addr")  # fmt: skip
 
 
-# accelerate launch's options without a value (accelerate 1.15, commands/launch.py; the image
-# test tests/image/test_users_code.py checks this list against accelerate's own parser): every
-# other option takes one.
-ACCELERATE_FLAGS = frozenset(
-    {
-        "quiet", "cpu", "multi-gpu", "tpu", "enable-cpu-affinity", "dynamo-use-fullgraph",
-        "dynamo-use-dynamic", "dynamo-use-regional-compilation", "use-deepspeed", "use-fsdp",
-        "use-parallelism-config", "use-megatron-lm", "same-network", "module", "no-python",
-        "tpu-cluster", "no-tpu-cluster", "tpu-use-sudo", "downcast-bf16",
-        "fp8-use-autocast-during-eval", "debug",
-    }
-)  # fmt: skip
-ACCELERATE_SHORT = {"-q": "quiet", "-m": "module", "-t": "tee"}
-# What only the platform knows, in the config file or on the line: the entrypoint's values.
+# accelerate's: what only the platform knows, in the config file or on the line.
 ACCELERATE_PLATFORM = ("num-machines", "machine-rank", "main-process-ip", "main-process-port",
                        "rdzv-backend", "rdzv-conf", "same-network", "deepspeed-hostfile",
                        "mpirun-hostfile")  # fmt: skip
 
 
-# DeepSpeed's launcher (`deepspeed`, deepspeed/launcher/runner.py, 0.19): its flags, checked
-# against its parser in the image (tests/image/test_users_code.py); every other option takes a
-# value. Run per node by the platform; the entrypoint's torchrun takes its place.
-DEEPSPEED_FLAGS = frozenset({"module", "no-python", "no-local-rank", "no-ssh", "no-ssh-check",
-                             "force-multi", "save-pid", "bind-cores-to-rank", "quiet"})  # fmt: skip
-DEEPSPEED_SHORT = {"-H": "hostfile", "-i": "include", "-e": "exclude", "-q": "quiet"}
+# DeepSpeed's launcher, run per node by the platform: the entrypoint's torchrun takes its place.
 # DeepSpeed's own names for the workers per node, and the node count.
 DEEPSPEED_NAMES = {"num-gpus": "nproc-per-node", "num-accelerators": "nproc-per-node",
                    "num-nodes": "nnodes"}  # fmt: skip
@@ -76,8 +56,6 @@ DEEPSPEED_NAMES = {"num-gpus": "nproc-per-node", "num-accelerators": "nproc-per-
 # and `--local-rank=N` before them, as `torch.distributed.launch` gives it without --use-env.
 LOCAL_RANK_ARG = ("python", "-m", "entrypoint.trainer_side.local_rank_arg")
 LOCAL_RANK_FIRST = (*LOCAL_RANK_ARG, "--first")
-# torch.distributed.launch's one option of its own (torch/distributed/launch.py, parse_args).
-LAUNCH_FLAGS = FLAGS | {"use-env"}
 
 
 @dataclass(frozen=True)
@@ -130,17 +108,16 @@ def read(
     if is_deepspeed(command or ()):
         assert command is not None
         return _deepspeed(command)
-    if is_launch(command or ()):
-        assert command is not None
-        line, flags = "python -m torch.distributed.launch", LAUNCH_FLAGS
-        words = list(command[is_launch(command) :])
+    skip, flags = is_launch(command or ()), LAUNCH_FLAGS
+    if skip:
+        line = "python -m torch.distributed.launch"
     else:
-        skip = is_torchrun(command or ())
-        if not skip:
-            return None
-        assert command is not None
+        skip, flags = is_torchrun(command or ()), FLAGS
         line = "torchrun" if skip == 1 else "python -m torch.distributed.run"
-        words, flags = list(command[skip:]), FLAGS
+    if not skip:
+        return None
+    assert command is not None
+    words = list(command[skip:])
     given = {name: value for name, value, _ in _options(words, line, flags, SHORT, VALUED)}
     trainer = _script(words, given, command, line)
     if flags is LAUNCH_FLAGS and "use-env" not in given:

@@ -218,7 +218,7 @@ def accelerate_adopted(layout: Layout, trainer: Sequence[str], adopted: Adopted)
     body.pop("mpirun_hostfile", None)
     written = body.get("distributed_type")
     cpu_type = written is None or str(written).upper() == "MULTI_CPU"
-    kind = ""
+    note = ""
     if layout.cuda_visible is None:
         body["use_cpu"] = True
         if cpu_type and layout.world_size > 1:
@@ -226,7 +226,7 @@ def accelerate_adopted(layout: Layout, trainer: Sequence[str], adopted: Adopted)
             # multi-process launcher (torchrun's) starts the plan's, and on CPU they take gloo
             # (trainer_side/accelerate_cpu.py).
             body["distributed_type"] = "MULTI_GPU"
-            kind = (
+            note = (
                 f"; distributed_type {written or '(none)'} run by accelerate's multi-process "
                 f"launcher, {layout.nproc_per_node} per node, with gloo (with MULTI_CPU "
                 "accelerate starts one process per machine)"
@@ -259,7 +259,7 @@ def accelerate_adopted(layout: Layout, trainer: Sequence[str], adopted: Adopted)
             "accelerate.yaml": derived(
                 (f"your {adopted.config_file}" if adopted.config_file else "your launch line")
                 + " with this cluster's numbers (machines, machine rank, main process, processes)"
-                + kind
+                + note
             )
         },
     )

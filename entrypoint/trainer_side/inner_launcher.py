@@ -33,11 +33,9 @@ NODE_PID = "ENTRYPOINT_NODE_PID"  # set by the node for its launcher (supervise/
 # DeepSpeed's), spelled with dashes.
 ADDRESS = ("rdzv-endpoint", "master-addr", "main-process-ip")
 PORT = ("master-port", "main-process-port")
-# The launchers' options that take no value (the names that matter here; another flag only
-# makes the master go unnamed).
-FLAGS = frozenset({"standalone", "module", "m", "no-python", "run-path", "virtual-local-rank",
-                   "use-env", "multi-gpu", "cpu", "use-deepspeed", "use-fsdp", "same-network",
-                   "no-local-rank", "no-ssh", "no-ssh-check", "quiet", "q", "debug"})  # fmt: skip
+# Every known launcher's options that take no value, and their short forms.
+FLAGS = names.LAUNCH_FLAGS | names.ACCELERATE_FLAGS | names.DEEPSPEED_FLAGS
+SHORT = names.SHORT | names.ACCELERATE_SHORT | names.DEEPSPEED_SHORT
 
 
 def launcher(argv: Sequence[str]) -> tuple[str, list[str]] | None:
@@ -66,8 +64,8 @@ def waits_for(words: Sequence[str]) -> str | None:
     found: dict[str, str] = {}
     i = 0
     while i < len(words) and words[i].startswith("-"):
-        name, sep, value = words[i].partition("=")
-        name = name.lstrip("-").replace("_", "-")
+        written, sep, value = words[i].partition("=")
+        name = SHORT.get(written) or written.lstrip("-").replace("_", "-")
         takes = not sep and name not in FLAGS and i + 1 < len(words)
         if takes:
             value = words[i + 1]

@@ -1,15 +1,55 @@
-"""How a command names a launcher: `torchrun ...` or `python -m torch.distributed.run ...`, and
-the others the entrypoint knows. Read by the plan (plan/launch_lines.py: a launch line given to
-the entrypoint is adopted) and in the trainer's processes (inner_launcher.py: one started inside
-the command is stopped)."""
+"""How a command names a launcher (`torchrun ...`, `python -m torch.distributed.run ...` and
+the others the entrypoint knows), and their options. Read by the plan (plan/launch_lines.py: a
+launch line given to the entrypoint is adopted) and in the trainer's processes
+(inner_launcher.py: one started inside the command is stopped)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
 
+# torchrun's options (torch/distributed/run.py, get_args_parser; tests/unit/test_launch_lines.py
+# checks this list against torch's own): those that take a value, and the flags.
+VALUED = frozenset(
+    {
+        "nnodes", "nproc-per-node", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf",
+        "max-restarts", "monitor-interval", "start-method", "event-log-handler", "role",
+        "log-dir", "redirects", "tee", "local-ranks-filter", "duplicate-stdout-filters",
+        "duplicate-stderr-filters", "node-rank", "master-addr", "master-port", "local-addr",
+        "logs-specs", "numa-binding", "signals-to-handle", "shutdown-timeout",
+    }
+)  # fmt: skip
+FLAGS = frozenset({"standalone", "module", "no-python", "run-path", "virtual-local-rank"})
+SHORT = {"-m": "module", "-r": "redirects", "-t": "tee"}
+# torch.distributed.launch's one option of its own (torch/distributed/launch.py, parse_args).
+LAUNCH_FLAGS = FLAGS | {"use-env"}
+
+
+# accelerate launch's options without a value (accelerate 1.15, commands/launch.py; the image
+# test tests/image/test_users_code.py checks this list against accelerate's own parser): every
+# other option takes one.
+ACCELERATE_FLAGS = frozenset(
+    {
+        "quiet", "cpu", "multi-gpu", "tpu", "enable-cpu-affinity", "dynamo-use-fullgraph",
+        "dynamo-use-dynamic", "dynamo-use-regional-compilation", "use-deepspeed", "use-fsdp",
+        "use-parallelism-config", "use-megatron-lm", "same-network", "module", "no-python",
+        "tpu-cluster", "no-tpu-cluster", "tpu-use-sudo", "downcast-bf16",
+        "fp8-use-autocast-during-eval", "debug",
+    }
+)  # fmt: skip
+ACCELERATE_SHORT = {"-q": "quiet", "-m": "module", "-t": "tee"}
+
+
+# DeepSpeed's launcher (`deepspeed`, deepspeed/launcher/runner.py, 0.19): its flags, checked
+# against its parser in the image (tests/image/test_users_code.py); every other option takes a
+# value.
+DEEPSPEED_FLAGS = frozenset({"module", "no-python", "no-local-rank", "no-ssh", "no-ssh-check",
+                             "force-multi", "save-pid", "bind-cores-to-rank", "quiet"})  # fmt: skip
+DEEPSPEED_SHORT = {"-H": "hostfile", "-i": "include", "-e": "exclude", "-q": "quiet"}
+
+
 # The interpreter's options that take a value (`python -X dev -W error -m ...`).
-VALUED = frozenset({"-X", "-W"})
+PYTHON_VALUED = frozenset({"-X", "-W"})
 
 
 def _named(command: Sequence[str], program: tuple[str, ...], module: str) -> int:
@@ -27,7 +67,7 @@ def _named(command: Sequence[str], program: tuple[str, ...], module: str) -> int
     while i < len(command) and command[i].startswith("-") and command[i] != "-m":
         if command[i] == "-c" or command[i] == "-":
             return 0  # code, not a module
-        i += 2 if command[i] in VALUED else 1
+        i += 2 if command[i] in PYTHON_VALUED else 1
     return i + 2 if list(command[i : i + 2]) == ["-m", module] else 0
 
 
