@@ -318,6 +318,11 @@ LAUNCH_LINES = {
         "python", "-m", "torch.distributed.run", "--nproc_per_node", "2",
         f"{WORKSPACE}/ddp_tutorial.py",
     ),
+    # the older launcher, as tutorials still write it
+    "python -m torch.distributed.launch": (
+        "python", "-m", "torch.distributed.launch", "--nproc_per_node=2", "--use-env",
+        f"{WORKSPACE}/ddp_tutorial.py",
+    ),
     # DeepSpeed's getting-started line, run per node: its script reads --local_rank
     "deepspeed": (
         "deepspeed", "--num_gpus", "2", f"{WORKSPACE}/deepspeed_tutorial.py", "--deepspeed",
@@ -360,6 +365,7 @@ LAUNCH_CASES = [
     ("torchrun", "pytorchjob"),
     ("accelerate launch", "commercial"),
     ("accelerate launch multi-cpu", "pytorchjob"),
+    ("python -m torch.distributed.launch", "slurm"),
     ("deepspeed", "slurm"),
 ]
 
