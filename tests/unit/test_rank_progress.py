@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from ports import free_ports
@@ -590,6 +591,25 @@ STRAGGLER = textwrap.dedent(
 )
 
 
+def _stop(pid: int) -> None:
+    """SIGSTOP `pid` and wait until every thread of it has stopped: the kernel stops the other
+    threads only once the one it chose takes the signal, and under load the recorder's thread
+    could answer in between (CI's run of stop 64)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        states = []
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                states.append((task / "stat").read_text().rpartition(")")[2].split()[0])
+            except OSError:
+                continue
+        if states and all(s in "Tt" for s in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"pid {pid} did not stop in 10 s: {states}")
+
+
 def test_each_rank_answers_with_its_recorder_and_the_one_behind_is_named(tmp_path):
     """Two real gloo ranks with the site hook and the plan's TORCH_FR_BUFFER_SIZE: rank 1 sleeps
     after 3 steps, rank 0 waits in the next all-reduce. Asked, each writes its process group's
@@ -631,7 +651,7 @@ def test_each_rank_answers_with_its_recorder_and_the_one_behind_is_named(tmp_pat
         )
         assert "rank 1 never entered collective #7 (gloo:all_reduce, float [[5,3]])" in text
         # asked again while rank 1 cannot answer (stopped): its last answer is not taken as new
-        os.kill(procs[1].pid, signal.SIGSTOP)
+        _stop(procs[1].pid)
         inbox.dump(time.monotonic())
         time.sleep(1.0)
         again = inbox.stacks()
