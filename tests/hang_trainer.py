@@ -9,7 +9,9 @@ evaluates HANG_SECONDS / STEP_SECONDS batches of at least STEP_SECONDS each, as 
 `model.eval()`, forward passes without gradients and an all-reduce of the loss, then trains on;
 10 steps later again, and HANG_RANK, if any, sleeps for an hour inside that second evaluation);
 STEPS: steps in all (default 200); STEP_SECONDS: every rank's own work a step (default 0.05);
-PG_TIMEOUT: the process group's timeout in seconds, as a trainer passes it (default: torch's).
+PG_TIMEOUT: the process group's timeout in seconds, as a trainer passes it (default: torch's);
+UPDATE: optimizer (default: torch.optim.SGD) or hand (no torch optimizer: the loop updates the
+weights itself, `p -= lr * p.grad`, as a hand-written loop does).
 """
 
 import datetime
@@ -62,7 +64,8 @@ def main():
     work = float(os.environ.get("STEP_SECONDS", "0.05"))
     model = DDP(ToyModel())
     loss_fn = nn.MSELoss()
-    optimizer = optim.SGD(model.parameters(), lr=0.001)
+    by_hand = os.environ.get("UPDATE", "optimizer") == "hand"
+    optimizer = None if by_hand else optim.SGD(model.parameters(), lr=0.001)
     print(f"rank {rank} training", flush=True)
     for step in range(steps):
         if kind == "evaluate" and step == hang_step:
@@ -80,10 +83,17 @@ def main():
         if rank == hang_rank and kind == "slow" and step >= hang_step:
             time.sleep(seconds)
         time.sleep(work)
-        optimizer.zero_grad()
+        if optimizer is not None:
+            optimizer.zero_grad()
         outputs = model(torch.randn(20, 10))
         loss_fn(outputs, torch.randn(20, 5)).backward()
-        optimizer.step()
+        if optimizer is not None:
+            optimizer.step()
+            continue
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.001 * p.grad
+                p.grad = None
     dist.destroy_process_group()
     print(f"rank {rank} finished {steps} steps", flush=True)
 

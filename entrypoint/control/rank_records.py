@@ -96,7 +96,7 @@ WAITING = (
     "torch/autograd/",
     "torch/nn/parallel/",
     "deepspeed/comm/",
-    "jax/_src/distributed",
+    "jax/_src/",  # a JAX process blocked in a dispatch waits for its devices' collectives
 )
 
 

@@ -394,7 +394,8 @@ def verdict(
         for s in others:
             by_place.setdefault(where(s.frames), []).append(s.rank)
         head += "; " + "; ".join(
-            f"{ranks_text(ranks)} wait in {place}" for place, ranks in list(by_place.items())[:3]
+            f"{ranks_text(ranks)} {'waits' if len(ranks) == 1 else 'wait'} in {place}"
+            for place, ranks in list(by_place.items())[:3]
         )
     if missing:
         head += f" ({', '.join(missing)} sent no stacks)"

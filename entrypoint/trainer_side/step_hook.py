@@ -14,8 +14,11 @@ progress (not as a step: the hang clock starts again, the step figures stay the 
 hooks go once the model is back in training (the first forward in train mode, or with gradients,
 removes them): training pays nothing for them.
 
-A trainer without a torch optimizer (JAX) calls `step()` (re-exported as
-`entrypoint.progress.step`) once a step.
+A torch loop without a torch optimizer (one that updates its weights by hand) is counted by its
+backward passes instead: each `torch.autograd.backward` (`loss.backward()`) that returns is a
+step, until the process's first optimizer step, from which the optimizer's steps are the count
+again (counted from 1). A JAX trainer is counted by its own compiled calls (jax_steps). A trainer
+that has neither can call `step()` (re-exported as `entrypoint.progress.step`) once a step.
 
 Each report is one datagram of a few dozen bytes to the node's entrypoint, on a Unix socket in
 the abstract namespace that ENTRYPOINT_PROGRESS_SOCKET names, sent without blocking and at most
@@ -87,14 +90,29 @@ class Reporter:
         self.stack_file: IO[str] | None = None
         self.flight: Answerer | None = None
         self.group_timeout = 0.0
+        self.started = False  # the first step's registrations are done
+        self.by_optimizer = False  # steps are the optimizer's (else backward passes or calls)
         self.lock = threading.Lock()  # a save may run in another thread
+
+    def optimizer_step(self) -> None:
+        """A torch optimizer's step: from the first one, the only steps counted."""
+        if not self.by_optimizer:
+            self.by_optimizer = True
+            self.steps = 0  # backward passes counted until now give way to optimizer steps
+        self.step()
+
+    def backward_done(self) -> None:
+        """A backward pass returned: a step while the process has stepped no torch optimizer."""
+        if not self.by_optimizer:
+            self.step()
 
     def step(self) -> None:
         """One training step done: counted, and reported if the last report is old enough."""
         now = self.clock()
-        if self.steps == 0:
+        if not self.started:
+            self.started = True
             self._first_step()
-        elif now - self.last_step > self.longest:
+        elif self.steps and now - self.last_step > self.longest:
             self.longest = now - self.last_step
         self.steps += 1
         self.last_step = now
@@ -214,7 +232,21 @@ def step() -> None:
 
 def _on_optimizer_step(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
     if _reporter is not None:
-        _reporter.step()
+        _reporter.optimizer_step()
+
+
+def _call_started() -> None:
+    if _reporter is not None:
+        _reporter.backward_started()
+
+
+def _on_jax(jax: ModuleType) -> None:
+    from entrypoint.trainer_side import jax_steps
+
+    try:
+        jax_steps.on_jax(jax, _call_started, step)
+    except Exception as err:  # noqa: BLE001 - never stop the trainer
+        print(f"entrypoint: progress hook: {type(err).__name__}: {err}", file=sys.stderr)
 
 
 def _saving(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -247,7 +279,10 @@ def _timed_backward(function: Callable[..., Any]) -> Callable[..., Any]:
         reporter = _reporter
         if reporter is not None:
             reporter.backward_started()
-        return function(*args, **kwargs)
+        out = function(*args, **kwargs)
+        if reporter is not None:
+            reporter.backward_done()
+        return out
 
     backward._entrypoint_backward = True  # type: ignore[attr-defined]
     backward.__wrapped__ = function  # type: ignore[attr-defined]
@@ -341,6 +376,7 @@ def install(env: os._Environ | dict[str, str] = os.environ) -> None:
         return
     _reporter = Reporter(address, env.get(STACKS_VARIABLE))
     when_imported("torch", _on_torch)
+    when_imported("jax", _on_jax)
     when_imported("torch.distributed.checkpoint", _on_checkpoint)
     when_imported("deepspeed.runtime.engine", _on_deepspeed_engine)
     when_imported("safetensors.torch", _on_safetensors)

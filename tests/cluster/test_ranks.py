@@ -3,7 +3,9 @@ platform's variables (WORLD_SIZE, RANK, MASTER_ADDR), 2 gloo ranks each, torch's
 loop with one rank misbehaving (tests/hang_trainer.py, mounted read-only as a user's code; no
 change to it): a rank that sleeps at step 20 is named with its stack on node 0 and every node
 exits 124 within 90 s of the hang; a rank every step waits for is named as slow in the log and in
-`entrypoint status`. The loopback versions, and the learned timeout with no setting at all, are
+`entrypoint status`. The same for JAX's processes (tests/jax_hang_trainer.py, one process per
+node): a sleeping one is named, a pause and a first compilation longer than the timeout raise
+nothing. The loopback versions, and the learned timeout with no setting at all, are
 in tests/unit/test_hang_real.py; the Hugging Face Trainer, accelerate and FSDP2 cases in
 tests/compat/test_compat.py."""
 
@@ -49,6 +51,69 @@ def test_a_sleeping_rank_is_named_with_its_stack_and_every_node_exits(image, doc
             f"{ended - hung:.1f} s after training began (the hang is at step 20, ~2 s in)"
         )
         assert ended - hung < 90 + 5, run.log(60)
+
+
+def jax_nodes(c: FaultyCluster, **env: str) -> list[Node]:
+    """The same platform's variables, the JAX launcher (one process per node) and JAX's
+    multi-process guide with a loop of pmap'd steps (tests/jax_hang_trainer.py): nothing in it
+    says a step is done."""
+    return [
+        Node(
+            n.name,
+            {k: v for k, v in n.env.items() if k != "ENTRYPOINT_NPROC_PER_NODE"}
+            | {"ENTRYPOINT_LAUNCHER": "jax"}
+            | env,
+            command=("run", "--", "python", "/tests/jax_hang_trainer.py"),
+        )
+        for n in commercial(c)
+    ]
+
+
+def test_a_jax_process_that_sleeps_is_named_with_its_stack_and_every_node_exits(
+    image, docker_client
+):
+    with FaultyCluster(image, client=docker_client, echo=print, mounts={TESTS: "/tests"}) as c:
+        run = c.run(
+            jax_nodes(c, ENTRYPOINT_HANG_TIMEOUT="30", HANG_PROCESS="1", STEPS="100000"),
+            timeout=TIMEOUT,
+        )
+        assert [n.exit_code for n in run.nodes] == [124, 124], run.log(60)
+        node0 = run.nodes[0]
+        line = next(x for x in node0.lines if "stopping every node (exit 124)" in x)
+        assert "rank 1 on node 1" in line and "jax_hang_trainer.py:" in line, line
+        assert "time.sleep(3600)" in line and "rank 0 waits in" in line, line
+        hung = node0.when("process 0 of 2 training")
+        assert hung is not None
+        ended = max(n.ended or 0 for n in run.nodes)
+        print(
+            f"MEASURED hung JAX process, ENTRYPOINT_HANG_TIMEOUT=30: every node out "
+            f"{ended - hung:.1f} s after training began (the hang is at step 20, ~2 s in)"
+        )
+        assert ended - hung < 90 + 5, run.log(60)
+
+
+def test_a_jax_pause_and_a_first_compilation_longer_than_the_timeout_raise_nothing(
+    image, docker_client
+):
+    """The first step compiles for 40 s on every process, then process 0 pauses 20 s at step
+    20, both with a 30 s hang timeout: no step is counted before the first compiled call
+    returns, and the pause is shorter than the timeout."""
+    with FaultyCluster(image, client=docker_client, echo=print, mounts={TESTS: "/tests"}) as c:
+        run = c.run(
+            jax_nodes(
+                c,
+                ENTRYPOINT_HANG_TIMEOUT="30",
+                COMPILE_SECONDS="40",
+                HANG_PROCESS="0",
+                HANG_KIND="pause",
+                HANG_SECONDS="20",
+                STEPS="60",
+            ),
+            timeout=TIMEOUT,
+        )
+        run.check()
+        logs = "\n".join(x for n in run.nodes for x in n.lines)
+        assert "has not stepped" not in logs and "process 1 done: 60 steps" in logs, run.log(60)
 
 
 def test_a_slow_rank_is_named_in_the_log_and_in_status(image, docker_client):

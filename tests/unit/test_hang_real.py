@@ -73,6 +73,18 @@ def test_a_rank_that_sleeps_is_named_with_its_stack_and_every_node_exits_124(tmp
     assert "hang_trainer.py" in stacks[0].read_text()
 
 
+def test_a_loop_with_no_torch_optimizer_is_watched_by_its_backward_passes(tmp_path):
+    """The loop updates its weights by hand (no torch.optim, nothing of ours): each backward
+    pass is its step. Rank 3 sleeps: named with its stack, every node exits 124."""
+    job = Job(tmp_path, ENTRYPOINT_HANG_TIMEOUT="10", HANG_RANK="3", HANG_STEP="20",
+              UPDATE="hand")  # fmt: skip
+    assert job.wait(120) == [124, 124], job.log(0)[-3000:]
+    line = next(x for x in job.log(0).splitlines() if "stopping every node (exit 124)" in x)
+    assert "rank 3 on node 1" in line and "time.sleep(3600)" in line, line
+    assert "ranks 0-2 wait in" in line, line
+    assert re.search(r"Flight Recorder: rank 3 never entered collective #\d+ \(gloo:", line), line
+
+
 def test_a_rank_in_a_recv_nobody_sends_is_named(tmp_path):
     job = Job(tmp_path, ENTRYPOINT_HANG_TIMEOUT="10", HANG_RANK="1", HANG_STEP="20",
               HANG_KIND="recv")  # fmt: skip
