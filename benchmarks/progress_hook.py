@@ -8,6 +8,9 @@ socket and reading on its own thread, as under `entrypoint run`:
   call sending (the worst case: steps slower than SEND_EVERY);
 - a real torch optimizer step (SGD on a 10x10 model) with the hook registered and without it,
   the difference per step;
+- a loss.backward() of a loop with no torch optimizer, bare and counted as its step;
+- a compiled call of a JAX trainer (jax.jit's, where JAX is installed), bare and counted as its
+  step (trainer_side/jax_steps.py);
 - allocations: tracemalloc's traced memory before and after 200,000 hooked steps;
 - `model.train()` on a model of 1,000 modules (the Hugging Face Trainer calls it every step),
   bare and with the site hook's `Module.train` (which watches evaluations), and a training
@@ -80,6 +83,40 @@ def _median_us(fn, n: int) -> float:
     return statistics.median(rounds)
 
 
+def backward_cost(n: int) -> float:
+    """µs of one `loss.backward()` of a 10x10 model (torch.autograd.backward as it is now)."""
+    import torch
+
+    model = torch.nn.Linear(10, 10)
+    x = torch.randn(4, 10)
+
+    def one() -> None:
+        model(x).sum().backward()
+
+    _median_us(one, n)  # warm-up
+    return _median_us(one, n)
+
+
+def compiled_call_cost(n: int) -> tuple[str, float, float]:
+    """(what, bare µs, counted µs) of one call of a compiled step (jax.jit's, where JAX is
+    installed: the image), bare and wrapped as jax_steps wraps the trainer's own."""
+    from entrypoint.trainer_side import jax_steps
+
+    try:
+        import jax.numpy as jnp
+        from jax import jit
+
+        what, compiled, x = "jax.jit step (4x4 add)", jit(lambda a: a + 1), jnp.ones((4, 4))
+        compiled(x).block_until_ready()
+    except ImportError:
+        what, compiled, x = "a Python function standing for it (no JAX here)", lambda a: a, 1
+    counted = jax_steps.Counted(compiled)
+    jax_steps._step = progress._jax_step
+    bare = min(_median_us(lambda: compiled(x), n) for _ in range(3))
+    wrapped = min(_median_us(lambda: counted(x), n) for _ in range(3))
+    return what, bare, wrapped
+
+
 def _model():
     import torch
 
@@ -122,10 +159,14 @@ def main() -> None:
         share = args.steps / 200_000  # the torch figures' sizes follow --steps (smoke: a few)
         calls, rounds = max(2, round(200 * share)), max(1, min(7, round(7 * share)))
         try:
-            train_bare = train_call_cost(calls)
+            backward_bare = backward_cost(max(100, args.steps // 100))
             without, with_hook = torch_step_cost(
                 max(100, args.steps // 10), lambda: progress.install(env)
             )
+            assert progress._reporter is not None
+            progress._reporter.by_optimizer = False  # a loop with no torch optimizer
+            backward_counted = backward_cost(max(100, args.steps // 100))
+            train_bare = train_call_cost(calls)
             train_hooked = train_call_cost(calls)
             never, evaluated, left = forward_after_evaluation(max(2, calls // 10), rounds)
         except ImportError:
@@ -134,6 +175,11 @@ def main() -> None:
             print(
                 f"torch SGD step (10x10): {without:.2f} µs bare, {with_hook:.2f} µs hooked, "
                 f"{with_hook - without:+.2f} µs a step"
+            )
+            print(
+                f"loss.backward() (10x10), no torch optimizer: {backward_bare:.2f} µs bare, "
+                f"{backward_counted:.2f} µs counted as a step, "
+                f"{backward_counted - backward_bare:+.2f} µs a step"
             )
             print(
                 f"model.train() on 1,000 modules: {train_bare:.0f} µs bare, {train_hooked:.0f} "
@@ -145,6 +191,11 @@ def main() -> None:
                 f"left: {left})"
             )
         progress.install(env)
+        what, bare, counted = compiled_call_cost(max(1000, args.steps // 10))
+        print(
+            f"{what}: {bare:.2f} µs bare, {counted:.2f} µs counted as a step, "
+            f"{counted - bare:+.2f} µs a step"
+        )
         reporter = progress._reporter
         assert reporter is not None
         hook = progress._on_optimizer_step

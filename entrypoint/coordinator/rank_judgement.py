@@ -8,9 +8,10 @@ hook, entrypoint.trainer_side.step_hook). From them:
   saving a checkpoint: node 0 asks every node for its ranks' stacks, and `verdict` names the
   rank(s) that are not where the others are.
 - **Slow rank.** In a synchronous job every rank steps at the slowest one's pace, so step
-  intervals are equal; what differs is the time each rank spends before backward (loading data,
-  forward): a rank whose time before backward is well above the job's median in every sample of
-  the window is the one every step waits for. Equal ranks are never named.
+  intervals are equal; what differs is the time each rank spends on its own work (loading data,
+  forward: a torch rank's time before backward, a JAX process's time outside JAX): a rank whose
+  own work is well above the job's median in every sample of the window is the one every step
+  waits for. Equal ranks are never named.
 - **Goodput.** The share of wall time since the first step in which the job was stepping (a step
   seen within a few step intervals).
 """
@@ -231,7 +232,7 @@ def slow_ranks(
         bar = max(SLOW_SHARE * median, median + SLOW_MIN_GAP)
         if all(lead > bar for lead in samples):
             out[key] = (
-                f"{means[key]:.3f} s a step before backward (data loading, forward) against "
+                f"{means[key]:.3f} s a step of its own work (data loading, forward) against "
                 f"the other ranks' median {median:.3f} s, for {window:g} s: every synchronous "
                 "step waits for it"
             )

@@ -173,12 +173,13 @@ class JobCollector(Collector):
         c = self.c
         ranks, slow = dict(c.job.progress.ranks), dict(c.job.slow_ranks)
         labels = ["node", "host", "rank"]
-        steps = _gauge("rank_steps", "Optimizer steps the rank has made this start", labels)
+        steps = _gauge("rank_steps", "Steps the rank has made this start", labels)
         interval = _gauge("rank_step_seconds", "The rank's mean step time, recently", labels)
         last = _gauge("rank_last_step_seconds", "Seconds since the rank's last step", labels)
         lead = _gauge(
             "rank_before_backward_seconds",
-            "Mean seconds a step before backward (data loading, forward), recently",
+            "Mean seconds a step of the rank's own work (data loading, forward: before backward, "
+            "or outside JAX), recently",
             labels,
         )
         slow_g = _gauge("rank_slow", "1 while every step waits for this rank", labels)

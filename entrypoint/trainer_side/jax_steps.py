@@ -9,8 +9,17 @@ optimizer-step hook does. Sampling the main thread's stack would see a rank move
 its steps, so it would give no step times and no slow-rank line, and a rank blocked inside a
 long first compilation would look as still as one asleep. Counting the dispatch costs one
 Python call around the compiled function (well under a microsecond, measured by
-benchmarks/progress_cost.py), nothing while the trainer does not step, and a first compilation
+benchmarks/progress_hook.py), nothing while the trainer does not step, and a first compilation
 is never a hang: no step is counted before the first call returns.
+
+A JAX process's own work a step (what the slow-rank line compares, as it compares a torch rank's
+time before backward): JAX dispatches asynchronously, so a process that waits for a slower peer
+may wait inside its step call, in its next eager operation (`jax.random.split`) or where it reads
+a result (`float(loss)`). A thread started with the first step samples the main thread's
+innermost Python frame every SAMPLE_EVERY seconds: a sample outside JAX's own files (the
+trainer's code, its data pipeline, `time.sleep`) is the process's own work, one inside them is a
+wait (or a dispatch, or a compilation). The own-work seconds are reported per step. The samples
+cost a few microseconds each (about 0.05% of a core), and the thread sleeps while nothing steps.
 
 Which compiled functions count: those whose `jax.jit`/`jax.pmap` call was made from outside any
 installed package (the trainer's own files, `python -c`, a notebook), so that the compiled
@@ -24,16 +33,62 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+import time
 import types
 from collections.abc import Callable
 from typing import Any
 
 LIBRARIES = ("site-packages", "dist-packages", "/lib/python3")  # an installed package's file
+JAX_FILES = ("/jax/", "/jaxlib/", "/entrypoint/trainer_side/jax_steps.py")
+SAMPLE_EVERY = 0.01  # seconds between two samples of the main thread
+IDLE_AFTER = 60.0  # seconds without a step after which the sampler waits for the next one
 
 _main = threading.main_thread().ident
 _inside = False  # the main thread is inside a counted call (tracing another's body)
-_started: Callable[[], None] | None = None
-_step: Callable[[], None] | None = None
+_step: Callable[[float], None] | None = None  # called with the own work since the last step
+
+
+class Sampler:
+    """The thread that tells the main thread's own work from its waits in JAX."""
+
+    def __init__(self, main: int) -> None:
+        self.main = main
+        self.own = 0.0  # seconds of own work since the last take()
+        self.stepped = threading.Event()
+        self.stepped.set()  # made at the first step: sample from now on
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name="entrypoint-jax-own", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.stepped.wait()  # nothing stepping: no samples until the next step
+            self.stepped.clear()
+            last = quiet_since = time.monotonic()
+            while last - quiet_since < IDLE_AFTER:
+                time.sleep(SAMPLE_EVERY)
+                now = time.monotonic()
+                if self.stepped.is_set():
+                    self.stepped.clear()
+                    quiet_since = now
+                frame = sys._current_frames().get(self.main)
+                if frame is None:
+                    return  # the main thread is gone: the process is ending
+                if not any(marker in frame.f_code.co_filename for marker in JAX_FILES):
+                    with self.lock:
+                        self.own += now - last
+                del frame
+                last = now
+
+    def take(self) -> float:
+        """The own work since the last take (a step's), and the thread told a step was made."""
+        with self.lock:
+            own, self.own = self.own, 0.0
+        self.stepped.set()
+        return own
+
+
+_sampler: Sampler | None = None
 
 
 class Counted:
@@ -49,14 +104,12 @@ class Counted:
         if _inside or threading.get_ident() != _main:
             return self.__wrapped__(*args, **kwargs)
         _inside = True
-        if _started is not None:
-            _started()
         try:
             out = self.__wrapped__(*args, **kwargs)
         finally:
             _inside = False
         if _step is not None:
-            _step()
+            _stepped(_step)
         return out
 
     def __getattr__(self, name: str) -> Any:
@@ -68,6 +121,15 @@ class Counted:
 
     def __repr__(self) -> str:
         return repr(self.__wrapped__)
+
+
+def _stepped(step: Callable[[float], None]) -> None:
+    global _sampler
+    if _sampler is None:
+        _sampler = Sampler(_main or 0)
+        step(-1.0)  # the first step: no own work measured before it
+        return
+    step(_sampler.take())
 
 
 def _users(depth: int = 2) -> bool:
@@ -103,12 +165,12 @@ def _counting(transform: Callable[..., Any]) -> Callable[..., Any]:
     return counting
 
 
-def on_jax(jax: types.ModuleType, started: Callable[[], None], step: Callable[[], None]) -> None:
-    """Count the trainer's compiled calls as steps (right after `import jax` has run): `started`
-    as a call starts (the time before it is the rank's own work, as the time before a torch
-    backward is), `step` once it returns."""
-    global _started, _step
-    _started, _step = started, step
+def on_jax(jax: types.ModuleType, step: Callable[[float], None]) -> None:
+    """Count the trainer's compiled calls as steps (right after `import jax` has run): `step` is
+    called once a call returns, with the process's own work since the last one (seconds; -1 on
+    the first)."""
+    global _step
+    _step = step
     for name in ("jit", "pmap"):
         if hasattr(jax, name):
             setattr(jax, name, _counting(getattr(jax, name)))

@@ -235,16 +235,22 @@ def _on_optimizer_step(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
         _reporter.optimizer_step()
 
 
-def _call_started() -> None:
-    if _reporter is not None:
-        _reporter.backward_started()
+def _jax_step(own: float) -> None:
+    """A JAX process's step, with its own work since its last one (jax_steps; -1: unknown)."""
+    reporter = _reporter
+    if reporter is None:
+        return
+    if own >= 0 and reporter.steps:
+        reporter.lead_sum += own
+        reporter.leads += 1
+    reporter.step()
 
 
 def _on_jax(jax: ModuleType) -> None:
     from entrypoint.trainer_side import jax_steps
 
     try:
-        jax_steps.on_jax(jax, _call_started, step)
+        jax_steps.on_jax(jax, _jax_step)
     except Exception as err:  # noqa: BLE001 - never stop the trainer
         print(f"entrypoint: progress hook: {type(err).__name__}: {err}", file=sys.stderr)
 

@@ -144,3 +144,34 @@ def test_a_slow_rank_is_named_in_the_log_and_in_status(image, docker_client):
         assert status.get("code") == "1" and "slow: rank 3 on node 1" in out, status
         assert re.search(r"^\s+3\s+1\s+\S+.*yes$", out, re.M), out
         assert not re.search(r"^\s+[012]\s+[01]\s+\S+.*yes$", out, re.M), out
+
+
+def test_a_slow_jax_process_is_named_in_the_log_and_in_status(image, docker_client):
+    """Process 1 sleeps 0.25 s before every step (its own work, outside JAX); process 0 waits for
+    it inside JAX (its dispatch, or its next operation): named slow, and only it."""
+    status: dict[str, str] = {}
+
+    def look(c: FaultyCluster) -> None:
+        code, out = c.exec(c.hostname("worker", 0), ["entrypoint", "status", "--once"])
+        status["out"], status["code"] = out, str(code)
+
+    with FaultyCluster(image, client=docker_client, echo=print, mounts={TESTS: "/tests"}) as c:
+        run = c.run(
+            jax_nodes(
+                c,
+                ENTRYPOINT_SLOW_NODE_WINDOW="10",
+                HANG_PROCESS="1",
+                HANG_STEP="0",
+                HANG_KIND="slow",
+                HANG_SECONDS="0.25",
+                STEPS="120",
+            ),
+            faults=[Fault("status", look, node=c.hostname("worker", 0), line="is slow")],
+            timeout=TIMEOUT,
+        )
+        run.check()
+        slow = [x for x in run.nodes[0].lines if "is slow" in x]
+        assert len(slow) == 1 and "rank 1 on node 1" in slow[0], slow
+        assert "of its own work" in slow[0], slow
+        out = status.get("out", "")
+        assert status.get("code") == "1" and "slow: rank 1 on node 1" in out, status

@@ -3,7 +3,8 @@ DDP tutorial loop with one rank misbehaving (tests/hang_trainer.py, nothing of t
 it). A rank that sleeps or waits in a `recv` nobody sends is named with its stack and every node
 exits 124; a rank that pauses shorter than the timeout raises nothing; with no setting at all the
 learned timeout ends the job within 10 minutes; a rank every step waits for is named as slow, in
-the log and in /metrics. The same across containers: tests/cluster/test_ranks.py."""
+the log and in /metrics, also with the default window. A loop with no torch optimizer is watched
+by its backward passes. The same across containers: tests/cluster/test_ranks.py."""
 
 import os
 import re
@@ -165,6 +166,24 @@ def test_a_rank_every_step_waits_for_is_named_slow_in_the_log_and_metrics(tmp_pa
     assert "multinode_rank_slow{host=" in scraped and 'rank="3"} 1.0' in scraped, scraped[-3000:]
     assert 'rank="0"} 0.0' in scraped
     assert "multinode_job_goodput_ratio" in scraped and "multinode_rank_steps" in scraped
+
+
+def test_with_no_setting_a_rank_half_a_second_slower_is_named_within_the_default_window(
+    tmp_path,
+):
+    """No ENTRYPOINT_SLOW_NODE_WINDOW (120 s by default): rank 3 sleeps 0.5 s before each step
+    for about 2 minutes. It is named once, in the log, within the window; the others are not."""
+    job = Job(tmp_path, HANG_RANK="3", HANG_STEP="0", HANG_KIND="slow", HANG_SECONDS="0.5",
+              STEPS="230")  # fmt: skip
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline and "is slow" not in job.log(0):
+        time.sleep(1)
+    named = time.monotonic() - job.started
+    assert job.wait(200) == [0, 0], job.log(0)[-3000:]
+    slow = [x for x in job.log(0).splitlines() if "is slow" in x]
+    assert len(slow) == 1 and "rank 3 on node 1" in slow[0] and "for 120 s" in slow[0], slow
+    print(f"MEASURED slow rank with the default 120 s window: named {named:.0f} s after the start")
+    assert named < 120 + 15, job.log(0)[-3000:]
 
 
 def test_with_no_setting_the_learned_timeout_ends_a_hang_within_10_minutes(tmp_path):

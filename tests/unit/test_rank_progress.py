@@ -337,7 +337,7 @@ def _sampled(leads_by_rank, seconds=60, every=5):
 def test_a_rank_every_step_waits_for_is_named():
     p = _sampled({0: 0.01, 1: 0.012, 2: 0.011, 3: 0.3})
     slow = slow_ranks(p.ranks.values(), 60, 50)
-    assert list(slow) == [(0, 3)] and "0.300 s a step before backward" in slow[(0, 3)]
+    assert list(slow) == [(0, 3)] and "0.300 s a step of its own work" in slow[(0, 3)]
 
 
 def test_with_the_default_window_and_a_beat_a_second_the_slow_rank_is_named():
