@@ -1,6 +1,7 @@
-"""For a trainer without a torch optimizer (JAX, a hand-written loop): call `step()` once a
-training step, and `entrypoint run` sees this rank's progress as it sees a torch trainer's
-(hangs named with their stacks, slow ranks, steps and goodput in `/metrics`). Outside
+"""For a trainer whose step is neither a torch optimizer's step, a `loss.backward()` nor a call
+of a function it compiled with `jax.jit`/`jax.pmap` (those are counted with no change): call
+`step()` once a training step, and `entrypoint run` sees this rank's progress as it sees a torch
+trainer's (hangs named with their stacks, slow ranks, steps and goodput in `/metrics`). Outside
 `entrypoint run` it does nothing.
 
     import entrypoint.progress

@@ -80,6 +80,8 @@ def test_a_loop_with_no_torch_optimizer_is_watched_by_its_backward_passes(tmp_pa
     job = Job(tmp_path, ENTRYPOINT_HANG_TIMEOUT="10", HANG_RANK="3", HANG_STEP="20",
               UPDATE="hand")  # fmt: skip
     assert job.wait(120) == [124, 124], job.log(0)[-3000:]
+    print(f"MEASURED no torch optimizer, a rank asleep: every node out "
+          f"{time.monotonic() - job.started:.1f} s after the start")  # fmt: skip
     line = next(x for x in job.log(0).splitlines() if "stopping every node (exit 124)" in x)
     assert "rank 3 on node 1" in line and "time.sleep(3600)" in line, line
     assert "ranks 0-2 wait in" in line, line
