@@ -11,6 +11,10 @@ PEER_STOP_GRACE = 10.0  # seconds for workers to exit after another node failed
 # they get a moment to flush logs, then are killed (the 10 s bound from fault to exit); the
 # same before a restart, whose cause (a lost node, a failed trainer) broke the collectives.
 LOST_PEER_GRACE = 2.0
+# A restart always follows broken collectives (a lost node, a failed or hung trainer, a node
+# its platform restarted; a standby joins only at a restart): the old workers can neither
+# checkpoint nor finish a step, so they are killed at once. Every second here is every GPU's.
+RESTART_GRACE = 0.0
 
 
 class NodeExit(Exception):

@@ -43,6 +43,7 @@ from entrypoint.supervise.logs import Logger
 from entrypoint.supervise.node_exits import (
     LOST_PEER_GRACE,
     PEER_STOP_GRACE,
+    RESTART_GRACE,
     Interrupted,
     Node0Lost,
     NodeExit,
@@ -372,10 +373,8 @@ class Supervisor:
         """Node 0 restarts the job: end this launch, join again (None: start anew)."""
         if self.beats is not None:
             self.beats.stop()  # the old launch's ranks are no news for the new one
-        # A restart follows a lost node or a failed trainer: the workers' collectives are
-        # broken, no checkpoint can complete, and every second here is every GPU's.
         began = time.monotonic()
-        self._end_launch(LOST_PEER_GRACE)
+        self._end_launch(RESTART_GRACE)
         self.node.generation = message.generation
         if self.node.member != 0 and self.node.stop_signal is None:
             # node 0's conductor has said it already
@@ -444,9 +443,10 @@ class Supervisor:
         self.node0.send(m.Stacks(tuple(stacks)))
 
     def _end_workers(self, grace: float) -> None:
-        """SIGTERM to a running launch's workers, `grace` to exit, then SIGKILL."""
+        """SIGTERM to a running launch's workers, `grace` to exit, then SIGKILL (at once, with
+        no SIGTERM, when `grace` is 0)."""
         if self.launch is not None and self.launch.running():
-            self.launch.stop(grace, signal.SIGTERM)
+            self.launch.stop(grace, signal.SIGTERM if grace > 0 else None)
 
     def _end_launch(self, grace: float) -> None:
         self._end_workers(grace)
