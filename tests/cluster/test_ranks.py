@@ -116,7 +116,9 @@ def test_a_jax_pause_and_a_first_compilation_longer_than_the_timeout_raise_nothi
         assert "has not stepped" not in logs and "process 1 done: 60 steps" in logs, run.log(60)
 
 
-def test_a_slow_rank_is_named_in_the_log_and_in_status(image, docker_client):
+def slow_run(image, docker_client, make_nodes, **env: str) -> tuple[list[str], dict[str, str]]:
+    """A job with one slow rank, `ENTRYPOINT_SLOW_NODE_WINDOW=10`: node 0's "is slow" lines, and
+    `entrypoint status --once` on node 0 once the first one came ({"out", "code"})."""
     status: dict[str, str] = {}
 
     def look(c: FaultyCluster) -> None:
@@ -125,53 +127,37 @@ def test_a_slow_rank_is_named_in_the_log_and_in_status(image, docker_client):
 
     with FaultyCluster(image, client=docker_client, echo=print, mounts={TESTS: "/tests"}) as c:
         run = c.run(
-            nodes(
+            make_nodes(
                 c,
                 ENTRYPOINT_SLOW_NODE_WINDOW="10",
-                HANG_RANK="3",
                 HANG_STEP="0",
                 HANG_KIND="slow",
                 HANG_SECONDS="0.25",
-                STEPS="140",
-            ),
+                **env,
+            ),  # fmt: skip
             faults=[Fault("status", look, node=c.hostname("worker", 0), line="is slow")],
             timeout=TIMEOUT,
         )
         run.check()
-        slow = [x for x in run.nodes[0].lines if "is slow" in x]
-        assert len(slow) == 1 and "rank 3 on node 1" in slow[0], slow
-        out = status.get("out", "")
-        assert status.get("code") == "1" and "slow: rank 3 on node 1" in out, status
-        assert re.search(r"^\s+3\s+1\s+\S+.*yes$", out, re.M), out
-        assert not re.search(r"^\s+[012]\s+[01]\s+\S+.*yes$", out, re.M), out
+        return [x for x in run.nodes[0].lines if "is slow" in x], status
+
+
+def test_a_slow_rank_is_named_in_the_log_and_in_status(image, docker_client):
+    slow, status = slow_run(image, docker_client, nodes, HANG_RANK="3", STEPS="140")
+    assert len(slow) == 1 and "rank 3 on node 1" in slow[0], slow
+    out = status.get("out", "")
+    assert status.get("code") == "1" and "slow: rank 3 on node 1" in out, status
+    assert re.search(r"^\s+3\s+1\s+\S+.*yes$", out, re.M), out
+    assert not re.search(r"^\s+[012]\s+[01]\s+\S+.*yes$", out, re.M), out
 
 
 def test_a_slow_jax_process_is_named_in_the_log_and_in_status(image, docker_client):
     """Process 1 sleeps 0.25 s before every step (its own work, outside JAX); process 0 waits for
     it inside JAX (its dispatch, or its next operation): named slow, and only it."""
-    status: dict[str, str] = {}
-
-    def look(c: FaultyCluster) -> None:
-        code, out = c.exec(c.hostname("worker", 0), ["entrypoint", "status", "--once"])
-        status["out"], status["code"] = out, str(code)
-
-    with FaultyCluster(image, client=docker_client, echo=print, mounts={TESTS: "/tests"}) as c:
-        run = c.run(
-            jax_nodes(
-                c,
-                ENTRYPOINT_SLOW_NODE_WINDOW="10",
-                HANG_PROCESS="1",
-                HANG_STEP="0",
-                HANG_KIND="slow",
-                HANG_SECONDS="0.25",
-                STEPS="120",
-            ),
-            faults=[Fault("status", look, node=c.hostname("worker", 0), line="is slow")],
-            timeout=TIMEOUT,
-        )
-        run.check()
-        slow = [x for x in run.nodes[0].lines if "is slow" in x]
-        assert len(slow) == 1 and "rank 1 on node 1" in slow[0], slow
-        assert "of its own work" in slow[0], slow
-        out = status.get("out", "")
-        assert status.get("code") == "1" and "slow: rank 1 on node 1" in out, status
+    slow, status = slow_run(image, docker_client, jax_nodes, HANG_PROCESS="1", STEPS="120")
+    assert len(slow) == 1 and "rank 1 on node 1" in slow[0], slow
+    assert "of its own work" in slow[0], slow
+    out = status.get("out", "")
+    assert status.get("code") == "1" and "slow: rank 1 on node 1" in out, status
+    assert re.search(r"^\s+1\s+1\s+\S+.*yes$", out, re.M), out
+    assert not re.search(r"^\s+0\s+0\s+\S+.*yes$", out, re.M), out
