@@ -113,6 +113,8 @@ class Counted:
         return out
 
     def __getattr__(self, name: str) -> Any:
+        if name == "__wrapped__":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
         return getattr(self.__wrapped__, name)
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:

@@ -126,3 +126,12 @@ def test_the_sampler_tells_the_main_threads_own_work_from_its_waits_in_jax():
     waiting["wait"]()
     waited = sampler.take()
     assert 0.3 < own < 0.8 and waited < 0.15, (own, waited)
+
+
+def test_a_counted_function_can_be_copied(jax):
+    """copy.copy makes the object before its __wrapped__ is set: no endless lookup."""
+    import copy
+
+    step = jax.jit(len)
+    twin = copy.copy(step)
+    assert twin((1, 2)) == 2 and twin.lower(1) == ("lowered", (1,))
