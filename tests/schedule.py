@@ -12,6 +12,7 @@ from __future__ import annotations
 # (`--dist load --maxschedchunk 1`), so no long test starts last and holds the run open.
 LONGEST_FIRST = {
     "unit/test_hang_real.py::test_with_no_setting_the_learned_timeout": 192,
+    "unit/test_hang_real.py::test_with_no_setting_a_rank_half_a_second_slower": 150,
     "unit/test_hang_real.py": 40,
     "unit/test_allreduce_real.py": 24,
     "unit/test_spares_real.py": 17,
@@ -51,6 +52,7 @@ LONGEST_FIRST = {
 FILES_FIRST = {
     "cluster/test_faults.py": 550,
     "cluster/test_spares.py": 370,
+    "cluster/test_ranks.py": 270,  # with its JAX cases (2026-12-06, stop 65: about 155 s more)
     "cluster/test_preflight.py": 230,
     "image/test_job.py": 200,
     "cluster/test_control.py": 180,
@@ -58,7 +60,6 @@ FILES_FIRST = {
     "cluster/test_ipv6.py": 150,
     "image/test_deepspeed_ops.py": 130,
     "cluster/test_local.py": 130,
-    "cluster/test_ranks.py": 115,
     "cluster/test_metrics.py": 72,
     "image/test_image.py": 66,
     "image/test_users_code.py": 52,
