@@ -17,10 +17,11 @@ PACKAGE = Path(__file__).resolve().parents[2] / "entrypoint"
 MAX_MODULE_LINES = 800  # 500 until issue 49: the cap shaped the code more than its jobs did
 MAX_FUNCTION_LINES = 80  # 60 until issue 49
 MAX_TOP_LEVEL = (
-    15  # 14 rooms and modules, progress.py (the one module a trainer imports) among them
+    16  # 15 rooms and modules, progress.py (the one module a trainer imports) among them
 )
 SUBPACKAGES = (
     "plan",
+    "consensus",
     "control",
     "coordinator",
     "metrics",

@@ -1,0 +1,115 @@
+"""A node's lease in etcd, kept alive, and the fence that stops its trainers before the lease
+could end. etcd ends a lease no sooner than TTL seconds after it took the last renewal, and the
+renewal was sent before etcd took it: so by this node's clock the lease surely lives until
+(when the last answered renewal was sent) + TTL. A node that cannot renew stops its trainers
+`margin` seconds before that instant, and only after the lease's end can another node take
+what the lease held (node 0's seat, say). So two nodes 0 never train at once, whatever the
+network does, as long as the two clocks run at about the same rate over a few seconds."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from entrypoint.consensus.etcd import Etcd, EtcdError
+
+TTL = 5  # seconds: etcd's lease; a lost node 0 is seen at most this long after it stopped renewing
+MARGIN = 1.5  # seconds before the lease's surest end that a node that cannot renew fences itself
+RETRY = 0.2  # seconds between renewals once one has failed
+
+
+def renew_at(sent: float, ttl: float) -> float:
+    """When the next renewal goes: a third of the lease after the last one was sent."""
+    return sent + ttl / 3
+
+
+def fence_at(valid_until: float, margin: float) -> float:
+    """The instant a node that has not renewed since must have stopped its trainers."""
+    return valid_until - margin
+
+
+class LeaseKeeper:
+    """Renews `lease` in a thread of its own. If it cannot be sure the lease lives `margin`
+    seconds more (no renewal answered, or etcd says the lease is gone), it calls `fence(why)`
+    once, from that thread, and stops renewing: the lease is as good as lost."""
+
+    def __init__(
+        self,
+        etcd: Etcd,
+        lease: int,
+        ttl: float,
+        fence: Callable[[str], None],
+        margin: float,
+        asked_at: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """asked_at: when the lease's grant was sent (`clock()` before it), not answered."""
+        if not 0 < margin < ttl - ttl / 3:
+            raise ValueError(
+                f"a fence {margin} s before a {ttl} s lease's end leaves no time to renew"
+            )
+        self.etcd, self.lease, self.ttl, self.margin = etcd, lease, ttl, margin
+        self._fence, self._clock = fence, clock
+        self.valid_until = asked_at + ttl  # by this node's clock, the lease lives at least so long
+        self._sent = asked_at
+        self.fenced: str | None = None  # why, once fenced
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
+
+    @classmethod
+    def grant(
+        cls,
+        etcd: Etcd,
+        ttl: int,
+        fence: Callable[[str], None],
+        margin: float = MARGIN,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> LeaseKeeper:
+        """A new lease of ttl seconds, kept from now on."""
+        asked = clock()
+        return cls(etcd, etcd.grant(ttl), ttl, fence, margin, asked, clock).start()
+
+    def start(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def stop(self, revoke: bool = False) -> None:
+        """Stop renewing (and end the lease now, if revoke: what it holds is freed at once)."""
+        self._stop.set()
+        self._thread.join()
+        if revoke and self.fenced is None:
+            try:
+                self.etcd.revoke(self.lease)
+            except EtcdError:
+                pass  # it ends by itself within its TTL
+
+    def _run(self) -> None:
+        failed = False
+        while not self._stop.is_set():
+            now = self._clock()
+            deadline = fence_at(self.valid_until, self.margin)
+            if now >= deadline:
+                left = self.valid_until - now
+                return self._fenced(
+                    f"no renewal of its etcd lease answered for "
+                    f"{now - self._sent:.1f} s; it ends in {left:.1f} s at most"
+                )
+            due = self._sent + RETRY if failed else renew_at(self._sent, self.ttl)
+            if self._stop.wait(max(0.0, min(due, deadline) - now)):
+                return
+            if self._clock() < due:
+                continue  # woke for the deadline: judged at the loop's top
+            sent = self._clock()
+            try:
+                ttl = self.etcd.keepalive(self.lease, timeout=max(0.1, deadline - sent))
+            except EtcdError:
+                failed = True
+                continue
+            if ttl <= 0:
+                return self._fenced("etcd says its lease has ended")
+            self._sent, self.valid_until, failed = sent, sent + ttl, False
+
+    def _fenced(self, why: str) -> None:
+        self.fenced = why
+        self._fence(why)

@@ -1,0 +1,24 @@
+"""A node that takes node 0's seat in etcd and keeps its lease, nothing else (no torch): the
+consensus tests kill it or cut it off. argv: ENDPOINT JOB MEMBER TTL MARGIN. It prints
+`holder M term T` (or `holder M` of whoever holds the seat) and, if its lease is lost,
+`fenced <time.monotonic()> <why>`."""
+
+import sys
+import time
+
+from entrypoint.consensus.election import Holder, campaign
+from entrypoint.consensus.etcd import Etcd, endpoints_from
+from entrypoint.consensus.lease import LeaseKeeper
+
+endpoint, job, member, ttl, margin = sys.argv[1:6]
+etcd = Etcd(endpoints_from(endpoint))
+
+
+def fence(why: str) -> None:
+    print(f"fenced {time.monotonic()} {why}", flush=True)
+
+
+keeper = LeaseKeeper.grant(etcd, int(ttl), fence, float(margin))
+seat = campaign(etcd, job, Holder(int(member), f"host-{member}", "127.0.0.1:1"), keeper.lease)
+print(f"holder {seat.member} term {seat.term}", flush=True)
+time.sleep(3600)

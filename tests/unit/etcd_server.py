@@ -1,0 +1,91 @@
+"""A real etcd on loopback for the tests (Debian's etcd-server: `.ci/run` installs it), and a TCP
+relay in front of it that a test can cut, as a network cut would."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from tests.unit.ports import free_ports
+
+
+class EtcdServer:
+    """One etcd member, its client port on 127.0.0.1."""
+
+    def __init__(self, data: Path) -> None:
+        binary = shutil.which("etcd")
+        assert binary, "etcd is not installed: apt-get install etcd-server (.ci/run does)"
+        self.port = free_ports(2)
+        client, peer = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.port + 1}"
+        self.log = data / "etcd.log"
+        self.proc = subprocess.Popen(
+            [binary, "--name", "t", "--data-dir", str(data / "etcd"),
+             "--listen-client-urls", client, "--advertise-client-urls", client,
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"t={peer}"],
+            stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.5).close()
+                return
+            except OSError:
+                assert self.proc.poll() is None, self.log.read_text()[-2000:]
+                time.sleep(0.05)
+        raise AssertionError("etcd did not listen within 30 s: " + self.log.read_text()[-2000:])
+
+    @property
+    def endpoint(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.port)
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+class Relay:
+    """Forwards a loopback port to etcd's until `cut()`: from then on nothing crosses it either
+    way and new connections hang unanswered, as a node cut off the network sees (silence, not
+    a refusal)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.held: list[socket.socket] = []
+        self.cut_at: float | None = None
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def endpoint(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.port)
+
+    def cut(self) -> None:
+        self.cut_at = time.monotonic()
+
+    def _accept(self) -> None:
+        while True:
+            inner, _ = self.listener.accept()
+            if self.cut_at is not None:
+                self.held.append(inner)  # accepted, never answered
+                continue
+            try:
+                outer = socket.create_connection(self.target, 2)
+            except OSError:
+                inner.close()
+                continue
+            for a, b in ((inner, outer), (outer, inner)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                if self.cut_at is None:
+                    dst.sendall(data)
+        except OSError:
+            pass

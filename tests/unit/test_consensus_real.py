@@ -1,0 +1,169 @@
+"""Node 0's seat and the job's state on a real etcd (tests/unit/etcd_server.py), held by real
+processes (tests/seat_holder.py, no torch) that the tests kill or cut off from etcd."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from entrypoint.consensus.election import Holder, campaign, holder, publish, read_state, wait_vacant
+from entrypoint.consensus.etcd import Etcd, EtcdUnreachable, endpoints_from
+from entrypoint.consensus.lease import LeaseKeeper
+from tests.unit.etcd_server import EtcdServer, Relay
+
+ROOT = Path(__file__).resolve().parents[2]
+TTL, MARGIN = 3, 1.0  # renewed every second; fenced 2 s after the last answered renewal
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    server = EtcdServer(tmp_path_factory.mktemp("etcd"))
+    yield server
+    server.stop()
+
+
+class SeatHolder:
+    """tests/seat_holder.py: a process that takes node 0's seat and keeps its lease."""
+
+    def __init__(self, endpoint: tuple[str, int], job: str, member: int) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests/seat_holder.py"), f"{endpoint[0]}:{endpoint[1]}",
+             job, str(member), str(TTL), str(MARGIN)],
+            cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout
+        for line in self.proc.stdout:
+            self.lines.append(line.strip())
+
+    def line(self, start: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while not (found := [x for x in self.lines if x.startswith(start)]):
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.02)
+        if found:
+            return found[0]
+        raise AssertionError(f"no {start!r} line in {timeout} s: {self.lines}")
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def me(member: int) -> Holder:
+    return Holder(member, f"host-{member}", f"127.0.0.1:{7000 + member}")
+
+
+def test_one_seat_one_holder_and_only_its_term_writes_the_state(etcd, tmp_path):
+    client, job = Etcd([etcd.endpoint]), tmp_path.name
+    first = LeaseKeeper.grant(client, TTL, lambda why: None, MARGIN)
+    second = LeaseKeeper.grant(client, TTL, lambda why: None, MARGIN)
+    won = campaign(client, job, me(0), first.lease)
+    assert won == Holder(0, "host-0", "127.0.0.1:7000", won.term) and won.term > 0
+    assert campaign(client, job, me(1), second.lease) == won  # taken: no second node 0
+    assert holder(client, job) == won
+    assert publish(client, job, won, {"generation": 1, "seats": {"0": 0}})
+    assert read_state(client, job) == {"generation": 1, "seats": {"0": 0}}
+    first.stop(revoke=True)  # stepping down frees the seat at once
+    assert holder(client, job) is None
+    successor = campaign(client, job, me(1), second.lease)
+    assert successor.member == 1 and successor.term > won.term
+    assert not publish(client, job, won, {"generation": 99})  # the old term writes nothing
+    assert publish(client, job, successor, {"generation": 2})
+    assert read_state(client, job) == {"generation": 2}
+    second.stop(revoke=True)
+
+
+def test_a_killed_node_0_frees_its_seat_within_its_lease_and_no_live_one_is_replaced(
+    etcd, tmp_path
+):
+    client, job = Etcd([etcd.endpoint]), tmp_path.name
+    node0 = SeatHolder(etcd.endpoint, job, 0)
+    term = int(node0.line("holder 0 term", 30).split()[-1])
+    mine = LeaseKeeper.grant(client, TTL, lambda why: None, MARGIN)
+    try:
+        # while node 0 renews, its seat is never free: two lease lengths of waiting see nothing
+        assert not wait_vacant(client, job, 2 * TTL)
+        assert campaign(client, job, me(1), mine.lease).member == 0
+        killed = time.monotonic()
+        node0.kill()
+        assert wait_vacant(client, job, TTL + 2)
+        won = campaign(client, job, me(1), mine.lease)
+        took = time.monotonic() - killed
+        assert won.member == 1 and won.term > term
+        print(f"MEASURED node 0 killed: its seat taken {took:.2f} s later (lease {TTL} s)")
+        assert took <= TTL + 1.5  # etcd looks for ended leases every 0.5 s
+    finally:
+        node0.kill()
+        mine.stop(revoke=True)
+
+
+def test_a_node_0_cut_off_from_etcd_fences_itself_before_another_can_take_its_seat(etcd, tmp_path):
+    client, job = Etcd([etcd.endpoint]), tmp_path.name
+    relay = Relay(etcd.endpoint)
+    node0 = SeatHolder(relay.endpoint, job, 0)
+    node0.line("holder 0 term", 30)
+    mine = LeaseKeeper.grant(client, TTL, lambda why: None, MARGIN)
+    try:
+        time.sleep(1.5)  # a renewal or two through the relay
+        relay.cut()
+        assert relay.cut_at is not None
+        assert wait_vacant(client, job, TTL + 3)
+        free = time.monotonic()
+        assert campaign(client, job, me(1), mine.lease).member == 1
+        fenced = float(node0.line("fenced", 5).split()[1])
+        print(f"MEASURED node 0 cut off: fenced {fenced - relay.cut_at:.2f} s after the cut, "
+              f"{free - fenced:.2f} s before its seat was free")  # fmt: skip
+        assert fenced < free  # the old node 0 stopped its trainers before the seat was free
+        assert fenced - relay.cut_at <= TTL - MARGIN + 0.5
+        assert "no renewal of its etcd lease answered" in node0.line("fenced", 0)
+    finally:
+        node0.kill()
+        mine.stop(revoke=True)
+
+
+def test_a_lease_etcd_ended_fences_at_the_next_renewal(etcd):
+    client = Etcd([etcd.endpoint])
+    fenced: list[str] = []
+    keeper = LeaseKeeper.grant(client, TTL, fenced.append, MARGIN)
+    client.revoke(keeper.lease)  # as etcd does when the lease ran out while this node slept
+    deadline = time.monotonic() + TTL
+    while not fenced and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert fenced == ["etcd says its lease has ended"]
+    keeper.stop()
+
+
+def test_no_endpoint_answering_is_one_error_naming_them():
+    client = Etcd([("nothing.invalid", 2379)], timeout=0.5)
+    with pytest.raises(
+        EtcdUnreachable, match=r"no etcd endpoint answered /v3/kv/range \(nothing.invalid:2379\)"
+    ):
+        client.get("k")
+
+
+@pytest.mark.parametrize(
+    ("text", "endpoints"),
+    [
+        ("http://a:2379,http://b:2380", (("a", 2379), ("b", 2380))),  # etcdctl's --endpoints
+        ("a:1, b", (("a", 1), ("b", 2379))),
+        ("http://[fd00::1]:2379", (("fd00::1", 2379),)),
+    ],
+)
+def test_endpoints_as_etcdctl_writes_them(text, endpoints):
+    assert endpoints_from(text) == endpoints
+
+
+@pytest.mark.parametrize("text", ["", "https://a:2379", "a:port", "http://a:1/x"])
+def test_endpoints_that_are_not_refused(text):
+    with pytest.raises(ValueError):
+        endpoints_from(text)
