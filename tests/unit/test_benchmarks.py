@@ -29,6 +29,7 @@ SMOKE = {
     "control_soak.py": (["--minutes", "0.1", "--nodes", "2"], "0 false alarms"),
     "flight_recorder.py": (["--collectives", "20", "--rounds", "1"], "answering the entrypoint"),
     "fuzz_env.py": (["--cases", "200"], "slowest case"),
+    "node0_seat.py": (["--nodes", "8", "--steady", "1"], "loss->all know it"),
     "preflight.py": (["--nodes", "2", "--repeat", "1"], "join + check"),
     "progress_hook.py": (["--steps", "1000"], "traced memory after 1,000 more steps"),
     "startup.py": (["--runs", "1"], "entrypoint plan --json"),
