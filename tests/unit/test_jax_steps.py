@@ -6,6 +6,7 @@ are in tests/cluster/test_ranks.py."""
 from __future__ import annotations
 
 import functools
+import select
 import threading
 import time
 import types
@@ -117,9 +118,11 @@ def test_the_sampler_tells_the_main_threads_own_work_from_its_waits_in_jax():
     """A real sampler thread on this thread: 0.5 s in the trainer's own code (a sleep, as a slow
     data loader's) is own work; 0.5 s inside a function of JAX's files (a blocked dispatch) is
     not."""
-    waiting: dict = {"time": time}
-    exec(compile("def wait(): time.sleep(0.5)", "/venv/site-packages/jax/_src/array.py", "exec"),
-         waiting)  # fmt: skip  # noqa: S102
+    # select, not time.sleep: a C call, as a blocked dispatch is (`make test-profile` wraps
+    # time.sleep in a Python function of its own, which would be the innermost frame)
+    waiting: dict = {"select": select}
+    in_jax = "/venv/site-packages/jax/_src/array.py"
+    exec(compile("def wait(): select.select([], [], [], 0.5)", in_jax, "exec"), waiting)  # noqa: S102
     sampler = jax_steps.Sampler(threading.get_ident())
     time.sleep(0.5)
     own = sampler.take()
