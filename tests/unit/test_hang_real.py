@@ -18,7 +18,10 @@ from ports import free_ports
 from test_supervise_real import BASE as LOOPBACK
 
 TRAINER = str(Path(__file__).parents[1] / "hang_trainer.py")
-BASE = LOOPBACK | {"NNODES": "2", "MASTER_ADDR": "127.0.0.1"}
+# OMP_NUM_THREADS=1: both loopback nodes share this machine's cores, as a node's several workers
+# do (torchrun sets it so there); a node of one CPU worker is otherwise planned 2 threads, whose
+# OpenMP spin after every op cost 33% of a core a worker against 7% (py-spy, 2026-12-07)
+BASE = LOOPBACK | {"NNODES": "2", "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
 
 
 class Job:
