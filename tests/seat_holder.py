@@ -1,5 +1,5 @@
 """A node that takes node 0's seat in etcd and keeps its lease, nothing else (no torch): the
-consensus tests kill it or cut it off. argv: ENDPOINT JOB MEMBER TTL MARGIN. It prints
+consensus tests kill it or cut it off. argv: ENDPOINTS JOB MEMBER TTL MARGIN [TOKEN]. It prints
 `holder M term T` (or `holder M` of whoever holds the seat) and, if its lease is lost,
 `fenced <time.monotonic()> <why>`."""
 
@@ -7,11 +7,14 @@ import sys
 import time
 
 from entrypoint.consensus.election import Holder, campaign
+from entrypoint.consensus.embedded import USER, password
 from entrypoint.consensus.etcd import Etcd, endpoints_from
 from entrypoint.consensus.lease import LeaseKeeper
 
 endpoint, job, member, ttl, margin = sys.argv[1:6]
 etcd = Etcd(endpoints_from(endpoint))
+if len(sys.argv) > 6:  # the job's token: the embedded etcd's auth
+    etcd.login(USER, password(sys.argv[6]))
 
 
 def fence(why: str) -> None:

@@ -17,6 +17,9 @@ from urllib.parse import urlsplit
 
 TIMEOUT = 2.0  # seconds one request may take on one endpoint before the next is tried
 NOT_FOUND = 5  # gRPC's NOT_FOUND: etcd's "requested lease not found"
+# etcd's refusals while it has no leader, which pass once it elects one (etcdserver/errors.go)
+TRANSIENT = ("leader changed", "no leader", "request timed out", "too many requests")
+REELECTION = 5.0  # seconds a refusal of TRANSIENT is asked again (etcd elects within 1 to 2 s)
 
 
 class EtcdError(Exception):
@@ -98,10 +101,26 @@ class Etcd:
     def __init__(self, endpoints: Sequence[tuple[str, int]], timeout: float = TIMEOUT) -> None:
         self.endpoints = list(endpoints)
         self.timeout = timeout
-        self.token = ""  # etcd's auth token, once `authenticate` has one
+        self.token = ""  # etcd's auth token, once `login` has one
+        self._credentials: tuple[str, str] | None = None
 
     def call(self, path: str, body: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        """POST body to /v3/<path> on the first endpoint that answers; its JSON answer."""
+        """POST body to /v3/<path> on the first endpoint that answers; its JSON answer. While
+        etcd elects its own leader (a member was lost) it refuses for a second or two: asked
+        again until REELECTION has passed."""
+        deadline = time.monotonic() + REELECTION
+        while True:
+            try:
+                return self._call(path, body, timeout)
+            except EtcdRefused as exc:
+                if self._credentials is not None and "invalid auth token" in str(exc):
+                    self._authenticate()
+                elif not any(x in str(exc) for x in TRANSIENT) or time.monotonic() > deadline:
+                    raise
+                else:
+                    time.sleep(0.1)
+
+    def _call(self, path: str, body: dict[str, Any], timeout: float | None) -> dict[str, Any]:
         last: Exception | None = None
         for host, port in list(self.endpoints):
             try:
@@ -139,12 +158,17 @@ class Etcd:
 
     # -- auth -----------------------------------------------------------------------------
 
-    def authenticate(self, user: str, password: str) -> None:
-        """etcd's simple-token auth: every later call carries the token it gives."""
+    def login(self, user: str, password: str) -> None:
+        """etcd's auth: every later call carries the token etcd gives this user, and asks for a
+        new one when etcd has dropped it (a simple token ends after 5 idle minutes)."""
+        self._credentials = (user, password)
+        self._authenticate()
+
+    def _authenticate(self) -> None:
+        user, password = self._credentials or ("", "")
         self.token = ""
-        self.token = str(
-            self.call("auth/authenticate", {"name": user, "password": password})["token"]
-        )
+        answer = self.call("auth/authenticate", {"name": user, "password": password})
+        self.token = str(answer["token"])
 
     # -- keys -----------------------------------------------------------------------------
 

@@ -30,10 +30,10 @@ def etcd(tmp_path_factory):
 class SeatHolder:
     """tests/seat_holder.py: a process that takes node 0's seat and keeps its lease."""
 
-    def __init__(self, endpoint: tuple[str, int], job: str, member: int) -> None:
+    def __init__(self, endpoint: tuple[str, int], job: str, member: int, token: str = "") -> None:
         self.proc = subprocess.Popen(
             [sys.executable, str(ROOT / "tests/seat_holder.py"), f"{endpoint[0]}:{endpoint[1]}",
-             job, str(member), str(TTL), str(MARGIN)],
+             job, str(member), str(TTL), str(MARGIN), *([token] if token else [])],
             cwd=ROOT, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         self.lines: list[str] = []

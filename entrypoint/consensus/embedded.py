@@ -1,0 +1,159 @@
+"""An etcd cluster the job carries itself: its first 3 or 5 members each start one etcd member,
+bootstrapped from the roster every node already shares (etcd's static bootstrap: each member is
+told the whole initial cluster), so no discovery service is needed. What to run is a pure
+function of the roster; starting, waiting and stopping the process is the edge. With a job token,
+etcd's own auth closes the client port to strangers: one user, its password derived from the
+token, so every member of the job knows it and nobody else does."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from entrypoint.consensus.etcd import Etcd, EtcdError, EtcdRefused
+from entrypoint.plan.values import host_port
+
+USER = "multinode"  # etcd's user of the job (granted etcd's root role)
+SIZES = (5, 3)  # members, the largest that the job's nodes allow; fewer than 3 survive no loss
+
+
+@dataclass(frozen=True)
+class EtcdMember:
+    """One member of the embedded cluster: its name, host and two ports."""
+
+    name: str
+    host: str
+    client_port: int
+    peer_port: int
+
+    @property
+    def client_url(self) -> str:
+        return f"http://{host_port(self.host, self.client_port)}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{host_port(self.host, self.peer_port)}"
+
+
+def cluster_size(nodes: int) -> int:
+    """How many of the job's nodes run an etcd member: 5 from 5 nodes, 3 from 3, else 0 (a
+    cluster of 1 or 2 survives no member's loss, so node 0's loss would end the job anyway)."""
+    return next((size for size in SIZES if nodes >= size), 0)
+
+
+def members_from(hosts: Sequence[str], client_port: int, peer_port: int) -> tuple[EtcdMember, ...]:
+    """The embedded cluster of a job whose members run on `hosts` (in member order): its first
+    `cluster_size` members, each with the same two ports."""
+    size = cluster_size(len(hosts))
+    return tuple(EtcdMember(f"m{i}", hosts[i], client_port, peer_port) for i in range(size))
+
+
+def command(
+    binary: str, me: EtcdMember, cluster: Sequence[EtcdMember], data_dir: str, job: str
+) -> list[str]:
+    """etcd's command line for member `me` of `cluster`, bootstrapped statically; `job` names
+    the cluster (etcd's initial-cluster-token), so two jobs' members never mix."""
+    initial = ",".join(f"{m.name}={m.peer_url}" for m in cluster)
+    return [
+        binary,
+        f"--name={me.name}",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls=http://{host_port(_bind(me.host), me.client_port)}",
+        f"--advertise-client-urls={me.client_url}",
+        f"--listen-peer-urls=http://{host_port(_bind(me.host), me.peer_port)}",
+        f"--initial-advertise-peer-urls={me.peer_url}",
+        f"--initial-cluster={initial}",
+        "--initial-cluster-state=new",
+        f"--initial-cluster-token=multinode-{job}",
+    ]
+
+
+def _bind(host: str) -> str:
+    """An address the member's host is written as, else every address (both families)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return "::"
+    return host
+
+
+def password(token: str) -> str:
+    """etcd's password of the job's user: derived from the job token, never the token itself
+    (etcd stores a hash of it; a reader of etcd's files learns nothing of the token)."""
+    return hmac.new(token.encode(), b"multinode etcd user", hashlib.sha256).hexdigest()
+
+
+class Embedded:
+    """This node's etcd member as a child process."""
+
+    def __init__(
+        self,
+        me: EtcdMember,
+        cluster: Sequence[EtcdMember],
+        data_dir: Path,
+        job: str,
+        log: Path,
+        binary: str | None = None,
+    ) -> None:
+        found = binary or shutil.which("etcd")
+        if not found:
+            raise FileNotFoundError(
+                "etcd is not installed in this image (apt-get install etcd-server)"
+            )
+        self.me, self.cluster = me, tuple(cluster)
+        self.argv = command(found, me, cluster, str(data_dir), job)
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def wait_ready(etcd: Etcd, timeout: float) -> None:
+    """Block until the cluster answers a read (it has a leader, so a quorum of members is up);
+    EtcdError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            etcd.get("/multinode/ready")
+            return
+        except EtcdRefused as exc:
+            if "user name is empty" in str(exc) or "auth" in str(exc).lower():
+                return  # it answers, and asks who is asking: auth is on already
+            if time.monotonic() > deadline:
+                raise
+        except EtcdError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
+
+
+def secure(etcd: Etcd, token: str) -> None:
+    """Close the cluster to anyone without the job token: the job's user with the token's
+    password and etcd's root role, then etcd's auth on; from then on `etcd` authenticates as
+    that user. Run it once by one member (member 0 of the cluster); a second run finds the
+    user there and auth on, and only authenticates."""
+    secret = password(token)
+    try:
+        etcd.call("auth/user/add", {"name": USER, "password": secret})
+        etcd.call("auth/user/grant", {"user": USER, "role": "root"})
+        etcd.call("auth/user/add", {"name": "root", "password": secret})
+        etcd.call("auth/user/grant", {"user": "root", "role": "root"})
+        etcd.call("auth/enable", {})
+    except EtcdRefused as exc:
+        if "already exists" not in str(exc) and "user name is empty" not in str(exc):
+            raise
+    etcd.login(USER, secret)

@@ -1,0 +1,116 @@
+"""The job's own etcd: 3 real etcd members started as `consensus/embedded.py` starts them (the
+static bootstrap from the roster), closed to strangers by the job token, and node 0's member
+and seat holder killed together, as losing node 0 does: the two left keep the quorum, and the
+next member takes the seat."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from test_consensus_real import MARGIN, TTL, SeatHolder, me
+
+from entrypoint.consensus.election import campaign, holder, publish, read_state, wait_vacant
+from entrypoint.consensus.embedded import (
+    Embedded,
+    EtcdMember,
+    cluster_size,
+    command,
+    members_from,
+    password,
+    secure,
+    wait_ready,
+)
+from entrypoint.consensus.etcd import Etcd, EtcdRefused
+from entrypoint.consensus.lease import LeaseKeeper
+from tests.unit.ports import free_ports
+
+TOKEN = "the-job-token-0123456789abcdef"
+
+
+@pytest.mark.parametrize(
+    ("nodes", "size"), [(1, 0), (2, 0), (3, 3), (4, 3), (5, 5), (1024, 5)]
+)  # fmt: skip
+def test_how_many_nodes_run_a_member(nodes, size):
+    assert cluster_size(nodes) == size
+    assert len(members_from([f"h{i}" for i in range(nodes)], 1, 2)) == size
+
+
+def test_each_member_is_told_the_whole_cluster_and_the_job_it_belongs_to():
+    cluster = members_from(["worker-0", "worker-1", "fd00::2", "worker-3"], 29503, 29504)
+    argv = command("/usr/bin/etcd", cluster[2], cluster, "/run/etcd", "train")
+    assert argv == [
+        "/usr/bin/etcd",
+        "--name=m2",
+        "--data-dir=/run/etcd",
+        "--listen-client-urls=http://[fd00::2]:29503",
+        "--advertise-client-urls=http://[fd00::2]:29503",
+        "--listen-peer-urls=http://[fd00::2]:29504",
+        "--initial-advertise-peer-urls=http://[fd00::2]:29504",
+        "--initial-cluster=m0=http://worker-0:29504,m1=http://worker-1:29504,m2=http://[fd00::2]:29504",
+        "--initial-cluster-state=new",
+        "--initial-cluster-token=multinode-train",
+    ]  # fmt: skip
+    assert "--listen-client-urls=http://[::]:29503" in command(
+        "etcd", cluster[0], cluster, "d", "j"
+    )
+    assert password(TOKEN) != TOKEN and password(TOKEN) == password(TOKEN)
+    assert password(TOKEN) != password(TOKEN + "x")
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    port = free_ports(6)
+    members = [EtcdMember(f"m{i}", "127.0.0.1", port + 2 * i, port + 2 * i + 1) for i in range(3)]
+    started = [
+        Embedded(m, members, tmp_path / m.name, tmp_path.name, tmp_path / f"{m.name}.log")
+        for m in members
+    ]
+    for each in started:
+        each.start()
+    yield started
+    for each in started:
+        each.stop()
+
+
+def test_three_members_hold_the_job_lose_node_0s_and_a_stranger_gets_nothing(cluster, tmp_path):
+    endpoints = [("127.0.0.1", m.me.client_port) for m in cluster]
+    job = tmp_path.name
+    first = Etcd(endpoints[:1])
+    wait_ready(first, 30)
+    secure(first, TOKEN)  # member 0 of the cluster closes it, once
+    secure(Etcd(endpoints[1:2]), TOKEN)  # a second run only logs in
+
+    for stranger in (Etcd(endpoints), Etcd(endpoints)):
+        with pytest.raises(EtcdRefused):
+            stranger.get("/multinode/x")
+        with pytest.raises(EtcdRefused):
+            stranger.put("/multinode/x", "mine")
+    with pytest.raises(EtcdRefused, match="authentication failed"):
+        Etcd(endpoints).login("multinode", password("another job's token"))
+
+    node0 = SeatHolder(endpoints[0], job, 0, TOKEN)  # node 0 talks to its own member
+    term = int(node0.line("holder 0 term", 30).split()[-1])
+    survivors = Etcd(endpoints[1:])
+    survivors.login("multinode", password(TOKEN))
+    assert holder(survivors, job).member == 0
+    assert publish(survivors, job, holder(survivors, job), {"generation": 3})
+    mine = None
+    try:
+        killed = time.monotonic()
+        node0.kill()
+        cluster[0].stop()  # node 0's etcd member goes with it
+        assert wait_vacant(survivors, job, TTL + 10)
+        # a fresh lease, as a member campaigns (one held through etcd's own election could have
+        # been fenced by then: tests/unit/test_consensus_real.py's lease is 3 s)
+        mine = LeaseKeeper.grant(survivors, TTL, lambda why: None, MARGIN)
+        won = campaign(survivors, job, me(1), mine.lease)
+        took = time.monotonic() - killed
+        assert won.member == 1 and won.term > term
+        assert read_state(survivors, job) == {"generation": 3}
+        print(f"MEASURED node 0 and its etcd member killed: the seat taken {took:.2f} s later")
+        assert took <= TTL + 5  # the lease, and etcd's own election among the two left
+    finally:
+        node0.kill()
+        if mine is not None:
+            mine.stop(revoke=True)
