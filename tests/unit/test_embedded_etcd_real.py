@@ -114,3 +114,34 @@ def test_three_members_hold_the_job_lose_node_0s_and_a_stranger_gets_nothing(clu
         node0.kill()
         if mine is not None:
             mine.stop(revoke=True)
+
+
+def test_node_0_keeps_its_seat_when_etcd_loses_its_leader(cluster, tmp_path):
+    """Another node's member, etcd's own leader, is lost: etcd elects another leader within a
+    second or two, and node 0 (the product's lease, 5 s) renews through it without fencing."""
+    endpoints = [("127.0.0.1", m.me.client_port) for m in cluster]
+    client = Etcd(endpoints)
+    wait_ready(client, 30)
+    secure(client, TOKEN)
+    for _ in range(50):  # the leader etcd elected, by its member ID
+        statuses = [Etcd([e]).call("maintenance/status", {}) for e in endpoints]
+        if statuses[0].get("leader"):
+            break
+        time.sleep(0.1)
+    leader = next(
+        i for i, s in enumerate(statuses) if s["header"]["member_id"] == statuses[0]["leader"]
+    )
+    node0 = 1 if leader == 0 else 0  # node 0 is on another member's node, its own member first
+    mine = Etcd([endpoints[node0]] + [e for i, e in enumerate(endpoints) if i != node0])
+    mine.login("multinode", password(TOKEN))
+    fenced: list[str] = []
+    keeper = LeaseKeeper.grant(mine, 5, fenced.append)
+    seat = campaign(mine, tmp_path.name, me(node0), keeper.lease)
+    try:
+        time.sleep(1.7)  # just after a renewal: the longest time to the next one
+        cluster[leader].stop()
+        time.sleep(8)  # longer than the lease
+        assert not fenced and keeper.fenced is None
+        assert holder(mine, tmp_path.name) == seat
+    finally:
+        keeper.stop(revoke=True)
