@@ -13,7 +13,9 @@ may run on fewer seats than it was planned for, never fewer than M.
 - with no standby left the job shrinks: survivors whose seat is past the new size move down
   into the empty seats, so the ranks stay contiguous;
 - with standbys again (a replaced node came back), the job grows back to its planned size.
-Member 0 serves the control channel and the rendezvous: it always sits in seat 0.
+The *head* serves the control channel and the rendezvous, so it always sits in seat 0: member 0,
+or, once node 0 was lost, the member that holds node 0's seat in etcd (consensus/election.py;
+the seat it leaves is filled as any lost member's).
 """
 
 from __future__ import annotations
@@ -50,21 +52,24 @@ def seat(
     previous: Mapping[int, int],
     alive: Iterable[int],
     domains: Mapping[int, str] | None = None,
+    head: int = 0,
 ) -> dict[int, int]:
     """member -> seat for the next start; the members alive and left out stand by. Fewer than
     `roster.min_nodes` seats is the caller's to refuse (len() of the result). `domains`: each
     member's NVLink domain; a seat a lost member leaves goes to a standby of its domain first
-    (its GPUs share the NVLink fabric of the seats around it, as on a GB200 NVL72)."""
+    (its GPUs share the NVLink fabric of the seats around it, as on a GB200 NVL72). `head`: the
+    member that serves the job (node 0); it sits in seat 0, and with it gone nobody is seated."""
     alive = sorted(set(alive))
-    if 0 not in alive:
+    if head not in alive:
         return {}
     domains = domains or {}
     size = min(roster.full, len(alive))
-    stayed = sorted((m for m in alive if m in previous), key=lambda m: previous[m])
-    seats = {m: previous[m] for m in stayed if previous[m] < size}
+    others = [m for m in alive if m != head]
+    stayed = sorted((m for m in others if m in previous), key=lambda m: previous[m])
+    seats = {head: 0} | {m: previous[m] for m in stayed if 0 < previous[m] < size}
     free = [s for s in range(size) if s not in seats.values()]
     moving = [m for m in stayed if m not in seats]  # seated past the new size: shrink
-    waiting = [m for m in alive if m not in previous]  # standbys, lowest member first
+    waiting = [m for m in others if m not in previous]  # standbys, lowest member first
     for member in moving:
         if free:
             seats[member] = free.pop(0)
@@ -78,8 +83,6 @@ def seat(
         waiting.remove(member)
         seats[member] = place
         free.remove(place)
-    if seats.get(0, 0) != 0:  # cannot happen: member 0 is alive and seated in 0 from the start
-        raise AssertionError(f"member 0 moved to seat {seats[0]}")
     return seats
 
 

@@ -76,6 +76,28 @@ def test_seat(roster, previous, alive, expected):
     assert seat(roster, previous, alive) == expected
 
 
+@pytest.mark.parametrize(
+    "roster, previous, alive, head, expected",
+    [
+        # node 0 lost, node 1 holds node 0's seat in etcd now: it takes node rank 0 (it serves
+        # the rendezvous), and the spare the rank it left
+        (Roster(3, 2, 2), {0: 0, 1: 1}, [1, 2], 1, {1: 0, 2: 1}),
+        # no spare, a minimum of 2: the job shrinks onto the two left, node 2 moving down
+        (Roster(3, 3, 2), {0: 0, 1: 1, 2: 2}, [1, 2], 1, {1: 0, 2: 1}),
+        # the last node won the seat: it takes rank 0, node 1 keeps its rank
+        (Roster(3, 3, 2), {0: 0, 1: 1, 2: 2}, [1, 2], 2, {2: 0, 1: 1}),
+        # a standby won it: it takes rank 0, the others keep theirs
+        (Roster(3, 2, 2), {0: 0, 1: 1}, [1, 2], 2, {2: 0, 1: 1}),
+        # the head lost as well: nobody is seated (the job ends)
+        (Roster(3, 2, 2), {1: 0, 2: 1}, [2], 1, {}),
+    ],
+)
+def test_seat_after_node_0_was_lost(roster, previous, alive, head, expected):
+    seats = seat(roster, previous, alive, head=head)
+    assert seats == expected
+    assert not seats or seats[head] == 0
+
+
 def test_changes_name_who_took_which_rank():
     assert changes({0: 0, 1: 1, 2: 2}, {0: 0, 2: 1, 3: 2}) == [
         "node 2 moves from node rank 2 to 1",
