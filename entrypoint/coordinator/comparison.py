@@ -80,18 +80,19 @@ def mismatches(members: list[Member]) -> list[str]:
     return lines
 
 
-def layout_mismatches(members: list[Member]) -> list[str]:
+def layout_mismatches(members: list[Member], head: int = 0) -> list[str]:
     """One line per member whose plan of the job's shape differs from the majority's (node 0
     breaks ties): node count, workers per node, world size, master and port, launcher, and a
-    node rank outside the node count. Node 0's own master address is not compared: it may
-    name itself differently (localhost, its own IP) from how the others reach it."""
+    node rank outside the node count. Node 0's own master address (the head's: member 0, or
+    the member serving the job after a takeover) is not compared: it may name itself
+    differently (localhost, its own IP) from how the others reach it."""
     if len(members) < 2:
         return []
     ordered = sorted(members, key=lambda m: m.id)
     shapes = {m.id: _shape(m.fingerprint.layout) for m in ordered}
     odd: dict[int, list[str]] = {}
     for field in LAYOUT:
-        voters = [m for m in ordered if not (field == "master_addr" and m.id == 0)]
+        voters = [m for m in ordered if not (field == "master_addr" and m.id == head)]
         if len(voters) < 2 and field == "master_addr":
             continue
         values = [repr(shapes[m.id].get(field)) for m in voters]

@@ -48,7 +48,7 @@ def _go(job: JobState, now: float) -> list[Action]:
     members = [
         Member(m, s.host, s.fingerprint, s.clock_offset) for m, s in sorted(job.members.items())
     ]
-    problems = layout_mismatches(members) + mismatches(members) + data_mismatches(members)
+    problems = layout_mismatches(members, job.head) + mismatches(members) + data_mismatches(members)
     # Clocks are compared once per job: drift during a long job must not turn a restart
     # into a configuration error.
     refusals, warnings = (
@@ -101,7 +101,7 @@ def lose(job: JobState, member: int, why: str, now: float) -> list[Action]:
     job.lost[member] = why
     if job.roster.elastic and not any(s in STOPPING for s in job.received):
         alive = [m for m, s in job.members.items() if s.connected and m != member]
-        if len(seat(job.roster, job.seats, alive)) >= job.roster.min_nodes:
+        if len(seat(job.roster, job.seats, alive, head=job.head)) >= job.roster.min_nodes:
             return restart(job, reason, alive, now)
         return end(job, EXIT_PEERS, f"{reason}; {_why_not_on(job, alive)}")
     return failure(job, member, None, reason, EXIT_PEERS, now)
@@ -113,7 +113,7 @@ def lose(job: JobState, member: int, why: str, now: float) -> list[Action]:
 def _seating(job: JobState) -> dict[int, int]:
     if not job.roster.elastic:
         return job.seats
-    return seat(job.roster, job.seats, job.members.keys(), _domains(job))
+    return seat(job.roster, job.seats, job.members.keys(), _domains(job), job.head)
 
 
 def _domains(job: JobState) -> dict[int, str]:
@@ -128,9 +128,9 @@ def _full(job: JobState, seats: dict[int, int]) -> bool:
 def late_go_allowed(job: JobState) -> bool:
     """Elastic jobs go on without members that do not come: spares at the start, lost
     nodes at a restart, as long as enough seats are filled."""
-    if not job.roster.elastic or 0 not in job.members:
+    if not job.roster.elastic or job.head not in job.members:
         return False
-    seats = seat(job.roster, job.seats, job.members.keys())
+    seats = seat(job.roster, job.seats, job.members.keys(), head=job.head)
     return _full(job, seats) if job.generation == 0 else len(seats) >= job.roster.min_nodes
 
 
@@ -213,13 +213,13 @@ def standby_joins(
 
 def _unlike_node0(job: JobState, member: int, state: MemberState) -> list[Action]:
     """A standby that does not match node 0 is refused (its actions), the job goes on."""
-    ref = job.members.get(0)
+    ref = job.members.get(job.head)
     pair = [
         Member(m, s.host, s.fingerprint, s.clock_offset)
-        for m, s in ((0, ref), (member, state))
+        for m, s in ((job.head, ref), (member, state))
         if s is not None
     ]
-    problems = layout_mismatches(pair) + mismatches(pair) + data_mismatches(pair)
+    problems = layout_mismatches(pair, job.head) + mismatches(pair) + data_mismatches(pair)
     if not problems:
         return []
     reason = (

@@ -117,6 +117,7 @@ class JobState:
     join_started: float
     unit: str = "node"  # "node", or "process" when the platform started one per GPU
     address: str = "?"  # where node 0 listens, for messages
+    head: int = 0  # the member serving the job: 0, or node 0's seat holder after a takeover
     members: dict[int, MemberState] = field(default_factory=dict)
     phase: Phase = JOIN
     generation: int = 0
