@@ -37,6 +37,9 @@ from entrypoint.trainer_side.step_hook import (
 )
 
 DUMP_WAIT = 1.0  # seconds the ranks get to write their stacks
+# seconds a rank's own thread gets to write its stacks before faulthandler's signal is sent to
+# it (a rank stuck in C code that holds the GIL: its thread cannot run)
+SIGNAL_AFTER = 0.5
 
 
 @dataclass
@@ -65,6 +68,7 @@ class Inbox:
         self.stacks_dir = stacks_dir
         self.ranks: dict[int, Rank] = {}
         self.dumped_at: float | None = None
+        self.asked: dict[int, tuple[int, int]] = {}  # pid: (rank, its stack file's size then)
         self.lock = threading.Lock()
         self.closed = False
         self.reader = threading.Thread(target=self._read, name="rank-progress", daemon=True)
@@ -127,30 +131,46 @@ class Inbox:
         return out
 
     def dump(self, now: float) -> None:
-        """Ask every rank for its stacks (faulthandler, registered by the site hook) and its
-        process groups' last collectives (torch's Flight Recorder, read by a thread of the
-        rank's: entrypoint.trainer_side.flight)."""
+        """Ask every rank for its stacks and its process groups' last collectives (torch's
+        Flight Recorder): its own thread writes both, in turn (entrypoint.trainer_side.flight).
+        A rank with no such thread (no process group, JAX) gets faulthandler's signal for its
+        stacks (registered by the site hook), and so does one whose thread has not written them
+        within SIGNAL_AFTER (`dump_ready`)."""
         with self.lock:
             ranks = list(self.ranks.values())
+        self.asked = {}
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as ask:
             ask.setblocking(False)
             for r in ranks:
                 self._collectives_file(r.rank, r.pid).unlink(missing_ok=True)  # no stale answer
+                size = self._stack_size(r.rank, r.pid)
                 try:
-                    os.kill(r.pid, DUMP_SIGNAL)
-                except OSError:
-                    continue
-                try:  # refused where no recorder answers (no process group, JAX): its stack only
                     ask.sendto(b"dump", flight.address("\0" + self.name, r.pid))
-                except OSError:
-                    pass
+                    self.asked[r.pid] = (r.rank, size)
+                except OSError:  # refused where no recorder's thread answers
+                    _signal(r.pid)
         self.dumped_at = now
+
+    def _stack_size(self, rank: int, pid: int) -> int:
+        try:
+            return (self.stacks_dir / f"rank{rank}.pid{pid}.txt").stat().st_size
+        except OSError:
+            return -1
 
     def _collectives_file(self, rank: int, pid: int) -> Path:
         return self.stacks_dir / f"rank{rank}.pid{pid}.collectives.json"
 
     def dump_ready(self, now: float) -> bool:
-        return self.dumped_at is not None and now - self.dumped_at >= DUMP_WAIT
+        """Whether the ranks' answers can be read; on the way, the signal to each rank whose
+        thread wrote no stacks within SIGNAL_AFTER."""
+        if self.dumped_at is None:
+            return False
+        if self.asked and now - self.dumped_at >= SIGNAL_AFTER:
+            for pid, (rank, size) in self.asked.items():
+                if self._stack_size(rank, pid) <= size:
+                    _signal(pid)
+            self.asked = {}
+        return now - self.dumped_at >= DUMP_WAIT
 
     def stacks(self) -> list[RankDump]:
         """Each rank's main-thread stack from its last dump, innermost frame first."""
@@ -190,6 +210,13 @@ class Inbox:
     def close(self) -> None:
         self.closed = True
         self.sock.close()
+
+
+def _signal(pid: int) -> None:
+    try:
+        os.kill(pid, DUMP_SIGNAL)
+    except OSError:
+        pass
 
 
 def _alive(pid: int) -> bool:

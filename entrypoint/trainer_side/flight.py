@@ -3,14 +3,16 @@
 torch records each process group's collectives in a ring (TORCH_FR_BUFFER_SIZE entries; the plan
 sets it on every node: gloo's collectives are recorded too, since torch 2.10 at least), and
 NCCL's dump it on a timeout. The entrypoint does not wait for that timeout: once a rank has
-stepped with a process group formed, `start` binds an abstract Unix datagram socket named after
-the progress socket and this process (`<progress socket>.fr.<pid>`) and a daemon thread blocks
-on it. When the job stops stepping, the node's entrypoint sends a datagram there (beside the
-faulthandler signal for the stacks); the thread answers by writing `summary()` of the recorder's
-entries into `rank<R>.pid<P>.collectives.json` under ENTRYPOINT_STACKS_DIR. A thread, not a signal
-handler: Python runs a signal's handler only between bytecodes of the main thread, which is then
-blocked in a collective or a sleep. The thread needs the GIL for a moment: a rank stuck in C code
-that holds it gives no answer, and the entrypoint judges without it.
+stepped, `start` binds an abstract Unix datagram socket named after the progress socket and
+this process (`<progress socket>.fr.<pid>`) and a daemon thread blocks on it. When the job stops
+stepping, the node's entrypoint sends a datagram there; the thread answers by writing every
+thread's stack (faulthandler's dump, into the site hook's stack file) and then, if the process
+has a process group, `summary()` of the recorder's entries into
+`rank<R>.pid<P>.collectives.json` under ENTRYPOINT_STACKS_DIR. A thread, not a signal handler:
+Python runs a signal's handler only between bytecodes of the main thread, which is then blocked
+in a collective or a sleep. The thread needs the GIL for a moment: a rank stuck in C code that
+holds it gives no answer, and gets faulthandler's signal after SIGNAL_AFTER
+(entrypoint.supervise.rank_inbox); the entrypoint judges without its collectives.
 
 The summary: for each process group, its last collective as this rank recorded it
 ([group id, group description, sequence number, operation, what it moved]).
@@ -18,6 +20,7 @@ The summary: for each process group, its last collective as this rank recorded i
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import pickle
@@ -25,7 +28,7 @@ import socket
 import sys
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import IO, Any
 
 DETAIL = 80  # characters of an operation's sizes and types
 
@@ -98,12 +101,25 @@ def _entries() -> list[dict]:
 
 
 class Answerer:
-    """The daemon thread that writes this rank's summary when the entrypoint asks."""
+    """The daemon thread that writes this rank's stacks, then its summary, when the entrypoint
+    asks. The stacks are faulthandler's dump of every thread, taken here while this thread
+    holds the GIL: no other thread runs Python meanwhile, so every frame it reads stays put. A
+    dump from faulthandler's signal handler reads them while other threads run, and crashed a
+    rank (SIGSEGV) whose own thread was encoding its summary at that instant (2026-12-07); the
+    entrypoint sends that signal only to a rank whose thread does not answer (rank_inbox)."""
 
-    def __init__(self, progress_address: str, stacks_dir: str, rank: int) -> None:
+    def __init__(
+        self,
+        progress_address: str,
+        stacks_dir: str,
+        rank: int,
+        stack_file: IO[str] | None,
+        recorder: bool = True,
+    ) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         self.sock.bind(address(progress_address, os.getpid()))
         self.path = os.path.join(stacks_dir, f"rank{rank}.pid{os.getpid()}.collectives.json")
+        self.stack_file, self.recorder = stack_file, recorder
         self.thread = threading.Thread(target=self._serve, name="entrypoint-flight", daemon=True)
         self.thread.start()
 
@@ -116,7 +132,13 @@ class Answerer:
             self.write()
 
     def write(self) -> None:
-        write(self.path)
+        if self.stack_file is not None:
+            try:
+                faulthandler.dump_traceback(self.stack_file, all_threads=True)
+            except (OSError, ValueError, RuntimeError):
+                pass
+        if self.recorder:
+            write(self.path)
 
 
 def write(path: str) -> None:
@@ -136,12 +158,17 @@ def address(progress_address: str, pid: int) -> str:
     return f"{progress_address}.fr.{pid}"
 
 
-def start(progress_address: str, stacks_dir: str, rank: int) -> Answerer | None:
-    """Answer the entrypoint's requests from now on, once this process has a process group."""
+def start(
+    progress_address: str, stacks_dir: str, rank: int, stack_file: IO[str] | None = None
+) -> Answerer | None:
+    """Answer the entrypoint's requests from now on: this process's stacks into `stack_file`
+    (the site hook's), then, once it has a process group, its recorder's summary (a JAX
+    process, or one with no process group, answers with its stacks alone)."""
     distributed: Any = sys.modules.get("torch.distributed")
     try:
-        if distributed is None or not distributed.is_initialized():
+        recorder = distributed is not None and distributed.is_initialized()
+        if not recorder and stack_file is None:
             return None
-        return Answerer(progress_address, stacks_dir, rank)
+        return Answerer(progress_address, stacks_dir, rank, stack_file, recorder)
     except Exception:  # noqa: BLE001 - never stop the trainer
         return None

@@ -191,7 +191,7 @@ class Reporter:
         self.group_timeout = flight.group_timeout()
         if self.stacks_dir:
             self._register_dump()
-            self.flight = flight.start(self.address, self.stacks_dir, self.rank)
+            self.flight = flight.start(self.address, self.stacks_dir, self.rank, self.stack_file)
 
     def _register_dump(self) -> None:
         """Every thread's stack into this rank's file when DUMP_SIGNAL arrives."""

@@ -769,3 +769,65 @@ def test_main_stack_reads_the_main_thread_of_the_last_dump(tmp_path):
     assert [f[2] for f in frames] == ["<module>"]  # not the other thread's `other`
     assert main_stack("") == [] and main_stack("garbage\n\n") == []
     assert signal.SIGRTMIN < DUMP_SIGNAL < signal.SIGRTMAX
+
+
+ASKS = 10  # 1 s each (DUMP_WAIT)
+BUSY = textwrap.dedent(
+    """
+    import json, sys, threading, time, torch, torch.distributed as dist
+    dist.init_process_group("gloo", init_method=sys.argv[1], rank=0, world_size=1)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    dist.all_reduce(model.weight.grad)
+    opt.step()
+    def inner(x):
+        return [x] * 2
+    def outer(x):
+        return inner(x) + inner(x + 1)
+    def busy():  # a thread of the trainer's that runs Python all the time (a logger, a loader)
+        data = [{"k": list(range(50))} for _ in range(20)]
+        while True:  # its frames come and go without pause
+            json.dumps(data)
+            for i in range(200):
+                outer(i)
+    threading.Thread(target=busy, daemon=True).start()
+    print("stepped", flush=True)
+    time.sleep(120)  # waiting here
+    """
+)
+
+
+def test_asked_again_and_again_while_another_thread_runs_python_the_rank_answers_and_lives(
+    tmp_path,
+):
+    """faulthandler's signal handler read every thread's frames while the rank's own recorder
+    thread was encoding its answer, and the rank died of SIGSEGV (2026-12-07, a hang test on
+    loopback: node 0 then named the crash, not the hang). The stacks are now written by the
+    rank's thread holding the GIL, then its answer. Asked ASKS times while a thread of its own
+    runs Python without pause, the rank lives and every answer has its main thread's stack."""
+    inbox = Inbox(tmp_path / "stacks")
+    script = tmp_path / "train.py"
+    script.write_text(BUSY)
+    env = dict(os.environ) | inbox.env() | {"RANK": "0", "LOCAL_RANK": "0"}
+    env |= {"TORCH_FR_BUFFER_SIZE": "2000"}
+    env["PYTHONPATH"] = os.pathsep.join([str(jax_cluster.SITE_HOOK), env.get("PYTHONPATH", "")])
+    init = f"tcp://127.0.0.1:{free_ports()}"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), init], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "stepped"
+        time.sleep(0.3)
+        for _ in range(ASKS):
+            inbox.dump(time.monotonic())
+            while not inbox.dump_ready(time.monotonic()):
+                time.sleep(0.05)
+            (answer,) = inbox.stacks()
+            assert proc.poll() is None, f"the rank died: {proc.returncode}"
+            assert answer.frames and answer.frames[0].source.startswith("time.sleep(120)"), answer
+            assert answer.collectives, answer
+    finally:
+        proc.kill()
+        proc.wait()
+        inbox.close()
