@@ -79,16 +79,17 @@ def test_a_rank_that_sleeps_is_named_with_its_stack_and_every_node_exits_124(tmp
 
 def test_a_loop_with_no_torch_optimizer_is_watched_by_its_backward_passes(tmp_path):
     """The loop updates its weights by hand (no torch.optim, nothing of ours): each backward
-    pass is its step. Rank 3 sleeps: named with its stack, every node exits 124."""
-    job = Job(tmp_path, ENTRYPOINT_HANG_TIMEOUT="10", HANG_RANK="3", HANG_STEP="20",
-              UPDATE="hand")  # fmt: skip
+    pass is its step. Rank 1 (2 nodes x 1 rank) sleeps: named with its stack, every node exits
+    124."""
+    job = Job(tmp_path, ENTRYPOINT_HANG_TIMEOUT="10", HANG_RANK="1", HANG_STEP="20",
+              UPDATE="hand", ENTRYPOINT_NPROC_PER_NODE="1")  # fmt: skip
     assert job.wait(120) == [124, 124], job.log(0)[-3000:]
     print(f"MEASURED no torch optimizer, a rank asleep: every node out "
           f"{time.monotonic() - job.started:.1f} s after the start")  # fmt: skip
     line = next(x for x in job.log(0).splitlines() if "stopping every node (exit 124)" in x)
-    assert "rank 3 on node 1" in line and "time.sleep(3600)" in line, line
-    assert "ranks 0-2 wait in" in line, line
-    assert re.search(r"Flight Recorder: rank 3 never entered collective #\d+ \(gloo:", line), line
+    assert "rank 1 on node 1" in line and "time.sleep(3600)" in line, line
+    assert "rank 0 waits in" in line, line
+    assert re.search(r"Flight Recorder: rank 1 never entered collective #\d+ \(gloo:", line), line
 
 
 def test_a_rank_in_a_recv_nobody_sends_is_named(tmp_path):
@@ -102,19 +103,23 @@ def test_a_rank_in_a_recv_nobody_sends_is_named(tmp_path):
 
 def test_a_hang_is_named_before_the_trainers_own_collective_timeout_fires(tmp_path):
     """The trainer passes init_process_group(timeout=40 s) and sets nothing of ours: without
-    the ranks' report of it, torch's timeout failed the job at 40 s naming no rank."""
-    job = Job(tmp_path, HANG_RANK="3", HANG_STEP="20", PG_TIMEOUT="40")
+    the ranks' report of it, torch's timeout failed the job at 40 s naming no rank. 2 nodes x 1
+    rank."""
+    job = Job(
+        tmp_path, HANG_RANK="1", HANG_STEP="20", PG_TIMEOUT="40", ENTRYPOINT_NPROC_PER_NODE="1"
+    )
     assert job.wait(150) == [124, 124], job.log(0)[-3000:]
     line = next(x for x in job.log(0).splitlines() if "stopping every node (exit 124)" in x)
-    assert "rank 3 on node 1" in line and "time.sleep(3600)" in line, line
+    assert "rank 1 on node 1" in line and "time.sleep(3600)" in line, line
     assert "hang timeout 30 s, 0.75 x the trainer's process-group timeout (40 s)" in job.log(0)
-    assert "Flight Recorder: rank 3 never entered collective #" in line, line
+    assert "Flight Recorder: rank 1 never entered collective #" in line, line
     assert "Timed out" not in job.log(0) + job.log(1)  # torch's timeout never fired
 
 
 def test_a_pause_shorter_than_the_timeout_raises_nothing_and_equal_ranks_are_not_slow(tmp_path):
     job = Job(
         tmp_path,
+        ENTRYPOINT_NPROC_PER_NODE="1",
         ENTRYPOINT_HANG_TIMEOUT="15",
         ENTRYPOINT_SLOW_NODE_WINDOW="10",
         HANG_RANK="0",
@@ -130,21 +135,23 @@ def test_a_pause_shorter_than_the_timeout_raises_nothing_and_equal_ranks_are_not
 def test_an_evaluation_longer_than_the_timeout_is_no_hang_and_one_that_hangs_is_named(tmp_path):
     """Every rank evaluates for 3 times the hang timeout (model.eval(), forward passes without
     gradients, an all-reduce each batch; no optimizer step) and trains on: no hang. 10 steps
-    later the same evaluation with rank 2 asleep in it: caught and named, exit 124."""
+    later the same evaluation with rank 1 asleep in it: caught and named, exit 124. 2 nodes x 1
+    rank."""
     job = Job(
         tmp_path,
+        ENTRYPOINT_NPROC_PER_NODE="1",
         ENTRYPOINT_HANG_TIMEOUT="4",
         HANG_KIND="evaluate",
-        HANG_RANK="2",
+        HANG_RANK="1",
         HANG_STEP="20",
         HANG_SECONDS="12",
         STEPS="60",
     )
     assert job.wait(120) == [124, 124], job.log(0)[-3000:]
     logs = job.log(0) + job.log(1)
-    assert sorted(re.findall(r"rank (\d) evaluated", logs)) == ["0", "1", "2", "3"], logs[-3000:]
+    assert sorted(re.findall(r"rank (\d) evaluated", logs)) == ["0", "1"], logs[-3000:]
     (line,) = [x for x in job.log(0).splitlines() if "stopping every node (exit 124)" in x]
-    assert "rank 2 on node 1" in line and "hang_trainer.py" in line, line
+    assert "rank 1 on node 1" in line and "hang_trainer.py" in line, line
 
 
 def test_a_rank_every_step_waits_for_is_named_slow_in_the_log_and_metrics(tmp_path):
