@@ -10,7 +10,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
-from entrypoint.consensus.etcd import Etcd, EtcdUnreachable, Value
+from entrypoint.consensus.etcd import Etcd, EtcdRefused, EtcdUnreachable, Value
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,8 @@ def state_key(job: str) -> str:
 def campaign(etcd: Etcd, job: str, me: Holder, lease: int) -> Holder:
     """Take node 0's seat if it is free; the holder either way (me, with my term, if I won)."""
     _, value = etcd.create(seat_key(job), me.record(), lease)
-    if value is None:  # the holder's lease ended between the two halves of the answer
-        return campaign(etcd, job, me, lease)
+    if value is None:  # the transaction reads the key either way: etcd's answer always has it
+        raise EtcdRefused(f"etcd's answer to a campaign for {seat_key(job)} has no holder", 0)
     return Holder.of(value)
 
 

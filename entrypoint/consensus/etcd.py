@@ -104,27 +104,46 @@ class Etcd:
         self.token = ""  # etcd's auth token, once `login` has one
         self._credentials: tuple[str, str] | None = None
 
-    def call(self, path: str, body: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+    def call(
+        self,
+        path: str,
+        body: dict[str, Any],
+        timeout: float | None = None,
+        deadline: float | None = None,
+    ) -> dict[str, Any]:
         """POST body to /v3/<path> on the first endpoint that answers; its JSON answer. While
         etcd elects its own leader (a member was lost) it refuses for a second or two: asked
-        again until REELECTION has passed."""
-        deadline = time.monotonic() + REELECTION
+        again until REELECTION has passed. `deadline` (time.monotonic()): nothing is tried
+        after it, no endpoint and no second ask (a lease's fence must not wait on them)."""
+        end = time.monotonic() + REELECTION
+        if deadline is not None:
+            end = min(end, deadline)
+        authenticated = False
         while True:
             try:
-                return self._call(path, body, timeout)
+                return self._call(path, body, timeout, deadline)
             except EtcdRefused as exc:
-                if self._credentials is not None and "invalid auth token" in str(exc):
+                stale = self._credentials is not None and "invalid auth token" in str(exc)
+                if stale and not authenticated:
                     self._authenticate()
-                elif not any(x in str(exc) for x in TRANSIENT) or time.monotonic() > deadline:
+                    authenticated = True
+                elif not any(x in str(exc) for x in TRANSIENT) or time.monotonic() > end:
                     raise
                 else:
                     time.sleep(0.1)
 
-    def _call(self, path: str, body: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+    def _call(
+        self, path: str, body: dict[str, Any], timeout: float | None, deadline: float | None
+    ) -> dict[str, Any]:
         last: Exception | None = None
         for host, port in list(self.endpoints):
+            wait = timeout or self.timeout
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+                if wait <= 0:
+                    break
             try:
-                answer = self._post(host, port, path, body, timeout or self.timeout)
+                answer = self._post(host, port, path, body, wait)
             except (OSError, http.client.HTTPException, ValueError) as exc:
                 last = exc
                 continue
@@ -183,10 +202,6 @@ class Etcd:
             body["lease"] = str(lease)
         return int(self.call("kv/put", body)["header"]["revision"])
 
-    def delete(self, key: str) -> int:
-        """Delete key; how many were deleted (0 or 1)."""
-        return int(self.call("kv/deleterange", {"key": _b64(key)}).get("deleted", 0))
-
     def create(self, key: str, data: bytes | str, lease: int = 0) -> tuple[bool, Value | None]:
         """Set key only if it does not exist (one transaction: its create revision is 0). (True,
         the new value) if this call created it; (False, the value that was there) if not."""
@@ -234,10 +249,11 @@ class Etcd:
         """A new lease of ttl seconds; its ID."""
         return int(self.call("lease/grant", {"TTL": ttl})["ID"])
 
-    def keepalive(self, lease: int, timeout: float | None = None) -> int:
-        """Renew a lease: the seconds it has now, 0 if etcd no longer has it."""
+    def keepalive(self, lease: int, deadline: float | None = None) -> int:
+        """Renew a lease: the seconds it has now, 0 if etcd no longer has it. Nothing is tried
+        after `deadline` (time.monotonic())."""
         try:
-            answer = self.call("lease/keepalive", {"ID": str(lease)}, timeout)
+            answer = self.call("lease/keepalive", {"ID": str(lease)}, deadline=deadline)
         except EtcdRefused as exc:
             if exc.code == NOT_FOUND:
                 return 0

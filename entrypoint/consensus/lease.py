@@ -42,33 +42,27 @@ class LeaseKeeper:
         fence: Callable[[str], None],
         margin: float,
         asked_at: float,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """asked_at: when the lease's grant was sent (`clock()` before it), not answered."""
+        """asked_at: when the lease's grant was sent (time.monotonic() before it), not answered."""
         if not 0 < margin < ttl - ttl / 3:
             raise ValueError(
                 f"a fence {margin} s before a {ttl} s lease's end leaves no time to renew"
             )
         self.etcd, self.lease, self.ttl, self.margin = etcd, lease, ttl, margin
-        self._fence, self._clock = fence, clock
+        self._fence = fence
         self.valid_until = asked_at + ttl  # by this node's clock, the lease lives at least so long
-        self._sent = asked_at
+        self._sent = asked_at  # when the last answered renewal was sent
         self.fenced: str | None = None  # why, once fenced
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
 
     @classmethod
     def grant(
-        cls,
-        etcd: Etcd,
-        ttl: int,
-        fence: Callable[[str], None],
-        margin: float = MARGIN,
-        clock: Callable[[], float] = time.monotonic,
+        cls, etcd: Etcd, ttl: int, fence: Callable[[str], None], margin: float = MARGIN
     ) -> LeaseKeeper:
         """A new lease of ttl seconds, kept from now on."""
-        asked = clock()
-        return cls(etcd, etcd.grant(ttl), ttl, fence, margin, asked, clock).start()
+        asked = time.monotonic()
+        return cls(etcd, etcd.grant(ttl), ttl, fence, margin, asked).start()
 
     def start(self) -> LeaseKeeper:
         self._thread.start()
@@ -85,9 +79,9 @@ class LeaseKeeper:
                 pass  # it ends by itself within its TTL
 
     def _run(self) -> None:
-        failed = False
+        tried, failed = self._sent, False
         while not self._stop.is_set():
-            now = self._clock()
+            now = time.monotonic()
             deadline = fence_at(self.valid_until, self.margin)
             if now >= deadline:
                 left = self.valid_until - now
@@ -95,20 +89,20 @@ class LeaseKeeper:
                     f"no renewal of its etcd lease answered for "
                     f"{now - self._sent:.1f} s; it ends in {left:.1f} s at most"
                 )
-            due = self._sent + RETRY if failed else renew_at(self._sent, self.ttl)
+            due = tried + RETRY if failed else renew_at(self._sent, self.ttl)
             if self._stop.wait(max(0.0, min(due, deadline) - now)):
                 return
-            if self._clock() < due:
+            if time.monotonic() < due:
                 continue  # woke for the deadline: judged at the loop's top
-            sent = self._clock()
-            try:
-                ttl = self.etcd.keepalive(self.lease, timeout=max(0.1, deadline - sent))
+            tried = time.monotonic()
+            try:  # tried no later than the fence: a renewal that answers after it is no use
+                ttl = self.etcd.keepalive(self.lease, deadline=deadline)
             except EtcdError:
                 failed = True
                 continue
             if ttl <= 0:
                 return self._fenced("etcd says its lease has ended")
-            self._sent, self.valid_until, failed = sent, sent + ttl, False
+            self._sent, self.valid_until, failed = tried, tried + ttl, False
 
     def _fenced(self, why: str) -> None:
         self.fenced = why

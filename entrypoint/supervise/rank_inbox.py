@@ -133,9 +133,9 @@ class Inbox:
     def dump(self, now: float) -> None:
         """Ask every rank for its stacks and its process groups' last collectives (torch's
         Flight Recorder): its own thread writes both, in turn (entrypoint.trainer_side.flight).
-        A rank with no such thread (no process group, JAX) gets faulthandler's signal for its
-        stacks (registered by the site hook), and so does one whose thread has not written them
-        within SIGNAL_AFTER (`dump_ready`)."""
+        A rank with no such thread (none answers on its socket) gets faulthandler's signal for
+        its stacks (registered by the site hook), and so does one whose thread has not written
+        them within SIGNAL_AFTER (`dump_ready`)."""
         with self.lock:
             ranks = list(self.ranks.values())
         self.asked = {}
