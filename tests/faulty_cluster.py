@@ -164,6 +164,11 @@ def hand_started(c: FaultyCluster, steps: int, **env: str) -> list[Node]:
 LIGHT_MOUNT = {str(Path(__file__).parent): "/tests"}
 LIGHT = ["run", "--", "python", "/tests/fault_trainer.py"]
 JOB_KNOBS = ("ENTRYPOINT_JOB_STEPS", "ENTRYPOINT_JOB_LOG_EVERY", "ENTRYPOINT_JOB_SAVE_EVERY")
+# Each node's one trainer process started by the entrypoint itself (its `jax` launcher), no
+# torchrun, which imports torch on every node: for the cases whose subject is the entrypoint's
+# own handling (a lost node, the control channel), not torchrun's of its workers (as
+# tests/unit/test_supervise_real.py's ONE_PER_NODE; docs/testing.md says what still runs it).
+ONE_PER_NODE = {"ENTRYPOINT_LAUNCHER": "jax", "ENTRYPOINT_NPROC_PER_NODE": "1"}
 
 
 def light_started(

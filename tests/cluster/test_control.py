@@ -14,7 +14,7 @@ import shutil
 import subprocess
 
 from entrypoint.local.cluster import Node
-from faulty_cluster import LIGHT_MOUNT, Fault, FaultyCluster, light_started
+from faulty_cluster import LIGHT_MOUNT, ONE_PER_NODE, Fault, FaultyCluster, light_started
 
 TIMEOUT = 360  # per cluster run: a start takes ~30 s on 2 idle cores, minutes when shared
 TRAINING = "[fault] step 10/"
@@ -55,7 +55,9 @@ def test_a_stranger_on_the_network_cannot_stop_the_job(image, docker_client):
         seen: dict[str, tuple[int, str]] = {}
         stranger = ["python3", "-c", STRANGER, first, str(CONTROL_PORT)]
         run = c.run(
-            light_started(c, 800),  # 40 s: outlasts the stranger (about 4 s) on a loaded machine
+            light_started(
+                c, 800, **ONE_PER_NODE
+            ),  # 40 s: outlasts the stranger (about 4 s) on a loaded machine
             timeout=TIMEOUT,
             faults=[
                 Fault(
@@ -90,7 +92,9 @@ def test_a_wrong_token_or_another_jobs_node_is_refused_and_the_job_goes_on(image
         first, second = c.hostname("node", 0), c.hostname("node", 1)
         wrong, other = c.hostname("wrongtoken", 1), c.hostname("otherjob", 1)
         job = {"ENTRYPOINT_JOB_ID": "train-42", "ENTRYPOINT_JOB_TOKEN": TOKEN}
-        real = light_started(c, 600, **job)  # 30 s: outlasts the intruders' start at 5 s
+        real = light_started(
+            c, 600, **ONE_PER_NODE, **job
+        )  # 30 s: outlasts the intruders' start at 5 s
         intruders = [
             Node(wrong, real[1].env | {"ENTRYPOINT_JOB_TOKEN": WRONG}, delay=5),
             Node(other, real[1].env | {"ENTRYPOINT_JOB_ID": "train-41"}, delay=5),
@@ -141,7 +145,7 @@ def test_no_false_alarm_when_every_core_is_saturated(image, docker_client, unava
         with FaultyCluster(image, client=docker_client, echo=print, mounts=LIGHT_MOUNT) as c:
             first, second = c.hostname("node", 0), c.hostname("node", 1)
             run = c.run(
-                light_started(c, 300),  # 15 s of stepping under stress-ng's 45 s
+                light_started(c, 300, **ONE_PER_NODE),  # 15 s of stepping under stress-ng's 45 s
                 timeout=TIMEOUT,
                 faults=[Fault("stress-ng", saturate, node=first, line=TRAINING)],
             )
@@ -188,7 +192,9 @@ def test_no_false_alarm_when_an_entrypoint_is_stopped_briefly(image, docker_clie
             )
 
         run = c.run(
-            light_started(c, 400),  # 20 s: outlasts both 3 s stops on a loaded machine
+            light_started(
+                c, 400, **ONE_PER_NODE
+            ),  # 20 s: outlasts both 3 s stops on a loaded machine
             timeout=TIMEOUT,
             faults=[
                 Fault("stop node 1", stop(second), node=first, line=TRAINING),

@@ -29,6 +29,7 @@ import pytest
 from entrypoint.local.cluster import LABEL, Node
 from faulty_cluster import (
     LIGHT_MOUNT,
+    ONE_PER_NODE,
     Fault,
     FaultyCluster,
     FaultyRun,
@@ -61,10 +62,10 @@ def nodes(c: FaultyCluster, **env: str) -> list[Node]:
     return hand_started(c, STEPS, **SECRETS, **env)
 
 
-def light(c: FaultyCluster) -> list[Node]:
+def light(c: FaultyCluster, **env: str) -> list[Node]:
     """The same two nodes training tests/fault_trainer.py (no torch: the cases whose subject is
     the entrypoint's handling of a lost node or launcher, not the trainer's)."""
-    return light_started(c, STEPS, **SECRETS)
+    return light_started(c, STEPS, **SECRETS, **env)
 
 
 def when_training(c: FaultyCluster, name: str, action) -> Fault:
@@ -103,7 +104,7 @@ def test_a_killed_node_stops_the_other_naming_it(image, docker_client, victim):
     with FaultyCluster(image, client=docker_client, echo=print, mounts=LIGHT_MOUNT) as c:
         dead, alive = c.hostname("node", victim), c.hostname("node", 1 - victim)
         run = c.run(
-            light(c),
+            light(c, **ONE_PER_NODE),
             timeout=TIMEOUT,
             grace=90,
             faults=[when_training(c, "kill", lambda c: c.kill(dead))],
@@ -124,7 +125,7 @@ def test_a_paused_node_is_caught_by_the_heartbeat_with_the_defaults(image, docke
     with FaultyCluster(image, client=docker_client, echo=print, mounts=LIGHT_MOUNT) as c:
         first, paused = c.hostname("node", 0), c.hostname("node", 1)
         run = c.run(
-            light(c),
+            light(c, **ONE_PER_NODE),
             timeout=TIMEOUT,
             grace=90,
             faults=[
@@ -147,7 +148,7 @@ def test_a_node_cut_off_the_network_ends_the_job_on_both_sides(image, docker_cli
     with FaultyCluster(image, client=docker_client, echo=print, mounts=LIGHT_MOUNT) as c:
         first, cut = c.hostname("node", 0), c.hostname("node", 1)
         run = c.run(
-            light(c),
+            light(c, **ONE_PER_NODE),
             timeout=TIMEOUT,
             grace=90,
             faults=[when_training(c, "disconnect", lambda c: c.disconnect(cut))],

@@ -17,7 +17,14 @@ import pytest
 
 from entrypoint.local.cluster import Node
 from entrypoint.local.cluster_docker import DEFAULT_OUTPUT
-from faulty_cluster import LIGHT_MOUNT, Fault, FaultyCluster, light_started, lightened
+from faulty_cluster import (
+    LIGHT_MOUNT,
+    ONE_PER_NODE,
+    Fault,
+    FaultyCluster,
+    light_started,
+    lightened,
+)
 
 from .test_faults import HEARTBEAT_TIMEOUT, LOST, measured, took
 
@@ -106,7 +113,7 @@ def test_over_ipv6_a_killed_node_and_a_paused_node_end_the_job_as_over_ipv4(imag
             if fault == "pause":
                 faults.append(Fault("unpause", lambda c: c.unpause(other), exited=first))
             run = c.run(
-                light_started(c, 5000, master=c.address(0)),
+                light_started(c, 5000, master=c.address(0), **ONE_PER_NODE),
                 timeout=TIMEOUT,
                 grace=90,
                 faults=faults,

@@ -10,14 +10,14 @@ import socket
 import threading
 import time
 
-from tests.unit.test_supervise_real import nodes  # noqa: F401 - the fixture
+from tests.unit.test_supervise_real import ONE_PER_NODE, nodes  # noqa: F401 - the fixture
 
 TOKEN = "a3f1c2e4b5d6a7f8091a2b3c4d5e6f70"
 WRONG = "9c2e7a41f0b3d865e1a7c4f92d0b6e38"  # random too: a token of low variety is refused first
 
 
 def test_a_node_with_the_wrong_token_is_refused_and_the_job_goes_on(nodes):  # noqa: F811
-    c = nodes(FAULT_STEPS="30", ENTRYPOINT_JOB_TOKEN=TOKEN)
+    c = nodes(FAULT_STEPS="30", ENTRYPOINT_JOB_TOKEN=TOKEN, **ONE_PER_NODE)
     c.start(0)
     intruder = c.start(1, ENTRYPOINT_JOB_TOKEN=WRONG)
     assert intruder.wait(timeout=60) == 2
@@ -46,9 +46,14 @@ def test_overlapping_stalls_of_two_entrypoints_are_no_false_alarm(nodes):  # noq
     """Node 1's entrypoint stopped 3 s, node 0's stopped 3 s from 1.5 s later (issue 17's no
     false alarm, at the default 1 s / 5 s): node 0 reads the beats that waited for it before
     it judges anyone silent, and both finish with exit 0."""
-    c = nodes(FAULT_STEPS="250", ENTRYPOINT_HEARTBEAT_INTERVAL="", ENTRYPOINT_HEARTBEAT_TIMEOUT="")
+    c = nodes(
+        FAULT_STEPS="250",
+        ENTRYPOINT_HEARTBEAT_INTERVAL="",
+        ENTRYPOINT_HEARTBEAT_TIMEOUT="",
+        **ONE_PER_NODE,
+    )
     c.start(0), c.start(1)
-    c.wait_training(4)
+    c.wait_training(2)
     os.kill(c.procs[1].pid, signal.SIGSTOP)
     time.sleep(1.5)
     os.kill(c.procs[0].pid, signal.SIGSTOP)
@@ -66,9 +71,9 @@ def test_a_stall_of_the_whole_machine_longer_than_the_timeout_is_no_false_alarm(
     beside two node containers held both entrypoints 6 s, twice, and node 0 named itself
     lost). Neither counts the time it was held up itself as the other's silence: both finish
     with exit 0, and each says it was held up."""
-    c = nodes()
+    c = nodes(**ONE_PER_NODE)
     c.start(0), c.start(1)
-    c.wait_training(4)
+    c.wait_training(2)
     for proc in c.procs.values():
         os.kill(proc.pid, signal.SIGSTOP)
     time.sleep(7)
@@ -148,7 +153,7 @@ def test_a_node_whose_connection_node_0_sheds_before_its_welcome_joins_again(nod
     whose hello was dropped never tried again (exit 75, 'container killed'). Now a connection
     closed before node 0's welcome is joined again, with backoff, within the join timeout;
     with a token, both nodes train and finish."""
-    c = nodes(FAULT_STEPS="20", ENTRYPOINT_JOB_TOKEN=TOKEN)
+    c = nodes(FAULT_STEPS="20", ENTRYPOINT_JOB_TOKEN=TOKEN, **ONE_PER_NODE)
     relay = Shedding(c.port + 1, shed=3)
     relay.start()
     c.start(0)

@@ -7,7 +7,7 @@ import signal
 import time
 
 import pytest
-from test_supervise_real import Nodes, _tree
+from test_supervise_real import ONE_PER_NODE, Nodes, _tree
 
 STEPS = "160"
 
@@ -17,7 +17,7 @@ def cluster(tmp_path):
     made = []
 
     def make(n, **env):
-        made.append(Nodes(tmp_path, n=n, FAULT_STEPS=STEPS, **env))
+        made.append(Nodes(tmp_path, n=n, FAULT_STEPS=STEPS, **ONE_PER_NODE | env))
         for rank in range(n):
             made[-1].start(rank)
         return made[-1]
@@ -58,11 +58,11 @@ def _finished(c: Nodes, world: int, restart: int) -> None:
 
 def test_a_killed_node_is_replaced_by_the_spare_and_training_finishes(cluster):
     c = cluster(3, ENTRYPOINT_SPARES="1")
-    _checkpointed(c, 4)
+    _checkpointed(c, 2)
     _signal_tree(c, 1, signal.SIGKILL)
     codes = c.wait()
     assert (codes[0], codes[2]) == (0, 0), c.log(0)[-3000:]
-    _finished(c, 4, 1)
+    _finished(c, 2, 1)
     log = c.log(0)
     assert "training on 2 of 2 nodes; 1 standby (2)" in log
     assert "restart 1: node 2 takes node rank 1; training on 2 of 2 nodes; 0 standby" in log
@@ -71,7 +71,7 @@ def test_a_killed_node_is_replaced_by_the_spare_and_training_finishes(cluster):
 
 def test_a_paused_node_is_replaced_by_the_spare_and_ends_when_it_wakes(cluster):
     c = cluster(3, ENTRYPOINT_SPARES="1")
-    _checkpointed(c, 4)
+    _checkpointed(c, 2)
     _signal_tree(c, 1, signal.SIGSTOP)
     paused = time.monotonic()
     while "takes node rank 1" not in c.log(0):
@@ -82,22 +82,22 @@ def test_a_paused_node_is_replaced_by_the_spare_and_ends_when_it_wakes(cluster):
     assert codes == {0: 0, 1: 75, 2: 0}, c.log(1)[-2000:]
     assert "silent for" in c.log(0)
     assert "stopped by node 0: node 0 dropped this node, silent for" in c.log(1)
-    _finished(c, 4, 1)
+    _finished(c, 2, 1)
 
 
 def test_with_min_nodes_a_lost_node_shrinks_the_job_onto_the_survivors(cluster):
     c = cluster(3, ENTRYPOINT_MIN_NODES="2")
-    _checkpointed(c, 6)
+    _checkpointed(c, 3)
     _signal_tree(c, 1, signal.SIGKILL)
     codes = c.wait()
     assert (codes[0], codes[2]) == (0, 0), c.log(0)[-3000:]
-    _finished(c, 4, 1)  # 2 nodes x 2 workers
+    _finished(c, 2, 1)  # 2 nodes x 1 process
     assert "node 2 moves from node rank 2 to 1; training on 2 of 3 nodes" in c.log(0)
 
 
 def test_a_lost_standby_is_logged_and_the_job_goes_on(cluster):
     c = cluster(3, ENTRYPOINT_SPARES="1")
-    _checkpointed(c, 4)
+    _checkpointed(c, 2)
     _signal_tree(c, 2, signal.SIGKILL)
     codes = c.wait()
     assert (codes[0], codes[1]) == (0, 0), c.log(0)[-3000:]

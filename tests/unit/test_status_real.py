@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 from test_spares_real import _checkpointed, _signal_tree
-from test_supervise_real import Nodes
+from test_supervise_real import ONE_PER_NODE, Nodes
 
 HOST = socket.gethostname()
 
@@ -23,7 +23,7 @@ def cluster(tmp_path):
     made = []
 
     def make(n, **env):
-        made.append(Nodes(tmp_path, n=n, FAULT_STEPS="200", **env))
+        made.append(Nodes(tmp_path, n=n, FAULT_STEPS="200", **ONE_PER_NODE | env))
         for rank in range(n):
             made[-1].start(rank)
         return made[-1]
@@ -51,7 +51,7 @@ def metrics(c: Nodes) -> str:
 
 def test_metrics_and_status_see_every_node_and_a_lost_one(cluster):
     c = cluster(3, ENTRYPOINT_SPARES="1", ENTRYPOINT_JOB_ID="metrics-test")
-    _checkpointed(c, 4)
+    _checkpointed(c, 2)
     text = metrics(c)
     for node in ("0", "1", "2"):
         assert f'multinode_node_up{{host="{HOST}",node="{node}"}} 1.0' in text, text
@@ -59,7 +59,7 @@ def test_metrics_and_status_see_every_node_and_a_lost_one(cluster):
     assert 'multinode_job_info{job="metrics-test",platform="torchrun"} 1.0' in text, [
         line for line in text.splitlines() if "job_" in line
     ]
-    assert "multinode_job_world_size 4.0" in text and "multinode_job_spares_left 1.0" in text
+    assert "multinode_job_world_size 2.0" in text and "multinode_job_spares_left 1.0" in text
     assert "token" not in text.lower()
 
     healthy = status(c, "--json")
@@ -97,7 +97,7 @@ def test_status_of_a_job_that_is_not_there_exits_2_in_one_line(tmp_path):
 
 def test_metrics_off_with_port_0(cluster):
     c = cluster(2, ENTRYPOINT_METRICS_PORT="0")
-    c.wait_training(4)
+    c.wait_training(2)
     with pytest.raises(OSError):
         metrics(c)
     assert status(c).returncode == 2
