@@ -167,6 +167,15 @@ for sig in (
 
 channel, server = connect()
 ckpt = out / "ckpt"
+
+
+def save(step: int) -> None:
+    """The checkpoint written whole or not at all (a rank killed mid-write leaves the last)."""
+    part = out / f"ckpt.{rank}.part"
+    part.write_text(str(step))
+    os.replace(part, ckpt)
+
+
 start = int(ckpt.read_text()) if ckpt.exists() else 0
 print(f"rank {rank}/{world} starts at step {start} (restart {restart})", flush=True)
 (out / f"started{rank}.{restart}").write_text(str(os.getpid()))
@@ -202,13 +211,13 @@ for step in range(start + 1, steps + 1):
     if flag:  # a signal on any rank stops every rank
         signals_seen.append(flag)
         if rank == 0:
-            ckpt.write_text(str(step - 1))
+            save(step - 1)
         break
     time.sleep(pause)
     if rank == 0 and say_every and step % say_every == 0:
         print(f"[fault] step {step}/{steps}", flush=True)
     if rank == 0 and step % 20 == 0:
-        ckpt.write_text(str(step))
+        save(step)
 report = {
     "rank": rank,
     "world_size": world,

@@ -8,8 +8,9 @@ import time
 
 from entrypoint.consensus.election import Holder, campaign
 from entrypoint.consensus.embedded import USER, password
-from entrypoint.consensus.etcd import Etcd, endpoints_from
+from entrypoint.consensus.etcd import Etcd
 from entrypoint.consensus.lease import LeaseKeeper
+from entrypoint.plan.values import endpoints_from
 
 endpoint, job, member, ttl, margin = sys.argv[1:6]
 etcd = Etcd(endpoints_from(endpoint))

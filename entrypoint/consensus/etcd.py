@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 TIMEOUT = 2.0  # seconds one request may take on one endpoint before the next is tried
 NOT_FOUND = 5  # gRPC's NOT_FOUND: etcd's "requested lease not found"
@@ -72,26 +71,6 @@ def _value(kv: dict[str, Any]) -> Value:
         modified=int(kv.get("mod_revision", 0)),
         lease=int(kv.get("lease", 0)),
     )
-
-
-def endpoints_from(text: str) -> tuple[tuple[str, int], ...]:
-    """`http://a:2379,http://b:2379` (etcdctl's --endpoints) or `a:2379,b:2379`: (host, port)
-    pairs. ValueError names the entry that is not one."""
-    found = []
-    for entry in (x.strip() for x in text.split(",")):
-        if not entry:
-            continue
-        url = urlsplit(entry if "://" in entry else f"http://{entry}")
-        if url.scheme != "http" or not url.hostname or url.path not in ("", "/"):
-            raise ValueError(f"{entry!r} is not http://HOST:PORT")
-        try:
-            port = url.port or 2379
-        except ValueError:
-            raise ValueError(f"{entry!r} has no port number") from None
-        found.append((url.hostname, port))
-    if not found:
-        raise ValueError("no endpoint given")
-    return tuple(found)
 
 
 class Etcd:
@@ -201,6 +180,10 @@ class Etcd:
         if lease:
             body["lease"] = str(lease)
         return int(self.call("kv/put", body)["header"]["revision"])
+
+    def delete(self, key: str) -> int:
+        """Remove key (nothing if absent); the revision of etcd's answer."""
+        return int(self.call("kv/deleterange", {"key": _b64(key)})["header"]["revision"])
 
     def create(self, key: str, data: bytes | str, lease: int = 0) -> tuple[bool, Value | None]:
         """Set key only if it does not exist (one transaction: its create revision is 0). (True,

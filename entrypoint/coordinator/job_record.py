@@ -18,6 +18,8 @@ from entrypoint.coordinator.roster import Roster, seat
 from entrypoint.coordinator.state import JobState, Limits
 
 VERSION = 1  # a record of another version is refused, not guessed at
+# Why a job cannot go on without any one of its nodes, node 0 included
+NOT_ELASTIC = "the job has no spare and no minimum (ENTRYPOINT_SPARES, ENTRYPOINT_MIN_NODES)"
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ def cannot_go_on(roster: Roster, record: JobRecord, head: int, alive: Iterable[i
     if it can: as for any lost node, only a job with spares or a minimum (ENTRYPOINT_SPARES,
     ENTRYPOINT_MIN_NODES) goes on, and only on enough seats."""
     if not roster.elastic:
-        return "the job has no spare and no minimum (ENTRYPOINT_SPARES, ENTRYPOINT_MIN_NODES)"
+        return NOT_ELASTIC
     seats = seat(roster, record.seats, set(alive) | {head}, head=head)
     if len(seats) < roster.min_nodes:
         return f"only {len(seats)} can train, the job needs {roster.min_nodes}"

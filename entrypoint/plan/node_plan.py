@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -20,7 +20,7 @@ from entrypoint.plan.facts import Facts
 from entrypoint.plan.launchers import ALLREDUCE, Launcher, LaunchSpec, Layout
 from entrypoint.plan.plan_steps import BUILTIN_JOB, BUILTIN_JOBS, gpus_stated, read_platform
 from entrypoint.plan.platforms.base import Reading
-from entrypoint.plan.settings import Settings
+from entrypoint.plan.settings import PREFIX, Settings
 from entrypoint.plan.values import Source, Sourced, derived
 
 __all__ = [
@@ -143,6 +143,7 @@ def make_plan(
     read: tuple[str, str, Reading] | None = None,
     settings: Settings | None = None,
     seat: tuple[int, int] | None = None,
+    master: str | None = None,
 ) -> Plan:
     """The plan for this node: platform reading -> seat -> GPU layout -> launcher and workers
     -> config -> network -> the launcher's command -> node 0's ports.
@@ -155,6 +156,8 @@ def make_plan(
         read: (platform name, why, reading) when the caller has read it (once per run).
         settings: the ENTRYPOINT_* settings when the caller has them (read once per run).
         seat: (node rank, nnodes) when node 0 seated this node anew.
+        master: the host of a new node 0, elected through etcd after node 0 was lost: the
+            trainer's rendezvous moves there.
 
     Returns:
         The frozen plan, with the source of each value in `sources`.
@@ -164,6 +167,9 @@ def make_plan(
     """
     settings = settings or Settings.from_env(env)
     platform_name, why, reading = read or read_platform(env, settings)
+    if master is not None:
+        elected = derived(f"node 0's seat holder in etcd ({PREFIX}ETCD), after node 0 was lost")
+        reading = replace(reading, master_addr=Sourced(master, elected))
     unknown = tuple(
         stray_variables.warnings(env, Settings.model_fields)
     )  # ENTRYPOINT_STRICT: refused

@@ -18,7 +18,7 @@ from pydantic.fields import FieldInfo
 
 from entrypoint.plan import stray_variables
 from entrypoint.plan.errors import ConfigError
-from entrypoint.plan.values import GPUS, NODES, PER_NODE, PREFIX, host, number
+from entrypoint.plan.values import GPUS, NODES, PER_NODE, PREFIX, endpoints_from, host, number
 
 HOUR, DAY, WEEK = 3600, 86400, 7 * 86400
 # A node is lost after this many heartbeat intervals of silence at the least: fewer, and one
@@ -252,6 +252,14 @@ class Settings(BaseModel):
             "renumbered) while at least this many are alive; unset: a lost node ends the job."
         ),
     )
+    etcd: str | None = Field(
+        None,
+        description=(
+            "etcd endpoints (http://HOST:PORT, comma-separated) that hold node 0's seat and the "
+            "job's record: with them and spares or a minimum, a lost node 0 is replaced by a "
+            "survivor elected there, and the job goes on; without, losing node 0 ends the job."
+        ),
+    )
     max_clock_skew: float = Field(
         30,
         gt=0,
@@ -450,6 +458,14 @@ def check_text(name: str, variable: str, raw: str, field: FieldInfo) -> None:
         )
     if name == "master_addr":
         host(variable, raw)
+        return
+    if name == "etcd":
+        try:
+            endpoints_from(raw)
+        except ValueError as err:
+            raise ConfigError(
+                variable, raw[:300], str(err), f"Set {variable}=http://HOST:PORT[,http://...]"
+            ) from None
         return
     if name in _PATHS:
         parts = raw.strip().encode(errors="surrogateescape").split(b"/")

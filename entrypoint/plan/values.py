@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Generic, NoReturn, TypeVar
+from urllib.parse import urlsplit
 
 from entrypoint.plan.errors import ConfigError
 
@@ -372,3 +373,23 @@ def device_list(name: str, raw: str) -> tuple[str, ...]:
         seen.add(key)
         ids.append(key)
     return tuple(ids)
+
+
+def endpoints_from(text: str) -> tuple[tuple[str, int], ...]:
+    """`http://a:2379,http://b:2379` (etcdctl's --endpoints) or `a:2379,b:2379`: (host, port)
+    pairs. ValueError names the entry that is not one."""
+    found = []
+    for entry in (x.strip() for x in text.split(",")):
+        if not entry:
+            continue
+        url = urlsplit(entry if "://" in entry else f"http://{entry}")
+        if url.scheme != "http" or not url.hostname or url.path not in ("", "/"):
+            raise ValueError(f"{entry!r} is not http://HOST:PORT")
+        try:
+            port = url.port or 2379
+        except ValueError:
+            raise ValueError(f"{entry!r} has no port number") from None
+        found.append((url.hostname, port))
+    if not found:
+        raise ValueError("no endpoint given")
+    return tuple(found)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from entrypoint import STOPPING, signal_name
 from entrypoint.control import control_channel, control_server, sockets
 from entrypoint.control import messages as m
+from entrypoint.control.actions import Mind
 from entrypoint.control.identity import Identity, job_identity, read_token
 from entrypoint.control.node_fingerprint import Fingerprint, PlannedShape
 from entrypoint.coordinator.conductor import Conductor
@@ -53,7 +54,7 @@ def without_token(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in (TOKEN_VARIABLE, TOKEN_FILE_VARIABLE)}
 
 
-def _limits(s: Settings, expected: int) -> Limits:
+def limits_of(s: Settings, expected: int) -> Limits:
     """Node 0's Conductor's limits, from the settings."""
     return Limits(
         join_timeout=s.join_timeout,
@@ -69,6 +70,13 @@ def _limits(s: Settings, expected: int) -> Limits:
     )
 
 
+def roster_of(plan: Plan, expected: int) -> Roster:
+    """The job's members, how many train and the fewest it trains on (spares, a minimum)."""
+    if not plan.spawn:
+        return Roster(expected, expected, expected)
+    return Roster(plan.members, plan.members - plan.spares, plan.min_nodes)
+
+
 def serve(
     plan: Plan,
     settings: Settings,
@@ -76,11 +84,18 @@ def serve(
     unit: str,
     log: Callable[[str, str], None],
     identity: Identity,
+    *,
+    resumed: Conductor | None = None,
+    recorded: Callable[[Conductor], Mind] | None = None,
+    host: str | None = None,
 ) -> tuple[control_server.Server, str, int | None]:
-    """Node 0: start the control server; it, and the address every member connects to."""
+    """Node 0: start the control server; it, and the address every member connects to.
+    `resumed`: a new node 0's Conductor, going on from the job's record (supervise/takeover.py)
+    on `host`, this node; `recorded`: the Conductor as the server sees it, whose state is written
+    to etcd (takeover.Recorder)."""
     s = settings
-    host, port = plan.master_addr, plan.control_port
-    limits = _limits(s, expected)
+    host, port = host or plan.master_addr, plan.control_port
+    limits = limits_of(s, expected)
     bind = sockets.ANY if expected > 1 else "127.0.0.1"  # both families; one node: loopback
     if plan.master_port and plan.spawn and plan.launcher is not Launcher.DIRECT:
         # Free now, what node 0's launcher will listen on (torchrun's store, JAX's coordinator):
@@ -90,12 +105,8 @@ def serve(
             f"Another process holds node 0's rendezvous port: stop it, or set {var} to a free port"
         )
         control_server.listen_or_say(bind, plan.master_port, var, fix).close()
-    roster = (
-        Roster(plan.members, plan.members - plan.spares, plan.min_nodes)
-        if plan.spawn
-        else Roster(expected, expected, expected)
-    )
-    conductor = Conductor(
+    roster = roster_of(plan, expected)
+    conductor = resumed or Conductor(
         expected,
         limits,
         time.monotonic(),
@@ -104,7 +115,7 @@ def serve(
         roster=roster,
     )
     server = control_server.Server(
-        conductor,
+        recorded(conductor) if recorded else conductor,
         port or 0,
         heartbeat_interval=s.heartbeat_interval,
         log=log,
@@ -245,9 +256,9 @@ class Join:
 
     def from_node0(self, reason: str) -> str:
         """A stop's reason as this node logs it (node 0 has logged its own already)."""
-        return f"stopped by node 0: {reason}" if self.node.member != 0 else ""
+        return f"stopped by node 0: {reason}" if self.node.member != self.node.head else ""
 
-    def _server_log(self, level: str, text: str) -> None:
+    def server_log(self, level: str, text: str) -> None:
         # From the control server's thread: through the log writer's queue, never blocking.
         log = self.node.log
         if text.startswith("worker failed"):  # the failure summary, once, at node 0
@@ -259,14 +270,17 @@ class Join:
     def start(self) -> None:
         """The first join: serve node 0 (on node 0), check this node, connect, hello, go."""
         host, port = self.node.plan.master_addr, self.node.plan.control_port
-        if self.node.member == 0:
+        if self.node.member != self.node.head and self.node.master is not None:
+            host = self.node.master  # node 0 started again: a survivor holds its seat now
+        elif self.node.member == 0:
             self.node.server, host, port = serve(
                 self.node.plan,
                 self.node.settings,
                 self.node.expected,
                 self.node.unit,
-                self._server_log,
+                self.server_log,
                 self.node.identity,
+                recorded=self.node.recorded,
             )
         if port is None:  # the plan leaves it open only for a single node, which serves it
             raise RuntimeError("no control port to connect to: node 0 did not serve one")
@@ -279,8 +293,22 @@ class Join:
         self._connect()
         self.say_hello(self._fp)
 
+    def rejoin(self, host: str, port: int) -> None:
+        """Join a new node 0 at host:port (elected through etcd after node 0 was lost), as the
+        first join did: connect, check this node, say hello, wait for `go` and the seat."""
+        if self.node.channel is not None:
+            self.node.channel.close()
+        self._node0_at, self._rejoins = (host, port), 0
+        self._join_deadline = time.monotonic() + self.node.settings.join_timeout
+        self._connect()
+        self.say_hello()
+
     def _connect(self) -> None:
-        waiting = "while waiting for node 0" if self.node.member != 0 else "before the nodes joined"
+        waiting = (
+            "while waiting for node 0"
+            if self.node.member != self.node.head
+            else "before the nodes joined"
+        )
         try:
             self.node.connecting = True
             for sig in [x for x in self.node.signals.received if x in STOPPING][:1]:
@@ -374,7 +402,7 @@ class Join:
                 self._domain,
             )
         )
-        if self.node.member != 0:
+        if self.node.member != self.node.head:
             self.node.log.info("joined node 0; waiting for every node", master=self.node0.address)
         self._await_go()
 
@@ -426,12 +454,21 @@ class Join:
         (planned again when that is not the seat the plan has)."""
         self.node.standing_by = seat is None
         plan = self.node.plan
-        if seat is None or (not plan.standby and (seat, nnodes) == (plan.node_rank, plan.nnodes)):
+        master = self.node.master
+        moved = master is not None and master != plan.master_addr
+        if seat is None or (
+            not plan.standby and not moved and (seat, nnodes) == (plan.node_rank, plan.nnodes)
+        ):
             return
         if self.node.replan is None:  # pragma: no cover - run() always passes one
             raise RuntimeError("node 0 seated this node anew, but it cannot plan again")
-        self.node.plan, env = self.node.replan(seat, nnodes)
+        self.node.plan, env = self.node.replan(seat, nnodes, master)
         self.node.env = without_token(env)
+        if not plan.standby and (seat, nnodes) == (plan.node_rank, plan.nnodes):
+            self.node.log.warning(
+                f"the trainer's rendezvous moves to the new node 0: {self.node.plan.master_addr}"
+            )
+            return
         self.node.log.warning(
             f"node 0 seated this node in node rank {seat} of {nnodes}"
             + (

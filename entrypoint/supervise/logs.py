@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import structlog
 
 from entrypoint.plan import secrets
+from entrypoint.plan.settings import Settings
 
 EventDict = MutableMapping[str, Any]
 
@@ -196,6 +197,21 @@ def console(fmt: str) -> bool:
     return fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
 
 
+def for_node(
+    settings: Settings, member: int, secret_values: tuple[str, ...], head: bool = False
+) -> structlog.stdlib.BoundLogger:
+    """`setup` for member `member` of a job, as its logging settings ask (level, format, all nodes, directory)."""
+    return setup(
+        node_rank=member,
+        level=settings.log_level,
+        fmt=settings.log_format,
+        all_nodes=settings.log_all_nodes,
+        log_dir=settings.log_dir,
+        secret_values=secret_values,
+        head=head,
+    )
+
+
 def setup(
     *,
     node_rank: int | None = None,
@@ -204,9 +220,12 @@ def setup(
     all_nodes: bool = False,
     log_dir: Path | None = None,
     secret_values: tuple[str, ...] = (),
+    head: bool = False,
 ) -> structlog.stdlib.BoundLogger:
+    """The node's logger: every level on node 0 (or on `head`, the node that took node 0's seat
+    over), warnings and errors only elsewhere unless `all_nodes`."""
     global _writer
-    quiet = node_rank not in (None, 0) and not all_nodes
+    quiet = node_rank not in (None, 0) and not all_nodes and not head
     threshold = max(_LEVELS[level], logging.WARNING) if quiet else _LEVELS[level]
     readable = console(fmt)
     renderer = (

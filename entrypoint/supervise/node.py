@@ -120,14 +120,7 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
     from entrypoint.supervise import dsops, logs, preflight, supervisor
 
     values = secrets.secret_values(env)
-    log = logs.setup(
-        node_rank=plan.member,
-        level=settings.log_level,
-        fmt=settings.log_format,
-        all_nodes=settings.log_all_nodes,
-        log_dir=settings.log_dir,
-        secret_values=values,
-    )
+    log = logs.for_node(settings, plan.member, values)
     started = time.monotonic()
     preflight.check_hardware(plan, env, facts)
     if plan.trainer in BUILTIN_JOBS.values() and importlib.util.find_spec(plan.trainer[2]) is None:
@@ -155,8 +148,10 @@ def run_plan(plan: Plan, facts: Facts, env: Mapping[str, str], settings: Setting
 
     known = [facts]  # the facts plans are made from: the master's address once it resolves
 
-    def replan(seat: int, nnodes: int) -> tuple[Plan, dict[str, str]]:
-        again = make_plan(env, known[0], plan.trainer, settings=settings, seat=(seat, nnodes))
+    def replan(seat: int, nnodes: int, master: str | None) -> tuple[Plan, dict[str, str]]:
+        again = make_plan(
+            env, known[0], plan.trainer, settings=settings, seat=(seat, nnodes), master=master
+        )
         return again, _trainer_env(again, env, settings)
 
     def resolved() -> tuple[Plan, dict[str, str]] | None:

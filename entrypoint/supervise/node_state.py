@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from entrypoint.control import control_channel, control_server
+from entrypoint.control.actions import Mind
 from entrypoint.control.identity import Identity
+from entrypoint.coordinator.conductor import Conductor
 from entrypoint.plan.node_plan import Plan
 from entrypoint.plan.settings import Settings
 from entrypoint.supervise.worker_signals import SignalRelay
@@ -17,9 +19,10 @@ if TYPE_CHECKING:
     from entrypoint.supervise.logs import Logger
 
 
-# Node 0 seated this node anew (node rank, nnodes): the plan for that seat and the trainer's
-# environment with it (entrypoint.supervise.node).
-Replan = Callable[[int, int], tuple[Plan, dict[str, str]]]
+# Node 0 seated this node anew (node rank, nnodes; and the host of a new node 0 after a
+# takeover, or None): the plan for that seat and the trainer's environment with it
+# (entrypoint.supervise.node).
+Replan = Callable[[int, int, str | None], tuple[Plan, dict[str, str]]]
 
 
 @dataclass
@@ -46,3 +49,9 @@ class NodeState:
     server: control_server.Server | None = None  # node 0's control server, on node 0
     channel: control_channel.Channel | None = None  # this node's channel to node 0
     connecting: bool = False  # in a blocking connect, which a stopping signal ends at once
+    # The member serving the job (node 0): 0, or node 0's seat holder in etcd after a takeover,
+    # and then its host, where the trainer's rendezvous moves (supervise/takeover.py).
+    head: int = 0
+    master: str | None = None
+    # Node 0's Conductor as its control server sees it, when etcd keeps the job's record.
+    recorded: Callable[[Conductor], Mind] | None = None

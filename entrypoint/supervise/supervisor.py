@@ -20,6 +20,7 @@ worker once it catches the signal).
 
 from __future__ import annotations
 
+import hashlib
 import signal
 import socket
 import threading
@@ -29,14 +30,20 @@ from pathlib import Path
 from types import FrameType
 
 from entrypoint import STOPPING, early_signals, signal_name
+from entrypoint.consensus import election
+from entrypoint.consensus.election import Holder
+from entrypoint.consensus.etcd import EtcdError
 from entrypoint.control import control_channel
 from entrypoint.control import messages as m
 from entrypoint.control.transport import PeersError
+from entrypoint.coordinator.conductor import Conductor
+from entrypoint.coordinator.job_record import resumed
 from entrypoint.plan import secrets
 from entrypoint.plan.errors import EXIT_CONFIG, EXIT_HUNG, EXIT_PEERS
 from entrypoint.plan.node_plan import Plan
 from entrypoint.plan.settings import Settings
-from entrypoint.supervise import failures, health, join, logs, procs
+from entrypoint.plan.values import host_port
+from entrypoint.supervise import failures, health, join, logs, procs, takeover
 from entrypoint.supervise.gpu_stats import Stats
 from entrypoint.supervise.launcher_process import LauncherProcess, exit_status, start
 from entrypoint.supervise.logs import Logger
@@ -160,9 +167,15 @@ class Supervisor:
 
         def passed_on(line: str) -> None:
             # The trainer's stderr passes through here: a token in a traceback is masked too.
+            # Once a world is refused, the refusal is the last word: what the launchers print
+            # as they are stopped (torchrun's exit barrier losing node 0's store, the same
+            # refusal from every rank) is not shown.
+            if self.world_error is not None:
+                return
             for marker in (WORLD_MISMATCH, INNER_LAUNCHER):
-                if self.world_error is None and marker in line:
+                if marker in line:
                     self.world_error = line[line.index(marker) :]
+                    break
             raw_echo(secrets.mask(line, self.secret_values))
 
         self.echo = passed_on
@@ -181,6 +194,17 @@ class Supervisor:
         )
         self.join = join.Join(self.node)
         self.settings, self.log = settings, log
+        # Node 0's seat in etcd (ENTRYPOINT_ETCD), and why this node fenced itself (its lease as
+        # node 0 could end): its trainers killed, it stops (supervise/takeover.py).
+        self.seat: takeover.Node0Seat | None = None
+        self.fencing: str | None = None  # why, from the fence's first instant
+        self.fenced = False  # its server stopped and its trainers killed: the loop ends the node
+        found = takeover.connect(settings, self.node.identity) if plan.spawn else None
+        if found is not None:
+            self.seat = takeover.Node0Seat(*found, fence=self._fence)
+            token = self.node.identity.token
+            digest = hashlib.sha256(token).hexdigest() if token else ""
+            self.node.recorded = self.seat.recorder(digest)
         self.launch: LauncherProcess | None = None
         self.guard: procs.Guard | None = None
         self.log_dir = Path(settings.run_dir) / f"node{plan.member}" / "logs"
@@ -220,14 +244,20 @@ class Supervisor:
         self.node.signals.received.extend(early_signals)
         early_signals.clear()
         try:
+            self._find_head()
             self.join.start()
+            self._hold_seat()
             if self.settings.health_checks:
                 self.health = health.watch(self.plan, self.log, lambda: self.node.channel)
             again = self.resolved() if self.resolved is not None else None
             if again is not None:
                 self.node.plan, self.node.env = again[0], join.without_token(again[1])
             while True:
-                code = self.join.stand_by() if self.node.standing_by else self._supervise()
+                try:
+                    code = self.join.stand_by() if self.node.standing_by else self._supervise()
+                except Node0Lost as lost:
+                    self._take_over(lost)  # a survivor is node 0 now: join it, or NodeExit
+                    continue
                 if code is not None:
                     return code & 0xFF
         except NodeExit as stop:
@@ -304,6 +334,8 @@ class Supervisor:
                 return code
         turn.mark("node 0's messages")
         self.join.check_node0(s.heartbeat_timeout)
+        if self.fenced:
+            raise self._fenced()
         return False
 
     def _handle_signals(self, watch: Watch, now: float) -> None:
@@ -428,6 +460,124 @@ class Supervisor:
             launch.stop(grace, signal.SIGTERM)
         raise NodeExit(code, self.join.from_node0(reason))
 
+    # -- node 0's seat in etcd (supervise/takeover.py) ---------------------------------------
+
+    def _me(self) -> Holder:
+        host = socket.gethostname()
+        return Holder(self.node.member, host, host_port(host, self.plan.control_port or 0))
+
+    def _hold_seat(self) -> None:
+        """Node 0, once the job formed: its seat in etcd when there is one, and its one line on
+        what losing node 0 costs."""
+        if self.node.member != self.node.head or not self.plan.spawn:
+            return
+        roster = join.roster_of(self.plan, self.node.expected)
+        line = takeover.survival(self.settings.etcd, roster, self.plan.members)
+        if self.seat is not None and roster.elastic:
+            try:
+                held = self.seat.hold(self._me())
+                why = "another node of this job's id holds it" if held is None else ""
+            except EtcdError as err:
+                held, why = None, str(err)
+            if held is None:
+                line = (
+                    f"losing node 0 ends this job: node 0 could not take its seat in etcd ({why})"
+                )
+        if line is not None:
+            self.log.info(line)
+
+    def _find_head(self) -> None:
+        """Node 0 started again by its platform after a survivor took its seat in etcd: it joins
+        that node 0 (and stands by, or takes a rank), never serves a second job beside it."""
+        if self.seat is None or self.node.member != 0:
+            return
+        try:
+            held = election.holder(self.seat.etcd, self.seat.job)
+        except EtcdError:
+            return
+        if held is None or held.member == 0:
+            return
+        self.log.warning(
+            f"node {held.member} ({held.host}) holds node 0's seat in etcd: this node, started "
+            "again, joins it"
+        )
+        self.node.head, self.node.master = held.member, held.host
+
+    def _fence(self, why: str) -> None:
+        """From the lease keeper's thread: this node, node 0, can no longer be sure it holds its
+        seat; its control server stops and its trainers are killed now (well within the
+        lease's MARGIN), and its loop ends the node."""
+        self.fencing = why  # this node's own channel closing now is no lost node 0
+        server = self.node.server
+        if server is not None:  # first: node 0's mind must not judge its own trainers' end
+            server.stop()  # the others see node 0 gone, with no verdict, and elect another
+            server.finished.wait(timeout=1)
+        if self.launch is not None and self.launch.running():
+            self.launch.kill_all()
+        self.fenced = True
+
+    def _fenced(self) -> NodeExit:
+        return NodeExit(
+            EXIT_PEERS,
+            f"this node lost node 0's seat in etcd ({self.fencing}): its trainers were stopped, "
+            "so that two nodes 0 never train at once",
+        )
+
+    def _take_over(self, lost: Node0Lost) -> None:
+        """Node 0 was lost: elect a new one through etcd, serve the job from its record if this
+        node won, and join it; NodeExit when the job cannot go on (no etcd: `lost` itself)."""
+        while True:
+            if self.fencing is not None:  # its own control server stopped: no lost node 0
+                deadline = time.monotonic() + 2
+                while not self.fenced and time.monotonic() < deadline:
+                    time.sleep(0.05)  # the trainers killed first
+                raise self._fenced()
+            if self.seat is None or self.node.stop_signal is not None:
+                raise lost
+            self.log.warning(f"{lost.reason}; electing a new node 0 through etcd")
+            roster = join.roster_of(self.plan, self.node.expected)
+            me = self._me()
+            won = self.seat.take_over(lost, me, roster)
+            record, holder = won.record, won.holder
+            self.log.warning(
+                f"node 0 ({record.hosts.get(record.head, '?')}) lost; node {holder.member} "
+                f"({holder.host}) is node 0 from restart {record.generation + 1}"
+            )
+            if won.keeper is not None:
+                self.log = self.node.log = logs.for_node(  # it speaks as node 0 from now on
+                    self.settings, self.node.member, self.secret_values, head=True
+                )
+                job = resumed(
+                    record,
+                    me.member,
+                    won.alive,
+                    expected=self.node.expected,
+                    limits=join.limits_of(self.settings, self.node.expected),
+                    roster=roster,
+                    now=time.monotonic(),
+                    unit=self.node.unit,
+                    address=me.address,
+                    why=lost.reason,
+                )
+                self.node.server, _, _ = join.serve(
+                    self.plan,
+                    self.settings,
+                    self.node.expected,
+                    self.node.unit,
+                    self.join.server_log,
+                    self.node.identity,
+                    resumed=Conductor.resume(job),
+                    recorded=self.node.recorded,
+                    host=me.host,
+                )
+            self.node.head, self.node.master = holder.member, holder.host
+            host, _, port = holder.address.rpartition(":")
+            try:
+                self.join.rejoin(host.strip("[]"), int(port))
+                return
+            except Node0Lost as again:  # the new node 0 lost too, before the job went on
+                lost = again
+
     # -- helpers ----------------------------------------------------------------------------
 
     def _inbox(self) -> Inbox:
@@ -468,8 +618,11 @@ class Supervisor:
         if self.node.channel is not None:
             self.node.channel.close()
         if self.node.server is not None:
-            self.node.server.finished.wait(timeout=12)
+            if self.fencing is None:  # fenced: the others must see node 0 gone, at once
+                self.node.server.finished.wait(timeout=12)
             self.node.server.stop()
+        if self.seat is not None:
+            self.seat.close()
         if self.guard is not None:
             self.guard.close()
 

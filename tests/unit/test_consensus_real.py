@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from entrypoint.consensus.election import Holder, campaign, holder, publish, read_state, wait_vacant
-from entrypoint.consensus.etcd import Etcd, EtcdUnreachable, endpoints_from
+from entrypoint.consensus.etcd import Etcd, EtcdUnreachable
 from entrypoint.consensus.lease import LeaseKeeper
+from entrypoint.plan.values import endpoints_from
 from tests.unit.etcd_server import EtcdServer, Relay
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,24 +7,14 @@ import signal
 import time
 
 import pytest
-from test_supervise_real import ONE_PER_NODE, Nodes, _tree
+from test_supervise_real import ONE_PER_NODE, Nodes, _tree, nodes, started  # noqa: F401
 
 STEPS = "160"
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    made = []
-
-    def make(n, **env):
-        made.append(Nodes(tmp_path, n=n, FAULT_STEPS=STEPS, **ONE_PER_NODE | env))
-        for rank in range(n):
-            made[-1].start(rank)
-        return made[-1]
-
-    yield make
-    for c in made:
-        c.kill_everything()
+def cluster(started):  # noqa: F811 - the fixture
+    return lambda n, **env: started(n, **{"FAULT_STEPS": STEPS} | ONE_PER_NODE | env)
 
 
 def _checkpointed(c: Nodes, ranks: int) -> None:

@@ -13,24 +13,14 @@ import urllib.request
 
 import pytest
 from test_spares_real import _checkpointed, _signal_tree
-from test_supervise_real import ONE_PER_NODE, Nodes
+from test_supervise_real import ONE_PER_NODE, Nodes, nodes, started  # noqa: F401
 
 HOST = socket.gethostname()
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    made = []
-
-    def make(n, **env):
-        made.append(Nodes(tmp_path, n=n, FAULT_STEPS="200", **ONE_PER_NODE | env))
-        for rank in range(n):
-            made[-1].start(rank)
-        return made[-1]
-
-    yield make
-    for c in made:
-        c.kill_everything()
+def cluster(started):  # noqa: F811 - the fixture
+    return lambda n, **env: started(n, **{"FAULT_STEPS": "200"} | ONE_PER_NODE | env)
 
 
 def status(c: Nodes, *args: str) -> subprocess.CompletedProcess:

@@ -151,6 +151,19 @@ def nodes(tmp_path):
         n.kill_everything()
 
 
+@pytest.fixture
+def started(nodes):
+    """`nodes`, with every one of the job's n nodes started at once."""
+
+    def make(n: int, **env) -> Nodes:
+        c = nodes(n=n, **env)
+        for rank in range(n):
+            c.start(rank)
+        return c
+
+    return make
+
+
 def test_a_crashing_worker_stops_every_node_and_node_0_shows_its_error_once(nodes, tmp_path):
     c = nodes(FAULT_CRASH="3:15", ENTRYPOINT_LOG_DIR=str(tmp_path / "logs"))
     c.start(0), c.start(1)

@@ -1,0 +1,274 @@
+"""Node 0's seat in etcd (ENTRYPOINT_ETCD), on both sides (docs/failures.md, "Losing node 0").
+
+Node 0 holds the seat from the job's first `go`: a key bound to its lease, which it renews, and
+under whose term it writes the job's record (`Recorder`, `Publisher`) whenever the record
+changes. If it cannot renew, it fences: its trainers are killed before the lease could end.
+
+When node 0 is lost, each survivor reads the record, says at once if the job cannot go on
+without node 0 (no spare, no minimum: it ends as before), waits for the lost node 0's lease to
+end, and campaigns. The one etcd lets create the key is node 0 from then on: it serves the
+control channel and `/metrics` from the record (`Conductor.resume`), and every survivor joins it
+as it joined node 0, its trainer's rendezvous moved to the new node 0's host.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from entrypoint.consensus import election
+from entrypoint.consensus.election import Holder
+from entrypoint.consensus.etcd import Etcd, EtcdError
+from entrypoint.consensus.lease import MARGIN, TTL, LeaseKeeper
+from entrypoint.control.actions import Action
+from entrypoint.control.identity import Identity
+from entrypoint.control.messages import Beat, Exit, Health, Hello, Signal, Stacks
+from entrypoint.coordinator.conductor import Conductor
+from entrypoint.coordinator.job_record import NOT_ELASTIC, JobRecord, cannot_go_on, record_of
+from entrypoint.coordinator.roster import Roster
+from entrypoint.plan.errors import EXIT_PEERS, ConfigError
+from entrypoint.plan.settings import PREFIX, Settings
+from entrypoint.plan.values import endpoints_from
+from entrypoint.supervise.node_exits import Node0Lost, NodeExit
+
+# Seconds a survivor waits for a lost node 0's seat to be free: its lease ends at most TTL after
+# its last renewal, and etcd's own clock ticks it out a moment later.
+SEAT_WAIT = TTL + 3.0
+RETRY = 0.5  # seconds between tries of a record etcd did not take
+
+
+def job_key(identity: Identity) -> str:
+    """The job's name in etcd's keys: its identity (`ENTRYPOINT_JOB_ID=train-42`), made safe."""
+    return re.sub(r"[^A-Za-z0-9._=-]", "_", identity.job)[:200]
+
+
+def connect(settings: Settings, identity: Identity) -> tuple[Etcd, str] | None:
+    """etcd and the job's key there when ENTRYPOINT_ETCD is set; None without it.
+
+    Raises:
+        ConfigError: ENTRYPOINT_ETCD is set but the job has no name its keys could carry.
+    """
+    if not settings.etcd:
+        return None
+    if not identity.job:
+        raise ConfigError(
+            f"{PREFIX}ETCD",
+            settings.etcd,
+            "the job has no id to name its keys in etcd (the platform gives none)",
+            f"Set {PREFIX}JOB_ID to the same value on every node of the job",
+        )
+    return Etcd(endpoints_from(settings.etcd)), job_key(identity)
+
+
+def survival(etcd: str | None, roster: Roster, nnodes: int) -> str | None:
+    """Node 0's one line at the start: whether the job outlives losing node 0, and what it would
+    take; None for a job of one node."""
+    if nnodes <= 1:
+        return None
+    if etcd and roster.elastic:
+        return (
+            f"losing node 0 costs a restart, not the job: node 0's seat is in etcd ({etcd}); a "
+            "survivor takes it over, and a spare or the survivors train on"
+        )
+    need = f"{PREFIX}SPARES or {PREFIX}MIN_NODES"
+    if etcd:
+        return f"losing node 0 (or any node) ends this job: it has no spare and no minimum ({need})"
+    return (
+        f"losing node 0 ends this job (every node exits 75): {PREFIX}ETCD (an etcd's "
+        f"endpoints) with {need} would let a survivor take its place"
+    )
+
+
+class Publisher(threading.Thread):
+    """Writes the latest record node 0 offers to etcd, as node 0 of its term, from a thread of
+    its own: the control server never waits on etcd. A write etcd refuses because the term has
+    ended calls `lost(why)` once: another node holds node 0's seat."""
+
+    def __init__(self, etcd: Etcd, job: str, lost: Callable[[str], None]) -> None:
+        super().__init__(name="job-record", daemon=True)
+        self.etcd, self.job, self.lost = etcd, job, lost
+        self.holder: Holder | None = None
+        self.latest = ""
+        self.written = ""
+        self.wake = threading.Event()
+        self.halt = threading.Event()
+        self.start()
+
+    def hold(self, holder: Holder) -> None:
+        """Write from now on, as node 0 of `holder.term`."""
+        self.holder = holder
+        self.wake.set()
+
+    def offer(self, record: str) -> None:
+        if record != self.latest:
+            self.latest = record
+            self.wake.set()
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.wake.set()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            self.wake.wait()
+            self.wake.clear()
+            holder, latest = self.holder, self.latest
+            if self.halt.is_set() or holder is None or not latest or latest == self.written:
+                continue
+            try:
+                ok = election.publish(self.etcd, self.job, holder, json.loads(latest))
+            except EtcdError:
+                self.halt.wait(RETRY)
+                self.wake.set()  # the lease keeper fences if etcd stays away
+                continue
+            if not ok:
+                self.lost(f"etcd refused the job's record: node 0's term {holder.term} has ended")
+                return
+            self.written = latest
+
+
+class Recorder:
+    """Node 0's Conductor as its control server sees it: each event passes through, and after
+    each tick (every 0.5 s) the job's record is offered to the Publisher when it changed."""
+
+    def __init__(self, conductor: Conductor, publisher: Publisher, token_digest: str) -> None:
+        self.conductor, self.publisher, self.digest = conductor, publisher, token_digest
+
+    @property
+    def expected(self) -> int:
+        return self.conductor.expected
+
+    @property
+    def ended(self) -> bool:
+        return self.conductor.ended
+
+    def hello(self, member: int, message: Hello, now: float, wall_now: float) -> list[Action]:
+        return self.conductor.hello(member, message, now, wall_now)
+
+    def beat(self, member: int, message: Beat, now: float) -> list[Action]:
+        return self.conductor.beat(member, message, now)
+
+    def exited(self, member: int, message: Exit, now: float) -> list[Action]:
+        return self.conductor.exited(member, message, now)
+
+    def signalled(self, member: int, message: Signal, now: float) -> list[Action]:
+        return self.conductor.signalled(member, message, now)
+
+    def stacks(self, member: int, message: Stacks, now: float) -> list[Action]:
+        return self.conductor.stacks(member, message, now)
+
+    def health(self, member: int, message: Health, now: float) -> list[Action]:
+        return self.conductor.health(member, message, now)
+
+    def closed(self, member: int, now: float) -> list[Action]:
+        return self.conductor.closed(member, now)
+
+    def tick(self, now: float) -> list[Action]:
+        actions = self.conductor.tick(now)
+        self.publisher.offer(record_of(self.conductor.job, self.digest).to_json())
+        return actions
+
+
+@dataclass(frozen=True)
+class Election:
+    """What a survivor learned when node 0 was lost: node 0 from now on, the record it goes on
+    from, the members taken for alive, and this node's lease keeper if it won."""
+
+    holder: Holder
+    record: JobRecord
+    alive: frozenset[int]
+    keeper: LeaseKeeper | None
+
+
+class Node0Seat:
+    """This node's side of node 0's seat in etcd: held (`hold`) by node 0 from the first `go`
+    and by whoever takes it over (`take_over`); `fence(why)` is called, from the lease keeper's
+    thread, when the holder can no longer be sure its lease lives."""
+
+    def __init__(self, etcd: Etcd, job: str, fence: Callable[[str], None], ttl: int = TTL) -> None:
+        self.etcd, self.job, self.ttl = etcd, job, ttl
+        self.fence = fence
+        self.keeper: LeaseKeeper | None = None
+        self.publisher = Publisher(etcd, job, self._lost)
+
+    def _lost(self, why: str) -> None:
+        if self.keeper is not None and self.keeper.fenced is None:
+            self.keeper.stop()
+            self.keeper.fenced = why
+        self.fence(why)
+
+    def _keeper(self) -> LeaseKeeper:
+        return LeaseKeeper.grant(self.etcd, self.ttl, self._lost, min(MARGIN, self.ttl / 3))
+
+    def hold(self, me: Holder) -> Holder | None:
+        """Take the seat as node 0 (at the first `go`): this node's term, or None when another
+        holds it still (a job of the same id whose node 0's lease has not ended)."""
+        keeper = self._keeper()
+        holder = election.campaign(self.etcd, self.job, me, keeper.lease)
+        if holder.member != me.member or holder.host != me.host:
+            if election.wait_vacant(self.etcd, self.job, SEAT_WAIT):
+                holder = election.campaign(self.etcd, self.job, me, keeper.lease)
+        if holder.member != me.member or holder.host != me.host:
+            keeper.stop(revoke=True)
+            return None
+        self.keeper = keeper
+        # An earlier run's record under the same job id is not this job's: gone before a
+        # survivor could take it for node 0's (this job's own comes at the next tick).
+        self.etcd.delete(election.state_key(self.job))
+        self.publisher.hold(holder)
+        return holder
+
+    def recorder(self, token_digest: str) -> Callable[[Conductor], Recorder]:
+        return lambda conductor: Recorder(conductor, self.publisher, token_digest)
+
+    def take_over(self, lost: Node0Lost, me: Holder, roster: Roster) -> Election:
+        """After node 0 was lost: the record, the check that the job can go on, the wait for
+        the seat, the campaign. Raises NodeExit (75, why) when the job cannot go on here."""
+        if not roster.elastic:  # node 0 holds no seat then, and writes no record
+            raise NodeExit(
+                EXIT_PEERS, f"{lost.reason}; the job cannot go on without it: {NOT_ELASTIC}"
+            )
+        try:
+            state = election.read_state(self.etcd, self.job)
+        except EtcdError as err:
+            raise NodeExit(EXIT_PEERS, f"{lost.reason}; etcd cannot say who takes over: {err}")
+        if state is None:
+            raise NodeExit(EXIT_PEERS, f"{lost.reason}; node 0 wrote no record of the job to etcd")
+        try:
+            record = JobRecord.from_json(json.dumps(state))
+        except ValueError as err:
+            raise NodeExit(EXIT_PEERS, f"{lost.reason}; node 0's record in etcd: {err}") from None
+        alive = frozenset(range(roster.members)) - {record.head} - set(record.lost)
+        why = cannot_go_on(roster, record, me.member, alive)
+        if why is not None:
+            raise NodeExit(EXIT_PEERS, f"{lost.reason}; the job cannot go on without it: {why}")
+        try:
+            if not election.wait_vacant(self.etcd, self.job, SEAT_WAIT):
+                held = election.holder(self.etcd, self.job)
+                if held is not None and held.member == record.head:
+                    raise NodeExit(
+                        EXIT_PEERS,
+                        f"{lost.reason}; node 0 still holds its seat in etcd {SEAT_WAIT:g} s "
+                        "later: it is alive, and this node cannot reach it (a network between "
+                        "them)",
+                    )
+            keeper = self._keeper()
+            holder = election.campaign(self.etcd, self.job, me, keeper.lease)
+        except EtcdError as err:
+            raise NodeExit(EXIT_PEERS, f"{lost.reason}; etcd cannot say who takes over: {err}")
+        if (holder.member, holder.host) == (me.member, me.host):
+            self.keeper = keeper
+            self.publisher.hold(holder)
+            return Election(holder, record, alive, keeper)
+        keeper.stop(revoke=True)
+        return Election(holder, record, alive, None)
+
+    def close(self) -> None:
+        """The job's end: the seat freed at once (a later job of the same id takes it)."""
+        self.publisher.stop()
+        if self.keeper is not None:
+            self.keeper.stop(revoke=True)
+            self.keeper = None

@@ -1,0 +1,144 @@
+"""Losing node 0 with ENTRYPOINT_ETCD (issue 50): real `entrypoint run` nodes on loopback, a real
+etcd (tests/unit/etcd_server.py), tests/fault_trainer.py one process a node (the entrypoint's
+own control flow is the subject). Node 0 holds its seat in etcd and writes the job's record; when
+it is killed, a survivor takes the seat over, serves the job from the record, the spare takes the
+rank the new node 0 leaves, and every rank resumes from the checkpoint."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+
+import pytest
+from test_spares_real import _checkpointed, _finished, _signal_tree
+from test_supervise_real import ONE_PER_NODE, Nodes, nodes, started  # noqa: F401
+
+from tests.unit.etcd_server import EtcdServer, Relay
+
+STEPS = "160"
+HOST = socket.gethostname()
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    server = EtcdServer(tmp_path_factory.mktemp("etcd"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def cluster(started, etcd):  # noqa: F811 - the fixture
+    def make(n, job, **env):
+        job_env = {"ENTRYPOINT_ETCD": _url(etcd.endpoint), "ENTRYPOINT_JOB_ID": job}
+        return started(n, **{"FAULT_STEPS": STEPS} | job_env | ONE_PER_NODE | env)
+
+    return make
+
+
+def _events(log: str) -> list[str]:
+    return [json.loads(x)["event"] for x in log.splitlines() if x.startswith("{")]
+
+
+def test_node_0_killed_a_survivor_takes_its_seat_and_the_spare_trains(cluster):
+    c = cluster(3, "takeover-spare", ENTRYPOINT_SPARES="1")
+    _checkpointed(c, 2)
+    assert "losing node 0 costs a restart, not the job" in c.log(0), c.log(0)[-3000:]
+    _signal_tree(c, 0, signal.SIGKILL)
+    killed = time.monotonic()
+    codes = {rank: c.procs[rank].wait(timeout=120) for rank in (1, 2)}
+    assert codes == {1: 0, 2: 0}, c.log(1)[-3000:] + c.log(2)[-3000:]
+    _finished(c, 2, 1)
+    said = {rank: _events(c.log(rank)) for rank in (1, 2)}
+    for rank in (1, 2):
+        assert any("electing a new node 0 through etcd" in x for x in said[rank]), said[rank]
+    (line,) = {x for rank in (1, 2) for x in said[rank] if "is node 0 from restart 1" in x}
+    assert line.startswith(f"node 0 ({HOST}) lost; node ") and f"({HOST}) is node 0" in line
+    new = int(line.split("lost; node ")[1].split()[0])
+    # the new node 0 speaks as node 0, and takes node rank 0 (the spare, if it won, stands by no
+    # more; node 1, if it won, leaves rank 1 to the spare)
+    assert any(x.startswith("restart 1: ") for x in said[new]), said[new]
+    assert any(x.startswith("node 0 seated this node in node rank 0 of 2") for x in said[new])
+    print(f"MEASURED node 0 killed: a survivor took its seat, the job done in "
+          f"{time.monotonic() - killed:.1f} s")  # fmt: skip
+
+
+def _url(endpoint: tuple[str, int]) -> str:
+    return f"http://{endpoint[0]}:{endpoint[1]}"
+
+
+def test_node_0_cut_off_from_etcd_fences_itself_and_a_survivor_goes_on(tmp_path, etcd):
+    """Node 0 reaches etcd through a relay that is cut (silence, as a network cut is): it cannot
+    renew its lease, so it kills its trainers and exits 75 before etcd can free its seat; the
+    survivors see it gone, one takes the seat once the lease ends, and the job finishes."""
+    relay = Relay(etcd.endpoint)
+    c = Nodes(
+        tmp_path,
+        n=3,
+        FAULT_STEPS=STEPS,
+        ENTRYPOINT_ETCD=_url(etcd.endpoint),
+        ENTRYPOINT_JOB_ID="takeover-fence",
+        ENTRYPOINT_SPARES="1",
+        **ONE_PER_NODE,
+    )
+    c.start(0, ENTRYPOINT_ETCD=_url(relay.endpoint))
+    c.start(1), c.start(2)
+    try:
+        _checkpointed(c, 2)
+        relay.cut()
+        cut = time.monotonic()
+        assert c.procs[0].wait(timeout=30) == 75, c.log(0)[-3000:]
+        fenced = time.monotonic() - cut
+        assert fenced < 5, fenced  # within the lease (5 s), before etcd frees the seat
+        assert "this node lost node 0's seat in etcd (no renewal" in c.log(0), c.log(0)[-3000:]
+        codes = {rank: c.procs[rank].wait(timeout=120) for rank in (1, 2)}
+        assert codes == {1: 0, 2: 0}, c.log(1)[-3000:] + c.log(2)[-3000:]
+        _finished(c, 2, 1)
+        print(f"MEASURED node 0 cut off from etcd: fenced and out {fenced:.1f} s after the cut")
+    finally:
+        c.kill_everything()
+
+
+def test_node_0_started_again_joins_the_new_node_0_and_stands_by(cluster):
+    """After the takeover, node 0's platform starts it again (a pod restarted): it finds its seat
+    held in etcd, joins that node 0 instead of serving a job of its own, and stands by."""
+    c = cluster(3, "takeover-back", ENTRYPOINT_SPARES="1", FAULT_STEPS="400")
+    _checkpointed(c, 2)
+    _signal_tree(c, 0, signal.SIGKILL)
+    c.procs[0].wait()
+    end = time.monotonic() + 60
+    while not any("is node 0 from restart 1" in x for r in (1, 2) for x in _events(c.log(r))):
+        assert time.monotonic() < end, c.log(1)[-2000:] + c.log(2)[-2000:]
+        time.sleep(0.2)
+    c.start(0)
+    assert c.wait(180) == {0: 0, 1: 0, 2: 0}, c.log(0)[-3000:]
+    said = _events(c.log(0))
+    assert any("holds node 0's seat in etcd: this node, started again, joins it" in x for x in said)
+    assert any("standing by" in x for x in said), said
+
+
+def test_without_a_spare_the_survivor_says_the_job_cannot_go_on(cluster):
+    c = cluster(2, "takeover-none")
+    c.wait_training(2)
+    assert "losing node 0 (or any node) ends this job" in c.log(0), c.log(0)[-3000:]
+    _signal_tree(c, 0, signal.SIGKILL)
+    assert c.procs[1].wait(timeout=60) == 75
+    assert "the job cannot go on without it: the job has no spare and no minimum" in c.log(1)
+
+
+def test_node_0_says_at_the_start_what_losing_it_costs(tmp_path):
+    c = Nodes(tmp_path, FAULT_STEPS="5", **ONE_PER_NODE)
+    c.start(0), c.start(1)
+    assert c.wait() == {0: 0, 1: 0}, c.log(0)[-3000:]
+    said = [x for x in c.log(0).splitlines() if "losing node 0 ends this job" in x]
+    assert len(said) == 1 and "ENTRYPOINT_ETCD" in said[0], said
+    assert "losing node 0" not in c.log(1)
+
+
+def test_etcd_set_without_a_job_id_is_refused_in_one_line(tmp_path):
+    c = Nodes(tmp_path, n=1, ENTRYPOINT_ETCD="http://127.0.0.1:1", **ONE_PER_NODE)
+    c.start(0)
+    assert c.wait(60) == {0: 2}
+    (line,) = [x for x in c.log(0).splitlines() if "ENTRYPOINT_ETCD" in x]
+    assert "Set ENTRYPOINT_JOB_ID" in line and "Traceback" not in c.log(0), c.log(0)
