@@ -200,7 +200,8 @@ def console(fmt: str) -> bool:
 def for_node(
     settings: Settings, member: int, secret_values: tuple[str, ...], head: bool = False
 ) -> structlog.stdlib.BoundLogger:
-    """`setup` for member `member` of a job, as its logging settings ask (level, format, all nodes, directory)."""
+    """`setup` for member `member` of a job, as its logging settings ask (level, format, all
+    nodes, directory)."""
     return setup(
         node_rank=member,
         level=settings.log_level,
