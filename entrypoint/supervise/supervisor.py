@@ -491,8 +491,16 @@ class Supervisor:
         that node 0 (and stands by, or takes a rank), never serves a second job beside it."""
         if self.seat is None or self.node.member != 0:
             return
+        etcd, job = self.seat.etcd, self.seat.job
         try:
-            held = election.holder(self.seat.etcd, self.seat.job)
+            held = election.holder(etcd, job)
+            if held is None or held.member == 0:
+                return
+            # Held by another member: alive, or lost with the rest of the job (the platform
+            # starting the whole job again), whose lease ends within TTL. Gone: a new start.
+            if election.wait_vacant(etcd, job, takeover.SEAT_WAIT):
+                return
+            held = election.holder(etcd, job)
         except EtcdError:
             return
         if held is None or held.member == 0:
