@@ -11,9 +11,10 @@ import hashlib
 import hmac
 import ipaddress
 import shutil
+import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,26 +49,54 @@ def cluster_size(nodes: int) -> int:
     return next((size for size in SIZES if nodes >= size), 0)
 
 
-def members_from(hosts: Sequence[str], client_port: int, peer_port: int) -> tuple[EtcdMember, ...]:
+def members_from(hosts: Sequence[str], base_port: int) -> tuple[EtcdMember, ...]:
     """The embedded cluster of a job whose members run on `hosts` (in member order): its first
-    `cluster_size` members, each with the same two ports."""
+    `cluster_size` members, member i on ports base_port + 2i (clients) and + 2i + 1 (peers), so
+    that members sharing a host (one machine, several nodes) never share a port."""
     size = cluster_size(len(hosts))
-    return tuple(EtcdMember(f"m{i}", hosts[i], client_port, peer_port) for i in range(size))
+    return tuple(
+        EtcdMember(f"m{i}", hosts[i], base_port + 2 * i, base_port + 2 * i + 1) for i in range(size)
+    )
+
+
+def chosen(
+    entries: Sequence[str], base_port: int
+) -> tuple[tuple[int, ...], tuple[EtcdMember, ...]]:
+    """Node 0's choice in its `go` ("MEMBER=HOST", in the cluster's order): the job's members
+    that run one, and the cluster."""
+    members = tuple(int(e.partition("=")[0]) for e in entries)
+    return members, members_from([e.partition("=")[2] for e in entries], base_port)
+
+
+def base_port(stated: int | None, control_port: int) -> int:
+    """The first of the embedded members' ports: ENTRYPOINT_ETCD_PORT, else two above the
+    control port (its metrics take the one between), or below it where that would pass 65535."""
+    if stated is not None:
+        return stated
+    span = 2 * max(SIZES)
+    return control_port + 2 if control_port + 1 + span <= 65535 else control_port - span - 1
 
 
 def command(
-    binary: str, me: EtcdMember, cluster: Sequence[EtcdMember], data_dir: str, job: str
+    binary: str,
+    me: EtcdMember,
+    cluster: Sequence[EtcdMember],
+    data_dir: str,
+    job: str,
+    anywhere: str = "::",
 ) -> list[str]:
     """etcd's command line for member `me` of `cluster`, bootstrapped statically; `job` names
-    the cluster (etcd's initial-cluster-token), so two jobs' members never mix."""
+    the cluster (etcd's initial-cluster-token), so two jobs' members never mix. A member whose
+    host is a name listens on `anywhere` (every address: `any_address()`)."""
     initial = ",".join(f"{m.name}={m.peer_url}" for m in cluster)
+    bind = _bind(me.host, anywhere)
     return [
         binary,
         f"--name={me.name}",
         f"--data-dir={data_dir}",
-        f"--listen-client-urls=http://{host_port(_bind(me.host), me.client_port)}",
+        f"--listen-client-urls=http://{host_port(bind, me.client_port)}",
         f"--advertise-client-urls={me.client_url}",
-        f"--listen-peer-urls=http://{host_port(_bind(me.host), me.peer_port)}",
+        f"--listen-peer-urls=http://{host_port(bind, me.peer_port)}",
         f"--initial-advertise-peer-urls={me.peer_url}",
         f"--initial-cluster={initial}",
         "--initial-cluster-state=new",
@@ -75,19 +104,35 @@ def command(
     ]
 
 
-def _bind(host: str) -> str:
-    """An address the member's host is written as, else every address (both families)."""
+def _bind(host: str, anywhere: str) -> str:
+    """An address the member's host is written as, else every address."""
     try:
         ipaddress.ip_address(host)
     except ValueError:
-        return "::"
+        return anywhere
     return host
 
 
-def password(token: str) -> str:
+def any_address() -> str:
+    """Every address of this host: `::` (both families), or 0.0.0.0 where it has no IPv6."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::", 0))
+    except OSError:
+        return "0.0.0.0"
+    return "::"
+
+
+def password(token: str | bytes) -> str:
     """etcd's password of the job's user: derived from the job token, never the token itself
     (etcd stores a hash of it; a reader of etcd's files learns nothing of the token)."""
-    return hmac.new(token.encode(), b"multinode etcd user", hashlib.sha256).hexdigest()
+    key = token.encode() if isinstance(token, str) else token
+    return hmac.new(key, b"multinode etcd user", hashlib.sha256).hexdigest()
+
+
+def binary() -> str | None:
+    """The etcd this image carries (docker/Dockerfile), or None."""
+    return shutil.which("etcd")
 
 
 class Embedded:
@@ -100,21 +145,25 @@ class Embedded:
         data_dir: Path,
         job: str,
         log: Path,
-        binary: str | None = None,
+        path: str | None = None,
+        wrap: Callable[[list[str]], list[str]] = list,
     ) -> None:
-        found = binary or shutil.which("etcd")
+        """`wrap`: the command line as started (the entrypoint's: one that dies with it)."""
+        found = path or binary()
         if not found:
             raise FileNotFoundError(
                 "etcd is not installed in this image (apt-get install etcd-server)"
             )
         self.me, self.cluster = me, tuple(cluster)
-        self.argv = command(found, me, cluster, str(data_dir), job)
+        self.argv = wrap(command(found, me, cluster, str(data_dir), job, any_address()))
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -141,7 +190,7 @@ def wait_ready(etcd: Etcd, timeout: float) -> None:
         time.sleep(0.1)
 
 
-def secure(etcd: Etcd, token: str) -> None:
+def secure(etcd: Etcd, token: str | bytes) -> None:
     """Close the cluster to anyone without the job token: the job's user with the token's
     password and etcd's root role, then etcd's auth on; from then on `etcd` authenticates as
     that user. Run it once by one member (member 0 of the cluster); a second run finds the

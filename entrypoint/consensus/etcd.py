@@ -18,6 +18,9 @@ TIMEOUT = 2.0  # seconds one request may take on one endpoint before the next is
 NOT_FOUND = 5  # gRPC's NOT_FOUND: etcd's "requested lease not found"
 # etcd's refusals while it has no leader, which pass once it elects one (etcdserver/errors.go)
 TRANSIENT = ("leader changed", "no leader", "request timed out", "too many requests")
+# etcd's refusals of a call whose token it dropped (its simple tokens end after 5 idle
+# minutes), or that carried none yet (`credentials`, before auth was on)
+UNTOKENED = ("invalid auth token", "user name is empty")
 REELECTION = 5.0  # seconds a refusal of TRANSIENT is asked again (etcd elects within 1 to 2 s)
 
 
@@ -102,7 +105,7 @@ class Etcd:
             try:
                 return self._call(path, body, timeout, deadline)
             except EtcdRefused as exc:
-                stale = self._credentials is not None and "invalid auth token" in str(exc)
+                stale = self._credentials is not None and any(x in str(exc) for x in UNTOKENED)
                 if stale and not authenticated:
                     self._authenticate()
                     authenticated = True
@@ -161,6 +164,11 @@ class Etcd:
         new one when etcd has dropped it (a simple token ends after 5 idle minutes)."""
         self._credentials = (user, password)
         self._authenticate()
+
+    def credentials(self, user: str, password: str) -> None:
+        """As `login`, later: the first call etcd refuses for want of a user logs in (a cluster
+        whose auth another member turns on)."""
+        self._credentials = (user, password)
 
     def _authenticate(self) -> None:
         user, password = self._credentials or ("", "")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, NoReturn
 
@@ -48,6 +49,7 @@ from entrypoint.control.rank_records import (
 
 PROTOCOL = 2
 MAX_LINE = 1 << 20  # a hello with every package listed is 10-20 kB; nothing needs more
+_ETCD_MEMBER = re.compile(r"[0-9]{1,6}=[^\s=,]{1,255}")  # a Go's etcd entry: MEMBER=HOST
 STATS_EVERY = 10.0  # seconds: a beat carries the GPU figures at most this often (node 0's CPU)
 AUTH_NONE, AUTH_HMAC = "none", "hmac-sha256"
 
@@ -261,6 +263,9 @@ class Go(Message):
     warnings: tuple[str, ...] = ()
     seat: int | None = None
     nnodes: int | None = None
+    # The job's own etcd (entrypoint.consensus.embedded): its members as "MEMBER=HOST", in the
+    # cluster's order; each member named starts one, every node reads node 0's seat there.
+    etcd: tuple[str, ...] = ()
 
     @property
     def standby(self) -> bool:
@@ -272,11 +277,15 @@ class Go(Message):
         seat = int_field(raw, "seat", 0, (nnodes or 1) - 1, None)
         if seat is not None and nnodes is None:
             raise BadMessage("seat without nnodes")
+        etcd = strings_field(raw, "etcd", 5, 300)
+        if any(not _ETCD_MEMBER.fullmatch(x) for x in etcd):
+            raise BadMessage("etcd must list MEMBER=HOST")
         return cls(
             int_field(raw, "generation", 0, 1 << 30),
             strings_field(raw, "warnings", 10_000, 4096),
             seat,
             nnodes,
+            etcd,
         )
 
 

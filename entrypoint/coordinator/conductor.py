@@ -83,9 +83,16 @@ class Conductor:
         unit: str = "node",
         address: str = "?",
         roster: Roster | None = None,
+        etcd_members: int = 0,
     ) -> None:
         self.job = JobState(
-            expected, limits, roster or Roster(expected, expected, expected), now, unit, address
+            expected,
+            limits,
+            roster or Roster(expected, expected, expected),
+            now,
+            unit,
+            address,
+            etcd_members=etcd_members,
         )
 
     @classmethod

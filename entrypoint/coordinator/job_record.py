@@ -34,6 +34,7 @@ class JobRecord:
     lost: dict[int, str] = field(default_factory=dict)
     sick: dict[int, str] = field(default_factory=dict)
     token_digest: str = ""  # sha256 of the job token, never the token
+    etcd: tuple[str, ...] = ()  # the job's own etcd members, "MEMBER=HOST" (JobState.etcd)
 
     def to_json(self) -> str:
         return json.dumps({"version": VERSION, **asdict(self)}, sort_keys=True)
@@ -54,6 +55,7 @@ class JobRecord:
                 lost={int(m): str(w) for m, w in raw.get("lost", {}).items()},
                 sick={int(m): str(w) for m, w in raw.get("sick", {}).items()},
                 token_digest=str(raw.get("token_digest", "")),
+                etcd=tuple(str(x) for x in raw.get("etcd", ())),
             )
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
             raise ValueError(f"not a job record: {exc}") from None
@@ -71,6 +73,7 @@ def record_of(job: JobState, token_digest: str = "") -> JobRecord:
         lost=dict(job.lost),
         sick=dict(job.sick),
         token_digest=token_digest,
+        etcd=job.etcd,
     )
 
 
@@ -102,7 +105,10 @@ def resumed(
     """The job's state on its new node 0, member `head`, which holds node 0's seat now: the
     record's seating, restarts and losses, the old node 0 lost (`why`), and the next
     generation's join waiting for the members still alive (`alive`, the head among them)."""
-    job = JobState(expected, limits, roster, now, unit, address, head=head)
+    job = JobState(
+        expected, limits, roster, now, unit, address, head=head, etcd_members=len(record.etcd)
+    )
+    job.etcd = record.etcd
     job.generation = record.generation
     job.restarts_left = record.restarts_left
     job.seats = dict(record.seats)

@@ -89,10 +89,35 @@ def _go(job: JobState, now: float) -> list[Action]:
     if not job.roster.elastic:
         return [*actions, Send(ALL, Go(job.generation, tuple(warnings)))]
     actions += [Log("info", line) for line in _seating_news(job, seats)]
+    actions += _choose_etcd(job)
     job.seats = seats
     return actions + [
-        Send(m, Go(job.generation, tuple(warnings), seats.get(m), len(seats)))
+        Send(m, Go(job.generation, tuple(warnings), seats.get(m), len(seats), job.etcd))
         for m in sorted(job.members)
+    ]
+
+
+def _choose_etcd(job: JobState) -> list[Action]:
+    """At the first `go` of a job that carries its own etcd: its members, the first of the
+    members joined (node 0 among them), fixed from then on."""
+    if not job.etcd_members or job.etcd:
+        return []
+    chosen = sorted(job.members)[: job.etcd_members]
+    if len(chosen) < 3:
+        return [
+            Log(
+                "warning",
+                f"the job's etcd needs 3 {job.units}, {len(chosen)} joined: "
+                "losing node 0 ends this job",
+            )
+        ]
+    job.etcd = tuple(f"{m}={job.members[m].host}" for m in chosen)
+    return [
+        Log(
+            "info",
+            f"the job's etcd runs on {len(chosen)} {job.units}: "
+            + ", ".join(job.name(m) for m in chosen),
+        )
     ]
 
 
@@ -207,7 +232,7 @@ def standby_joins(
     )
     return [
         Log("info", f"{job.name(member)} joined as a standby; {waiting} standby{later}"),
-        Send(member, Go(job.generation, (), None, len(job.seats))),
+        Send(member, Go(job.generation, (), None, len(job.seats), job.etcd)),
     ]
 
 

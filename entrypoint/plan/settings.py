@@ -18,7 +18,16 @@ from pydantic.fields import FieldInfo
 
 from entrypoint.plan import stray_variables
 from entrypoint.plan.errors import ConfigError
-from entrypoint.plan.values import GPUS, NODES, PER_NODE, PREFIX, endpoints_from, host, number
+from entrypoint.plan.values import (
+    ETCD_OFF,
+    GPUS,
+    NODES,
+    PER_NODE,
+    PREFIX,
+    endpoints_from,
+    host,
+    number,
+)
 
 HOUR, DAY, WEEK = 3600, 86400, 7 * 86400
 # A node is lost after this many heartbeat intervals of silence at the least: fewer, and one
@@ -256,8 +265,19 @@ class Settings(BaseModel):
         None,
         description=(
             "etcd endpoints (http://HOST:PORT, comma-separated) that hold node 0's seat and the "
-            "job's record: with them and spares or a minimum, a lost node 0 is replaced by a "
-            "survivor elected there, and the job goes on; without, losing node 0 ends the job."
+            "job's record: with spares or a minimum, a lost node 0 is replaced by a survivor "
+            "elected there, and the job goes on. Unset: the job's own etcd, run by its first 3 "
+            "(5 from 5) nodes, when it has 3 nodes or more and spares or a minimum; `off`: none "
+            "(losing node 0 ends the job)."
+        ),
+    )
+    etcd_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535 - 9,
+        description=(
+            "The job's own etcd: its member i listens on PORT + 2i (clients) and PORT + 2i + 1 "
+            "(its peers); default ENTRYPOINT_CONTROL_PORT + 2 (MASTER_PORT + 3)."
         ),
     )
     max_clock_skew: float = Field(
@@ -460,11 +480,16 @@ def check_text(name: str, variable: str, raw: str, field: FieldInfo) -> None:
         host(variable, raw)
         return
     if name == "etcd":
+        if raw.strip().lower() == ETCD_OFF:
+            return
         try:
             endpoints_from(raw)
         except ValueError as err:
             raise ConfigError(
-                variable, raw[:300], str(err), f"Set {variable}=http://HOST:PORT[,http://...]"
+                variable,
+                raw[:300],
+                str(err),
+                f"Set {variable}=http://HOST:PORT[,http://...], or {variable}={ETCD_OFF}",
             ) from None
         return
     if name in _PATHS:

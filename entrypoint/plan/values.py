@@ -375,6 +375,9 @@ def device_list(name: str, raw: str) -> tuple[str, ...]:
     return tuple(ids)
 
 
+ETCD_OFF = "off"  # ENTRYPOINT_ETCD=off: no etcd, not even the job's own
+
+
 def endpoints_from(text: str) -> tuple[tuple[str, int], ...]:
     """`http://a:2379,http://b:2379` (etcdctl's --endpoints) or `a:2379,b:2379`: (host, port)
     pairs. ValueError names the entry that is not one."""

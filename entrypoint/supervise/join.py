@@ -88,11 +88,12 @@ def serve(
     resumed: Conductor | None = None,
     recorded: Callable[[Conductor], Mind] | None = None,
     host: str | None = None,
+    etcd_members: int = 0,
 ) -> tuple[control_server.Server, str, int | None]:
     """Node 0: start the control server; it, and the address every member connects to.
     `resumed`: a new node 0's Conductor, going on from the job's record (supervise/takeover.py)
     on `host`, this node; `recorded`: the Conductor as the server sees it, whose state is written
-    to etcd (takeover.Recorder)."""
+    to etcd (takeover.Recorder); `etcd_members`: how many members run the job's own etcd."""
     s = settings
     host, port = host or plan.master_addr, plan.control_port
     limits = limits_of(s, expected)
@@ -113,6 +114,7 @@ def serve(
         unit=unit,
         address=host_port(host, port or "auto"),
         roster=roster,
+        etcd_members=etcd_members,
     )
     server = control_server.Server(
         recorded(conductor) if recorded else conductor,
@@ -281,6 +283,7 @@ class Join:
                 self.server_log,
                 self.node.identity,
                 recorded=self.node.recorded,
+                etcd_members=self.node.etcd_members,
             )
         if port is None:  # the plan leaves it open only for a single node, which serves it
             raise RuntimeError("no control port to connect to: node 0 did not serve one")
@@ -442,6 +445,8 @@ class Join:
                         # A node its platform started again joins the job's restart, not
                         # start 0.
                         self.node.generation = message.generation
+                        if message.etcd and self.node.on_etcd is not None:
+                            self.node.on_etcd(message.etcd)
                         if message.nnodes is not None:
                             self._take_seat(message.seat, message.nnodes)
                         return

@@ -8,7 +8,6 @@ import io
 import os
 import re
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -20,19 +19,6 @@ from entrypoint.plan.node_plan import Plan
 from entrypoint.supervise import procs
 from entrypoint.trainer_side.inner_launcher import NODE_PID
 
-# The launcher is exec'd through this: it gets SIGTERM when the entrypoint dies, however it
-# dies (PR_SET_PDEATHSIG survives exec). A wrapper, not preexec_fn: node 0 has threads.
-_DIE_WITH_PARENT = (
-    "import ctypes, os, sys\n"
-    "ctypes.CDLL(None).prctl(1, 15, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGTERM\n"
-    "if os.getppid() != int(sys.argv[1]):\n"
-    "    os._exit(143)  # the entrypoint died before the prctl: do not start\n"
-    "try:\n"
-    "    os.execvp(sys.argv[2], sys.argv[2:])\n"
-    "except OSError as err:\n"
-    "    print(f'entrypoint: cannot start {sys.argv[2]}: {err.strerror}', file=sys.stderr)\n"
-    "    os._exit(127)\n"
-)
 _TAIL_LINES = 400  # the launcher's stderr lines kept for the failure summary
 MAX_RELAY_LINE = 64 << 10  # bytes of one stderr line passed on; the rest is dropped, counted
 _END = re.compile(rb"\r\n?|\n")  # a line ends at \n, \r\n, or a lone \r (a progress bar)
@@ -244,7 +230,7 @@ def start(
         NODE_PID: str(os.getpid()),
     }
     process = subprocess.Popen(
-        [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *plan.command],
+        procs.dying_with_this(plan.command),
         env=child_env,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,

@@ -55,3 +55,7 @@ class NodeState:
     master: str | None = None
     # Node 0's Conductor as its control server sees it, when etcd keeps the job's record.
     recorded: Callable[[Conductor], Mind] | None = None
+    # The job's own etcd (consensus/embedded.py): how many members node 0 has run one (0: none),
+    # and what this node does with node 0's choice of them, in the first `go` that names them.
+    etcd_members: int = 0
+    on_etcd: Callable[[tuple[str, ...]], None] | None = None

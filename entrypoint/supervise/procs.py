@@ -20,6 +20,26 @@ _PR_SET_CHILD_SUBREAPER = 36
 KILL_WAIT = 10.0  # seconds to wait for a process after its SIGKILL
 LEFTOVER_WAIT = 5.0  # seconds for leftover processes to be gone after their SIGKILL
 
+# A child (the launcher, an etcd member) is exec'd through this: it gets SIGTERM when the
+# entrypoint dies, however it dies (PR_SET_PDEATHSIG survives exec). A wrapper, not
+# preexec_fn: node 0 has threads.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None).prctl(1, 15, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGTERM\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(143)  # the entrypoint died before the prctl: do not start\n"
+    "try:\n"
+    "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "except OSError as err:\n"
+    "    print(f'entrypoint: cannot start {sys.argv[2]}: {err.strerror}', file=sys.stderr)\n"
+    "    os._exit(127)\n"
+)
+
+
+def dying_with_this(argv: Iterable[str]) -> list[str]:
+    """`argv` run so that it gets SIGTERM when this process dies (_DIE_WITH_PARENT)."""
+    return [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
+
 
 def become_subreaper() -> None:
     """Orphaned workers are re-parented to this process, not PID 1, so they can be found."""
@@ -216,10 +236,20 @@ def stop_then_kill(
             pass
 
 
-def kill_leftovers(log: Logger, guard: int, launcher: int, seconds: float = LEFTOVER_WAIT) -> None:
-    """Kill every process still below this one but the guard: workers orphaned when their
-    launcher died are re-parented here (subreaper), and none may outlive the entrypoint."""
-    pids = [pid for pid in descendants(os.getpid()) if pid != guard and alive(pid)]
+def kill_leftovers(
+    log: Logger,
+    guard: int,
+    launcher: int,
+    seconds: float = LEFTOVER_WAIT,
+    keep: Iterable[int] = (),
+) -> None:
+    """Kill every process still below this one but the guard (and `keep`: this node's etcd
+    member, with the processes below it): workers orphaned when their launcher died are
+    re-parented here (subreaper), and none may outlive the entrypoint."""
+    spared = {guard, *keep}
+    for pid in list(spared):
+        spared.update(descendants(pid))
+    pids = [pid for pid in descendants(os.getpid()) if pid not in spared and alive(pid)]
     if not pids:
         return
     log.warning(

@@ -21,6 +21,7 @@ worker once it catches the signal).
 from __future__ import annotations
 
 import hashlib
+import shutil
 import signal
 import socket
 import threading
@@ -30,9 +31,9 @@ from pathlib import Path
 from types import FrameType
 
 from entrypoint import STOPPING, early_signals, signal_name
-from entrypoint.consensus import election
+from entrypoint.consensus import election, embedded
 from entrypoint.consensus.election import Holder
-from entrypoint.consensus.etcd import EtcdError
+from entrypoint.consensus.etcd import Etcd, EtcdError
 from entrypoint.control import control_channel
 from entrypoint.control import messages as m
 from entrypoint.control.transport import PeersError
@@ -41,7 +42,7 @@ from entrypoint.coordinator.job_record import resumed
 from entrypoint.plan import secrets
 from entrypoint.plan.errors import EXIT_CONFIG, EXIT_HUNG, EXIT_PEERS
 from entrypoint.plan.node_plan import Plan
-from entrypoint.plan.settings import Settings
+from entrypoint.plan.settings import PREFIX, Settings
 from entrypoint.plan.values import host_port
 from entrypoint.supervise import failures, health, join, logs, procs, takeover
 from entrypoint.supervise.gpu_stats import Stats
@@ -61,6 +62,9 @@ from entrypoint.supervise.rank_inbox import Inbox
 from entrypoint.supervise.worker_signals import FORWARDED, SignalRelay
 from entrypoint.trainer_side.inner_launcher import REFUSED as INNER_LAUNCHER
 from entrypoint.trainer_side.world_check import MISMATCH as WORLD_MISMATCH
+
+# Seconds node 0 waits for the job's own etcd to answer (a quorum of its members started)
+OWN_ETCD_READY = 30.0
 
 
 class Beats(threading.Thread):
@@ -200,6 +204,15 @@ class Supervisor:
         self.fencing: str | None = None  # why, from the fence's first instant
         self.fenced = False  # its server stopped and its trainers killed: the loop ends the node
         found = takeover.connect(settings, self.node.identity) if plan.spawn else None
+        # The job's own etcd (consensus/embedded.py): its endpoints once node 0 names its
+        # members in the first `go`; this node's member of it, if node 0 chose this node.
+        self.own_etcd: embedded.Embedded | None = None
+        own = 0
+        if plan.spawn and found is None:
+            own = takeover.own_etcd(settings, join.roster_of(plan, self.node.expected))
+        if own:
+            found = Etcd([]), takeover.job_key(self.node.identity) or "job"
+            self.node.etcd_members, self.node.on_etcd = own, self._start_own_etcd
         if found is not None:
             self.seat = takeover.Node0Seat(*found, fence=self._fence)
             token = self.node.identity.token
@@ -468,23 +481,92 @@ class Supervisor:
 
     def _hold_seat(self) -> None:
         """Node 0, once the job formed: its seat in etcd when there is one, and its one line on
-        what losing node 0 costs."""
+        what losing node 0 costs; on the job's own etcd, from a thread of its own once that
+        etcd answers (the trainer does not wait for it)."""
         if self.node.member != self.node.head or not self.plan.spawn:
+            return
+        if self.node.etcd_members and self.seat is not None and self.seat.etcd.endpoints:
+            threading.Thread(target=self._hold_own_seat, name="node0-seat", daemon=True).start()
             return
         roster = join.roster_of(self.plan, self.node.expected)
         line = takeover.survival(self.settings.etcd, roster, self.plan.members)
         if self.seat is not None and roster.elastic:
-            try:
-                held = self.seat.hold(self._me())
-                why = "another node of this job's id holds it" if held is None else ""
-            except EtcdError as err:
-                held, why = None, str(err)
-            if held is None:
+            why = self._seat_taken()
+            if why is not None:
                 line = (
                     f"losing node 0 ends this job: node 0 could not take its seat in etcd ({why})"
                 )
         if line is not None:
             self.log.info(line)
+
+    def _seat_taken(self) -> str | None:
+        """Node 0 takes its seat: None, or why it could not."""
+        assert self.seat is not None
+        try:
+            held = self.seat.hold(self._me())
+        except EtcdError as err:
+            return str(err)
+        return "another node of this job's id holds it" if held is None else None
+
+    def _hold_own_seat(self) -> None:
+        """Node 0 on the job's own etcd: once its members answer (a quorum started), etcd closed
+        to anyone without the job's token, then the seat."""
+        assert self.seat is not None
+        etcd, token = self.seat.etcd, self.node.identity.token
+        try:
+            embedded.wait_ready(etcd, OWN_ETCD_READY)
+            if token:
+                embedded.secure(etcd, token)
+        except EtcdError as err:
+            why: str | None = f"it did not answer in {OWN_ETCD_READY:g} s: {err}"
+        else:
+            why = self._seat_taken()
+        if why is not None:
+            self.log.warning(f"losing node 0 ends this job: the job's own etcd failed ({why})")
+            return
+        roster = join.roster_of(self.plan, self.node.expected)
+        line = takeover.survival(None, roster, self.plan.members, self.node.etcd_members) or ""
+        if not token:
+            line = f"{line}. Its etcd admits whoever reaches its ports: set {PREFIX}JOB_TOKEN"
+        self.log.info(line)
+
+    def _start_own_etcd(self, entries: tuple[str, ...]) -> None:
+        """From join, at the first `go` that names the job's own etcd: where every node finds
+        it, and this node's member of it when node 0 chose this node."""
+        if self.seat is None or self.seat.etcd.endpoints:
+            return
+        base = embedded.base_port(self.settings.etcd_port, self.plan.control_port or 0)
+        members, cluster = embedded.chosen(entries, base)
+        ends = [(m.host, m.client_port) for m in cluster]
+        token = self.node.identity.token
+        if token:
+            self.seat.etcd.credentials(embedded.USER, embedded.password(token))
+        if self.node.member in members:
+            me = cluster[members.index(self.node.member)]
+            ends.insert(0, ends.pop(members.index(self.node.member)))  # its own member first
+            data = Path(self.settings.run_dir) / f"node{self.node.member}" / "etcd"
+            shutil.rmtree(data, ignore_errors=True)  # an earlier job's: never this cluster's
+            data.mkdir(parents=True)
+            member = embedded.Embedded(
+                me,
+                cluster,
+                data,
+                self.seat.job,
+                data.parent / "etcd.log",
+                wrap=procs.dying_with_this,
+            )
+            try:
+                member.start()
+            except OSError as err:
+                self.log.warning(f"the job's etcd: member {me.name} did not start: {err}")
+            else:
+                self.own_etcd = member
+                self.log.info(
+                    f"started member {me.name} of the job's etcd ({len(cluster)} members): "
+                    f"clients at {me.client_url}, peers at {me.peer_url}",
+                    log=str(member.log),
+                )
+        self.seat.etcd.endpoints = ends
 
     def _find_head(self) -> None:
         """Node 0 started again by its platform after a survivor took its seat in etcd: it joins
@@ -614,7 +696,9 @@ class Supervisor:
     def _kill_leftovers(self) -> None:
         guard = self.guard.pid if self.guard is not None else -1
         launcher = self.launch.process.pid if self.launch else -1
-        procs.kill_leftovers(self.log, guard, launcher)
+        own = self.own_etcd.proc if self.own_etcd is not None else None
+        keep = (own.pid,) if own is not None else ()
+        procs.kill_leftovers(self.log, guard, launcher, keep=keep)
 
     def _cleanup(self) -> None:
         if self.health is not None:
@@ -630,7 +714,9 @@ class Supervisor:
                 self.node.server.finished.wait(timeout=12)
             self.node.server.stop()
         if self.seat is not None:
-            self.seat.close()
+            self.seat.close(revoke=self.own_etcd is None and not self.node.etcd_members)
+        if self.own_etcd is not None:
+            self.own_etcd.stop()
         if self.guard is not None:
             self.guard.close()
 

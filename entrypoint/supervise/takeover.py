@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from entrypoint.consensus import election
+from entrypoint.consensus import election, embedded
 from entrypoint.consensus.election import Holder
 from entrypoint.consensus.etcd import Etcd, EtcdError
 from entrypoint.consensus.lease import MARGIN, TTL, LeaseKeeper
@@ -31,7 +31,7 @@ from entrypoint.coordinator.job_record import NOT_ELASTIC, JobRecord, cannot_go_
 from entrypoint.coordinator.roster import Roster
 from entrypoint.plan.errors import EXIT_PEERS, ConfigError
 from entrypoint.plan.settings import PREFIX, Settings
-from entrypoint.plan.values import endpoints_from
+from entrypoint.plan.values import ETCD_OFF, endpoints_from
 from entrypoint.supervise.node_exits import Node0Lost, NodeExit
 
 # Seconds a survivor waits for a lost node 0's seat to be free: its lease ends at most TTL after
@@ -45,13 +45,28 @@ def job_key(identity: Identity) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]", "_", identity.job)[:200]
 
 
+def external(settings: Settings) -> bool:
+    """Whether ENTRYPOINT_ETCD names an etcd's endpoints (not unset, not `off`)."""
+    return bool(settings.etcd) and str(settings.etcd).strip().lower() != ETCD_OFF
+
+
+def own_etcd(settings: Settings, roster: Roster) -> int:
+    """How many of the job's members run its own etcd (consensus/embedded.py): none with
+    ENTRYPOINT_ETCD (its endpoints, or `off`), without spares or a minimum (a lost node ends
+    the job anyway), under 3 members (etcd's quorum survives no loss of 1 or 2), or without etcd
+    in the image."""
+    if settings.etcd or not roster.elastic or embedded.binary() is None:
+        return 0
+    return embedded.cluster_size(roster.members)
+
+
 def connect(settings: Settings, identity: Identity) -> tuple[Etcd, str] | None:
-    """etcd and the job's key there when ENTRYPOINT_ETCD is set; None without it.
+    """etcd and the job's key there when ENTRYPOINT_ETCD names one; None without it.
 
     Raises:
         ConfigError: ENTRYPOINT_ETCD is set but the job has no name its keys could carry.
     """
-    if not settings.etcd:
+    if not settings.etcd or not external(settings):
         return None
     if not identity.job:
         raise ConfigError(
@@ -63,22 +78,43 @@ def connect(settings: Settings, identity: Identity) -> tuple[Etcd, str] | None:
     return Etcd(endpoints_from(settings.etcd)), job_key(identity)
 
 
-def survival(etcd: str | None, roster: Roster, nnodes: int) -> str | None:
+def survival(etcd: str | None, roster: Roster, nnodes: int, own: int = 0) -> str | None:
     """Node 0's one line at the start: whether the job outlives losing node 0, and what it would
-    take; None for a job of one node."""
+    take; None for a job of one node. `own`: how many members run the job's own etcd."""
     if nnodes <= 1:
         return None
-    if etcd and roster.elastic:
+    need = f"{PREFIX}SPARES or {PREFIX}MIN_NODES"
+    named = bool(etcd) and str(etcd).strip().lower() != ETCD_OFF
+    if not roster.elastic:
+        if named:
+            return (
+                f"losing node 0 (or any node) ends this job: it has no spare and no minimum "
+                f"({need})"
+            )
+        return (
+            f"losing node 0 ends this job (every node exits 75): {need}, on 3 nodes or more "
+            f"(or with {PREFIX}ETCD, an etcd's endpoints), would let a survivor take its place"
+        )
+    if named:
         return (
             f"losing node 0 costs a restart, not the job: node 0's seat is in etcd ({etcd}); a "
             "survivor takes it over, and a spare or the survivors train on"
         )
-    need = f"{PREFIX}SPARES or {PREFIX}MIN_NODES"
+    if own:
+        return (
+            f"losing node 0 costs a restart, not the job: node 0's seat is in the job's own "
+            f"etcd, on {own} of its nodes; a survivor takes it over, and a spare or the "
+            "survivors train on"
+        )
     if etcd:
-        return f"losing node 0 (or any node) ends this job: it has no spare and no minimum ({need})"
+        return f"losing node 0 ends this job: {PREFIX}ETCD={ETCD_OFF}"
+    if embedded.binary() is None:
+        why = "this image carries no etcd"
+    else:
+        why = f"the job's own etcd needs 3 nodes, it has {roster.members}"
     return (
-        f"losing node 0 ends this job (every node exits 75): {PREFIX}ETCD (an etcd's "
-        f"endpoints) with {need} would let a survivor take its place"
+        f"losing node 0 ends this job (every node exits 75): {why}; {PREFIX}ETCD (an etcd's "
+        "endpoints) would let a survivor take its place"
     )
 
 
@@ -266,9 +302,10 @@ class Node0Seat:
         keeper.stop(revoke=True)
         return Election(holder, record, alive, None)
 
-    def close(self) -> None:
-        """The job's end: the seat freed at once (a later job of the same id takes it)."""
+    def close(self, revoke: bool = True) -> None:
+        """The job's end: the seat freed at once (a later job of the same id takes it); not
+        `revoke`: left to its lease (the job's own etcd, which ends with the job)."""
         self.publisher.stop()
         if self.keeper is not None:
-            self.keeper.stop(revoke=True)
+            self.keeper.stop(revoke=revoke)
             self.keeper = None

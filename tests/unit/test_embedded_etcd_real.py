@@ -14,6 +14,8 @@ from entrypoint.consensus.election import campaign, holder, publish, read_state,
 from entrypoint.consensus.embedded import (
     Embedded,
     EtcdMember,
+    base_port,
+    chosen,
     cluster_size,
     command,
     members_from,
@@ -33,27 +35,41 @@ TOKEN = "the-job-token-0123456789abcdef"
 )  # fmt: skip
 def test_how_many_nodes_run_a_member(nodes, size):
     assert cluster_size(nodes) == size
-    assert len(members_from([f"h{i}" for i in range(nodes)], 1, 2)) == size
+    assert len(members_from([f"h{i}" for i in range(nodes)], 1)) == size
 
 
 def test_each_member_is_told_the_whole_cluster_and_the_job_it_belongs_to():
-    cluster = members_from(["worker-0", "worker-1", "fd00::2", "worker-3"], 29503, 29504)
+    members, cluster = chosen(["0=worker-0", "1=worker-1", "3=fd00::2"], 29503)
+    assert members == (0, 1, 3)
     argv = command("/usr/bin/etcd", cluster[2], cluster, "/run/etcd", "train")
     assert argv == [
         "/usr/bin/etcd",
         "--name=m2",
         "--data-dir=/run/etcd",
-        "--listen-client-urls=http://[fd00::2]:29503",
-        "--advertise-client-urls=http://[fd00::2]:29503",
-        "--listen-peer-urls=http://[fd00::2]:29504",
-        "--initial-advertise-peer-urls=http://[fd00::2]:29504",
-        "--initial-cluster=m0=http://worker-0:29504,m1=http://worker-1:29504,m2=http://[fd00::2]:29504",
+        "--listen-client-urls=http://[fd00::2]:29507",
+        "--advertise-client-urls=http://[fd00::2]:29507",
+        "--listen-peer-urls=http://[fd00::2]:29508",
+        "--initial-advertise-peer-urls=http://[fd00::2]:29508",
+        "--initial-cluster=m0=http://worker-0:29504,m1=http://worker-1:29506,m2=http://[fd00::2]:29508",
         "--initial-cluster-state=new",
         "--initial-cluster-token=multinode-train",
     ]  # fmt: skip
+    # a member named by its host's name listens on every address (0.0.0.0 without IPv6)
     assert "--listen-client-urls=http://[::]:29503" in command(
         "etcd", cluster[0], cluster, "d", "j"
     )
+    assert "--listen-peer-urls=http://0.0.0.0:29504" in command(
+        "etcd", cluster[0], cluster, "d", "j", "0.0.0.0"
+    )
+
+
+@pytest.mark.parametrize(
+    ("stated", "control", "base"),
+    [(None, 29501, 29503), (40000, 29501, 40000), (None, 65534, 65523)],
+)  # fmt: skip
+def test_the_members_ports_start_two_above_the_control_port(stated, control, base):
+    assert base_port(stated, control) == base
+    assert base + 9 <= 65535
     assert password(TOKEN) != TOKEN and password(TOKEN) == password(TOKEN)
     assert password(TOKEN) != password(TOKEN + "x")
 

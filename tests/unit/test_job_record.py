@@ -27,6 +27,20 @@ def test_the_record_of_a_running_job_reads_back_whole():
     assert "token" not in record.to_json().replace("token_digest", "")
 
 
+def test_the_jobs_own_etcd_members_go_on_with_the_new_node_0():
+    c = Conductor(3, LIMITS, 0.0, roster=Roster(3, 2, 2), etcd_members=3)
+    for m in range(3):
+        c.hello(m, hello(m), now=1.0, wall_now=1000.0)
+    record = JobRecord.from_json(record_of(c.job).to_json())
+    assert record.etcd == ("0=worker-0", "1=worker-1", "2=worker-2")
+    job = resumed(record, 1, [1, 2], expected=3, limits=LIMITS, roster=Roster(3, 2, 2), now=50.0)
+    successor = Conductor.resume(job)
+    actions = []
+    for member in (1, 2):
+        actions += successor.hello(member, hello(member), now=51.0, wall_now=1000.0)
+    assert {go.etcd for go in sent(actions, Go).values()} == {record.etcd}
+
+
 def test_a_new_node_0_seats_the_spare_and_takes_node_rank_0():
     c, _ = started(3, 2, 2)
     record = JobRecord.from_json(record_of(c.job).to_json())  # through the store, as JSON

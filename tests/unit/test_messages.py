@@ -72,6 +72,7 @@ EVERY_KIND = [
     m.Welcome("d" * 64),
     m.Refuse("wrong job token"),
     m.Go(1, ("clock +3 s",)),
+    m.Go(0, (), 1, 2, ("0=worker-0", "1=fd00::2", "2=worker-2.cluster.local")),
     m.Stop(75, "lost node 1"),
     m.Restart(1, "rank 3 failed"),
     m.Done(),
@@ -112,6 +113,20 @@ def test_every_kind_round_trips(message):
 def test_what_the_schema_refuses(wire, why):
     with pytest.raises(m.BadMessage, match=why.replace("(", r"\(").replace(")", r"\)")):
         m.decode(json.dumps(wire).encode())
+
+
+@pytest.mark.parametrize(
+    "etcd, why",
+    [
+        (["worker-0"], "etcd must list MEMBER=HOST"),
+        (["0=a b"], "etcd must list MEMBER=HOST"),
+        (["0=a,b"], "etcd must list MEMBER=HOST"),
+        ([f"{i}=h" for i in range(6)], "etcd must be a list of at most 5 strings"),
+    ],
+)
+def test_a_go_names_the_jobs_etcd_members_only_as_member_and_host(etcd, why):
+    with pytest.raises(m.BadMessage, match=why):
+        m.decode(json.dumps({"t": "go", "etcd": etcd}).encode(), m.FROM_NODE_0)
 
 
 def test_another_protocol_version_is_read_only_as_far_as_its_number():

@@ -15,6 +15,8 @@ import pytest
 from test_spares_real import _checkpointed, _finished, _signal_tree
 from test_supervise_real import ONE_PER_NODE, Nodes, nodes, started  # noqa: F401
 
+from entrypoint.consensus import embedded
+from entrypoint.consensus.etcd import Etcd, EtcdRefused
 from tests.unit.etcd_server import EtcdServer, Relay
 
 STEPS = "160"
@@ -61,6 +63,46 @@ def test_node_0_killed_a_survivor_takes_its_seat_and_the_spare_trains(cluster):
     assert any(x.startswith("restart 1: ") for x in said[new]), said[new]
     assert any(x.startswith("node 0 seated this node in node rank 0 of 2") for x in said[new])
     print(f"MEASURED node 0 killed: a survivor took its seat, the job done in "
+          f"{time.monotonic() - killed:.1f} s")  # fmt: skip
+
+
+TOKEN = "own-etcd-token-0123456789abcdef"
+
+
+def test_with_no_etcd_set_the_jobs_own_etcd_lets_a_survivor_take_node_0s_seat(started):  # noqa: F811
+    """No ENTRYPOINT_ETCD: the job's first 3 nodes start its own etcd members (node 0 named them
+    in its `go`), closed by the job's token; node 0 and its member are killed together, the two
+    members left keep etcd's quorum, and a survivor takes the seat."""
+    c = started(
+        3, FAULT_STEPS=STEPS, ENTRYPOINT_SPARES="1", ENTRYPOINT_JOB_TOKEN=TOKEN, **ONE_PER_NODE
+    )
+    _checkpointed(c, 2)
+    end = time.monotonic() + 60
+    while (
+        "losing node 0 costs a restart, not the job: node 0's seat is in the job's own etcd"
+        not in c.log(0)
+    ):
+        assert time.monotonic() < end, c.log(0)[-3000:]
+        time.sleep(0.2)
+    assert "started member m0 of the job's etcd (3 members)" in c.log(0)
+    for rank in range(3):  # each member's own log
+        assert (c.tmp / "run" / f"node{rank}" / "etcd.log").stat().st_size > 0
+    # a stranger who knows the ports, not the token, reads and writes nothing
+    ports = [("127.0.0.1", c.port + 3 + 2 * i) for i in range(3)]
+    with pytest.raises(EtcdRefused):
+        Etcd(ports).get("/multinode/job/node0")
+    with pytest.raises(EtcdRefused):
+        Etcd(ports).put("/multinode/job/node0", "mine")
+    with pytest.raises(EtcdRefused, match="authentication failed"):
+        Etcd(ports).login(embedded.USER, embedded.password("another job's token 0123"))
+    _signal_tree(c, 0, signal.SIGKILL)
+    killed = time.monotonic()
+    codes = {rank: c.procs[rank].wait(timeout=120) for rank in (1, 2)}
+    assert codes == {1: 0, 2: 0}, c.log(1)[-3000:] + c.log(2)[-3000:]
+    _finished(c, 2, 1)
+    said = {rank: _events(c.log(rank)) for rank in (1, 2)}
+    assert any("is node 0 from restart 1" in x for rank in (1, 2) for x in said[rank]), said
+    print(f"MEASURED node 0 and its etcd member killed (the job's own etcd): job done in "
           f"{time.monotonic() - killed:.1f} s")  # fmt: skip
 
 

@@ -121,6 +121,43 @@ def test_spares_stand_by_from_the_start_and_each_node_is_told_its_seat():
     assert "training on 2 of 2 nodes; 1 standby (2)" in logs(actions)
 
 
+def test_the_first_go_names_the_jobs_own_etcd_members_and_every_later_go_the_same():
+    c = Conductor(3, LIMITS, 0.0, roster=Roster(3, 2, 2), etcd_members=3)
+    for m in range(3):
+        actions = c.hello(m, hello(m), now=1.0, wall_now=1000.0)
+    etcd = ("0=worker-0", "1=worker-1", "2=worker-2")
+    assert sent(actions, Go) == {
+        0: Go(0, (), 0, 2, etcd),
+        1: Go(0, (), 1, 2, etcd),
+        2: Go(0, (), None, 2, etcd),
+    }
+    assert (
+        "the job's etcd runs on 3 nodes: node 0 (worker-0), node 1 (worker-1), node 2 (worker-2)"
+        in logs(actions)
+    )
+    c.closed(1, now=10.0)
+    actions = rejoin(c, [2, 0], now=11.0)
+    assert {go.etcd for go in sent(actions, Go).values()} == {etcd}  # fixed at the first go
+    assert c.job.etcd == etcd
+
+
+def test_the_jobs_own_etcd_takes_the_members_that_came_and_needs_three():
+    c = Conductor(4, LIMITS, 0.0, roster=Roster(4, 2, 2), etcd_members=3)
+    for m in (0, 1, 3):  # the spare 2 is late; the go does not wait for spares
+        c.hello(m, hello(m), now=1.0, wall_now=1000.0)
+    actions = c.tick(now=70.0)  # the join timeout
+    assert {go.etcd for go in sent(actions, Go).values()} == {
+        ("0=worker-0", "1=worker-1", "3=worker-3")
+    }
+    c = Conductor(3, LIMITS, 0.0, roster=Roster(3, 3, 2), etcd_members=3)
+    for m in (0, 1):
+        c.hello(m, hello(m), now=1.0, wall_now=1000.0)
+    c.job.generation = 1  # a later start goes on with fewer (the first waits for every seat)
+    actions = c.tick(now=70.0)
+    assert "the job's etcd needs 3 nodes, 2 joined: losing node 0 ends this job" in logs(actions)
+    assert all(go.etcd == () for go in sent(actions, Go).values())
+
+
 def test_a_killed_node_gives_its_rank_to_the_spare_and_every_trainer_restarts():
     c, _ = started(3, 2, 2)
     actions = c.closed(1, now=10.0)

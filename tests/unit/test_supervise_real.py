@@ -46,8 +46,9 @@ ONE_PER_NODE = {"ENTRYPOINT_LAUNCHER": "jax", "ENTRYPOINT_NPROC_PER_NODE": "1"}
 class Nodes:
     def __init__(self, tmp: Path, n: int = 2, **env):
         self.tmp, self.n = tmp, n
-        # node 0's rendezvous, control and metrics ports, then the trainer's collective
-        self.port = free_ports(4)
+        # node 0's rendezvous, control and metrics ports, the job's own etcd (3 members, 2 ports
+        # each, when it has one), then the trainer's collective
+        self.port = free_ports(10)
         self.env = (
             BASE
             | {
@@ -57,7 +58,7 @@ class Nodes:
                 "ENTRYPOINT_RUN_DIR": str(tmp / "run"),
                 "FAULT_OUT": str(tmp / "out"),
                 # the trainer's own collective, served by rank 0 (tests/fault_trainer.py)
-                "FAULT_PORT": str(self.port + 3),
+                "FAULT_PORT": str(self.port + 9),
             }
             | env
         )
