@@ -12,7 +12,7 @@ import signal
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from entrypoint.plan.errors import ConfigError
 SHARED = "/shared"  # with spares: one volume every node mounts, for the checkpoints
 STEP = re.compile(r"\bstep (\d+)/(\d+)\b")
 TAKES = re.compile(r"node (\d+) takes node rank (\d+)")
+NEW_HEAD = re.compile(r"node (\d+) \([^)]*\) is node 0 from restart")
 RESUMED = re.compile(r"resuming from checkpoint .*\(step (\d+)\)")
 JOB_STEPS = re.compile(r"^multinode_job_steps (\S+)$", re.M)
 
@@ -33,19 +34,25 @@ class Kill:
     step: int
 
 
-def parse_kills(raw: Sequence[str], nodes: int) -> list[Kill]:
-    """`--kill 1@30` (several allowed): node 1 killed at step 30."""
+def parse_kills(raw: Sequence[str], nodes: int, node0: bool = False) -> list[Kill]:
+    """`--kill 1@30` (several allowed): node 1 killed at step 30. Node 0 only where `node0`:
+    the job outlives it (spares, 3 containers or more: the job's own etcd elects another)."""
     out = []
     for text in raw:
         node, sep, step = text.partition("@")
         if not sep or not node.isdigit() or not step.isdigit() or int(step) < 1:
             raise ConfigError("--kill", text, "is not NODE@STEP", "Give --kill 1@30")
-        if not 0 < int(node) < nodes:
+        if int(node) == 0 and not node0:
             raise ConfigError(
                 "--kill",
                 text,
-                f"names no node this job can lose (1-{nodes - 1}; node 0 runs the job)",
-                "Give --kill 1@30",
+                "names node 0, whose loss ends this job",
+                "Give --spares 1 and 3 containers or more (--nodes 2 --spares 1), so that a "
+                "survivor takes node 0's place, or kill another node: --kill 1@30",
+            )
+        if not 0 <= int(node) < nodes:
+            raise ConfigError(
+                "--kill", text, f"names no node of this job (0-{nodes - 1})", "Give --kill 1@30"
             )
         out.append(Kill(int(node), int(step)))
     return sorted(out, key=lambda k: k.step)
@@ -74,7 +81,7 @@ class KillingCluster(Cluster):
     def on_poll(self, now: float, runs: Mapping[str, NodeRun]) -> None:
         if len(self.killed) == len(self.kills) or not self.names:
             return
-        step = self._step(runs.get(self.names[0]))
+        step = self._step(_latest(runs.values(), STEP))
         for kill in self.kills[len(self.killed) :]:
             if step is None or step < kill.step:
                 return
@@ -83,13 +90,11 @@ class KillingCluster(Cluster):
             self._kill(name)
             self.killed.append(Killed(kill.node, name, step, now))
 
-    def _step(self, node0: NodeRun | None) -> int | None:
-        """Node 0's job's step: its last `step N/` line, else its /metrics (each second)."""
-        if node0 is not None:
-            for line in reversed(node0.lines[-50:]):
-                found = STEP.search(line)
-                if found:
-                    return int(found.group(1))
+    def _step(self, latest: re.Match | None) -> int | None:
+        """The job's step: the last `step N/` line of any node (node rank 0's, which a new
+        node 0 takes), else node 0's /metrics (each second)."""
+        if latest is not None:
+            return int(latest.group(1))
         if time.monotonic() - self._last_scrape < 1 or not self.names:
             return None
         self._last_scrape = time.monotonic()
@@ -110,41 +115,63 @@ class KillingCluster(Cluster):
 
 
 def story(run: ClusterRun, killed: Sequence[Killed], names: Sequence[str]) -> list[str]:
-    """What happened, one line a loss, from the nodes' own lines (node 0's and the trainer's)."""
+    """What happened, one line a loss, from the nodes' own lines (node 0's, a new node 0's, and
+    the trainer's)."""
     if not killed:
         return []
-    node0 = run.nodes[0]
     out = []
     for loss in killed:
         parts = [f"node {loss.node} lost at step {loss.step} (killed, {loss.at:.1f} s in)"]
-        took = [
-            (m.group(1), m.group(2))
-            for line, t in zip(node0.lines, node0.times, strict=False)
-            if t >= loss.at and (m := TAKES.search(line))
-        ]
+        head = _after(run.nodes, loss.at, NEW_HEAD)
+        if head:
+            parts.append(f"node {head[1].group(1)} is node 0 from then on")
+        took = _after(run.nodes, loss.at, TAKES)
         if took:
-            parts.append(f"node {took[0][0]} took node rank {took[0][1]}")
-        resumed = _after(node0, loss.at, RESUMED)
-        trained = _after(node0, resumed[0] if resumed else loss.at, STEP)
+            parts.append(f"node {took[1].group(1)} took node rank {took[1].group(2)}")
+        resumed = _after(run.nodes, loss.at, RESUMED)
+        trained = _after(run.nodes, resumed[0] if resumed else loss.at, STEP)
         if trained:
             where = f", from the step-{resumed[1].group(1)} checkpoint" if resumed else ""
             parts.append(f"training again {trained[0] - loss.at:.1f} s later{where}")
         out.append("local: " + "; ".join(parts))
-    last = _last(node0, STEP)
+    last = _latest(run.nodes, STEP)
     if last is not None:
         out.append(f"local: {last.group(1)} of {last.group(2)} steps done")
     return out
 
 
-def _after(node: NodeRun, at: float, pattern: re.Pattern) -> tuple[float, re.Match] | None:
-    for line, t in zip(node.lines, node.times, strict=False):
-        if t >= at and (found := pattern.search(line)):
-            return t, found
-    return None
+def head(run: ClusterRun, names: Sequence[str]) -> str:
+    """The node serving the job at its end: node 0, or the survivor that took its seat."""
+    found = _latest(run.nodes, NEW_HEAD)
+    return names[int(found.group(1))] if found and int(found.group(1)) < len(names) else names[0]
 
 
-def _last(node: NodeRun, pattern: re.Pattern) -> re.Match | None:
-    return next((m for line in reversed(node.lines) if (m := pattern.search(line))), None)
+def _after(
+    nodes: Iterable[NodeRun], at: float, pattern: re.Pattern
+) -> tuple[float, re.Match] | None:
+    """The first line of any node, at or after `at`, that `pattern` finds: its time, the match."""
+    return min(
+        (
+            (t, found)
+            for node in nodes
+            for line, t in zip(node.lines, node.times, strict=False)
+            if t >= at and (found := pattern.search(line))
+        ),
+        key=lambda x: x[0],
+        default=None,
+    )
+
+
+def _latest(nodes: Iterable[NodeRun], pattern: re.Pattern) -> re.Match | None:
+    """The last line of any node (by when it came) that `pattern` finds."""
+    best: tuple[float, re.Match] | None = None
+    for node in nodes:
+        for line, t in zip(reversed(node.lines[-200:]), reversed(node.times[-200:]), strict=False):
+            if found := pattern.search(line):
+                if best is None or t > best[0]:
+                    best = (t, found)
+                break
+    return best[1] if best else None
 
 
 def shared_checkpoints(extra: dict[str, str], steps: int) -> None:

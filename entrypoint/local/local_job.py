@@ -262,9 +262,10 @@ def _add_demo_options(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NODE@STEP",
-        help="kill node NODE's container once node 0's job reaches STEP (repeatable), e.g. "
+        help="kill node NODE's container once the job reaches STEP (repeatable), e.g. "
         "--spares 1 --kill 1@30: the loss, the spare's takeover and the resumed training in "
-        "one run, summed up at the end",
+        "one run, summed up at the end; node 0 too (--kill 0@30) with a spare and 3 "
+        "containers or more: a survivor takes its place",
     )
     p.add_argument(
         "--log-format",
@@ -331,7 +332,8 @@ def cmd_local(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     extra = _env_pairs(args.env)
     host_gpus, gpu_probe = probe.gpus()
     plan = _layout_of(args, len(host_gpus), gpu_probe)
-    kills = demo.parse_kills(args.kill, plan.nnodes)
+    # node 0's loss is survived with spares on 3 containers or more (the job's own etcd)
+    kills = demo.parse_kills(args.kill, plan.nnodes, node0=plan.spares > 0 and plan.nnodes >= 3)
     elastic = bool(plan.spares or plan.min_nodes)
     if elastic and not command:
         demo.shared_checkpoints(extra, DEMO_STEPS)
@@ -375,7 +377,7 @@ def cmd_local(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     except KeyboardInterrupt:  # entrypoint/__main__.py turns it into 128 + N
         print("local: interrupted; containers and network removed", file=sys.stderr)
         raise
-    code = demo.verdict(run, args.results, command, elastic, specs[0].name)
+    code = demo.verdict(run, args.results, command, elastic, demo.head(run, cluster.names))
     for line in demo.story(run, cluster.killed, cluster.names):
         print(line)
     return code

@@ -1,9 +1,11 @@
 """Losing node 0 across real containers (issue 50): 3 node containers of the image (2 workers
-each, through torchrun, hand-started with a spare) and an etcd in a container of its own on the
-same network (Debian's etcd binary, mounted: it needs only libc), `ENTRYPOINT_ETCD` pointing at
-it. Node 0 is `docker kill`ed while the job trains: a survivor takes its seat in etcd, serves the
-job, and every rank trains again in one world with the trainers' rendezvous on the new node 0's
-host (MASTER_ADDR moved), resumed from the checkpoint on the shared volume.
+each, through torchrun, hand-started with a spare), no etcd named: the job's own etcd runs on
+its 3 nodes (the image's etcd, started by each entrypoint). Node 0 is `docker kill`ed, or cut off
+by `docker network disconnect`, while the job trains: a survivor takes its seat in etcd, serves
+the job, and every rank trains again in one world with the trainers' rendezvous on the new node
+0's host (MASTER_ADDR moved), resumed from the checkpoint on the shared volume. The cut-off node 0
+cannot renew its seat (its etcd member is alone): it kills its trainers and exits 75 before its
+seat could be taken.
 
 The workers run tests/fault_trainer.py (the entrypoint's handling is the subject, and its
 collective is served by rank 0 at MASTER_ADDR: a rank left on the old master would not step).
@@ -11,57 +13,50 @@ The same on loopback, with more cases: tests/unit/test_node0_takeover_real.py.""
 
 from __future__ import annotations
 
-from entrypoint.local.cluster import Node
+import pytest
+
 from faulty_cluster import LIGHT_MOUNT, FaultyCluster, lightened
 
 from .test_spares import OUTPUT, SHARED, TIMEOUT, at_step, measured, nodes
 
-ETCD = "/opt/etcd/etcd"  # Debian's etcd-server binary, mounted read-only (`.ci/run` installs it)
+TOKEN = "takeover-token-0123456789abcdef"
+FAULTS = {"kill": (FaultyCluster.kill, 137), "disconnect": (FaultyCluster.disconnect, 75)}
 
 
-def etcd_node(c: FaultyCluster) -> Node:
-    name = c.hostname("etcd", 0)
-    peer = "http://127.0.0.1:2380"
-    return Node(
-        name,
-        {},
-        command=[ETCD, "--name", "e", "--data-dir", "/tmp/etcd",
-                 "--listen-client-urls", "http://0.0.0.0:2379",
-                 "--advertise-client-urls", f"http://{name}:2379",
-                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                 "--initial-cluster", f"e={peer}"],
-    )  # fmt: skip
-
-
-def test_node_0_killed_a_survivor_takes_its_seat_and_every_rank_trains_again(image, docker_client):
+@pytest.mark.parametrize("fault", FAULTS)
+def test_node_0_lost_a_survivor_takes_its_seat_and_every_rank_trains_again(
+    image, docker_client, fault
+):
+    act, code = FAULTS[fault]
     with FaultyCluster(
         image,
         client=docker_client,
         echo=print,
         shared=SHARED,
         output=OUTPUT,
-        mounts=LIGHT_MOUNT | {"/usr/bin/etcd": ETCD},
+        mounts=LIGHT_MOUNT,
     ) as c:
-        etcd = etcd_node(c)
-        c.start(etcd)
         n = [c.hostname("node", r) for r in range(3)]
         steps = 300
         job = nodes(
             c,
             3,
             ENTRYPOINT_SPARES="1",
-            ENTRYPOINT_ETCD=f"http://{etcd.name}:2379",
-            ENTRYPOINT_JOB_ID="takeover",
+            ENTRYPOINT_JOB_TOKEN=TOKEN,
             ENTRYPOINT_JOIN_TIMEOUT="120",
         )
         run = c.run(
             lightened(job, steps, out=f"{OUTPUT}/results"),
             timeout=TIMEOUT,
             grace=float("inf"),
-            faults=[at_step(c, "kill0", lambda c: c.kill(n[0]), line="[fault] step 20/")],
+            faults=[at_step(c, "lose0", lambda c: act(c, n[0]), line="[fault] step 20/")],
         )
-        assert run.exit_codes == {n[0]: 137, n[1]: 0, n[2]: 0}, run.log(120)
-        assert "losing node 0 costs a restart, not the job" in run.node(n[0]).log()
+        assert run.exit_codes == {n[0]: code, n[1]: 0, n[2]: 0}, run.log(120)
+        log0 = run.node(n[0]).log()
+        assert (
+            "losing node 0 costs a restart, not the job: node 0's seat is in the job's own etcd"
+            in log0
+        )
         lines = [x for name in n[1:] for x in run.node(name).log().splitlines()]
         (said,) = {x.split('"event": "')[1].split('"')[0] for x in lines if "is node 0 from" in x}
         assert said.startswith(f"node 0 ({n[0]}) lost; node ") and "from restart 1" in said, said
@@ -82,8 +77,10 @@ def test_node_0_killed_a_survivor_takes_its_seat_and_every_rank_trains_again(ima
         else:  # node 1 won: it leaves rank 1 to the spare
             assert "node 0 seated this node in node rank 1 of 2 (it stood by)" in other, other
         back = run.node(new).when("(restart 1)")
-        assert back is not None
-        measured(
-            "node 0 killed: a survivor node 0, every rank training again",
-            back - run.faults["kill0"],
-        )
+        lost = run.faults["lose0"]
+        assert back is not None and back - lost < 15, (back, lost)
+        measured(f"node 0 {fault}: a survivor node 0, every rank training again", back - lost)
+        if fault == "disconnect":  # fenced: its trainers stopped before a new node 0 trained
+            fenced = run.node(n[0]).when("this node lost node 0's seat in etcd")
+            assert fenced is not None and fenced - lost < 15 and fenced < back, (fenced, back)
+            measured("node 0 cut off: its trainers stopped, it is out", fenced - lost)

@@ -298,3 +298,48 @@ def test_nodes_lost_on_the_way_are_said_in_a_sentence(lost, said):
     from entrypoint.local.demo import lost_on_the_way
 
     assert lost_on_the_way(lost) == said
+
+
+def test_node_0_can_be_killed_only_where_the_job_outlives_it():
+    from entrypoint.local.demo import Kill, parse_kills
+    from entrypoint.plan.errors import ConfigError
+
+    assert parse_kills(["0@30", "1@10"], 3, node0=True) == [Kill(1, 10), Kill(0, 30)]
+    with pytest.raises(ConfigError, match="names node 0, whose loss ends this job") as refused:
+        parse_kills(["0@30"], 2)
+    assert "--nodes 2 --spares 1" in str(refused.value)
+    with pytest.raises(ConfigError, match=r"names no node of this job \(0-2\)"):
+        parse_kills(["3@30"], 3, node0=True)
+
+
+def test_the_story_of_a_lost_node_0_is_told_from_the_new_node_0s_lines():
+    from entrypoint.local.cluster import ClusterRun, NodeRun
+    from entrypoint.local.demo import Killed, head, story
+
+    names = ["n-0", "n-1", "n-2"]
+    runs = [
+        NodeRun("n-0", 137, ["[job] step 30/100 loss 1.0"], times=[10.0]),
+        NodeRun(
+            "n-1",
+            0,
+            [
+                "node 0 (n-0) lost; node 1 (n-1) is node 0 from restart 1",
+                "restart 1: node 1 moves from node rank 1 to 0; node 2 takes node rank 1",
+                "[job] resuming from checkpoint /shared/job/ckpt (step 25)",
+                "[job] step 30/100 loss 0.9",
+                "[job] step 100/100 loss 0.1",
+            ],
+            times=[16.0, 17.0, 19.0, 20.5, 40.0],
+        ),
+        NodeRun(
+            "n-2", 0, ["node 0 (n-0) lost; node 1 (n-1) is node 0 from restart 1"], times=[16.1]
+        ),
+    ]
+    run = ClusterRun(runs, [], 41.0, False, [])
+    assert story(run, [Killed(0, "n-0", 30, 11.0)], names) == [
+        "local: node 0 lost at step 30 (killed, 11.0 s in); node 1 is node 0 from then on; node 2 "
+        "took node rank 1; training again 9.5 s later, from the step-25 checkpoint",
+        "local: 100 of 100 steps done",
+    ]
+    assert head(run, names) == "n-1"
+    assert head(ClusterRun(runs[:1], [], 1.0, False, []), names) == "n-0"
