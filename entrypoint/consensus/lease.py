@@ -32,7 +32,9 @@ def fence_at(valid_until: float, margin: float) -> float:
 class LeaseKeeper:
     """Renews `lease` in a thread of its own. If it cannot be sure the lease lives `margin`
     seconds more (no renewal answered, or etcd says the lease is gone), it calls `fence(why)`
-    once, from that thread, and stops renewing: the lease is as good as lost."""
+    once and stops renewing: the lease is as good as lost. The fence has a thread of its own,
+    which waits on nothing but the clock: a renewal stuck where no timeout reaches (a name
+    lookup on a node cut off from its network's DNS) never delays it."""
 
     def __init__(
         self,
@@ -53,8 +55,10 @@ class LeaseKeeper:
         self.valid_until = asked_at + ttl  # by this node's clock, the lease lives at least so long
         self._sent = asked_at  # when the last answered renewal was sent
         self.fenced: str | None = None  # why, once fenced
+        self._once = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
+        self._watch = threading.Thread(target=self._watch_clock, name="lease-fence", daemon=True)
 
     @classmethod
     def grant(
@@ -66,21 +70,23 @@ class LeaseKeeper:
 
     def start(self) -> LeaseKeeper:
         self._thread.start()
+        self._watch.start()
         return self
 
     def stop(self, revoke: bool = False) -> None:
         """Stop renewing (and end the lease now, if revoke: what it holds is freed at once)."""
         self._stop.set()
-        self._thread.join()
+        self._watch.join()
+        self._thread.join(timeout=self.ttl)  # a renewal stuck in a lookup is left behind
         if revoke and self.fenced is None:
             try:
                 self.etcd.revoke(self.lease)
             except EtcdError:
                 pass  # it ends by itself within its TTL
 
-    def _run(self) -> None:
-        tried, failed = self._sent, False
-        while not self._stop.is_set():
+    def _watch_clock(self) -> None:
+        """The fence: at the instant the lease could be near its end with no renewal since."""
+        while self.fenced is None:
             now = time.monotonic()
             deadline = fence_at(self.valid_until, self.margin)
             if now >= deadline:
@@ -89,11 +95,20 @@ class LeaseKeeper:
                     f"no renewal of its etcd lease answered for "
                     f"{now - self._sent:.1f} s; it ends in {left:.1f} s at most"
                 )
-            due = tried + RETRY if failed else renew_at(self._sent, self.ttl)
-            if self._stop.wait(max(0.0, min(due, deadline) - now)):
+            if self._stop.wait(deadline - now):
                 return
+
+    def _run(self) -> None:
+        tried, failed = self._sent, False
+        while not self._stop.is_set() and self.fenced is None:
+            deadline = fence_at(self.valid_until, self.margin)
+            due = tried + RETRY if failed else renew_at(self._sent, self.ttl)
+            if self._stop.wait(max(0.0, min(due, deadline) - time.monotonic())):
+                return
+            if self.fenced is not None or time.monotonic() >= deadline:
+                return  # the fence's: judged by its own thread
             if time.monotonic() < due:
-                continue  # woke for the deadline: judged at the loop's top
+                continue
             tried = time.monotonic()
             try:  # tried no later than the fence: a renewal that answers after it is no use
                 ttl = self.etcd.keepalive(self.lease, deadline=deadline)
@@ -102,8 +117,13 @@ class LeaseKeeper:
                 continue
             if ttl <= 0:
                 return self._fenced("etcd says its lease has ended")
-            self._sent, self.valid_until, failed = tried, tried + ttl, False
+            if self.fenced is None:
+                self._sent, self.valid_until, failed = tried, tried + ttl, False
 
     def _fenced(self, why: str) -> None:
-        self.fenced = why
+        with self._once:
+            if self.fenced is not None or self._stop.is_set():
+                return
+            self.fenced = why
+        self._stop.set()
         self._fence(why)

@@ -627,11 +627,13 @@ class Supervisor:
             self.log.warning(f"{lost.reason}; electing a new node 0 through etcd")
             roster = join.roster_of(self.plan, self.node.expected)
             me = self._me()
-            won = self.seat.take_over(lost, me, roster)
+            gone = self.node.head
+            won = self.seat.take_over(lost, me, roster, gone)
             record, holder = won.record, won.holder
             self.log.warning(
-                f"node 0 ({record.hosts.get(record.head, '?')}) lost; node {holder.member} "
-                f"({holder.host}) is node 0 from restart {record.generation + 1}"
+                f"node 0 ({record.hosts.get(gone) or self.node.master or self.plan.master_addr})"
+                f" lost; node {holder.member} "
+                f"({holder.host}) is node 0 from restart {won.restart}"
             )
             if won.keeper is not None:
                 self.log = self.node.log = logs.for_node(  # it speaks as node 0 from now on

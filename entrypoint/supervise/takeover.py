@@ -211,12 +211,14 @@ class Recorder:
 @dataclass(frozen=True)
 class Election:
     """What a survivor learned when node 0 was lost: node 0 from now on, the record it goes on
-    from, the members taken for alive, and this node's lease keeper if it won."""
+    from, the members taken for alive, the restart the job goes on with, and this node's lease
+    keeper if it won."""
 
     holder: Holder
     record: JobRecord
     alive: frozenset[int]
     keeper: LeaseKeeper | None
+    restart: int = 0
 
 
 class Node0Seat:
@@ -260,15 +262,18 @@ class Node0Seat:
     def recorder(self, token_digest: str) -> Callable[[Conductor], Recorder]:
         return lambda conductor: Recorder(conductor, self.publisher, token_digest)
 
-    def take_over(self, lost: Node0Lost, me: Holder, roster: Roster) -> Election:
-        """After node 0 was lost: the record, the check that the job can go on, the wait for
-        the seat, the campaign. Raises NodeExit (75, why) when the job cannot go on here."""
+    def take_over(self, lost: Node0Lost, me: Holder, roster: Roster, gone: int) -> Election:
+        """After node 0 (member `gone`) was lost: the record, the check that the job can go on,
+        the wait for the seat, the campaign; or, when another survivor has taken the seat
+        already (it saw the loss first), that survivor, joined as it is. Raises NodeExit (75,
+        why) when the job cannot go on here."""
         if not roster.elastic:  # node 0 holds no seat then, and writes no record
             raise NodeExit(
                 EXIT_PEERS, f"{lost.reason}; the job cannot go on without it: {NOT_ELASTIC}"
             )
         try:
             state = election.read_state(self.etcd, self.job)
+            held = election.holder(self.etcd, self.job)
         except EtcdError as err:
             raise NodeExit(EXIT_PEERS, f"{lost.reason}; etcd cannot say who takes over: {err}")
         if state is None:
@@ -277,14 +282,18 @@ class Node0Seat:
             record = JobRecord.from_json(json.dumps(state))
         except ValueError as err:
             raise NodeExit(EXIT_PEERS, f"{lost.reason}; node 0's record in etcd: {err}") from None
-        alive = frozenset(range(roster.members)) - {record.head} - set(record.lost)
+        alive = frozenset(range(roster.members)) - {gone} - set(record.lost)
+        # the record of the node 0 lost, or already its successor's (one restart on)
+        restart = record.generation + (1 if record.head == gone else 0)
+        if held is not None and held.member not in (gone, me.member):
+            return Election(held, record, alive, None, restart)
         why = cannot_go_on(roster, record, me.member, alive)
         if why is not None:
             raise NodeExit(EXIT_PEERS, f"{lost.reason}; the job cannot go on without it: {why}")
         try:
             if not election.wait_vacant(self.etcd, self.job, SEAT_WAIT):
                 held = election.holder(self.etcd, self.job)
-                if held is not None and held.member == record.head:
+                if held is not None and held.member == gone:
                     raise NodeExit(
                         EXIT_PEERS,
                         f"{lost.reason}; node 0 still holds its seat in etcd {SEAT_WAIT:g} s "
@@ -298,9 +307,9 @@ class Node0Seat:
         if (holder.member, holder.host) == (me.member, me.host):
             self.keeper = keeper
             self.publisher.hold(holder)
-            return Election(holder, record, alive, keeper)
+            return Election(holder, record, alive, keeper, restart)
         keeper.stop(revoke=True)
-        return Election(holder, record, alive, None)
+        return Election(holder, record, alive, None, restart)
 
     def close(self, revoke: bool = True) -> None:
         """The job's end: the seat freed at once (a later job of the same id takes it); not
