@@ -14,14 +14,19 @@ from collections.abc import Callable
 
 from entrypoint.consensus.etcd import Etcd, EtcdError
 
-TTL = 5  # seconds: etcd's lease; a lost node 0 is seen at most this long after it stopped renewing
-MARGIN = 1.5  # seconds before the lease's surest end that a node that cannot renew fences itself
+# seconds: etcd's lease; a lost node 0's seat is free at most this long after its last renewal.
+# Long enough that node 0 renews through etcd's own election of a new leader (another member
+# lost) on a loaded machine: 5 s fenced node 0 there once (its renewals unanswered for 3.5 s,
+# 3 node containers training beside stress-ng --cpu 2 on 2 cores).
+TTL = 8
+MARGIN = 2.0  # seconds before the lease's surest end that a node that cannot renew fences itself
 RETRY = 0.2  # seconds between renewals once one has failed
+RENEWALS = 6  # renewals a lease's length: a failed one is tried again for most of the lease
 
 
 def renew_at(sent: float, ttl: float) -> float:
-    """When the next renewal goes: a third of the lease after the last one was sent."""
-    return sent + ttl / 3
+    """When the next renewal goes: a sixth of the lease after the last one was sent."""
+    return sent + ttl / RENEWALS
 
 
 def fence_at(valid_until: float, margin: float) -> float:
@@ -44,9 +49,13 @@ class LeaseKeeper:
         fence: Callable[[str], None],
         margin: float,
         asked_at: float,
+        excused: Callable[[], str | None] | None = None,
     ) -> None:
-        """asked_at: when the lease's grant was sent (time.monotonic() before it), not answered."""
-        if not 0 < margin < ttl - ttl / 3:
+        """asked_at: when the lease's grant was sent (time.monotonic() before it), not answered.
+        excused: asked at the fence's instant when no renewal answered; a reason (nobody else
+        can take what the lease holds: etcd's quorum is gone with its members' nodes) stops
+        the keeper without the fence."""
+        if not 0 < margin < ttl - ttl / RENEWALS:
             raise ValueError(
                 f"a fence {margin} s before a {ttl} s lease's end leaves no time to renew"
             )
@@ -55,6 +64,8 @@ class LeaseKeeper:
         self.valid_until = asked_at + ttl  # by this node's clock, the lease lives at least so long
         self._sent = asked_at  # when the last answered renewal was sent
         self.fenced: str | None = None  # why, once fenced
+        self.excused: str | None = None  # why it stopped with no fence
+        self._excused = excused
         self._once = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
@@ -62,11 +73,16 @@ class LeaseKeeper:
 
     @classmethod
     def grant(
-        cls, etcd: Etcd, ttl: int, fence: Callable[[str], None], margin: float = MARGIN
+        cls,
+        etcd: Etcd,
+        ttl: int,
+        fence: Callable[[str], None],
+        margin: float = MARGIN,
+        excused: Callable[[], str | None] | None = None,
     ) -> LeaseKeeper:
         """A new lease of ttl seconds, kept from now on."""
         asked = time.monotonic()
-        return cls(etcd, etcd.grant(ttl), ttl, fence, margin, asked).start()
+        return cls(etcd, etcd.grant(ttl), ttl, fence, margin, asked, excused).start()
 
     def start(self) -> LeaseKeeper:
         self._thread.start()
@@ -91,6 +107,11 @@ class LeaseKeeper:
             deadline = fence_at(self.valid_until, self.margin)
             if now >= deadline:
                 left = self.valid_until - now
+                excused = self._excused() if self._excused is not None else None
+                if excused is not None:
+                    self.excused = excused
+                    self._stop.set()
+                    return
                 return self._fenced(
                     f"no renewal of its etcd lease answered for "
                     f"{now - self._sent:.1f} s; it ends in {left:.1f} s at most"

@@ -288,6 +288,8 @@ class Conductor:
     def closed(self, member: int, now: float) -> list[Action]:
         """A member's connection closed without its exit: it is lost (a standby: logged)."""
         state = self.job.members.get(member)
+        if state is not None and state.exit_code is None:
+            self.job.gone.add(member)
         if self.job.phase == JOIN and self.job.generation and self.job.roster.elastic:
             return seating.lost_in_restart(self.job, member, now)
         if state is None:

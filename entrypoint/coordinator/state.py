@@ -122,6 +122,10 @@ class JobState:
     # and, from the first `go`, which: "MEMBER=HOST" in the cluster's order.
     etcd_members: int = 0
     etcd: tuple[str, ...] = ()
+    # Members whose connection closed with no word (no exit report, no farewell: a survivor
+    # leaving a node 0 it took for lost says so first): their process ended, and the member of
+    # the job's etcd they ran with it (supervise/supervisor.py's `_nobody_else`).
+    gone: set[int] = field(default_factory=set)
     members: dict[int, MemberState] = field(default_factory=dict)
     phase: Phase = JOIN
     generation: int = 0

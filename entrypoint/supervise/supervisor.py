@@ -202,6 +202,7 @@ class Supervisor:
         # node 0 could end): its trainers killed, it stops (supervise/takeover.py).
         self.seat: takeover.Node0Seat | None = None
         self.fencing: str | None = None  # why, from the fence's first instant
+        self.abandoned: list[control_channel.Channel] = []  # lost node 0s' channels, kept open
         self.fenced = False  # its server stopped and its trainers killed: the loop ends the node
         found = takeover.connect(settings, self.node.identity) if plan.spawn else None
         # The job's own etcd (consensus/embedded.py): its endpoints once node 0 names its
@@ -213,8 +214,9 @@ class Supervisor:
         if own:
             found = Etcd([]), takeover.job_key(self.node.identity) or "job"
             self.node.etcd_members, self.node.on_etcd = own, self._start_own_etcd
+        self.etcd_members: tuple[int, ...] = ()  # the members that run the job's own etcd
         if found is not None:
-            self.seat = takeover.Node0Seat(*found, fence=self._fence)
+            self.seat = takeover.Node0Seat(*found, fence=self._fence, excused=self._nobody_else)
             token = self.node.identity.token
             digest = hashlib.sha256(token).hexdigest() if token else ""
             self.node.recorded = self.seat.recorder(digest)
@@ -537,11 +539,14 @@ class Supervisor:
             return
         base = embedded.base_port(self.settings.etcd_port, self.plan.control_port or 0)
         members, cluster = embedded.chosen(entries, base)
+        self.etcd_members = members
         ends = [(m.host, m.client_port) for m in cluster]
         token = self.node.identity.token
         if token:
             self.seat.etcd.credentials(embedded.USER, embedded.password(token))
-        if self.node.member in members:
+        # A node started again (its first `go` a restart's) runs no member: its old member's
+        # data is gone, and a member back with none could undo what the others agreed.
+        if self.node.member in members and self.node.generation == 0:
             me = cluster[members.index(self.node.member)]
             ends.insert(0, ends.pop(members.index(self.node.member)))  # its own member first
             data = Path(self.settings.run_dir) / f"node{self.node.member}" / "etcd"
@@ -593,6 +598,48 @@ class Supervisor:
         )
         self.node.head, self.node.master = held.member, held.host
 
+    def _nobody_else(self) -> str | None:
+        """Asked by node 0's lease keeper when no renewal answered: why no other node could take
+        node 0's seat now, or None (then it fences). On the job's own etcd, once the members
+        whose nodes ended (their connections closed with no word: their processes, and their
+        etcd members, gone) leave fewer than etcd's quorum, no node can take the seat: node 0
+        goes on without one, and its own loss ends the job from then on."""
+        recording = self.seat.recording if self.seat is not None else None
+        if not self.etcd_members or recording is None:
+            return None
+        for _ in range(5):  # the control server's thread may add to it meanwhile
+            try:
+                gone = set(recording.conductor.job.gone)
+                break
+            except RuntimeError:
+                continue
+        else:
+            return None
+        left = [m for m in self.etcd_members if m not in gone]
+        if len(left) > len(self.etcd_members) // 2:
+            return None
+        lost = ", ".join(str(m) for m in self.etcd_members if m in gone)
+        why = (
+            f"the job's etcd lost {len(self.etcd_members) - len(left)} of its "
+            f"{len(self.etcd_members)} members with their nodes ({lost}), so no node can take "
+            "node 0's seat: the job goes on, and losing node 0 ends it from now on"
+        )
+        self.log.warning(why)
+        return why
+
+    def _farewell(self) -> None:
+        """A survivor leaving a node 0 it took for lost says so before its connection closes:
+        a node 0 that was only stopped or cut off and comes back must not count it among the
+        nodes that ended (`_nobody_else`). Said or not, the connection is this node's no more."""
+        channel = self.node.channel
+        if channel is None or channel.closed:
+            return
+        if channel.send(m.Exit(EXIT_PEERS, reason="node 0 lost: this node leaves it")):
+            channel.close()
+        else:  # no room to say it: the connection is left open, so that no close is seen
+            self.abandoned.append(channel)
+        self.node.channel = None
+
     def _fence(self, why: str) -> None:
         """From the lease keeper's thread: this node, node 0, can no longer be sure it holds its
         seat; its control server stops and its trainers are killed now (well within the
@@ -624,6 +671,7 @@ class Supervisor:
                 raise self._fenced()
             if self.seat is None or self.node.stop_signal is not None:
                 raise lost
+            self._farewell()
             self.log.warning(f"{lost.reason}; electing a new node 0 through etcd")
             roster = join.roster_of(self.plan, self.node.expected)
             me = self._me()

@@ -226,11 +226,27 @@ class Node0Seat:
     and by whoever takes it over (`take_over`); `fence(why)` is called, from the lease keeper's
     thread, when the holder can no longer be sure its lease lives."""
 
-    def __init__(self, etcd: Etcd, job: str, fence: Callable[[str], None], ttl: int = TTL) -> None:
+    def __init__(
+        self,
+        etcd: Etcd,
+        job: str,
+        fence: Callable[[str], None],
+        ttl: int = TTL,
+        excused: Callable[[], str | None] | None = None,
+    ) -> None:
+        """excused: why no other node could take the seat now (LeaseKeeper's), or None."""
         self.etcd, self.job, self.ttl = etcd, job, ttl
         self.fence = fence
         self.keeper: LeaseKeeper | None = None
         self.publisher = Publisher(etcd, job, self._lost)
+        self.recording: Recorder | None = None  # node 0's Conductor, as its server sees it
+        self._excused = excused
+
+    def _excuse(self) -> str | None:
+        why = self._excused() if self._excused is not None else None
+        if why is not None:
+            self.publisher.stop()  # no record to write where no node could read it
+        return why
 
     def _lost(self, why: str) -> None:
         if self.keeper is not None and self.keeper.fenced is None:
@@ -239,7 +255,8 @@ class Node0Seat:
         self.fence(why)
 
     def _keeper(self) -> LeaseKeeper:
-        return LeaseKeeper.grant(self.etcd, self.ttl, self._lost, min(MARGIN, self.ttl / 3))
+        margin = min(MARGIN, self.ttl / 3)
+        return LeaseKeeper.grant(self.etcd, self.ttl, self._lost, margin, self._excuse)
 
     def hold(self, me: Holder) -> Holder | None:
         """Take the seat as node 0 (at the first `go`): this node's term, or None when another
@@ -260,7 +277,11 @@ class Node0Seat:
         return holder
 
     def recorder(self, token_digest: str) -> Callable[[Conductor], Recorder]:
-        return lambda conductor: Recorder(conductor, self.publisher, token_digest)
+        def record(conductor: Conductor) -> Recorder:
+            self.recording = Recorder(conductor, self.publisher, token_digest)
+            return self.recording
+
+        return record
 
     def take_over(self, lost: Node0Lost, me: Holder, roster: Roster, gone: int) -> Election:
         """After node 0 (member `gone`) was lost: the record, the check that the job can go on,

@@ -17,6 +17,7 @@ from test_supervise_real import ONE_PER_NODE, Nodes, nodes, started  # noqa: F40
 
 from entrypoint.consensus import embedded
 from entrypoint.consensus.etcd import Etcd, EtcdRefused
+from entrypoint.consensus.lease import TTL
 from tests.unit.etcd_server import EtcdServer, Relay
 
 STEPS = "160"
@@ -106,6 +107,56 @@ def test_with_no_etcd_set_the_jobs_own_etcd_lets_a_survivor_take_node_0s_seat(st
           f"{time.monotonic() - killed:.1f} s")  # fmt: skip
 
 
+def _own_etcd_holds_the_seat(c: Nodes) -> None:
+    end = time.monotonic() + 60
+    while "node 0's seat is in the job's own etcd" not in c.log(0):
+        assert time.monotonic() < end, c.log(0)[-3000:]
+        time.sleep(0.2)
+
+
+def test_the_jobs_own_etcd_lost_with_two_nodes_does_not_stop_node_0(started):  # noqa: F811
+    """2 nodes and 2 spares, the job's etcd on members 0, 1 and 2: node 1 killed, then node 2
+    (the spare in its rank). etcd's quorum is gone with them, so node 0 cannot renew its seat;
+    but no node could take it either (their connections closed with no word: their processes
+    and etcd members ended), so node 0 does not fence, and the last spare trains on."""
+    c = started(4, FAULT_STEPS="400", ENTRYPOINT_SPARES="2", **ONE_PER_NODE)
+    _checkpointed(c, 2)
+    _own_etcd_holds_the_seat(c)
+    _signal_tree(c, 1, signal.SIGKILL)
+    end = time.monotonic() + 60
+    while "restart 1: node 2 takes node rank 1" not in c.log(0):
+        assert time.monotonic() < end, c.log(0)[-3000:]
+        time.sleep(0.2)
+    time.sleep(2)
+    _signal_tree(c, 2, signal.SIGKILL)
+    codes = {rank: c.procs[rank].wait(timeout=120) for rank in (0, 3)}
+    assert codes == {0: 0, 3: 0}, c.log(0)[-3000:] + c.log(3)[-3000:]
+    assert "the job's etcd lost 2 of its 3 members with their nodes (1, 2)" in c.log(0), c.log(0)[
+        -3000:
+    ]
+    assert "lost node 0's seat" not in c.log(0)
+
+
+def test_node_0_stopped_while_a_survivor_took_its_seat_fences_once_it_runs_again(started):  # noqa: F811
+    """Node 0's whole process tree stopped (SIGSTOP: its etcd member too) long enough for a
+    survivor to take its seat; when it runs again it sees the survivors' connections closed,
+    each after a farewell, so it does not count them as ended nodes: it fences and exits 75.
+    (The new node 0 cannot serve here: on one machine the stopped node 0 still holds the
+    control port. Across node containers: tests/cluster/test_node0_takeover.py.)"""
+    c = started(3, FAULT_STEPS="400", ENTRYPOINT_SPARES="1", **ONE_PER_NODE)
+    _checkpointed(c, 2)
+    _own_etcd_holds_the_seat(c)
+    _signal_tree(c, 0, signal.SIGSTOP)
+    try:
+        _taken_over(c)
+    finally:
+        _signal_tree(c, 0, signal.SIGCONT)
+    assert c.procs[0].wait(timeout=60) == 75, c.log(0)[-3000:]
+    assert "this node lost node 0's seat in etcd" in c.log(0), c.log(0)[-3000:]
+    assert "the job's etcd lost" not in c.log(0)
+    c.kill_everything()
+
+
 def _url(endpoint: tuple[str, int]) -> str:
     return f"http://{endpoint[0]}:{endpoint[1]}"
 
@@ -132,7 +183,7 @@ def test_node_0_cut_off_from_etcd_fences_itself_and_a_survivor_goes_on(tmp_path,
         cut = time.monotonic()
         assert c.procs[0].wait(timeout=30) == 75, c.log(0)[-3000:]
         fenced = time.monotonic() - cut
-        assert fenced < 5, fenced  # within the lease (5 s), before etcd frees the seat
+        assert fenced < TTL, fenced  # within the lease, before etcd frees the seat
         assert "this node lost node 0's seat in etcd (no renewal" in c.log(0), c.log(0)[-3000:]
         codes = {rank: c.procs[rank].wait(timeout=120) for rank in (1, 2)}
         assert codes == {1: 0, 2: 0}, c.log(1)[-3000:] + c.log(2)[-3000:]
