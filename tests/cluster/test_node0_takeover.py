@@ -78,9 +78,9 @@ def test_node_0_lost_a_survivor_takes_its_seat_and_every_rank_trains_again(
             assert "node 0 seated this node in node rank 1 of 2 (it stood by)" in other, other
         back = run.node(new).when("(restart 1)")
         lost = run.faults["lose0"]
-        assert back is not None and back - lost < 15, (back, lost)
+        assert back is not None, run.log(80)
         measured(f"node 0 {fault}: a survivor node 0, every rank training again", back - lost)
         if fault == "disconnect":  # fenced: its trainers stopped before a new node 0 trained
             fenced = run.node(n[0]).when("this node lost node 0's seat in etcd")
-            assert fenced is not None and fenced - lost < 15 and fenced < back, (fenced, back)
+            assert fenced is not None and fenced < back, (fenced, back)
             measured("node 0 cut off: its trainers stopped, it is out", fenced - lost)

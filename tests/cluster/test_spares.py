@@ -161,13 +161,15 @@ def test_with_min_nodes_the_job_shrinks_and_resumes_at_the_smaller_world_size(im
 
 
 def test_a_lost_standby_is_logged_and_node_0_lost_ends_the_job(image, docker_client):
-    """2 nodes + 2 spares: spare 3 killed, the job goes on; then node 0 killed: the others stop,
-    75, naming it (node 0 serves the channel and the rendezvous). The nodes run
-    tests/fault_trainer.py: no checkpoint is resumed here, the entrypoints are the subject."""
+    """2 nodes + 2 spares, ENTRYPOINT_ETCD=off (no etcd, not even the job's own): spare 3
+    killed, the job goes on; then node 0 killed: the others stop, 75, naming it (node 0 serves
+    the channel and the rendezvous). With the job's own etcd a survivor takes node 0's place:
+    test_node0_takeover.py. The nodes run tests/fault_trainer.py: no checkpoint is resumed
+    here, the entrypoints are the subject."""
     with cluster(image, docker_client) as c:
         n = [c.hostname("node", r) for r in range(4)]
         run = c.run(
-            lightened(nodes(c, 4, ENTRYPOINT_SPARES="2"), 5000),
+            lightened(nodes(c, 4, ENTRYPOINT_SPARES="2", ENTRYPOINT_ETCD="off"), 5000),
             timeout=TIMEOUT,
             grace=90,
             faults=[
@@ -178,6 +180,7 @@ def test_a_lost_standby_is_logged_and_node_0_lost_ends_the_job(image, docker_cli
         assert run.exit_codes == {n[0]: 137, n[1]: 75, n[2]: 75, n[3]: 137}, run.log(80)
         log0 = run.node(n[0]).log()
         assert "[fault] step" in log0.split("lost standby node 3", 1)[1], log0[-2000:]  # went on
+        assert "losing node 0 ends this job: ENTRYPOINT_ETCD=off" in log0, log0[-2000:]
         for name in (n[1], n[2]):
             assert "lost node 0" in run.node(name).log(), run.node(name).log()[-2000:]
 

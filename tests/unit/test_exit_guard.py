@@ -27,9 +27,14 @@ def collect():
     print("settle: group open:", torch.distributed.is_initialized(), flush=True)
     return real_collect()
 exit_guard.time.sleep, exit_guard.gc.collect = sleep, collect
+real_exit = exit_guard.os._exit
+def _exit(code):
+    print("settle: exits", code, "before the teardown", flush=True)
+    real_exit(code)
+exit_guard.os._exit = _exit
 import torch
 import torch.distributed
-if sys.argv[1] in ("group", "kept"):
+if sys.argv[1] in ("group", "kept", "group-raise"):
     torch.distributed.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{sys.argv[2]}", rank=0, world_size=1)
     torch.distributed.all_reduce(torch.ones(4))
@@ -38,7 +43,7 @@ if sys.argv[1] == "kept":  # a group the trainer still holds: its gloo threads o
     torch.distributed.all_reduce(torch.ones(4), group=kept)
     torch.distributed.destroy_process_group()
 atexit.register(lambda: print("trainer's own exit handler", flush=True))
-if sys.argv[1] == "raise":
+if sys.argv[1] in ("raise", "group-raise"):
     raise ValueError("the trainer failed")
 sys.exit(3)
 """
@@ -84,10 +89,21 @@ def test_nothing_happens_in_a_process_that_never_imported_torch():
     assert exits("python") == [OWN]
 
 
+FAILED = [OWN, "settle: exits 1 before the teardown"]
+
+
 def test_a_failing_trainer_exits_at_once():
     done = trainer("raise")
     assert done.returncode == 1 and "ValueError: the trainer failed" in done.stderr
-    assert done.stdout.splitlines() == [OWN], done.stdout
+    assert done.stdout.splitlines() == FAILED, done.stdout
+
+
+def test_a_failing_rank_with_a_gloo_group_keeps_its_code_and_skips_the_teardown():
+    """The teardown is where gloo's threads abort a rank that raised (exit 134, not 1): it exits
+    1 at once, its group left as it is, once the trainer's own handlers ran."""
+    done = trainer("group-raise")
+    assert done.returncode == 1 and "ValueError: the trainer failed" in done.stderr
+    assert done.stdout.splitlines() == FAILED, done.stdout
 
 
 def test_the_images_pth_line_alone_settles_a_group_left_open():
