@@ -764,7 +764,7 @@ class Supervisor:
                 self.node.server.finished.wait(timeout=12)
             self.node.server.stop()
         if self.seat is not None:
-            self.seat.close(revoke=self.own_etcd is None and not self.node.etcd_members)
+            self.seat.close(revoke=not self.node.etcd_members)  # the job's own: ends with it
         if self.own_etcd is not None:
             self.own_etcd.stop()
         if self.guard is not None:

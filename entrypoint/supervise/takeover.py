@@ -47,7 +47,11 @@ def job_key(identity: Identity) -> str:
 
 def external(settings: Settings) -> bool:
     """Whether ENTRYPOINT_ETCD names an etcd's endpoints (not unset, not `off`)."""
-    return bool(settings.etcd) and str(settings.etcd).strip().lower() != ETCD_OFF
+    return _named(settings.etcd)
+
+
+def _named(etcd: str | None) -> bool:
+    return bool(etcd) and str(etcd).strip().lower() != ETCD_OFF
 
 
 def own_etcd(settings: Settings, roster: Roster) -> int:
@@ -84,7 +88,7 @@ def survival(etcd: str | None, roster: Roster, nnodes: int, own: int = 0) -> str
     if nnodes <= 1:
         return None
     need = f"{PREFIX}SPARES or {PREFIX}MIN_NODES"
-    named = bool(etcd) and str(etcd).strip().lower() != ETCD_OFF
+    named = _named(etcd)
     if not roster.elastic:
         if named:
             return (

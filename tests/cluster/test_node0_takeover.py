@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import pytest
 
-from faulty_cluster import LIGHT_MOUNT, FaultyCluster, lightened
+from faulty_cluster import FaultyCluster, lightened
 
-from .test_spares import OUTPUT, SHARED, TIMEOUT, at_step, measured, nodes
+from .test_spares import OUTPUT, TIMEOUT, at_step, cluster, measured, nodes
 
 TOKEN = "takeover-token-0123456789abcdef"
 FAULTS = {"kill": (FaultyCluster.kill, 137), "disconnect": (FaultyCluster.disconnect, 75)}
@@ -28,14 +28,7 @@ def test_node_0_lost_a_survivor_takes_its_seat_and_every_rank_trains_again(
     image, docker_client, fault
 ):
     act, code = FAULTS[fault]
-    with FaultyCluster(
-        image,
-        client=docker_client,
-        echo=print,
-        shared=SHARED,
-        output=OUTPUT,
-        mounts=LIGHT_MOUNT,
-    ) as c:
+    with cluster(image, docker_client) as c:
         n = [c.hostname("node", r) for r in range(3)]
         steps = 300
         job = nodes(
