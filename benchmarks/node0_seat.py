@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from benchmarks.loopback import free_ports  # noqa: E402
 from entrypoint.consensus.election import Holder, campaign, seat_key  # noqa: E402
 from entrypoint.consensus.etcd import Etcd  # noqa: E402
-from entrypoint.consensus.lease import TTL, LeaseKeeper  # noqa: E402
+from entrypoint.consensus.lease import RENEWALS, TTL, LeaseKeeper  # noqa: E402
 
 
 def b64(text: str) -> str:
@@ -181,7 +181,7 @@ def main() -> None:
             time.sleep(args.steady)
             share = (cpu_seconds(proc.pid) - before) / (time.monotonic() - started)
             keeper.stop(revoke=True)
-            print(f"steady: node 0 renewing its {TTL} s lease every {TTL / 3:.1f} s: etcd "
+            print(f"steady: node 0 renewing its {TTL} s lease every {TTL / RENEWALS:.2f} s: etcd "
                   f"{100 * share:.2f}% of one core over {args.steady:g} s")  # fmt: skip
             print(f"{'nodes':>6} {'loss->first holder':>19} {'loss->all know it':>18} "
                   f"{'requests':>9} {'etcd CPU s':>10} {'holders':>8}")  # fmt: skip
