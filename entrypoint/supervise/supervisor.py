@@ -21,7 +21,6 @@ worker once it catches the signal).
 from __future__ import annotations
 
 import hashlib
-import shutil
 import signal
 import socket
 import threading
@@ -31,7 +30,7 @@ from pathlib import Path
 from types import FrameType
 
 from entrypoint import STOPPING, early_signals, signal_name
-from entrypoint.consensus import election, embedded
+from entrypoint.consensus import election
 from entrypoint.consensus.election import Holder
 from entrypoint.consensus.etcd import Etcd, EtcdError
 from entrypoint.control import control_channel
@@ -42,7 +41,7 @@ from entrypoint.coordinator.job_record import resumed
 from entrypoint.plan import secrets
 from entrypoint.plan.errors import EXIT_CONFIG, EXIT_HUNG, EXIT_PEERS
 from entrypoint.plan.node_plan import Plan
-from entrypoint.plan.settings import PREFIX, Settings
+from entrypoint.plan.settings import Settings
 from entrypoint.plan.values import host_port
 from entrypoint.supervise import failures, health, join, logs, procs, takeover
 from entrypoint.supervise.gpu_stats import Stats
@@ -58,13 +57,13 @@ from entrypoint.supervise.node_exits import (
     Watch,
 )
 from entrypoint.supervise.node_state import NodeState, Replan
+from entrypoint.supervise.own_etcd import OwnEtcd
 from entrypoint.supervise.rank_inbox import Inbox
 from entrypoint.supervise.worker_signals import FORWARDED, SignalRelay
 from entrypoint.trainer_side.inner_launcher import REFUSED as INNER_LAUNCHER
 from entrypoint.trainer_side.world_check import MISMATCH as WORLD_MISMATCH
 
 # Seconds node 0 waits for the job's own etcd to answer (a quorum of its members started)
-OWN_ETCD_READY = 30.0
 
 
 class Beats(threading.Thread):
@@ -205,16 +204,18 @@ class Supervisor:
         self.abandoned: list[control_channel.Channel] = []  # lost node 0s' channels, kept open
         self.fenced = False  # its server stopped and its trainers killed: the loop ends the node
         found = takeover.connect(settings, self.node.identity) if plan.spawn else None
-        # The job's own etcd (consensus/embedded.py): its endpoints once node 0 names its
+        # The job's own etcd (supervise/own_etcd.py): its endpoints once node 0 names its
         # members in the first `go`; this node's member of it, if node 0 chose this node.
-        self.own_etcd: embedded.Embedded | None = None
+        self.own_etcd: OwnEtcd | None = None
         own = 0
         if plan.spawn and found is None:
             own = takeover.own_etcd(settings, join.roster_of(plan, self.node.expected))
         if own:
             found = Etcd([]), takeover.job_key(self.node.identity) or "job"
-            self.node.etcd_members, self.node.on_etcd = own, self._start_own_etcd
-        self.etcd_members: tuple[int, ...] = ()  # the members that run the job's own etcd
+            own_etcd = self.own_etcd = OwnEtcd(settings, self.node, *found, log=lambda: self.log)
+            control = plan.control_port or 0
+            self.node.etcd_members = own
+            self.node.on_etcd = lambda entries: own_etcd.start(entries, control)
         if found is not None:
             self.seat = takeover.Node0Seat(*found, fence=self._fence, excused=self._nobody_else)
             token = self.node.identity.token
@@ -487,10 +488,16 @@ class Supervisor:
         etcd answers (the trainer does not wait for it)."""
         if self.node.member != self.node.head or not self.plan.spawn:
             return
-        if self.node.etcd_members and self.seat is not None and self.seat.etcd.endpoints:
-            threading.Thread(target=self._hold_own_seat, name="node0-seat", daemon=True).start()
-            return
         roster = join.roster_of(self.plan, self.node.expected)
+        if self.own_etcd is not None and self.own_etcd.etcd.endpoints:
+            line = takeover.survival(None, roster, self.plan.members, self.node.etcd_members)
+            threading.Thread(
+                target=self.own_etcd.hold_seat,
+                args=(self._seat_taken, line or ""),
+                name="node0-seat",
+                daemon=True,
+            ).start()
+            return
         line = takeover.survival(self.settings.etcd, roster, self.plan.members)
         if self.seat is not None and roster.elastic:
             why = self._seat_taken()
@@ -509,69 +516,6 @@ class Supervisor:
         except EtcdError as err:
             return str(err)
         return "another node of this job's id holds it" if held is None else None
-
-    def _hold_own_seat(self) -> None:
-        """Node 0 on the job's own etcd: once its members answer (a quorum started), etcd closed
-        to anyone without the job's token, then the seat."""
-        assert self.seat is not None
-        etcd, token = self.seat.etcd, self.node.identity.token
-        try:
-            embedded.wait_ready(etcd, OWN_ETCD_READY)
-            if token:
-                embedded.secure(etcd, token)
-        except EtcdError as err:
-            why: str | None = f"it did not answer in {OWN_ETCD_READY:g} s: {err}"
-        else:
-            why = self._seat_taken()
-        if why is not None:
-            self.log.warning(f"losing node 0 ends this job: the job's own etcd failed ({why})")
-            return
-        roster = join.roster_of(self.plan, self.node.expected)
-        line = takeover.survival(None, roster, self.plan.members, self.node.etcd_members) or ""
-        if not token:
-            line = f"{line}. Its etcd admits whoever reaches its ports: set {PREFIX}JOB_TOKEN"
-        self.log.info(line)
-
-    def _start_own_etcd(self, entries: tuple[str, ...]) -> None:
-        """From join, at the first `go` that names the job's own etcd: where every node finds
-        it, and this node's member of it when node 0 chose this node."""
-        if self.seat is None or self.seat.etcd.endpoints:
-            return
-        base = embedded.base_port(self.settings.etcd_port, self.plan.control_port or 0)
-        members, cluster = embedded.chosen(entries, base)
-        self.etcd_members = members
-        ends = [(m.host, m.client_port) for m in cluster]
-        token = self.node.identity.token
-        if token:
-            self.seat.etcd.credentials(embedded.USER, embedded.password(token))
-        # A node started again (its first `go` a restart's) runs no member: its old member's
-        # data is gone, and a member back with none could undo what the others agreed.
-        if self.node.member in members and self.node.generation == 0:
-            me = cluster[members.index(self.node.member)]
-            ends.insert(0, ends.pop(members.index(self.node.member)))  # its own member first
-            data = Path(self.settings.run_dir) / f"node{self.node.member}" / "etcd"
-            shutil.rmtree(data, ignore_errors=True)  # an earlier job's: never this cluster's
-            data.mkdir(parents=True)
-            member = embedded.Embedded(
-                me,
-                cluster,
-                data,
-                self.seat.job,
-                data.parent / "etcd.log",
-                wrap=procs.dying_with_this,
-            )
-            try:
-                member.start()
-            except OSError as err:
-                self.log.warning(f"the job's etcd: member {me.name} did not start: {err}")
-            else:
-                self.own_etcd = member
-                self.log.info(
-                    f"started member {me.name} of the job's etcd ({len(cluster)} members): "
-                    f"clients at {me.client_url}, peers at {me.peer_url}",
-                    log=str(member.log),
-                )
-        self.seat.etcd.endpoints = ends
 
     def _find_head(self) -> None:
         """Node 0 started again by its platform after a survivor took its seat in etcd: it joins
@@ -605,7 +549,7 @@ class Supervisor:
         etcd members, gone) leave fewer than etcd's quorum, no node can take the seat: node 0
         goes on without one, and its own loss ends the job from then on."""
         recording = self.seat.recording if self.seat is not None else None
-        if not self.etcd_members or recording is None:
+        if self.own_etcd is None or recording is None:
             return None
         for _ in range(5):  # the control server's thread may add to it meanwhile
             try:
@@ -615,16 +559,9 @@ class Supervisor:
                 continue
         else:
             return None
-        left = [m for m in self.etcd_members if m not in gone]
-        if len(left) > len(self.etcd_members) // 2:
-            return None
-        lost = ", ".join(str(m) for m in self.etcd_members if m in gone)
-        why = (
-            f"the job's etcd lost {len(self.etcd_members) - len(left)} of its "
-            f"{len(self.etcd_members)} members with their nodes ({lost}), so no node can take "
-            "node 0's seat: the job goes on, and losing node 0 ends it from now on"
-        )
-        self.log.warning(why)
+        why = self.own_etcd.quorum_lost(gone)
+        if why is not None:
+            self.log.warning(why)
         return why
 
     def _farewell(self) -> None:
@@ -710,6 +647,10 @@ class Supervisor:
                     recorded=self.node.recorded,
                     host=me.host,
                 )
+                if self.own_etcd is not None:
+                    threading.Thread(
+                        target=self.own_etcd.lead_elsewhere, name="etcd-leader", daemon=True
+                    ).start()
             self.node.head, self.node.master = holder.member, holder.host
             host, _, port = holder.address.rpartition(":")
             try:

@@ -1,0 +1,144 @@
+"""This node's side of the job's own etcd (consensus/embedded.py), which holds node 0's seat when
+no ENTRYPOINT_ETCD is named: where every node finds it once node 0's first `go` names its
+members; this node's member, when node 0 chose this node; node 0's wait for its quorum, its
+closing to strangers and its seat; and etcd's leadership handed on by whoever holds the seat on
+its own member. The supervisor owns one when the job runs its own etcd (supervise/supervisor.py).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from entrypoint.consensus import embedded
+from entrypoint.consensus.etcd import Etcd, EtcdError
+from entrypoint.plan.settings import PREFIX, Settings
+from entrypoint.supervise import procs
+from entrypoint.supervise.logs import Logger
+from entrypoint.supervise.node_state import NodeState
+
+READY = 30.0  # seconds node 0 waits for a quorum of the members to answer
+
+
+class OwnEtcd:
+    """The job's own etcd, as this node sees it: `etcd` (the seat's client) learns its
+    endpoints at `start`; `members` are the job's members that run one."""
+
+    def __init__(
+        self, settings: Settings, node: NodeState, etcd: Etcd, job: str, log: Callable[[], Logger]
+    ) -> None:
+        """`log`: the node's logger as it is now (it speaks as node 0 once it takes over)."""
+        self.settings, self.node, self.etcd, self.job = settings, node, etcd, job
+        self._log = log
+        self.members: tuple[int, ...] = ()
+        self.member: embedded.Embedded | None = None  # this node's, if node 0 chose it
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.member.proc if self.member is not None else None
+
+    def start(self, entries: tuple[str, ...], control_port: int) -> None:
+        """From join, at the first `go` that names the job's own etcd: where every node finds
+        it, and this node's member of it when node 0 chose this node."""
+        if self.etcd.endpoints:
+            return
+        base = embedded.base_port(self.settings.etcd_port, control_port)
+        self.members, cluster = embedded.chosen(entries, base)
+        ends = [(m.host, m.client_port) for m in cluster]
+        token = self.node.identity.token
+        if token:
+            self.etcd.credentials(embedded.USER, embedded.password(token))
+        # A node started again (its first `go` a restart's) runs no member: its old member's
+        # data is gone, and a member back with none could undo what the others agreed.
+        if self.node.member in self.members and self.node.generation == 0:
+            mine = self.members.index(self.node.member)
+            ends.insert(0, ends.pop(mine))  # its own member first
+            self._start_member(cluster[mine], cluster)
+        self.etcd.endpoints = ends
+
+    def _start_member(
+        self, me: embedded.EtcdMember, cluster: tuple[embedded.EtcdMember, ...]
+    ) -> None:
+        data = Path(self.settings.run_dir) / f"node{self.node.member}" / "etcd"
+        shutil.rmtree(data, ignore_errors=True)  # an earlier job's: never this cluster's
+        data.mkdir(parents=True)
+        member = embedded.Embedded(
+            me, cluster, data, self.job, data.parent / "etcd.log", wrap=procs.dying_with_this
+        )
+        try:
+            member.start()
+        except OSError as err:
+            self._log().warning(f"the job's etcd: member {me.name} did not start: {err}")
+            return
+        self.member = member
+        self._log().info(
+            f"started member {me.name} of the job's etcd ({len(cluster)} members): "
+            f"clients at {me.client_url}, peers at {me.peer_url}",
+            log=str(member.log),
+        )
+
+    def hold_seat(self, take: Callable[[], str | None], line: str) -> None:
+        """Node 0, from a thread of its own (its trainers do not wait): once the members answer
+        (a quorum started), etcd closed to anyone without the job's token, then the seat
+        (`take`: None, or why not), then etcd's leadership handed on; `line`, what losing node 0
+        costs, said once it holds."""
+        token = self.node.identity.token
+        try:
+            embedded.wait_ready(self.etcd, READY)
+            if token:
+                embedded.secure(self.etcd, token)
+        except EtcdError as err:
+            why: str | None = f"it did not answer in {READY:g} s: {err}"
+        else:
+            why = take()
+        if why is not None:
+            self._log().warning(f"losing node 0 ends this job: the job's own etcd failed ({why})")
+            return
+        self.lead_elsewhere()
+        if not token:
+            line = f"{line}. Its etcd admits whoever reaches its ports: set {PREFIX}JOB_TOKEN"
+        self._log().info(line)
+
+    def lead_elsewhere(self) -> None:
+        """Node 0's seat held on this node's own member: etcd's leadership handed to another
+        member, so that losing this node frees the seat at its lease's end, not an election
+        later (embedded.lead_elsewhere)."""
+        if self.member is None:
+            return
+        me = self.member.me
+        try:
+            moved = embedded.lead_elsewhere(self.etcd, (me.host, me.client_port))
+        except EtcdError as err:
+            self._log().warning(
+                f"the job's etcd: member {me.name} (this node's) may lead it still ({err}); "
+                "losing this node frees node 0's seat an election later"
+            )
+            return
+        if moved is not None:
+            name = next(
+                (m.name for m in self.member.cluster if (m.host, m.client_port) == moved),
+                f"{moved[0]}:{moved[1]}",
+            )
+            self._log().info(
+                f"the job's etcd: member {me.name} (this node's) handed its leadership to "
+                f"member {name}, so that losing this node frees node 0's seat at its lease's end"
+            )
+
+    def quorum_lost(self, gone: set[int]) -> str | None:
+        """Why no node could take node 0's seat, once the members whose nodes ended (`gone`)
+        leave fewer than etcd's quorum; None while a quorum is left."""
+        left = [m for m in self.members if m not in gone]
+        if not self.members or len(left) > len(self.members) // 2:
+            return None
+        lost = ", ".join(str(m) for m in self.members if m in gone)
+        return (
+            f"the job's etcd lost {len(self.members) - len(left)} of its {len(self.members)} "
+            f"members with their nodes ({lost}), so no node can take node 0's seat: the job "
+            "goes on, and losing node 0 ends it from now on"
+        )
+
+    def stop(self) -> None:
+        if self.member is not None:
+            self.member.stop()
