@@ -126,10 +126,11 @@ test: $(VENV)/.done ## Run every test; builds the image first when a Docker engi
 # smoke runs, the CUDA 12 image's alone) and the users' trainers, each once (COMPAT_MATRIX=smoke;
 # full: all 20 jobs). CU13_LEAVE: tests whose subject is the entrypoint's own code, the same in
 # both images, which the CUDA 12 image's run proves (docs/testing.md): the JAX job's restart
-# (numpy checkpoints) and a start script's own launcher.
+# (numpy checkpoints), a start script's own launcher, and a trainer resumed across node 0's loss.
 CU13_COMPAT ?= smoke
 CU13_LEAVE = tests/image/test_job.py::test_jax_restart_resumes_and_unshared_outputs_start_fresh \
-	tests/compat/test_compat.py::test_a_start_script_with_its_own_launcher_stops_every_node
+	tests/compat/test_compat.py::test_a_start_script_with_its_own_launcher_stops_every_node \
+	tests/compat/test_compat.py::test_a_users_trainer_resumes_after_node_0_is_lost
 
 test-cu13: $(VENV)/.done ## Build the CUDA 13 image (multinode:dev-cu13) and run its image tests and users' trainers (CU13_COMPAT=full: all 20 jobs)
 	CUDA=13 IMAGE=multinode:dev-cu13 docker/build.sh

@@ -20,6 +20,11 @@ default one) runs torch DDP, accelerate, the Hugging Face Trainer with DeepSpeed
 one convention, one hang, and the torchrun and deepspeed launch lines (8 tests; the CUDA 13
 tier leaves the start script to the default image's run: what it proves is the entrypoint's,
 not the stack's).
+
+Across node 0's loss (3 nodes, a spare, node 0 killed), a DDP trainer written as torchrun's
+documentation asks (tests/trainers/ddp_elastic.py) and the Hugging Face Trainer with DeepSpeed
+resume from their own checkpoints on a shared volume: both in the full matrix, DDP else (the
+CUDA 13 tier leaves it: the takeover is the entrypoint's).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import pytest
 from cluster.test_cluster import STYLES, TWO_WORKERS
 from cluster.test_slurm import _ca_bundle, _docker_cli
 from entrypoint.local.cluster import LABEL, ClusterRun, Node
-from faulty_cluster import FaultyCluster
+from faulty_cluster import Fault, FaultyCluster
 
 ROOT = Path(__file__).parents[2]
 TRAINERS = ROOT / "tests" / "trainers"
@@ -412,3 +417,92 @@ def test_a_start_script_with_its_own_launcher_stops_every_node(docker_client, im
         assert "entrypoint: a launcher inside the command (`torchrun" in line, line
         assert "in your command `bash /workspace/start.sh`" in line, line
         assert not any("ChildFailedError" in x for n in run.nodes for x in n.lines), run.log(60)
+
+
+# Users' trainers that resume from their own checkpoint, across node 0's loss (issue 50): the
+# trainer, the line of rank 0's at which node 0 is killed, the line it says when it resumes,
+# and every rank's last line (named groups `rank` and `world`).
+SHARED = "/shared"
+RESUMING = {
+    "ddp": (
+        python("ddp_elastic.py", "--checkpoint", f"{SHARED}/ddp.pt", "--steps", "400"),
+        "ddp_elastic: step 50/",
+        "ddp_elastic: resumed from step ",
+        re.compile(
+            r"ddp_elastic: rank (?P<rank>\d+) of (?P<world>\d+) finished 400 steps, resumed "
+            r"from step [1-9]\d* \(weights checksum (?P<checksum>\S+)\)"
+        ),
+    ),
+    "hf_trainer": (
+        python(
+            "hf_trainer.py",
+            "--deepspeed",
+            f"{WORKSPACE}/ds_config_zero2.json",
+            "--output_dir",
+            f"{SHARED}/hf-trainer",
+            "--max_steps",
+            "120",
+            "--per_device_train_batch_size",
+            "2",
+            "--save_strategy",
+            "steps",
+            "--save_steps",
+            "20",
+            "--logging_steps",
+            "25",  # its first log between two checkpoints: the kill never cuts one in half
+            "--report_to",
+            "none",
+        ),
+        "{'loss'",
+        f"hf_trainer: resuming from {SHARED}/hf-trainer/checkpoint-",
+        re.compile(
+            r"hf_trainer: rank (?P<rank>\d+) of (?P<world>\d+) trained 120 steps with "
+            r"DeepSpeedEngine"
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "shape", sorted(RESUMING) if MATRIX == "full" else ["ddp"]
+)  # fmt: skip
+def test_a_users_trainer_resumes_after_node_0_is_lost(docker_client, image, shape):
+    """3 hand-started node containers (2 workers each, a spare), no etcd named: node 0 is
+    `docker kill`ed while the user's trainer trains. A survivor takes node 0's seat in the job's
+    own etcd, and the trainer, unmodified, starts again on the two nodes left with its
+    rendezvous on the new node 0, resumes from its own checkpoint on the shared volume, and
+    finishes; the survivors exit 0."""
+    command, trigger, resumed, done = RESUMING[shape]
+    with FaultyCluster(
+        image, client=docker_client, echo=print, shared=SHARED, mounts={str(TRAINERS): WORKSPACE}
+    ) as c:
+        n = [c.hostname("node", r) for r in range(3)]
+        env = {
+            "NNODES": "3",
+            "MASTER_ADDR": n[0],
+            "MASTER_PORT": "29500",
+            "ENTRYPOINT_NPROC_PER_NODE": "2",
+            "ENTRYPOINT_SPARES": "1",
+            "ENTRYPOINT_JOB_TOKEN": secrets.token_hex(16),
+        }
+        nodes = [
+            Node(name, env | {"NODE_RANK": str(r)}, command=("run", "--", *command))
+            for r, name in enumerate(n)
+        ]
+        fault = Fault("kill0", lambda c: c.kill(n[0]), node=n[0], line=trigger)
+        run = c.run(nodes, timeout=TIMEOUT, grace=float("inf"), faults=[fault])
+        assert run.exit_codes == {n[0]: 137, n[1]: 0, n[2]: 0}, run.log(120)
+        found = [m for name in n[1:] for line in run.node(name).lines for m in done.finditer(line)]
+        assert sorted(int(m["rank"]) for m in found) == [0, 1, 2, 3], run.log(120)
+        assert {int(m["world"]) for m in found} == {4}, [m[0] for m in found]
+        assert any(resumed in x for name in n[1:] for x in run.node(name).lines), run.log(120)
+        if "checksum" in done.groupindex:
+            same_weights(found)
+        said = next(x for x in run.lines if "is node 0 from restart 1" in x)
+        said = said[said.index("node 0 (") :].split('"')[0]
+        lost = run.faults["kill0"]
+        back = min(t for name in n[1:] if (t := run.node(name).when(resumed)) is not None)
+        print(
+            f"compat {shape} across node 0's loss: {run.seconds:.1f} s; resumed "
+            f"{back - lost:.1f} s after the kill; {said}"
+        )

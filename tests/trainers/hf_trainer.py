@@ -27,6 +27,7 @@ from transformers import (
     TrainingArguments,
     set_seed,
 )
+from transformers.trainer_utils import get_last_checkpoint
 
 
 @dataclass
@@ -65,8 +66,16 @@ def main() -> None:
     data = RandomTokens(
         model_args.examples, model_args.seq_len, model_args.vocab_size, training_args.seed
     )
+    # Detecting the last checkpoint, as run_clm.py does: a job started again resumes from it.
+    last_checkpoint = None
+    if os.path.isdir(training_args.output_dir):
+        last_checkpoint = get_last_checkpoint(training_args.output_dir)
+        if last_checkpoint is not None and training_args.resume_from_checkpoint is None:
+            print(f"hf_trainer: resuming from {last_checkpoint}", flush=True)
     trainer = Trainer(model=model, args=training_args, train_dataset=data)
-    result = trainer.train()
+    result = trainer.train(
+        resume_from_checkpoint=training_args.resume_from_checkpoint or last_checkpoint
+    )
     loss = result.training_loss
     rank = training_args.process_index
     world = training_args.world_size
