@@ -467,8 +467,9 @@ RESUMING = {
     "shape", sorted(RESUMING) if MATRIX == "full" else ["ddp"]
 )  # fmt: skip
 def test_a_users_trainer_resumes_after_node_0_is_lost(docker_client, image, shape):
-    """3 hand-started node containers (2 workers each, a spare), no etcd named: node 0 is
-    `docker kill`ed while the user's trainer trains. A survivor takes node 0's seat in the job's
+    """3 node containers with a container platform's variables only (WORLD_SIZE nodes, RANK,
+    MASTER_ADDR; 2 workers each, a spare), no etcd named: node 0 is `docker kill`ed while the
+    user's trainer trains. A survivor takes node 0's seat in the job's
     own etcd, and the trainer, unmodified, starts again on the two nodes left with its
     rendezvous on the new node 0, resumes from its own checkpoint on the shared volume, and
     finishes; the survivors exit 0."""
@@ -476,17 +477,16 @@ def test_a_users_trainer_resumes_after_node_0_is_lost(docker_client, image, shap
     with FaultyCluster(
         image, client=docker_client, echo=print, shared=SHARED, mounts={str(TRAINERS): WORKSPACE}
     ) as c:
-        n = [c.hostname("node", r) for r in range(3)]
+        n = [c.hostname("worker", r) for r in range(3)]
         env = {
-            "NNODES": "3",
+            "WORLD_SIZE": "3",
             "MASTER_ADDR": n[0],
             "MASTER_PORT": "29500",
-            "ENTRYPOINT_NPROC_PER_NODE": "2",
             "ENTRYPOINT_SPARES": "1",
             "ENTRYPOINT_JOB_TOKEN": secrets.token_hex(16),
-        }
+        } | TWO_WORKERS
         nodes = [
-            Node(name, env | {"NODE_RANK": str(r)}, command=("run", "--", *command))
+            Node(name, env | {"RANK": str(r)}, command=("run", "--", *command))
             for r, name in enumerate(n)
         ]
         fault = Fault("kill0", lambda c: c.kill(n[0]), node=n[0], line=trigger)
