@@ -3,7 +3,9 @@ bootstrapped from the roster every node already shares (etcd's static bootstrap:
 told the whole initial cluster), so no discovery service is needed. What to run is a pure
 function of the roster; starting, waiting and stopping the process is the edge. With a job token,
 etcd's own auth closes the client port to strangers: one user, its password derived from the
-token, so every member of the job knows it and nobody else does."""
+token, so every member of the job knows it and nobody else does; and the members speak to each
+other over TLS, each certificate signed by a CA whose key every member derives from the token
+(`peer_tls`), each member admitting only peers with such a certificate."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +39,7 @@ class EtcdMember:
     host: str
     client_port: int
     peer_port: int
+    secure: bool = False  # its peers speak TLS (a job with a token)
 
     @property
     def client_url(self) -> str:
@@ -44,7 +47,17 @@ class EtcdMember:
 
     @property
     def peer_url(self) -> str:
-        return f"http://{host_port(self.host, self.peer_port)}"
+        scheme = "https" if self.secure else "http"
+        return f"{scheme}://{host_port(self.host, self.peer_port)}"
+
+
+@dataclass(frozen=True)
+class PeerTLS:
+    """A member's peer TLS files: the job's CA certificate, its own certificate and key."""
+
+    ca: Path
+    cert: Path
+    key: Path
 
 
 def cluster_size(nodes: int) -> int:
@@ -53,23 +66,27 @@ def cluster_size(nodes: int) -> int:
     return next((size for size in SIZES if nodes >= size), 0)
 
 
-def members_from(hosts: Sequence[str], base_port: int) -> tuple[EtcdMember, ...]:
+def members_from(
+    hosts: Sequence[str], base_port: int, secure: bool = False
+) -> tuple[EtcdMember, ...]:
     """The embedded cluster of a job whose members run on `hosts` (in member order): its first
     `cluster_size` members, member i on ports base_port + 2i (clients) and + 2i + 1 (peers), so
-    that members sharing a host (one machine, several nodes) never share a port."""
+    that members sharing a host (one machine, several nodes) never share a port; `secure`:
+    their peers speak TLS."""
     size = cluster_size(len(hosts))
     return tuple(
-        EtcdMember(f"m{i}", hosts[i], base_port + 2 * i, base_port + 2 * i + 1) for i in range(size)
+        EtcdMember(f"m{i}", hosts[i], base_port + 2 * i, base_port + 2 * i + 1, secure)
+        for i in range(size)
     )
 
 
 def chosen(
-    entries: Sequence[str], base_port: int
+    entries: Sequence[str], base_port: int, secure: bool = False
 ) -> tuple[tuple[int, ...], tuple[EtcdMember, ...]]:
     """Node 0's choice in its `go` ("MEMBER=HOST", in the cluster's order): the job's members
     that run one, and the cluster."""
     members = tuple(int(e.partition("=")[0]) for e in entries)
-    return members, members_from([e.partition("=")[2] for e in entries], base_port)
+    return members, members_from([e.partition("=")[2] for e in entries], base_port, secure)
 
 
 def base_port(stated: int | None, control_port: int) -> int:
@@ -88,24 +105,38 @@ def command(
     data_dir: str,
     job: str,
     anywhere: str = "::",
+    tls: PeerTLS | None = None,
 ) -> list[str]:
     """etcd's command line for member `me` of `cluster`, bootstrapped statically; `job` names
     the cluster (etcd's initial-cluster-token), so two jobs' members never mix. A member whose
-    host is a name listens on `anywhere` (every address: `any_address()`)."""
+    host is a name listens on `anywhere` (every address: `any_address()`). With `tls`, its
+    peers are admitted only with a certificate the job's CA signed."""
     initial = ",".join(f"{m.name}={m.peer_url}" for m in cluster)
     bind = _bind(me.host, anywhere)
+    scheme = "https" if me.secure else "http"
+    secured = (
+        [
+            f"--peer-cert-file={tls.cert}",
+            f"--peer-key-file={tls.key}",
+            f"--peer-trusted-ca-file={tls.ca}",
+            "--peer-client-cert-auth",
+        ]
+        if tls is not None
+        else []
+    )
     return [
         binary,
         f"--name={me.name}",
         f"--data-dir={data_dir}",
         f"--listen-client-urls=http://{host_port(bind, me.client_port)}",
         f"--advertise-client-urls={me.client_url}",
-        f"--listen-peer-urls=http://{host_port(bind, me.peer_port)}",
+        f"--listen-peer-urls={scheme}://{host_port(bind, me.peer_port)}",
         f"--initial-advertise-peer-urls={me.peer_url}",
         f"--initial-cluster={initial}",
         "--initial-cluster-state=new",
         f"--initial-cluster-token=multinode-{job}",
         *TIMING,
+        *secured,
     ]
 
 
@@ -135,6 +166,101 @@ def password(token: str | bytes) -> str:
     return hmac.new(key, b"multinode etcd user", hashlib.sha256).hexdigest()
 
 
+# The job's CA key as PKCS#8 DER: this prefix, then the 32-byte Ed25519 seed (RFC 8410).
+_ED25519_PKCS8 = bytes.fromhex("302e020100300506032b657004220420")
+CA_SUBJECT = "/CN=multinode-job-etcd"
+_CA_CONFIG = """[ca]
+default_ca = job
+[job]
+database = index.txt
+new_certs_dir = .
+serial = serial
+default_md = sha256
+policy = any
+unique_subject = no
+[any]
+commonName = supplied
+[peer]
+basicConstraints = CA:FALSE
+keyUsage = digitalSignature
+extendedKeyUsage = serverAuth, clientAuth
+subjectAltName = {names}
+"""
+
+
+def peer_tls(
+    directory: Path, token: str | bytes, me: EtcdMember, addresses: Iterable[str] = ()
+) -> PeerTLS:
+    """Member `me`'s peer TLS files in `directory` (emptied first), made with openssl: the
+    job's CA, its Ed25519 key derived from the token (every member derives the same, nobody
+    without the token can), and this member's certificate, signed by it, naming its host and
+    `addresses` (the ones it reaches the other members from: etcd checks a peer's address
+    against its certificate). The CA's key is deleted once it has signed. Valid from 2000 on,
+    so that no node's clock running behind another's rejects its certificate.
+
+    Raises:
+        OSError: openssl is missing or failed (its own words).
+    """
+    key = token.encode() if isinstance(token, str) else token
+    seed = hmac.new(key, b"multinode etcd peer CA", hashlib.sha256).digest()
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True, mode=0o700)
+    names = [
+        _san(me.host),
+        *(f"IP:{a}" for a in sorted(set(addresses)) if _san(a) != _san(me.host)),
+    ]
+    (directory / "ca.cnf").write_text(_CA_CONFIG.format(names=", ".join(names)))
+    (directory / "index.txt").write_text("")
+    (directory / "serial").write_text("01\n")
+    (directory / "ca.der").write_bytes(_ED25519_PKCS8 + seed)
+    steps = [
+        "pkey -inform DER -in ca.der -out ca.key",
+        f"req -x509 -new -key ca.key -subj {CA_SUBJECT} -days 36500 -out ca.crt",
+        "req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout peer.key "
+        f"-subj /CN={me.name} -out peer.csr",
+        "ca -batch -config ca.cnf -keyfile ca.key -cert ca.crt -in peer.csr -out peer.crt "
+        "-startdate 20000101000000Z -enddate 21000101000000Z -extensions peer -notext",
+    ]
+    try:
+        for step in steps:
+            done = subprocess.run(
+                ["openssl", *step.split()], cwd=directory, capture_output=True, text=True
+            )
+            if done.returncode != 0:
+                raise OSError(f"openssl {step.split()[0]}: {done.stderr.strip()[-300:]}")
+    finally:
+        for secret in ("ca.der", "ca.key"):
+            (directory / secret).unlink(missing_ok=True)
+    return PeerTLS(directory / "ca.crt", directory / "peer.crt", directory / "peer.key")
+
+
+def _san(host: str) -> str:
+    """A host as a certificate's subjectAltName names it."""
+    try:
+        return f"IP:{ipaddress.ip_address(host)}"
+    except ValueError:
+        return f"DNS:{host}"
+
+
+def sources(cluster: Sequence[EtcdMember], me: EtcdMember) -> list[str]:
+    """The addresses this host reaches the other members from (its routes choose them; no
+    packet is sent), and its own host's: what its certificate names."""
+    found: set[str] = set()
+    for other in cluster:
+        try:
+            for family, _, _, _, where in socket.getaddrinfo(other.host, other.peer_port):
+                with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                    probe.connect(where)
+                    found.add(probe.getsockname()[0])
+        except OSError:
+            continue  # not resolvable from here yet: its own name covers it
+    try:
+        found |= {str(a[4][0]) for a in socket.getaddrinfo(me.host, None)}
+    except OSError:
+        pass
+    return sorted(a.partition("%")[0] for a in found)
+
+
 def binary() -> str | None:
     """The etcd this image carries (docker/Dockerfile), or None."""
     return shutil.which("etcd")
@@ -152,15 +278,17 @@ class Embedded:
         log: Path,
         path: str | None = None,
         wrap: Callable[[list[str]], list[str]] = list,
+        tls: PeerTLS | None = None,
     ) -> None:
-        """`wrap`: the command line as started (the entrypoint's: one that dies with it)."""
+        """`wrap`: the command line as started (the entrypoint's: one that dies with it);
+        `tls`: its peer TLS files (`peer_tls`)."""
         found = path or binary()
         if not found:
             raise FileNotFoundError(
                 "etcd is not installed in this image (apt-get install etcd-server)"
             )
-        self.me, self.cluster = me, tuple(cluster)
-        self.argv = wrap(command(found, me, cluster, str(data_dir), job, any_address()))
+        self.me, self.cluster, self.tls = me, tuple(cluster), tls
+        self.argv = wrap(command(found, me, cluster, str(data_dir), job, any_address(), tls))
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 

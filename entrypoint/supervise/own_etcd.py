@@ -45,9 +45,9 @@ class OwnEtcd:
         if self.etcd.endpoints:
             return
         base = embedded.base_port(self.settings.etcd_port, control_port)
-        self.members, cluster = embedded.chosen(entries, base)
-        ends = [(m.host, m.client_port) for m in cluster]
         token = self.node.identity.token
+        self.members, cluster = embedded.chosen(entries, base, secure=bool(token))
+        ends = [(m.host, m.client_port) for m in cluster]
         if token:
             self.etcd.credentials(embedded.USER, embedded.password(token))
         # A node started again (its first `go` a restart's) runs no member: its old member's
@@ -64,10 +64,26 @@ class OwnEtcd:
         data = Path(self.settings.run_dir) / f"node{self.node.member}" / "etcd"
         shutil.rmtree(data, ignore_errors=True)  # an earlier job's: never this cluster's
         data.mkdir(parents=True)
-        member = embedded.Embedded(
-            me, cluster, data, self.job, data.parent / "etcd.log", wrap=procs.dying_with_this
-        )
+        token = self.node.identity.token
         try:
+            # With a token, its peers speak TLS keyed from it (without one, the warning at the
+            # start says etcd admits whoever reaches its ports).
+            tls = (
+                embedded.peer_tls(
+                    data.parent / "etcd-tls", token, me, embedded.sources(cluster, me)
+                )
+                if token
+                else None
+            )
+            member = embedded.Embedded(
+                me,
+                cluster,
+                data,
+                self.job,
+                data.parent / "etcd.log",
+                wrap=procs.dying_with_this,
+                tls=tls,
+            )
             member.start()
         except OSError as err:
             self._log().warning(f"the job's etcd: member {me.name} did not start: {err}")

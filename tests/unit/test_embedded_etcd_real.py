@@ -5,7 +5,10 @@ next member takes the seat."""
 
 from __future__ import annotations
 
+import http.client
+import ssl
 import time
+from pathlib import Path
 
 import pytest
 from test_consensus_real import MARGIN, TTL, SeatHolder, me
@@ -15,6 +18,7 @@ from entrypoint.consensus.election import campaign, holder, publish, read_state,
 from entrypoint.consensus.embedded import (
     Embedded,
     EtcdMember,
+    PeerTLS,
     base_port,
     chosen,
     cluster_size,
@@ -22,7 +26,9 @@ from entrypoint.consensus.embedded import (
     lead_elsewhere,
     members_from,
     password,
+    peer_tls,
     secure,
+    sources,
     wait_ready,
 )
 from entrypoint.consensus.etcd import Etcd, EtcdRefused
@@ -66,6 +72,21 @@ def test_each_member_is_told_the_whole_cluster_and_the_job_it_belongs_to():
     assert "--listen-peer-urls=http://0.0.0.0:29504" in command(
         "etcd", cluster[0], cluster, "d", "j", "0.0.0.0"
     )
+    # a job with a token: its peers speak TLS, each admitted by the job's CA alone
+    _, tls_cluster = chosen(["0=worker-0", "1=worker-1", "3=fd00::2"], 29503, secure=True)
+    files = PeerTLS(Path("/t/ca.crt"), Path("/t/peer.crt"), Path("/t/peer.key"))
+    argv = command("etcd", tls_cluster[0], tls_cluster, "d", "j", "::", files)
+    assert "--listen-peer-urls=https://[::]:29504" in argv
+    assert "--initial-cluster=m0=https://worker-0:29504,m1=https://worker-1:29506," in " ".join(
+        argv
+    )
+    assert argv[-4:] == [
+        "--peer-cert-file=/t/peer.crt",
+        "--peer-key-file=/t/peer.key",
+        "--peer-trusted-ca-file=/t/ca.crt",
+        "--peer-client-cert-auth",
+    ]
+    assert "--listen-client-urls=http://[::]:29503" in argv  # clients: etcd's auth (secure())
 
 
 @pytest.mark.parametrize(
@@ -81,10 +102,21 @@ def test_the_members_ports_start_two_above_the_control_port(stated, control, bas
 
 @pytest.fixture
 def cluster(tmp_path):
+    """3 members on loopback as a job with a token starts them: their peers speak TLS."""
     port = free_ports(6)
-    members = [EtcdMember(f"m{i}", "127.0.0.1", port + 2 * i, port + 2 * i + 1) for i in range(3)]
+    members = [
+        EtcdMember(f"m{i}", "127.0.0.1", port + 2 * i, port + 2 * i + 1, secure=True)
+        for i in range(3)
+    ]
     started = [
-        Embedded(m, members, tmp_path / m.name, tmp_path.name, tmp_path / f"{m.name}.log")
+        Embedded(
+            m,
+            members,
+            tmp_path / m.name,
+            tmp_path.name,
+            tmp_path / f"{m.name}.log",
+            tls=peer_tls(tmp_path / f"{m.name}-tls", TOKEN, m, sources(members, m)),
+        )
         for m in members
     ]
     for each in started:
@@ -197,3 +229,44 @@ def _leader(client: Etcd, endpoints: list[tuple[str, int]]) -> int:
             return next(i for i, e in enumerate(endpoints) if client.status(e)[0] == lead)
         time.sleep(0.05)
     raise AssertionError(f"no leader every member names: {found}")
+
+
+def test_the_members_peer_ports_admit_only_the_jobs_certificates(cluster, tmp_path):
+    """A job with a token: its members speak TLS to each other, each certificate signed by the
+    CA every member derives from the token. On a member's peer port, a stranger with no
+    certificate, or with one another job's CA signed, gets nothing; the job's own is answered.
+    The CA's key is never left on disk."""
+    endpoints = [("127.0.0.1", m.me.client_port) for m in cluster]
+    wait_ready(Etcd(endpoints), 30)  # the 3 members formed a cluster over TLS
+    first, tls = cluster[0].me, cluster[0].tls
+    assert tls is not None and "--peer-client-cert-auth" in cluster[0].argv
+    assert sorted(p.name for p in tls.ca.parent.iterdir() if "key" in p.name) == ["peer.key"]
+
+    def members(cert: tuple[str, str] | None) -> bytes:
+        context = ssl.create_default_context(cafile=str(tls.ca))
+        if cert is not None:
+            context.load_cert_chain(*cert)
+        conn = http.client.HTTPSConnection("127.0.0.1", first.peer_port, timeout=5, context=context)
+        try:
+            conn.request("GET", "/members")
+            response = conn.getresponse()
+            assert response.status == 200, response.status
+            return response.read()
+        finally:
+            conn.close()
+
+    stranger = EtcdMember("m9", "127.0.0.1", 1, 2, secure=True)
+    other = peer_tls(tmp_path / "other-job", "another job's token", stranger)
+    for cert in (None, (str(other.cert), str(other.key))):
+        with pytest.raises((ssl.SSLError, ConnectionError, http.client.HTTPException)):
+            members(cert)
+    plain = http.client.HTTPConnection("127.0.0.1", first.peer_port, timeout=5)
+    try:
+        plain.request("GET", "/members")
+        assert plain.getresponse().status != 200  # a TLS port's answer to plain HTTP
+    except (ConnectionError, http.client.HTTPException):
+        pass
+    finally:
+        plain.close()
+    own = peer_tls(tmp_path / "own-job", TOKEN, stranger)
+    assert first.peer_url.encode() in members((str(own.cert), str(own.key)))

@@ -67,7 +67,8 @@ TOKEN = "own-etcd-token-0123456789abcdef"
 
 def test_with_no_etcd_set_the_jobs_own_etcd_lets_a_survivor_take_node_0s_seat(started):  # noqa: F811
     """No ENTRYPOINT_ETCD: the job's first 3 nodes start its own etcd members (node 0 named them
-    in its `go`), closed by the job's token; node 0 and its member are killed together, the two
+    in its `go`), closed by the job's token (clients by etcd's auth, peers by TLS from the job's
+    CA); node 0 and its member are killed together, the two
     members left keep etcd's quorum, and a survivor takes the seat."""
     c = started(
         3, FAULT_STEPS=STEPS, ENTRYPOINT_SPARES="1", ENTRYPOINT_JOB_TOKEN=TOKEN, **ONE_PER_NODE
@@ -75,8 +76,11 @@ def test_with_no_etcd_set_the_jobs_own_etcd_lets_a_survivor_take_node_0s_seat(st
     _checkpointed(c, 2)
     _own_etcd_holds_the_seat(c)
     assert "started member m0 of the job's etcd (3 members)" in c.log(0)
-    for rank in range(3):  # each member's own log
+    assert f":{c.port + 4}" in c.log(0).split("peers at https://")[1]  # TLS from the token
+    for rank in range(3):  # each member's own log, its certificate, and no CA key
         assert (c.tmp / "run" / f"node{rank}" / "etcd.log").stat().st_size > 0
+        tls = c.tmp / "run" / f"node{rank}" / "etcd-tls"
+        assert (tls / "peer.crt").exists() and not (tls / "ca.key").exists()
     # a stranger who knows the ports, not the token, reads and writes nothing
     ports = [("127.0.0.1", c.port + 3 + 2 * i) for i in range(3)]
     with pytest.raises(EtcdRefused):
