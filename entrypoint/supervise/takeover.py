@@ -225,6 +225,25 @@ class Election:
     restart: int = 0
 
 
+def _record(lost: Node0Lost, state: dict[str, object] | None, me: int) -> JobRecord:
+    """Node 0's record in etcd, as a survivor reads it before it takes node 0's place. Raises
+    NodeExit (75, why) when there is none, it does not parse, or it names this node lost: node
+    0 went on without it, so node 0 was alive then and this node is the one cut off."""
+    if state is None:
+        raise NodeExit(EXIT_PEERS, f"{lost.reason}; node 0 wrote no record of the job to etcd")
+    try:
+        record = JobRecord.from_json(json.dumps(state))
+    except ValueError as err:
+        raise NodeExit(EXIT_PEERS, f"{lost.reason}; node 0's record in etcd: {err}") from None
+    if me in record.lost:
+        raise NodeExit(
+            EXIT_PEERS,
+            f"{lost.reason}; node 0 went on without this node (it took it for lost: "
+            f"{record.lost[me]}), so node 0 was alive and this node is the one cut off from it",
+        )
+    return record
+
+
 class Node0Seat:
     """This node's side of node 0's seat in etcd: held (`hold`) by node 0 from the first `go`
     and by whoever takes it over (`take_over`); `fence(why)` is called, from the lease keeper's
@@ -301,12 +320,7 @@ class Node0Seat:
             held = election.holder(self.etcd, self.job)
         except EtcdError as err:
             raise NodeExit(EXIT_PEERS, f"{lost.reason}; etcd cannot say who takes over: {err}")
-        if state is None:
-            raise NodeExit(EXIT_PEERS, f"{lost.reason}; node 0 wrote no record of the job to etcd")
-        try:
-            record = JobRecord.from_json(json.dumps(state))
-        except ValueError as err:
-            raise NodeExit(EXIT_PEERS, f"{lost.reason}; node 0's record in etcd: {err}") from None
+        record = _record(lost, state, me.member)
         alive = frozenset(range(roster.members)) - {gone} - set(record.lost)
         # the record of the node 0 lost, or already its successor's (one restart on)
         restart = record.generation + (1 if record.head == gone else 0)
@@ -325,6 +339,9 @@ class Node0Seat:
                         "later: it is alive, and this node cannot reach it (a network between "
                         "them)",
                     )
+            # Node 0 may have gone on without this node while it waited (this node was the one
+            # cut off), and then ended the job and freed the seat: read again before campaigning.
+            _record(lost, election.read_state(self.etcd, self.job), me.member)
             keeper = self._keeper()
             holder = election.campaign(self.etcd, self.job, me, keeper.lease)
         except EtcdError as err:

@@ -79,6 +79,7 @@ class Relay:
             except OSError:
                 inner.close()
                 continue
+            outer.settimeout(None)  # a quiet stretch is no cut: only `cut()` stops it
             for a, b in ((inner, outer), (outer, inner)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 

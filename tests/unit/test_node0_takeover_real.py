@@ -254,3 +254,41 @@ def test_etcd_set_without_a_job_id_is_refused_in_one_line(tmp_path):
     assert c.wait(60) == {0: 2}
     (line,) = [x for x in c.log(0).splitlines() if "ENTRYPOINT_ETCD" in x]
     assert "Set ENTRYPOINT_JOB_ID" in line and "Traceback" not in c.log(0), c.log(0)
+
+
+def test_a_cut_between_node_0_and_another_node_elects_nobody(tmp_path, etcd):
+    """Node 1 reaches node 0's control port through a relay that is cut (silence, as a network
+    cut between the two is), while both still reach etcd. Node 0 renews its seat all along, so
+    node 1, which takes node 0 for lost, finds node 0 still holding it and exits 75 naming the
+    network between them (or, if node 0 has finished the job meanwhile and freed the seat, reads
+    in node 0's record that node 0 went on without it); node 0 takes node 1 for lost and goes on
+    with the spare in its rank. No node is ever node 0 but node 0."""
+    c = Nodes(
+        tmp_path,
+        n=3,
+        FAULT_STEPS=STEPS,
+        ENTRYPOINT_ETCD=_url(etcd.endpoint),
+        ENTRYPOINT_JOB_ID="takeover-cut",
+        ENTRYPOINT_SPARES="1",
+        **ONE_PER_NODE,
+    )
+    c.start(0)
+    relay = Relay(("127.0.0.1", c.port + 1))  # node 0's control port, as node 1 reaches it
+    c.start(1, ENTRYPOINT_CONTROL_PORT=str(relay.port))
+    c.start(2)
+    try:
+        _checkpointed(c, 2)
+        relay.cut()
+        assert c.procs[1].wait(timeout=90) == 75, c.log(1)[-3000:]
+        # node 1 saw node 0 hold its seat past the wait, or, once node 0 finished the job and
+        # freed it, read in node 0's record that node 0 went on without it
+        assert any(
+            why in c.log(1)
+            for why in ("a network between them", "node 0 went on without this node")
+        ), c.log(1)[-3000:]
+        codes = {rank: c.procs[rank].wait(timeout=120) for rank in (0, 2)}
+        assert codes == {0: 0, 2: 0}, c.log(0)[-3000:] + c.log(2)[-3000:]
+        assert "lost node 1" in c.log(0), c.log(0)[-3000:]
+        assert not any("is node 0 from" in c.log(rank) for rank in range(3))
+    finally:
+        c.kill_everything()
