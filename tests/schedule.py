@@ -42,6 +42,8 @@ LONGEST_FIRST = {
     "unit/test_render_hostile.py::test_any_arguments_reach_the_command": 8,
     "unit/test_supervise_parts.py::test_the_crash_is_named_when_it_wrote_last": 7,
     "unit/test_control_fuzz.py": 4,
+    # node 0 killed under a user's trainer: 3 nodes and a restart (CI's run of 2026-12-07: 64 s)
+    "compat/test_compat.py::test_a_users_trainer_resumes_after_node_0_is_lost": 64,
     "compat/test_compat.py": 43,  # each case goes alone (CASE_AT_A_TIME)
 }
 # The container tests go a file to a process (`--dist loadfile`: a file's tests share its

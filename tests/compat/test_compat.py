@@ -425,11 +425,11 @@ def test_a_start_script_with_its_own_launcher_stops_every_node(docker_client, im
 SHARED = "/shared"
 RESUMING = {
     "ddp": (
-        python("ddp_elastic.py", "--checkpoint", f"{SHARED}/ddp.pt", "--steps", "400"),
+        python("ddp_elastic.py", "--checkpoint", f"{SHARED}/ddp.pt", "--steps", "250"),
         "ddp_elastic: step 50/",
         "ddp_elastic: resumed from step ",
         re.compile(
-            r"ddp_elastic: rank (?P<rank>\d+) of (?P<world>\d+) finished 400 steps, resumed "
+            r"ddp_elastic: rank (?P<rank>\d+) of (?P<world>\d+) finished 250 steps, resumed "
             r"from step [1-9]\d* \(weights checksum (?P<checksum>\S+)\)"
         ),
     ),
