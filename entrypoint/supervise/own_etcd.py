@@ -1,8 +1,8 @@
 """This node's side of the job's own etcd (consensus/embedded.py), which holds node 0's seat when
 no ENTRYPOINT_ETCD is named: where every node finds it once node 0's first `go` names its
 members; this node's member, when node 0 chose this node; node 0's wait for its quorum, its
-closing to strangers and its seat; and etcd's leadership handed on by whoever holds the seat on
-its own member. The supervisor owns one when the job runs its own etcd (supervise/supervisor.py).
+closing to strangers and its seat. The supervisor owns one when the job runs its own etcd
+(supervise/supervisor.py).
 """
 
 from __future__ import annotations
@@ -98,8 +98,7 @@ class OwnEtcd:
     def hold_seat(self, take: Callable[[], str | None], line: str) -> None:
         """Node 0, from a thread of its own (its trainers do not wait): once the members answer
         (a quorum started), etcd closed to anyone without the job's token, then the seat
-        (`take`: None, or why not), then etcd's leadership handed on; `line`, what losing node 0
-        costs, said once it holds."""
+        (`take`: None, or why not); `line`, what losing node 0 costs, said once it holds."""
         token = self.node.identity.token
         try:
             embedded.wait_ready(self.etcd, READY)
@@ -112,35 +111,9 @@ class OwnEtcd:
         if why is not None:
             self._log().warning(f"losing node 0 ends this job: the job's own etcd failed ({why})")
             return
-        self.lead_elsewhere()
         if not token:
             line = f"{line}. Its etcd admits whoever reaches its ports: set {PREFIX}JOB_TOKEN"
         self._log().info(line)
-
-    def lead_elsewhere(self) -> None:
-        """Node 0's seat held on this node's own member: etcd's leadership handed to another
-        member, so that losing this node frees the seat at its lease's end, not an election
-        later (embedded.lead_elsewhere)."""
-        if self.member is None:
-            return
-        me = self.member.me
-        try:
-            moved = embedded.lead_elsewhere(self.etcd, (me.host, me.client_port))
-        except EtcdError as err:
-            self._log().warning(
-                f"the job's etcd: member {me.name} (this node's) may lead it still ({err}); "
-                "losing this node frees node 0's seat an election later"
-            )
-            return
-        if moved is not None:
-            name = next(
-                (m.name for m in self.member.cluster if (m.host, m.client_port) == moved),
-                f"{moved[0]}:{moved[1]}",
-            )
-            self._log().info(
-                f"the job's etcd: member {me.name} (this node's) handed its leadership to "
-                f"member {name}, so that losing this node frees node 0's seat at its lease's end"
-            )
 
     def quorum_lost(self, gone: set[int]) -> str | None:
         """Why no node could take node 0's seat, once the members whose nodes ended (`gone`)

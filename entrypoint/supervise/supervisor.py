@@ -647,10 +647,6 @@ class Supervisor:
                     recorded=self.node.recorded,
                     host=me.host,
                 )
-                if self.own_etcd is not None:
-                    threading.Thread(
-                        target=self.own_etcd.lead_elsewhere, name="etcd-leader", daemon=True
-                    ).start()
             self.node.head, self.node.master = holder.member, holder.host
             host, _, port = holder.address.rpartition(":")
             try:

@@ -61,9 +61,6 @@ def test_each_member_is_told_the_whole_cluster_and_the_job_it_belongs_to():
         "--initial-cluster=m0=http://worker-0:29504,m1=http://worker-1:29506,m2=http://[fd00::2]:29508",
         "--initial-cluster-state=new",
         "--initial-cluster-token=multinode-train",
-        "--heartbeat-interval=100",
-        "--election-timeout=500",
-        "--pre-vote=true",
     ]  # fmt: skip
     # a member named by its host's name listens on every address (0.0.0.0 without IPv6)
     assert "--listen-client-urls=http://[::]:29503" in command(
