@@ -318,26 +318,6 @@ def wait_ready(etcd: Etcd, timeout: float) -> None:
         time.sleep(0.1)
 
 
-def lead_elsewhere(etcd: Etcd, mine: tuple[str, int]) -> tuple[str, int] | None:
-    """Not used by the entrypoint yet (a paused member that led fenced node 0 in CI with it on,
-    docs/failures.md): node 0 on its own member, if that member leads the cluster, hands etcd's
-    leadership to another member (the first that takes it). A lost leader's successor renews
-    every lease by a whole TTL, so a node 0 whose member led frees its seat an election later.
-    The new leader's client endpoint; None where this member did not lead."""
-    me, leader = etcd.status(mine)
-    if leader != me:
-        return None
-    for member, ends in etcd.members().items():
-        if member == me or not ends:
-            continue
-        try:
-            etcd.move_leader(mine, member)
-        except EtcdError:
-            continue  # not started, or not caught up: the next one
-        return ends[0]
-    return None
-
-
 def secure(etcd: Etcd, token: str | bytes) -> None:
     """Close the cluster to anyone without the job token: the job's user with the token's
     password and etcd's root role, then etcd's auth on; from then on `etcd` authenticates as

@@ -259,27 +259,6 @@ class Etcd:
             if exc.code != NOT_FOUND:
                 raise
 
-    # -- the cluster -----------------------------------------------------------------------
-
-    def status(self, endpoint: tuple[str, int]) -> tuple[int, int]:
-        """The member at `endpoint`, asked alone: its ID and its leader's (0: none)."""
-        answer = Etcd([endpoint], self.timeout)
-        answer.token, answer._credentials = self.token, self._credentials
-        found = answer.call("maintenance/status", {})
-        return int(found["header"]["member_id"]), int(found.get("leader", 0))
-
-    def members(self) -> dict[int, list[tuple[str, int]]]:
-        """The cluster's members: each one's ID and client endpoints."""
-        found = self.call("cluster/member/list", {}).get("members", [])
-        return {int(m["ID"]): [_endpoint(u) for u in m.get("clientURLs", [])] for m in found}
-
-    def move_leader(self, leader: tuple[str, int], target: int) -> None:
-        """Hand etcd's leadership to member `target`, asked of the leader itself (etcd's
-        MoveLeader: only a leader can hand it on)."""
-        answer = Etcd([leader], self.timeout)
-        answer.token, answer._credentials = self.token, self._credentials
-        answer.call("maintenance/transfer-leadership", {"targetID": str(target)})
-
     # -- watch ----------------------------------------------------------------------------
 
     def watch(self, key: str, since: int, timeout: float) -> Iterator[Change]:
@@ -304,13 +283,6 @@ class Etcd:
             finally:
                 conn.close()
         raise EtcdUnreachable(f"no etcd endpoint opened a watch of {key}")
-
-
-def _endpoint(url: str) -> tuple[str, int]:
-    """(host, port) of a client URL as etcd lists it (`http://[fd00::2]:2379`)."""
-    netloc = url.partition("://")[2].partition("/")[0]
-    host, _, port = netloc.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 def _events(

@@ -23,7 +23,6 @@ from entrypoint.consensus.embedded import (
     chosen,
     cluster_size,
     command,
-    lead_elsewhere,
     members_from,
     password,
     peer_tls,
@@ -195,37 +194,6 @@ def test_node_0_keeps_its_seat_when_etcd_loses_its_leader(cluster, tmp_path):
         assert holder(mine, tmp_path.name) == seat
     finally:
         keeper.stop(revoke=True)
-
-
-def test_node_0s_member_hands_etcds_leadership_to_another(cluster):
-    """A node 0 whose own member leads would, when lost, free its seat an election later (the
-    next leader renews every lease): its member hands the leadership on; a member that does
-    not lead hands nothing."""
-    endpoints = [("127.0.0.1", m.me.client_port) for m in cluster]
-    client = Etcd(endpoints)
-    wait_ready(client, 30)
-    secure(client, TOKEN)
-    leader = _leader(client, endpoints)
-    ids = [client.status(e)[0] for e in endpoints]
-    other = next(e for i, e in enumerate(endpoints) if i != leader)
-    assert lead_elsewhere(client, other) is None
-    assert _leader(client, endpoints) == leader
-
-    moved = lead_elsewhere(client, endpoints[leader])
-    assert moved in endpoints and moved != endpoints[leader]
-    assert endpoints[_leader(client, endpoints)] == moved
-    assert client.status(endpoints[leader]) == (ids[leader], ids[endpoints.index(moved)])
-
-
-def _leader(client: Etcd, endpoints: list[tuple[str, int]]) -> int:
-    """The index of the member that every member names as etcd's leader."""
-    for _ in range(100):
-        found = {client.status(e)[1] for e in endpoints}
-        if len(found) == 1 and 0 not in found:
-            lead = found.pop()
-            return next(i for i, e in enumerate(endpoints) if client.status(e)[0] == lead)
-        time.sleep(0.05)
-    raise AssertionError(f"no leader every member names: {found}")
 
 
 def test_the_members_peer_ports_admit_only_the_jobs_certificates(cluster, tmp_path):

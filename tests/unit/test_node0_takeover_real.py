@@ -160,20 +160,26 @@ def _url(endpoint: tuple[str, int]) -> str:
     return f"http://{endpoint[0]}:{endpoint[1]}"
 
 
+def _unstarted(tmp_path, etcd, job: str) -> Nodes:
+    """3 nodes with a spare on the module's etcd, each started by the test (one through a
+    relay)."""
+    return Nodes(
+        tmp_path,
+        n=3,
+        FAULT_STEPS=STEPS,
+        ENTRYPOINT_ETCD=_url(etcd.endpoint),
+        ENTRYPOINT_JOB_ID=job,
+        ENTRYPOINT_SPARES="1",
+        **ONE_PER_NODE,
+    )
+
+
 def test_node_0_cut_off_from_etcd_fences_itself_and_a_survivor_goes_on(tmp_path, etcd):
     """Node 0 reaches etcd through a relay that is cut (silence, as a network cut is): it cannot
     renew its lease, so it kills its trainers and exits 75 before etcd can free its seat; the
     survivors see it gone, one takes the seat once the lease ends, and the job finishes."""
     relay = Relay(etcd.endpoint)
-    c = Nodes(
-        tmp_path,
-        n=3,
-        FAULT_STEPS=STEPS,
-        ENTRYPOINT_ETCD=_url(etcd.endpoint),
-        ENTRYPOINT_JOB_ID="takeover-fence",
-        ENTRYPOINT_SPARES="1",
-        **ONE_PER_NODE,
-    )
+    c = _unstarted(tmp_path, etcd, "takeover-fence")
     c.start(0, ENTRYPOINT_ETCD=_url(relay.endpoint))
     c.start(1), c.start(2)
     try:
@@ -263,15 +269,7 @@ def test_a_cut_between_node_0_and_another_node_elects_nobody(tmp_path, etcd):
     network between them (or, if node 0 has finished the job meanwhile and freed the seat, reads
     in node 0's record that node 0 went on without it); node 0 takes node 1 for lost and goes on
     with the spare in its rank. No node is ever node 0 but node 0."""
-    c = Nodes(
-        tmp_path,
-        n=3,
-        FAULT_STEPS=STEPS,
-        ENTRYPOINT_ETCD=_url(etcd.endpoint),
-        ENTRYPOINT_JOB_ID="takeover-cut",
-        ENTRYPOINT_SPARES="1",
-        **ONE_PER_NODE,
-    )
+    c = _unstarted(tmp_path, etcd, "takeover-cut")
     c.start(0)
     relay = Relay(("127.0.0.1", c.port + 1))  # node 0's control port, as node 1 reaches it
     c.start(1, ENTRYPOINT_CONTROL_PORT=str(relay.port))
