@@ -303,7 +303,9 @@ def ranks_text(ranks: Sequence[int]) -> str:
 
 def suspects(stacks: Sequence[RankStack]) -> list[RankStack]:
     """The ranks not where the others are: outside the largest group of ranks sharing their
-    innermost frame; when no group is largest, those not waiting in a collective; else the
+    innermost frame (of those, the ones not waiting in a collective or a dispatch, if some
+    wait: JAX's waiting processes stand in several places, in the step's call or in the next
+    eager operation queued behind it); when no group is largest, those not waiting; else the
     ranks with the fewest steps; else every rank."""
     if not stacks:
         return []
@@ -313,7 +315,8 @@ def suspects(stacks: Sequence[RankStack]) -> list[RankStack]:
     sizes = sorted((len(g) for g in groups.values()), reverse=True)
     if len(groups) > 1 and sizes[0] > sizes[1]:
         largest = max(groups.values(), key=len)
-        return [s for s in stacks if s not in largest]
+        outside = [s for s in stacks if s not in largest]
+        return [s for s in outside if not s.waiting] or outside
     if len(groups) > 1:
         busy = [s for s in stacks if not s.waiting]
         if busy and len(busy) < len(stacks):

@@ -319,7 +319,8 @@ def nproc(
                 f"{PREFIX}NPROC_PER_NODE",
                 settings.nproc_per_node,
                 "JAX runs one process per node that owns all its GPUs",
-                f"Unset {PREFIX}NPROC_PER_NODE for the jax launcher",
+                f"Unset {PREFIX}NPROC_PER_NODE for the jax launcher, or unset {PREFIX}LAUNCHER "
+                "for several JAX processes a node: torchrun starts them, each with its own GPU",
             )
         return Sourced(1, derived("jax: one process per node owns all the node's devices"))
     stated = adopted.nproc_per_node if adopted else None

@@ -3,9 +3,9 @@ platform's variables (WORLD_SIZE, RANK, MASTER_ADDR), 2 gloo ranks each, torch's
 loop with one rank misbehaving (tests/hang_trainer.py, mounted read-only as a user's code; no
 change to it): a rank that sleeps at step 20 is named with its stack on node 0 and every node
 exits 124 within 90 s of the hang; a rank every step waits for is named as slow in the log and in
-`entrypoint status`. The same for JAX's processes (tests/jax_hang_trainer.py, one process per
-node): a sleeping one is named, a pause and a first compilation longer than the timeout raise
-nothing. The loopback versions, and the learned timeout with no setting at all, are
+`entrypoint status`. The same for JAX's processes (tests/jax_hang_trainer.py): a sleeping one
+among 2 a node (torchrun starts them) is named, a pause and a first compilation longer than the
+timeout raise nothing, a slow one is named (one a node, the JAX launcher). The loopback versions, and the learned timeout with no setting at all, are
 in tests/unit/test_hang_real.py; the Hugging Face Trainer, accelerate and FSDP2 cases in
 tests/compat/test_compat.py."""
 
@@ -53,6 +53,10 @@ def test_a_sleeping_rank_is_named_with_its_stack_and_every_node_exits(image, doc
         assert ended - hung < 90 + 5, run.log(60)
 
 
+JAX_TRAINER = ("python", "/tests/jax_hang_trainer.py")
+HUNG_PROCESS_1 = {"ENTRYPOINT_HANG_TIMEOUT": "30", "HANG_PROCESS": "1", "STEPS": "100000"}
+
+
 def jax_nodes(c: FaultyCluster, **env: str) -> list[Node]:
     """The same platform's variables, the JAX launcher (one process per node) and JAX's
     multi-process guide with a loop of pmap'd steps (tests/jax_hang_trainer.py): nothing in it
@@ -63,7 +67,7 @@ def jax_nodes(c: FaultyCluster, **env: str) -> list[Node]:
             {k: v for k, v in n.env.items() if k != "ENTRYPOINT_NPROC_PER_NODE"}
             | {"ENTRYPOINT_LAUNCHER": "jax"}
             | env,
-            command=("run", "--", "python", "/tests/jax_hang_trainer.py"),
+            command=("run", "--", *JAX_TRAINER),
         )
         for n in commercial(c)
     ]
@@ -72,17 +76,26 @@ def jax_nodes(c: FaultyCluster, **env: str) -> list[Node]:
 def test_a_jax_process_that_sleeps_is_named_with_its_stack_and_every_node_exits(
     image, docker_client
 ):
+    """2 JAX processes a node, started by the default launcher (torchrun, 2 CPU workers a node:
+    JAX's values from its variables, trainer_side/jax_cluster.py); process 1, on node 0, sleeps
+    at step 20."""
     with FaultyCluster(image, client=docker_client, echo=print, mounts={TESTS: "/tests"}) as c:
         run = c.run(
-            jax_nodes(c, ENTRYPOINT_HANG_TIMEOUT="30", HANG_PROCESS="1", STEPS="100000"),
+            [
+                Node(n.name, dict(n.env) | HUNG_PROCESS_1, command=("run", "--", *JAX_TRAINER))
+                for n in commercial(c)
+            ],
             timeout=TIMEOUT,
         )
         assert [n.exit_code for n in run.nodes] == [124, 124], run.log(60)
         node0 = run.nodes[0]
+        assert any("4 processes (torchrun's WORLD_SIZE)" in x for x in node0.lines), run.log(60)
         line = next(x for x in node0.lines if "stopping every node (exit 124)" in x)
-        assert "rank 1 on node 1" in line and "jax_hang_trainer.py:" in line, line
-        assert "time.sleep(3600)" in line and "rank 0 waits in" in line, line
-        hung = node0.when("process 0 of 2 training")
+        assert "rank 1 on node 0" in line and "jax_hang_trainer.py:" in line, line
+        assert "time.sleep(3600)" in line, line
+        # the others wait inside JAX: in the step's call, or in the next operation behind it
+        assert re.search(r"ranks? [0-9, -]+ waits? in (wrapped|apply_primitive) \(jax/", line), line
+        hung = node0.when("process 0 of 4 training")
         assert hung is not None
         ended = max(n.ended or 0 for n in run.nodes)
         print(

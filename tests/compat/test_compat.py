@@ -149,6 +149,17 @@ TRAINER_SHAPES = {
         per_node=1,
         check=every_device_summed,
     ),
+    # The same, one JAX process per worker: the default launcher (torchrun) starts 2 a node,
+    # and the site hook gives JAX torchrun's numbers (trainer_side/jax_cluster.py)
+    "jax_per_worker": Trainer(
+        python("jax_multiprocess.py"),
+        re.compile(
+            r"jax multi-process: process (?P<rank>\d+) of (?P<world>\d+), "
+            r"psum (?P<psum>\d+), allgather \[(?P<gathered>[\d, ]*)\]"
+        ),
+        check=every_device_summed,
+        node0_says=("4 processes (torchrun's WORLD_SIZE)",),
+    ),
     "fsdp2": Trainer(
         python("fsdp2_trainer.py"),
         re.compile(r"fsdp2: rank (?P<rank>\d+) of (?P<world>\d+) trained (?P<steps>\d+) steps"),
@@ -176,6 +187,8 @@ QUICK_LEAVES = (("ddp", "commercial"), ("python -m torch.distributed.run", "slur
 # variables torchrun itself reads) and DeepSpeed's launcher
 SMOKE_LINES = (("torchrun", "pytorchjob"), ("deepspeed", "slurm"))
 
+JAX_SPLIT = {("jax", "commercial"), ("jax", "pytorchjob"), ("jax_per_worker", "slurm"),
+             ("jax_per_worker", "torchrun")}  # fmt: skip
 # Which trainer under which convention (see the module's docstring).
 MATRIX = os.environ.get("COMPAT_MATRIX", "full")
 CASES = [
@@ -186,9 +199,12 @@ CASES = [
         c == "commercial" and t in ("ddp", "accelerate", "hf_trainer", "jax")
         if MATRIX == "smoke"
         else (MATRIX != "quick" and t != "fsdp2")
-        or (c == "commercial" or t in ("ddp", "jax"))
+        or (c == "commercial" or t in ("ddp", "jax", "jax_per_worker"))
         and (MATRIX != "quick" or (t, c) not in QUICK_LEAVES)
     )
+    # JAX: one process a node under SLURM's and torchrun's names, one a worker under the
+    # container platform's and PyTorchJob's
+    and (MATRIX == "smoke" or (t, c) not in JAX_SPLIT)
 ]
 
 

@@ -53,6 +53,14 @@ RECV = (
     frame(f"{SITE}/torch/distributed/distributed_c10d.py", 2799, "recv"),
     frame("/workspace/train.py", 44, "main", "dist.recv(t, src=0)"),
 )
+JAX_STEP = (
+    frame(f"{SITE}/jax/_src/pmap.py", 319, "wrapped"),
+    frame("/workspace/train.py", 58, "main", "w, value = train_step(w, x, y)"),
+)
+JAX_EAGER = (
+    frame(f"{SITE}/jax/_src/dispatch.py", 89, "apply_primitive"),
+    frame("/workspace/train.py", 56, "main", "key, a, b = jax.random.split(key, 3)"),
+)
 
 
 def stack(rank, frames, member=None, steps=20):
@@ -181,6 +189,15 @@ def test_the_rank_in_a_recv_nobody_sends_is_named():
 def test_two_ranks_that_differ_the_one_outside_a_collective_is_named():
     stacks = [stack(0, BACKWARD), stack(1, SLEEP)]
     assert [s.rank for s in suspects(stacks)] == [1]
+
+
+def test_of_the_ranks_outside_the_largest_group_the_one_not_waiting_is_named():
+    """4 JAX processes, process 1 asleep: process 0 waits in the step's call, 2 and 3 in the
+    next eager operation queued behind theirs (as seen in 2 containers x 2 processes)."""
+    stacks = [stack(0, JAX_STEP), stack(1, SLEEP), stack(2, JAX_EAGER), stack(3, JAX_EAGER)]
+    assert [s.rank for s in suspects(stacks)] == [1]
+    member, text = verdict(stacks, 31, {})
+    assert text.startswith("rank 1 on "), text
 
 
 def test_every_rank_in_one_place_the_one_behind_is_named_else_all():
