@@ -108,7 +108,7 @@ def test_a_jax_process_that_sleeps_is_named_with_its_stack_and_every_node_exits(
 def test_a_jax_pause_and_a_first_compilation_longer_than_the_timeout_raise_nothing(
     image, docker_client
 ):
-    """The first step compiles for 35 s on every process, then process 0 pauses 15 s at step
+    """The first step compiles for 35 s on every process, then process 0 pauses 20 s at step
     20, both with a 30 s hang timeout: no step is counted before the first compiled call
     returns, and the pause is shorter than the timeout."""
     with FaultyCluster(image, client=docker_client, echo=print, mounts={TESTS: "/tests"}) as c:
@@ -119,7 +119,7 @@ def test_a_jax_pause_and_a_first_compilation_longer_than_the_timeout_raise_nothi
                 COMPILE_SECONDS="35",
                 HANG_PROCESS="0",
                 HANG_KIND="pause",
-                HANG_SECONDS="15",
+                HANG_SECONDS="20",
                 STEPS="40",
             ),
             timeout=TIMEOUT,
