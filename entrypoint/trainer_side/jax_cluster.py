@@ -51,7 +51,11 @@ def from_torchrun(env: Mapping[str, str]) -> dict[str, str] | None:
     set, and the JAX variables not: the jax and direct launchers write those): the process count
     and id, the coordinator, and the GPU this process owns ("" on CPU nodes, JAX_PLATFORMS=cpu).
     None for any other process, or when torchrun's variables are missing."""
-    if not env.get(PLAN_VARIABLE) or WORKER_OF_TORCHRUN not in env or env.get(PROCESS_ID, "").strip():
+    if (
+        not env.get(PLAN_VARIABLE)
+        or WORKER_OF_TORCHRUN not in env
+        or env.get(PROCESS_ID, "").strip()
+    ):
         return None
     try:
         world, rank, local = (int(env[n]) for n in ("WORLD_SIZE", "RANK", "LOCAL_RANK"))

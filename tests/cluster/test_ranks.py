@@ -5,9 +5,9 @@ change to it): a rank that sleeps at step 20 is named with its stack on node 0 a
 exits 124 within 90 s of the hang; a rank every step waits for is named as slow in the log and in
 `entrypoint status`. The same for JAX's processes (tests/jax_hang_trainer.py): a sleeping one
 among 2 a node (torchrun starts them) is named, a pause and a first compilation longer than the
-timeout raise nothing, a slow one is named (one a node, the JAX launcher). The loopback versions, and the learned timeout with no setting at all, are
-in tests/unit/test_hang_real.py; the Hugging Face Trainer, accelerate and FSDP2 cases in
-tests/compat/test_compat.py."""
+timeout raise nothing, a slow one is named (one a node, the JAX launcher). The loopback
+versions, and the learned timeout with no setting at all, are in tests/unit/test_hang_real.py;
+the Hugging Face Trainer, accelerate and FSDP2 cases in tests/compat/test_compat.py."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ import, each only once the trainer imports it: JAX's cluster detection reads the
 (trainer_side/jax_cluster.py); accelerate on CPU nodes (trainer_side/accelerate_cpu.py); every
 rank's steps reported to the node's entrypoint (trainer_side/step_hook.py); the world the
 trainer forms checked against the plan (trainer_side/world_check.py); a launcher started inside
-the command stopped in one line (trainer_side/inner_launcher.py); and lets gloo's threads finish
-before the interpreter is torn down (trainer_side/exit_guard.py)."""
+the command adopted or stopped in one line (trainer_side/inner_launcher.py); and lets gloo's
+threads finish before the interpreter is torn down (trainer_side/exit_guard.py)."""
 
 import os
 import sys
@@ -30,7 +30,7 @@ try:
         world_check,
     )
 
-    inner_launcher.install()  # first: a launcher inside the command goes no further
+    inner_launcher.install()  # first: a launcher inside the command adopted, or it goes no further
     exit_guard.install()  # first registered, so it runs after the trainer's own exit handlers
     jax_cluster.install()
     accelerate_cpu.install()
