@@ -2,7 +2,9 @@
 (entrypoint.metrics.collector).
 
 Works from any machine that reaches node 0's metrics port: a login node, a laptop through a
-port-forward, or a pod of the job (`kubectl exec job-0 -- entrypoint status`). In a terminal the
+port-forward, or a pod of the job (`kubectl exec job-0 -- entrypoint status`). Any node's host
+will do: the other nodes' metrics ports point at node 0's (307), wherever node 0 is now, after
+a takeover too. In a terminal the
 table is redrawn in place every `--interval` seconds until Ctrl-C; piped, or with `--json` or
 `--once`, it is printed once. Exit status: 0 healthy (every node up, training at full size, none
 slow), 1 degraded (a node lost or slow, or fewer nodes than the full size), 2 unreachable.
@@ -233,16 +235,27 @@ def cmd_status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if not args.interval > 0:
         raise ConfigError("--interval", args.interval, "must be above 0", "Give --interval 2")
     url = target(args.address, env)
+    # On a node of the job, its own metrics port is node 0's or points at it: where MASTER_ADDR
+    # names a node 0 that was lost, this node still knows the new one.
+    here = None if args.address else target("127.0.0.1", env)
     live = not (args.json or args.once) and sys.stdout.isatty()
     while True:
         try:
-            job = read(fetch(url))
+            try:
+                job = read(fetch(url))
+            except OSError:
+                if here is None or here == url:
+                    raise
+                job = read(fetch(here))
+                url = here
         except (OSError, ValueError) as err:  # urllib's URLError is an OSError
             reason = getattr(err, "reason", None) or err
             print(
                 f"entrypoint: status: node 0's metrics at {url} cannot be read ({reason}). "
                 "Check that the job runs, that this machine reaches node 0 on that port, and "
-                "that ENTRYPOINT_METRICS_PORT is not 0",
+                "that ENTRYPOINT_METRICS_PORT is not 0. If node 0 was lost and another node "
+                "took its place, give any node's host: every node's metrics port points at "
+                "node 0 (entrypoint status HOST)",
                 file=sys.stderr,
             )
             return UNREACHABLE

@@ -4,7 +4,12 @@ the one that has waited longest, so that a fresh scrape always gets in), a reque
 MAX_REQUEST bytes read within READ_DEADLINE seconds, an answer written within WRITE_DEADLINE.
 Thread count and memory stay flat whatever a stranger sends: half-open connections by the
 thousand are dropped in turn, never held. GET /metrics (or /) answers Prometheus' text format,
-made at that moment by `render()`; anything else gets 404, 405 or 431."""
+made at that moment by `render()`; anything else gets 404, 405 or 431.
+
+A node other than node 0 serves the same port as a signpost (`redirect`): GET /metrics answers
+307 to node 0's /metrics wherever node 0 is now (after a takeover too), so that `entrypoint
+status <any node>` and a Prometheus that scrapes every node find it; 503 while no node 0 is
+known."""
 
 from __future__ import annotations
 
@@ -44,9 +49,11 @@ class MetricsServer(threading.Thread):
         *,
         max_connections: int = MAX_CONNECTIONS,
         read_deadline: float = READ_DEADLINE,
+        redirect: Callable[[], str | None] | None = None,
     ) -> None:
         super().__init__(name="entrypoint-metrics", daemon=True)
         self.render = render
+        self.redirect = redirect
         self.listener = sockets.listen(bind, port)
         self.listener.setblocking(False)
         self.port = self.listener.getsockname()[1]
@@ -58,8 +65,12 @@ class MetricsServer(threading.Thread):
         self.dropped = 0  # connections closed for their deadline or to make room
         self._halt = threading.Event()
 
-    def shutdown(self) -> None:
+    def stop(self) -> None:
+        """Ask the thread to close the port (within half a second); `shutdown` waits for it."""
         self._halt.set()
+
+    def shutdown(self) -> None:
+        self.stop()
         self.join(timeout=2)
 
     def run(self) -> None:
@@ -115,24 +126,35 @@ class MetricsServer(threading.Thread):
             return
         self._answer(conn, *self._route(bytes(conn.request[:end])))
 
-    def _route(self, head: bytes) -> tuple[int, bytes]:
+    def _route(self, head: bytes) -> tuple[int, bytes] | tuple[int, bytes, str]:
         method, _, rest = head.partition(b" ")
         path = rest.split(b" ", 1)[0].split(b"?", 1)[0]
         if method not in (b"GET", b"HEAD"):
             return 405, b"only GET\n"
         if path not in (b"/metrics", b"/"):
             return 404, b"see /metrics\n"
+        if self.redirect is not None:
+            where = self.redirect()
+            if where is None:
+                return 503, b"this job has no node 0 now (it is electing one): ask again\n"
+            return 307, f"node 0 serves the job's metrics at {where}\n".encode(), where
         try:
             return 200, self.render()
         except Exception as err:  # noqa: BLE001 - a scrape must not end the server
             return 500, f"metrics failed: {type(err).__name__}\n".encode()
 
-    def _answer(self, conn: _Connection, status: int, body: bytes) -> None:
-        reason = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 500: "Error"}.get(
-            status, "Request Header Fields Too Large"
-        )
+    def _answer(self, conn: _Connection, status: int, body: bytes, location: str = "") -> None:
+        reason = {
+            200: "OK",
+            307: "Temporary Redirect",
+            404: "Not Found",
+            405: "Method Not Allowed",
+            500: "Error",
+            503: "Service Unavailable",
+        }.get(status, "Request Header Fields Too Large")
+        moved = f"Location: {location}\r\n" if location else ""
         head = (
-            f"HTTP/1.1 {status} {reason}\r\nContent-Type: {CONTENT_TYPE}\r\n"
+            f"HTTP/1.1 {status} {reason}\r\nContent-Type: {CONTENT_TYPE}\r\n{moved}"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
         ).encode()
         conn.answer, conn.answered_at = head + body, time.monotonic()
@@ -173,3 +195,14 @@ class MetricsServer(threading.Thread):
         except (KeyError, ValueError):
             pass
         conn.sock.close()
+
+
+def signpost(port: int, bind: str, where: Callable[[], str | None]) -> MetricsServer | None:
+    """A node other than node 0: `port` answers 307 to `where()` (node 0's /metrics now); None
+    where the port cannot be had (node 0 on the same host holds it: loopback jobs)."""
+    try:
+        server = MetricsServer(lambda: b"", port, bind, redirect=where)
+    except OSError:
+        return None
+    server.start()
+    return server

@@ -33,11 +33,13 @@ from entrypoint import STOPPING, early_signals, signal_name
 from entrypoint.consensus import election
 from entrypoint.consensus.election import Holder
 from entrypoint.consensus.etcd import Etcd, EtcdError
-from entrypoint.control import control_channel
+from entrypoint.control import control_channel, sockets
 from entrypoint.control import messages as m
 from entrypoint.control.transport import PeersError
 from entrypoint.coordinator.conductor import Conductor
 from entrypoint.coordinator.job_record import resumed
+from entrypoint.metrics import metrics_server
+from entrypoint.metrics.metrics_server import MetricsServer
 from entrypoint.plan import secrets
 from entrypoint.plan.errors import EXIT_CONFIG, EXIT_HUNG, EXIT_PEERS
 from entrypoint.plan.node_plan import Plan
@@ -227,6 +229,7 @@ class Supervisor:
         self.inbox: Inbox | None = None  # the ranks' progress reports (rank_inbox)
         self.beats: Beats | None = None  # the heartbeat while a launch runs
         self.health: health.HealthWatch | None = None  # GPU and link events, from the join on
+        self.signpost: MetricsServer | None = None  # not node 0: its metrics port points at it
 
     @property
     def plan(self) -> Plan:
@@ -263,6 +266,7 @@ class Supervisor:
             self._find_head()
             self.join.start()
             self._hold_seat()
+            self._signpost()
             if self.settings.health_checks:
                 self.health = health.watch(self.plan, self.log, lambda: self.node.channel)
             again = self.resolved() if self.resolved is not None else None
@@ -286,6 +290,20 @@ class Supervisor:
             return err.exit_code
         finally:
             self._cleanup()
+
+    def _signpost(self) -> None:
+        """A node other than node 0 points its metrics port at node 0's /metrics (a 307,
+        wherever node 0 is now: after a takeover too), so that `entrypoint status <any node>`
+        and a Prometheus that scrapes every node find node 0."""
+        port = self.plan.metrics_port
+        if not port or self.node.member == self.node.head or self.node.expected < 2:
+            return
+
+        def where() -> str | None:
+            master = self.node.master or self.plan.master_addr
+            return f"http://{host_port(master, port)}/metrics" if master else None
+
+        self.signpost = metrics_server.signpost(port, sockets.ANY, where)
 
     # -- supervise one launch ---------------------------------------------------------------
 
@@ -621,6 +639,9 @@ class Supervisor:
                 f"({holder.host}) is node 0 from restart {won.restart}"
             )
             if won.keeper is not None:
+                if self.signpost is not None:  # node 0's /metrics takes its port
+                    self.signpost.shutdown()
+                    self.signpost = None
                 self.log = self.node.log = logs.for_node(  # it speaks as node 0 from now on
                     self.settings, self.node.member, self.secret_values, head=True
                 )
@@ -690,6 +711,8 @@ class Supervisor:
     def _cleanup(self) -> None:
         if self.health is not None:
             self.health.stop()
+        if self.signpost is not None:
+            self.signpost.stop()
         if self.launch is not None:
             self._kill_leftovers()
         if self.inbox is not None:

@@ -5,7 +5,9 @@ by `docker network disconnect`, while the job trains: a survivor takes its seat 
 the job, and every rank trains again in one world with the trainers' rendezvous on the new node
 0's host (MASTER_ADDR moved), resumed from the checkpoint on the shared volume. The cut-off node 0
 cannot renew its seat (its etcd member is alone): it kills its trainers and exits 75 before its
-seat could be taken.
+seat could be taken. After the takeover, `entrypoint status` on node 2 finds the new node 0
+from node 1's host (node 0's port, or a node's that points at it) and with no address at all
+(MASTER_ADDR names the lost node 0).
 
 The workers run tests/fault_trainer.py (the entrypoint's handling is the subject, and its
 collective is served by rank 0 at MASTER_ADDR: a rank left on the old master would not step).
@@ -13,9 +15,11 @@ The same on loopback, with more cases: tests/unit/test_node0_takeover_real.py.""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from faulty_cluster import FaultyCluster, lightened
+from faulty_cluster import Fault, FaultyCluster, lightened
 
 from .test_spares import OUTPUT, TIMEOUT, at_step, cluster, measured, nodes
 
@@ -38,11 +42,22 @@ def test_node_0_lost_a_survivor_takes_its_seat_and_every_rank_trains_again(
             ENTRYPOINT_JOB_TOKEN=TOKEN,
             ENTRYPOINT_JOIN_TIMEOUT="120",
         )
+        asked: dict[str, tuple[int, str]] = {}
+
+        def status(c: FaultyCluster) -> None:
+            """From node 2: `entrypoint status` of node 1's host (the new node 0, or its
+            signpost to it), and with no address (MASTER_ADDR names the lost node 0)."""
+            for name, words in (("node 1", [n[1]]), ("no address", [])):
+                asked[name] = c.exec(n[2], ["entrypoint", "status", "--json", *words])
+
         run = c.run(
             lightened(job, steps, out=f"{OUTPUT}/results"),
             timeout=TIMEOUT,
             grace=float("inf"),
-            faults=[at_step(c, "lose0", lambda c: act(c, n[0]), line="[fault] step 20/")],
+            faults=[
+                at_step(c, "lose0", lambda c: act(c, n[0]), line="[fault] step 20/"),
+                Fault("status", status, node=n[2], line="(restart 1)", delay=1),
+            ],
         )
         assert run.exit_codes == {n[0]: code, n[1]: 0, n[2]: 0}, run.log(120)
         log0 = run.node(n[0]).log()
@@ -69,6 +84,11 @@ def test_node_0_lost_a_survivor_takes_its_seat_and_every_rank_trains_again(
             assert f"the trainer's rendezvous moves to the new node 0: {new}" in other, other
         else:  # node 1 won: it leaves rank 1 to the spare
             assert "node 0 seated this node in node rank 1 of 2 (it stood by)" in other, other
+        assert set(asked) == {"node 1", "no address"}, run.fault_errors
+        for name, (code, out) in asked.items():  # degraded: node 0 is lost
+            assert code == 1, (name, code, out)
+            job_seen = json.loads(out.splitlines()[-1])
+            assert len(job_seen["nodes"]) >= 2, (name, job_seen)
         back = run.node(new).when("(restart 1)")
         lost = run.faults["lose0"]
         assert back is not None, run.log(80)

@@ -69,3 +69,28 @@ def test_other_paths_and_methods(server):
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
             sock.sendall(request)
             assert sock.recv(100).split(b" ")[1] == status
+
+
+def test_a_signpost_sends_a_scrape_to_node_0_wherever_it_is_now(server):
+    """A node other than node 0: its metrics port answers 307 to node 0's /metrics, read at
+    each request (a takeover moves it); 503 while no node 0 is known. urllib, like Prometheus
+    and `entrypoint status`, follows it."""
+    from entrypoint.metrics.metrics_server import signpost
+
+    where: list[str | None] = [f"http://127.0.0.1:{server.port}/metrics"]
+    post = signpost(0, "127.0.0.1", lambda: where[0])
+    assert post is not None
+    try:
+        status, body, _ = scrape(post.port)
+        assert (status, body) == (200, b"multinode_up 1\n")  # followed to node 0
+        with socket.create_connection(("127.0.0.1", post.port)) as sock:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = sock.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 307") and f"Location: {where[0]}".encode() in answer
+        where[0] = None  # electing a new node 0
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            scrape(post.port)
+        assert refused.value.code == 503
+    finally:
+        post.shutdown()
+    assert signpost(server.port, "127.0.0.1", lambda: None) is None  # node 0 holds the port
