@@ -33,7 +33,7 @@ def test_the_world_formed_against_the_plan(world, rank, plan, wrong):
 
 def test_a_launcher_called_from_python_stops_every_node(tmp_path):
     """A wrapper that calls torchrun's main() in its own process: no command line names the
-    launcher (a start script's is stopped before it starts: test_inner_launcher.py), so the
+    launcher (a start script's is adopted before it starts: test_inner_launcher.py), so the
     world it forms is what shows it."""
     script = tmp_path / "start.sh"
     wrapper = f"from torch.distributed.run import main; main(['--nproc-per-node=2', '{DDP}'])"
