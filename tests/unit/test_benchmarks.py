@@ -30,6 +30,7 @@ SMOKE = {
     "flight_recorder.py": (["--collectives", "20", "--rounds", "1"], "answering the entrypoint"),
     "fuzz_env.py": (["--cases", "200"], "slowest case"),
     "node0_seat.py": (["--nodes", "8", "--steady", "1"], "loss->all know it"),
+    "node0_takeover.py": (["--nodes", "8", "--steady", "1", "--workers", "1"], "kill->last go"),
     "preflight.py": (["--nodes", "2", "--repeat", "1"], "join + check"),
     "progress_hook.py": (["--steps", "1000"], "traced memory after 1,000 more steps"),
     "startup.py": (["--runs", "1"], "entrypoint plan --json"),
