@@ -123,20 +123,50 @@ class Sim:
         self.beats = 0
 
 
+def sim_fingerprint():
+    """What a simulated GPU node says of itself (every installed package, 8 H100s), with the
+    file limit raised for its process's connections."""
+    from entrypoint.supervise import probe
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    fp = probe.fingerprint(gpus_per_node=8, gpu_names=("NVIDIA H100 80GB HBM3",), data_dir=None)
+    return replace(fp, cuda_driver="12")
+
+
+def hello(member: int, n: int, fp, generation: int = 0):
+    """A simulated GPU node's hello: 8 GPUs, node rank `member` of `n`."""
+    from entrypoint.control import messages as m
+    from entrypoint.control.node_fingerprint import PlannedShape
+
+    layout = PlannedShape(
+        nnodes=n,
+        node_rank=member,
+        nproc_per_node=8,
+        world_size=8 * n,
+        master_addr="node-0",
+        master_port=29500,
+        launcher="torchrun",
+    )
+    return m.Hello(
+        member=member,
+        host=f"sim-{member}",
+        fingerprint=replace(fp, layout=layout),
+        time=time.time(),
+        node_rank=member,
+        generation=generation,
+    )
+
+
 def nodes(
     members: list[int], n: int, port: int, interval: float, silent_member: int, silence_after: float
 ) -> None:
     """A worker process driving `members`: join, beat, go silent (one of them), report."""
     from entrypoint.control import control_channel
     from entrypoint.control import messages as m
-    from entrypoint.control.node_fingerprint import PlannedShape
     from entrypoint.control.node_stats import NodeStats
-    from entrypoint.supervise import probe
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    fp = probe.fingerprint(gpus_per_node=8, gpu_names=("NVIDIA H100 80GB HBM3",), data_dir=None)
-    fp = replace(fp, cuda_driver="12")
+    fp = sim_fingerprint()
     print("ready", flush=True)
     sys.stdin.readline()
     sel = selectors.DefaultSelector()
@@ -171,25 +201,7 @@ def nodes(
                 msg = m.decode(line, m.FROM_NODE_0)
                 if isinstance(msg, m.Challenge):
                     sim.channel.challenge = msg
-                    layout = PlannedShape(
-                        nnodes=n,
-                        node_rank=sim.member,
-                        nproc_per_node=8,
-                        world_size=8 * n,
-                        master_addr="node-0",
-                        master_port=29500,
-                        launcher="torchrun",
-                    )
-                    sim.channel.send(
-                        m.Hello(
-                            member=sim.member,
-                            host=f"sim-{sim.member}",
-                            fingerprint=replace(fp, layout=layout),
-                            time=time.time(),
-                            node_rank=sim.member,
-                            generation=0,
-                        )
-                    )
+                    sim.channel.send(hello(sim.member, n, fp))
                     sim.sock.setblocking(False)
                     sim.hello_at = time.monotonic()
                 elif isinstance(msg, m.Go):

@@ -36,13 +36,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from benchmarks.control_scale import GPUS, Sim  # noqa: E402
+from benchmarks.control_scale import GPUS, Sim, hello, sim_fingerprint  # noqa: E402
 from benchmarks.node0_seat import cpu_seconds, start_etcd  # noqa: E402
 
 JOB = "bench-takeover"
@@ -146,29 +145,6 @@ def survivor(n: int, etcd_port: int) -> None:
     time.sleep(3600)
 
 
-def _hello(sim: Sim, n: int, fp, generation: int):
-    from entrypoint.control import messages as m
-    from entrypoint.control.node_fingerprint import PlannedShape
-
-    layout = PlannedShape(
-        nnodes=n,
-        node_rank=sim.member,
-        nproc_per_node=8,
-        world_size=8 * n,
-        master_addr="node-0",
-        master_port=29500,
-        launcher="torchrun",
-    )
-    return m.Hello(
-        member=sim.member,
-        host=f"sim-{sim.member}",
-        fingerprint=replace(fp, layout=layout),
-        time=time.time(),
-        node_rank=sim.member,
-        generation=generation,
-    )
-
-
 def nodes(members: list[int], n: int, port: int, interval: float) -> None:
     """A worker process driving `members` (node 0's own entrypoint among them): join node 0 and
     beat; when node 0's connection closes, wait for the new node 0's port (a line on stdin),
@@ -176,12 +152,8 @@ def nodes(members: list[int], n: int, port: int, interval: float) -> None:
     from entrypoint.control import control_channel
     from entrypoint.control import messages as m
     from entrypoint.control.node_stats import NodeStats
-    from entrypoint.supervise import probe
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    fp = probe.fingerprint(gpus_per_node=8, gpu_names=("NVIDIA H100 80GB HBM3",), data_dir=None)
-    fp = replace(fp, cuda_driver="12")
+    fp = sim_fingerprint()
     beats = [m.encode(m.Beat(NodeStats.from_wire({"gpus": GPUS})))] + [m.encode(m.Beat())] * 9
     print("ready", flush=True)
     goes: dict[int, list[float]] = {0: [], 1: []}
@@ -212,7 +184,7 @@ def nodes(members: list[int], n: int, port: int, interval: float) -> None:
                     msg = m.decode(line, m.FROM_NODE_0)
                     if isinstance(msg, m.Challenge):
                         sim.channel.challenge = msg
-                        sim.channel.send(_hello(sim, n, fp, generation))
+                        sim.channel.send(hello(sim.member, n, fp, generation))
                         sim.sock.setblocking(False)
                     elif isinstance(msg, m.Go) and sim.go_at is None:
                         sim.go_at = time.monotonic()
