@@ -129,7 +129,7 @@ def _two_nodes(tmp_path: Path, scripts: dict[str, str]) -> tuple[list[str], list
         )
         for rank in (0, 1)
     ]
-    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    outputs = [p.communicate(timeout=240)[0] for p in procs]  # 6 to 7 s idle, torch 6 times
     return outputs, [p.returncode for p in procs], time.monotonic() - began, port
 
 
@@ -149,10 +149,14 @@ def test_a_start_scripts_own_torchrun_is_adopted_and_trains_as_one_world(tmp_pat
     outputs, codes, took, port = _two_nodes(tmp_path, scripts)
     assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     for node, out in enumerate(outputs):
-        [trained] = [x for x in out.splitlines() if "trained: rank" in x]
+        found = [x for x in out.splitlines() if "trained: rank" in x]
+        assert len(found) == 1, out[-4000:]
+        trained = found[0]
         assert f"rank {node} of 2 on node {node}, sum 2, port {port - 1}" in trained, out[-3000:]
         assert "args ['--lr', '1']" in trained, trained
-        [said] = [x for x in out.splitlines() if "entrypoint: adopted" in x]
+        found = [x for x in out.splitlines() if "entrypoint: adopted" in x]
+        assert len(found) == 1, out[-4000:]
+        said = found[0]
         assert (
             f"2 nodes x 1 process, node rank {node}, rendezvous static at 127.0.0.1:{port - 1}"
             in said
