@@ -129,7 +129,7 @@ test: $(VENV)/.done ## Run every test; builds the image first when a Docker engi
 # (numpy checkpoints), a start script's own launcher, and a trainer resumed across node 0's loss.
 CU13_COMPAT ?= smoke
 CU13_LEAVE = tests/image/test_job.py::test_jax_restart_resumes_and_unshared_outputs_start_fresh \
-	tests/compat/test_compat.py::test_a_start_scripts_own_torchrun_is_adopted_and_trains_as_one_world \
+	tests/compat/test_compat.py::test_a_start_scripts_own_launcher_is_adopted_and_trains_as_one_world \
 	tests/compat/test_compat.py::test_a_users_trainer_resumes_after_node_0_is_lost
 
 test-cu13: $(VENV)/.done ## Build the CUDA 13 image (multinode:dev-cu13) and run its image tests and users' trainers (CU13_COMPAT=full: all 20 jobs)

@@ -42,6 +42,7 @@ from entrypoint.control.messages import (
     Stacks,
     Stop,
 )
+from entrypoint.control.rank_records import RankReport
 from entrypoint.coordinator import hangs, seating
 from entrypoint.coordinator.rank_judgement import HangRule, ranks_text, slow_rank_news, slow_ranks
 from entrypoint.coordinator.roster import Roster
@@ -193,9 +194,28 @@ class Conductor:
                 state.history.append(message.stats.gpus)
             if message.ranks is not None and self.job.phase == RUN and member in self.job.seats:
                 reports = message.reports()
+                stepped = any(s.steps for s in self.job.progress.ranks.values())
                 self.job.progress.beat(member, reports, now, self.job.limits.slow_window)
-                return hangs.check_setting(self.job, reports)
+                return hangs.check_setting(self.job, reports) + (
+                    [] if stepped else self._first_step(member, reports, now)
+                )
         return []
+
+    def _first_step(self, member: int, reports: list[RankReport], now: float) -> list[Action]:
+        """The start's first step, once, as the beats bring it: when training began, and how
+        long after the `go` (a launcher's start, imports, the process group, the first batch)."""
+        first = [r.rank for r in reports if r.steps > 0]
+        if not first:
+            return []
+        went = f", {now - self.job.went:.1f} s after the go" if self.job.went is not None else ""
+        start = f"restart {self.job.generation}'s" if self.job.generation else "the job's"
+        return [
+            Log(
+                "info",
+                f"training: {ranks_text([min(first)])} on {self.name(member)} made {start} first "
+                f"step{went}",
+            )
+        ]
 
     def hang_rule(self) -> HangRule:
         """The hang timeout in force: ENTRYPOINT_HANG_TIMEOUT, or learned from the steps."""

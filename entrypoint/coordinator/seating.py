@@ -67,6 +67,7 @@ def _go(job: JobState, now: float) -> list[Action]:
     if len(seats) < job.roster.min_nodes or (job.generation == 0 and not _full(job, seats)):
         return _too_few(job, seats)
     job.phase = RUN
+    job.went = now
     if job.training_since is None:
         job.training_since = now
     for state in job.members.values():

@@ -138,6 +138,7 @@ class JobState:
     lost: dict[int, str] = field(default_factory=dict)
     slow: dict[int, str] = field(default_factory=dict)
     training_since: float | None = None  # the first `go`
+    went: float | None = None  # this start's `go`
     progress: JobProgress = field(default_factory=JobProgress)  # every rank's steps
     probe: StackProbe | None = None  # the stacks asked for, once ranks stopped stepping
     slow_ranks: dict[tuple[int, int], str] = field(default_factory=dict)

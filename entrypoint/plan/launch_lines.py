@@ -21,6 +21,7 @@ from typing import Any
 from entrypoint.plan.errors import ConfigError
 from entrypoint.trainer_side.launcher_names import (
     ACCELERATE_FLAGS,
+    ACCELERATE_PLATFORM,
     ACCELERATE_SHORT,
     DEEPSPEED_FLAGS,
     DEEPSPEED_SHORT,
@@ -42,16 +43,6 @@ PLATFORM = ("nnodes", "node-rank", "master-addr", "master-port", "rdzv-endpoint"
             "rdzv-id", "rdzv-conf", "standalone", "local-addr")  # fmt: skip
 
 
-# accelerate's: what only the platform knows, in the config file or on the line.
-ACCELERATE_PLATFORM = ("num-machines", "machine-rank", "main-process-ip", "main-process-port",
-                       "rdzv-backend", "rdzv-conf", "same-network", "deepspeed-hostfile",
-                       "mpirun-hostfile")  # fmt: skip
-
-
-# DeepSpeed's launcher, run per node by the platform: the entrypoint's torchrun takes its place.
-# DeepSpeed's own names for the workers per node, and the node count.
-DEEPSPEED_NAMES = {"num-gpus": "nproc-per-node", "num-accelerators": "nproc-per-node",
-                   "num-nodes": "nnodes"}  # fmt: skip
 # How the trainer gets `--local_rank=N` after its arguments, as DeepSpeed's launcher gives it,
 # and `--local-rank=N` before them, as `torch.distributed.launch` gives it without --use-env.
 LOCAL_RANK_ARG = ("python", "-m", "entrypoint.trainer_side.local_rank_arg")

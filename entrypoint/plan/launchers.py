@@ -22,6 +22,7 @@ from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.launch_lines import Adopted
 from entrypoint.plan.settings import PREFIX, Settings
 from entrypoint.plan.values import Source, Sourced, by_default, derived, env_var
+from entrypoint.trainer_side import accelerate_config
 
 
 class Launcher(StrEnum):
@@ -210,37 +211,16 @@ def accelerate(
 
 def accelerate_adopted(layout: Layout, trainer: Sequence[str], adopted: Adopted) -> LaunchSpec:
     """A user's `accelerate launch` line: their config file's settings and their options, with
-    this cluster's numbers (launch_lines)."""
+    this cluster's numbers (launch_lines; the settings as trainer_side/accelerate_config.py
+    writes them for a line a start script runs, too)."""
     path = f"{layout.run_dir}/accelerate.yaml"
     args = list(trainer) if trainer[0].endswith(".py") else script_args(trainer, layout.python)
-    body = dict(adopted.config) | _cluster_numbers(layout) | {"same_network": True}
-    body.pop("deepspeed_hostfile", None)  # pdsh's list of hosts: the platform starts the nodes
-    body.pop("mpirun_hostfile", None)
-    written = body.get("distributed_type")
-    cpu_type = written is None or str(written).upper() == "MULTI_CPU"
-    note = ""
-    if layout.cuda_visible is None:
-        body["use_cpu"] = True
-        if cpu_type and layout.world_size > 1:
-            # accelerate starts one process per machine for MULTI_CPU (mpirun for more): its
-            # multi-process launcher (torchrun's) starts the plan's, and on CPU they take gloo
-            # (trainer_side/accelerate_cpu.py).
-            body["distributed_type"] = "MULTI_GPU"
-            note = (
-                f"; distributed_type {written or '(none)'} run by accelerate's multi-process "
-                f"launcher, {layout.nproc_per_node} per node, with gloo (with MULTI_CPU "
-                "accelerate starts one process per machine)"
-            )
-    elif written is None:  # accelerate's own default is one process
-        body["distributed_type"] = "MULTI_GPU"
-    elif cpu_type:
-        raise ConfigError(
-            f"distributed_type in {adopted.config_file}",
-            written,
-            "asks accelerate for CPU processes, one per machine, but this node runs "
-            f"{layout.nproc_per_node} workers on its GPUs",
-            "Set distributed_type: MULTI_GPU (or DEEPSPEED, FSDP) in the file, or run on CPU nodes",
+    try:
+        body, note = accelerate_config.for_node(
+            adopted.config, _numbers(layout), layout.cuda_visible is None, adopted.config_file
         )
+    except accelerate_config.Refused as refused:
+        raise ConfigError(*refused.args) from None
     head = f"# Written by the entrypoint for this node from {adopted.config_file or 'no file'}"
     return LaunchSpec(
         (
@@ -253,7 +233,10 @@ def accelerate_adopted(layout: Layout, trainer: Sequence[str], adopted: Adopted)
             *args,
         ),
         {"MASTER_PORT": str(layout.master_port), "ENTRYPOINT_ACCELERATE_CONFIG": path},
-        {path: f"{head}, with this cluster's numbers; do not edit.\n" + _yaml(body)},
+        {
+            path: f"{head}, with this cluster's numbers; do not edit.\n"
+            + accelerate_config.as_yaml(body)
+        },
         layout.master_port,
         {
             "accelerate.yaml": derived(
@@ -265,20 +248,15 @@ def accelerate_adopted(layout: Layout, trainer: Sequence[str], adopted: Adopted)
     )
 
 
-def _cluster_numbers(layout: Layout) -> dict[str, object]:
-    return {
-        "num_machines": layout.nnodes,
-        "machine_rank": layout.node_rank,
-        "num_processes": layout.world_size,
-        "main_process_ip": layout.master_addr,
-        "main_process_port": layout.master_port,
-        "rdzv_backend": "static",
-    }
-
-
-def _yaml(body: Mapping[str, object]) -> str:
-    # JSON is YAML: no YAML library needed, and every string comes out quoted.
-    return json.dumps(body, indent=2, sort_keys=True, default=str) + "\n"
+def _numbers(layout: Layout) -> accelerate_config.Numbers:
+    return accelerate_config.Numbers(
+        layout.nnodes,
+        layout.node_rank,
+        layout.world_size,
+        layout.nproc_per_node,
+        layout.master_addr,
+        layout.master_port,
+    )
 
 
 def accelerate_deepspeed(layout: Layout) -> str:
@@ -291,8 +269,10 @@ def accelerate_yaml(layout: Layout, config: Config) -> str:
     body["deepspeed_config"] = dict(
         body.get("deepspeed_config", {}), deepspeed_config_file=accelerate_deepspeed(layout)
     )
-    body |= _cluster_numbers(layout)
-    return "# Written by the entrypoint for this node; do not edit.\n" + _yaml(body)
+    body |= accelerate_config.cluster_numbers(_numbers(layout))
+    return "# Written by the entrypoint for this node; do not edit.\n" + accelerate_config.as_yaml(
+        body
+    )
 
 
 def worker(layout: Layout, trainer: Sequence[str]) -> LaunchSpec:

@@ -38,6 +38,12 @@ ACCELERATE_FLAGS = frozenset(
     }
 )  # fmt: skip
 ACCELERATE_SHORT = {"-q": "quiet", "-m": "module", "-t": "tee"}
+# Its options that name the platform (the node count, the node's rank, the main process, the
+# rendezvous, the hosts): the entrypoint writes these; the process count, accelerate's for the
+# whole job, with them.
+ACCELERATE_PLATFORM = ("num-machines", "machine-rank", "main-process-ip", "main-process-port",
+                       "rdzv-backend", "rdzv-conf", "same-network", "deepspeed-hostfile",
+                       "mpirun-hostfile")  # fmt: skip
 
 
 # DeepSpeed's launcher (`deepspeed`, deepspeed/launcher/runner.py, 0.19): its flags, checked
@@ -46,6 +52,13 @@ ACCELERATE_SHORT = {"-q": "quiet", "-m": "module", "-t": "tee"}
 DEEPSPEED_FLAGS = frozenset({"module", "no-python", "no-local-rank", "no-ssh", "no-ssh-check",
                              "force-multi", "save-pid", "bind-cores-to-rank", "quiet"})  # fmt: skip
 DEEPSPEED_SHORT = {"-H": "hostfile", "-i": "include", "-e": "exclude", "-q": "quiet"}
+# Its options that torchrun, run in its place, takes under its own names; the others that place
+# the job (hostfile, include, launcher, ...) are dropped, as the platform starts the nodes.
+DEEPSPEED_AS_TORCHRUN = {"num-gpus": "nproc-per-node", "num-accelerators": "nproc-per-node",
+                         "num-nodes": "nnodes", "master-addr": "master-addr",
+                         "master-port": "master-port", "node-rank": "node-rank"}  # fmt: skip
+# How it runs the script, kept: as a module, as a program, without `--local_rank=N`.
+DEEPSPEED_KEPT = frozenset({"module", "no-python", "no-local-rank", "quiet"})
 
 
 # The interpreter's options that take a value (`python -X dev -W error -m ...`).

@@ -57,17 +57,23 @@ def mismatch(world: int, rank: int, plan: tuple[int, int, int, int]) -> str | No
 
 
 def _check(distributed: ModuleType) -> None:
-    plan = planned(os.environ.get(PLAN_VARIABLE))
-    if plan is None:
-        return
     try:
         world, rank = distributed.get_world_size(), distributed.get_rank()
     except Exception:  # noqa: BLE001 - no group after all: nothing to compare
         return
-    line = mismatch(world, rank, plan)
+    _refuse_if(world, rank)
+
+
+def _refuse_if(world: int, rank: int) -> None:
+    plan = planned(os.environ.get(PLAN_VARIABLE))
+    line = mismatch(world, rank, plan) if plan is not None else None
     if line:
         print(line, file=sys.stderr, flush=True)
         os._exit(EXIT_CONFIG)
+
+
+def _at(args: tuple[Any, ...], i: int) -> Any:
+    return args[i] if len(args) > i else None
 
 
 def _wrap(c10d: ModuleType) -> None:
@@ -76,6 +82,12 @@ def _wrap(c10d: ModuleType) -> None:
         return
 
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        # A world of its own, asked for by rank and size (`mp.spawn`'s processes with a master
+        # of their own): refused before it forms, since it may never form (under torchrun its
+        # processes look for the agent's store, which nobody serves at their master's port).
+        given = [kwargs.get("world_size", _at(args, 3)), kwargs.get("rank", _at(args, 4))]
+        if all(isinstance(v, int) and v >= 0 for v in given):
+            _refuse_if(int(given[0]), int(given[1]))
         result = original(*args, **kwargs)
         _check(c10d)
         return result

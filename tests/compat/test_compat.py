@@ -416,31 +416,41 @@ def test_a_users_launch_line_forms_one_world(docker_client, image, form, convent
         print(f"launch line {form} x {convention}: {run.seconds:.1f} s")
 
 
-# A start script with its own torchrun, run as `entrypoint run -- bash SCRIPT`: written for one
-# machine (start.sh), or for machine 0 of an old cluster and started from a wrapper, two shells
-# deep (outer.sh -> start_machine0.sh); each under which conventions (the CUDA 13 tier leaves
-# them: Makefile's CU13_LEAVE).
-START_SCRIPTS = [("start.sh", "commercial"), ("outer.sh", "slurm")] + (
-    [("outer.sh", "pytorchjob")] if MATRIX == "full" else []
+# A start script with its own launcher, run as `entrypoint run -- bash SCRIPT`: torchrun written
+# for one machine (start.sh), or for machine 0 of an old cluster and started from a wrapper, two
+# shells deep (outer.sh -> start_machine0.sh); accelerate with seed 004's file in its CPU form
+# (start_accelerate.sh); DeepSpeed's launcher with a hostfile (start_deepspeed.sh); each under
+# which conventions, and the trainer's shape (the CUDA 13 tier leaves them: Makefile's
+# CU13_LEAVE). The quick matrix leaves start.sh, whose form (a torchrun with no node values) the
+# loopback test runs (tests/unit/test_inner_launcher.py).
+START_SCRIPTS = [
+    ("outer.sh", "slurm", "ddp"),
+    ("start_accelerate.sh", "pytorchjob", "accelerate launch multi-cpu"),
+    ("start_deepspeed.sh", "commercial", "deepspeed"),
+] + (
+    [("start.sh", "commercial", "ddp"), ("outer.sh", "pytorchjob", "ddp")]
+    if MATRIX == "full"
+    else []
 )
 
 
-@pytest.mark.parametrize(("script", "convention"), START_SCRIPTS)
-def test_a_start_scripts_own_torchrun_is_adopted_and_trains_as_one_world(
-    docker_client, image, script, convention
+@pytest.mark.parametrize(("script", "convention", "shape"), START_SCRIPTS)
+def test_a_start_scripts_own_launcher_is_adopted_and_trains_as_one_world(
+    docker_client, image, script, convention, shape
 ):
     """The launcher inside the script is adopted where it runs (the site hook in the image's
     venv): the cluster's numbers in place of those written there, once a node, and every rank
     trains in one world of 4."""
+    trainer = TRAINER_OF_LINE.get(shape, TRAINER_SHAPES["ddp"])
     with FaultyCluster(
         image, client=docker_client, echo=print, mounts={str(TRAINERS): WORKSPACE}
     ) as c:
         nodes = [
             Node(n.name, dict(n.env), command=("run", "--", "bash", f"{WORKSPACE}/{script}"))
-            for n in nodes_for(c, convention, TRAINER_SHAPES["ddp"])
+            for n in nodes_for(c, convention, replace(trainer, env={}))  # the default launcher
         ]
         run = c.run(nodes, timeout=TIMEOUT)
-        assert_every_rank_done(run, TRAINER_SHAPES["ddp"])
+        assert_every_rank_done(run, trainer)
         for index, node in enumerate(run.nodes):
             said = [x for x in node.lines if "entrypoint: adopted" in x]
             assert len(said) == 1, run.log(60)  # once a node
@@ -449,6 +459,12 @@ def test_a_start_scripts_own_torchrun_is_adopted_and_trains_as_one_world(
                 assert "--master_addr=old-host.invalid -> " in said[0], said
                 assert "`bash /workspace/start_machine0.sh`'s torchrun" in said[0], said
                 assert any("start_machine0.sh: done" in x for x in node.lines), run.log(60)
+            if script == "start_accelerate.sh":
+                assert "main_process_ip: 10.20.30.40 in accelerate_multi_cpu.yaml -> " in said[0]
+                assert "run by accelerate's multi-process launcher" in said[0], said
+            if script == "start_deepspeed.sh":
+                assert "--hostfile=/job/hostfile -> (dropped)" in said[0], said
+                assert "run by torchrun with --local_rank=N" in said[0], said
         print(f"start script {script} x {convention}: {run.seconds:.1f} s")
 
 

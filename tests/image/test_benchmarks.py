@@ -18,6 +18,7 @@ BENCHMARKS = REPO / "benchmarks"
 SMOKE = {
     "image_size.py": (["--no-gzip"], "five largest layers"),
     "start_cost.py": (["--runs", "1"], "median: process group formed"),
+    "launch_forms.py": (["--only", "torchrun --nproc-per-node=2"], "| to the first step |"),
     # one kill, 15 s after node 0's first step, the end 15 s later (timed from that step: a
     # loaded machine's slow start no longer puts the kill before the training)
     "spares.py": (["--only-goodput", "--minutes", "0.5", "--every", "15"], "goodput"),

@@ -35,7 +35,7 @@ SMOKE = {
     "progress_hook.py": (["--steps", "1000"], "traced memory after 1,000 more steps"),
     "startup.py": (["--runs", "1"], "entrypoint plan --json"),
 }
-ON_THE_IMAGE = {"image_size.py", "pull.py", "spares.py", "start_cost.py"}
+ON_THE_IMAGE = {"image_size.py", "launch_forms.py", "pull.py", "spares.py", "start_cost.py"}
 ON_A_GPU = {"gpu_trainer.py", "gpu_machine.sh"}
 HELPERS = {"loopback.py"}  # imported by the benchmarks above, run by none
 

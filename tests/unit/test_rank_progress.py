@@ -15,7 +15,7 @@ import pytest
 from ports import free_ports
 
 from entrypoint.control import messages as m
-from entrypoint.control.actions import ALL, Send
+from entrypoint.control.actions import ALL, Log, Send
 from entrypoint.control.message_fields import BadMessage, check_collectives
 from entrypoint.control.node_fingerprint import Fingerprint
 from entrypoint.control.node_stats import NodeStats
@@ -444,6 +444,25 @@ def _stacks(member, frames_by_rank):
     return m.Stacks(tuple(RankDump(r, 20, tuple(fr)) for r, fr in frames_by_rank.items()))
 
 
+def test_the_first_step_of_each_start_is_said_once_with_its_time_after_the_go():
+    c = Conductor(2, Limits(hang_timeout=10, max_restarts=1), 0.0)
+    for member in (0, 1):
+        c.hello(member, m.Hello(member, f"host{member}", Fingerprint(), 0.0), 2.0, 2.0)
+    assert [a for a in _beat(c, 1, 0, 3.0) if isinstance(a, Log)] == []  # not stepping yet
+    said = [a.text for a in _beat(c, 1, 2, 9.5) if isinstance(a, Log)]
+    assert said == [
+        "training: rank 2 on node 1 (host1) made the job's first step, 7.5 s after the go"
+    ]
+    assert not [a for t in (10.0, 11.0) for a in _beat(c, 0, 3, t) if isinstance(a, Log)]
+    c.job.next_start({0, 1}, 20.0)  # a restart: said again, of that start
+    for member in (0, 1):
+        c.hello(member, m.Hello(member, f"host{member}", Fingerprint(), 20.0), 21.0, 21.0)
+    said = [a.text for a in _beat(c, 0, 1, 25.0) if isinstance(a, Log)]
+    assert said == [
+        "training: rank 0 on node 0 (host0) made restart 1's first step, 4.0 s after the go"
+    ]
+
+
 @pytest.mark.parametrize("max_restarts", [0, 1])
 def test_conductor_names_the_hung_rank_and_stops_or_restarts(max_restarts):
     c = _running(max_restarts)
@@ -524,13 +543,14 @@ def test_the_trainers_process_group_timeout_is_beaten_by_the_hang_probe():
 
 def test_a_hang_setting_torchs_own_timeout_fires_before_is_warned_once():
     c = _conductor(60)
-    (warning,) = _timed_beat(c, 0, 5, 1.0)
+    warning, first = _timed_beat(c, 0, 5, 1.0)
+    assert first.text.startswith("training: rank 0 on node 0 (host0) made the job's first step")
     assert warning.level == "warning" and warning.text.startswith(
         "ENTRYPOINT_HANG_TIMEOUT=60 is not below the trainer's process-group timeout (40 s"
     ), warning
     assert _timed_beat(c, 1, 5, 1.0) == [] and _timed_beat(c, 0, 6, 2.0) == []
     below = _conductor(30)
-    assert _timed_beat(below, 0, 5, 1.0) == []
+    assert [a.level for a in _timed_beat(below, 0, 5, 1.0)] == ["info"]  # the first step alone
 
 
 # -- the site hook in a real torch process, reporting to a real inbox ----------------------------

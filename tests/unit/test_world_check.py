@@ -1,4 +1,4 @@
-"""A launcher inside the command that starts a job of its own (a wrapper calling torchrun's main)
+"""A trainer inside the command that starts a job of its own (its own processes and master)
 never trains on the wrong world: the site hook compares the world the trainer forms with the
 plan, and every node stops with exit 2 and one line saying what to write instead."""
 
@@ -31,14 +31,25 @@ def test_the_world_formed_against_the_plan(world, rank, plan, wrong):
         assert line.startswith(MISMATCH) and "entrypoint run -- python train.py" in line
 
 
-def test_a_launcher_called_from_python_stops_every_node(tmp_path):
-    """A wrapper that calls torchrun's main() in its own process: no command line names the
-    launcher (a start script's is adopted before it starts: test_inner_launcher.py), so the
-    world it forms is what shows it."""
-    script = tmp_path / "start.sh"
-    wrapper = f"from torch.distributed.run import main; main(['--nproc-per-node=2', '{DDP}'])"
-    script.write_text(f'#!/bin/bash\nexec python -c "{wrapper}"\n')
-    port = free_ports(3)
+# A trainer that starts its own processes and sets its own master, as torch's DDP tutorial
+# first did (`mp.spawn`, MASTER_ADDR=localhost): each node forms a world of its own.
+SPAWNS = """import os, sys, torch.distributed as dist, torch.multiprocessing as mp
+def run(rank, world):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.destroy_process_group()
+if __name__ == "__main__":
+    mp.spawn(run, args=(2,), nprocs=2)
+"""
+
+
+def test_a_trainer_that_starts_its_own_world_stops_every_node(tmp_path):
+    """No command line names a launcher (one that does, or torchrun's agent called from Python,
+    is adopted before it starts: test_inner_launcher.py), so the world it forms is what shows
+    it: node 1's processes formed ranks 0-1 of a world of 2, the ranks of node 0."""
+    script = tmp_path / "spawns.py"
+    script.write_text(SPAWNS)
+    port, own = free_ports(3), free_ports(2)
     env = {
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "HOME": os.environ.get("HOME", "/tmp"),
@@ -53,15 +64,16 @@ def test_a_launcher_called_from_python_stops_every_node(tmp_path):
     }
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "entrypoint", "run", "--", "bash", str(script)],
+            [sys.executable, "-m", "entrypoint", "run", "--", "python", str(script),
+             str(own + rank)],
             env=env | {"NODE_RANK": str(rank)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
         for rank in (0, 1)
-    ]
+    ]  # fmt: skip
     outputs = [p.communicate(timeout=120)[0] for p in procs]
-    assert [p.returncode for p in procs] == [2, 2], outputs[0][-3000:]
+    assert [p.returncode for p in procs] == [2, 2], outputs[0][-3000:] + outputs[1][-3000:]
     stop = [line for line in outputs[0].splitlines() if "stopping every node (exit 2)" in line]
     assert stop and MISMATCH in stop[0], outputs[0][-3000:]

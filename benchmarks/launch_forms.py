@@ -1,0 +1,132 @@
+"""Each launch line a user brings, timed to the job's first step (issue 52): 2 node containers
+of the image on a Docker network, started together with `docker run` under a container
+platform's variables only (NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, and 2 CPU workers a
+node), each running one form after `entrypoint run --`: the entrypoint's own torchrun, a user's
+torchrun line in its spellings, accelerate's and DeepSpeed's launchers, and start scripts that
+run them. Per form: seconds from the `docker run`s to node 0's line `training: rank R on node N
+made the job's first step` (as the ranks' beats bring it: within a beat, 1 s) and to node 0's
+exit, from the Docker daemon's timestamps; medians of --runs. The trainers are
+tests/trainers/'s, as docs/your-trainer.md names them.
+
+Prints a Markdown table; asserts nothing but each job's exit 0.
+
+    python benchmarks/launch_forms.py [--image multinode:dev] [--runs 1] [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import secrets
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from start_cost import TRAINERS, docker, when  # noqa: E402
+
+W = "/workspace"
+FIRST = "made the job's first step"
+DS = ("deepspeed_tutorial.py", "--deepspeed", "--deepspeed_config", f"{W}/ds_config_tutorial.json")
+# name: the command after `entrypoint run --`
+FORMS = {
+    "python ddp_tutorial.py (the entrypoint's torchrun)": ("python", f"{W}/ddp_tutorial.py"),
+    "torchrun --nproc-per-node=2": ("torchrun", "--nproc-per-node=2", f"{W}/ddp_tutorial.py"),
+    "python -m torch.distributed.run --nproc_per_node 2": (
+        "python", "-m", "torch.distributed.run", "--nproc_per_node", "2", f"{W}/ddp_tutorial.py",
+    ),
+    "python -m torch.distributed.launch --nproc_per_node=2 --use-env": (
+        "python", "-m", "torch.distributed.launch", "--nproc_per_node=2", "--use-env",
+        f"{W}/ddp_tutorial.py",
+    ),
+    "accelerate launch (machine 0's file, DeepSpeed ZeRO-2)": (
+        "accelerate", "launch", "--config_file", f"{W}/accelerate_machine0.yaml",
+        f"{W}/accelerate_quicktour.py",
+    ),
+    "accelerate launch (MULTI_CPU file)": (
+        "accelerate", "launch", "--config_file", f"{W}/accelerate_multi_cpu.yaml",
+        f"{W}/accelerate_quicktour.py",
+    ),
+    "deepspeed --num_gpus 2": ("deepspeed", "--num_gpus", "2", f"{W}/{DS[0]}", *DS[1:]),
+    "bash start.sh (torchrun --standalone)": ("bash", f"{W}/start.sh"),
+    "bash outer.sh -> start_machine0.sh (torchrun, old master)": ("bash", f"{W}/outer.sh"),
+    "bash start_accelerate.sh (accelerate, MULTI_CPU file)": ("bash", f"{W}/start_accelerate.sh"),
+    "bash start_deepspeed.sh (deepspeed, a hostfile)": ("bash", f"{W}/start_deepspeed.sh"),
+}  # fmt: skip
+
+
+def finished_at(name: str) -> float:
+    state = json.loads(docker("inspect", "--format", "{{json .State}}", name))
+    if state["ExitCode"] != 0:
+        raise SystemExit(f"{name} exited {state['ExitCode']}")
+    stamp = state["FinishedAt"]
+    return datetime.datetime.fromisoformat(stamp[:26].rstrip("Z") + "+00:00").timestamp()
+
+
+def one(command: tuple[str, ...], image: str) -> tuple[float, float]:
+    """Seconds from the `docker run`s to node 0's first-step line, and to node 0's exit."""
+    tag = secrets.token_hex(3)
+    net = f"forms-{tag}"
+    names = [f"forms-{tag}-node-{r}" for r in range(2)]
+    docker("network", "create", net)
+    try:
+        began = time.time()
+        runs = [
+            threading.Thread(
+                target=docker,
+                args=(
+                    "run", "-d", "--name", names[r], "--hostname", names[r], "--network", net,
+                    "--shm-size=1g", "-v", f"{TRAINERS}:{W}:ro",
+                    "-e", "NNODES=2", "-e", f"NODE_RANK={r}", "-e", f"MASTER_ADDR={names[0]}",
+                    "-e", "MASTER_PORT=29500", "-e", "ENTRYPOINT_NPROC_PER_NODE=2",
+                    image, "run", "--", *command,
+                ),
+            )
+            for r in range(2)
+        ]  # fmt: skip
+        for t in runs:
+            t.start()
+        for t in runs:
+            t.join()
+        for name in names:
+            docker("wait", name)
+        out = subprocess.run(
+            ["docker", "logs", "--timestamps", names[0]], capture_output=True, text=True
+        )
+        first = when(out.stdout + out.stderr, FIRST)
+        if first is None:
+            tail = "\n".join((out.stdout + out.stderr).splitlines()[-30:])
+            raise SystemExit(f"{' '.join(command)}: node 0 never said {FIRST!r}:\n{tail}")
+        return first - began, max(finished_at(n) for n in names) - began
+    finally:
+        docker("rm", "-f", *names, check=False)
+        docker("network", "rm", net, check=False)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--image", default="multinode:dev")
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--only", nargs="*", help="forms whose names hold one of these words")
+    args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)
+    forms = {k: v for k, v in FORMS.items() if not args.only or any(w in k for w in args.only)}
+    rows = []
+    for name, command in forms.items():
+        seen = [one(command, args.image) for _ in range(args.runs)]
+        first, end = (statistics.median(x[k] for x in seen) for k in (0, 1))
+        print(f"{name}: first step {first:.1f} s, job {end:.1f} s", file=sys.stderr)
+        rows.append(f"| `{name}` | {first:.1f} s | {end:.1f} s |")
+    print(f"| form (median of {args.runs}) | to the first step | to the end |")
+    print("|---|---:|---:|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
