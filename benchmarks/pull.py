@@ -173,16 +173,11 @@ class Registry:
             return json.load(r)
 
 
-def push(
-    local: str, ref: str, compression: str, tmpdir: Path | None = None, level: int | None = None
-) -> float:
+def push(local: str, ref: str, compression: str, tmpdir: Path | None = None) -> float:
     """docker/push.sh (skopeo from the Docker engine): gzip in a Docker v2 manifest, zstd in an
-    OCI one, at skopeo's default level unless `level`; skopeo's copy of the image under TMPDIR
-    (push.sh's default: /var/tmp)."""
+    OCI one; skopeo's copy of the image under TMPDIR (push.sh's default: /var/tmp)."""
     start = time.perf_counter()
     env = {**os.environ, "IMAGE": local, "COMPRESSION": compression, "TLS_VERIFY": "false"}
-    if level is not None:
-        env["COMPRESSION_LEVEL"] = str(level)
     if tmpdir is not None:
         env["TMPDIR"] = str(tmpdir)
     proc = subprocess.run(

@@ -14,14 +14,12 @@
 # skopeo copies that stream into a file under TMPDIR: the image's size free in each, twice
 # it when they share a disk. Checked before pushing.
 #
-# Settings (environment): IMAGE (multinode:dev), COMPRESSION, COMPRESSION_LEVEL (skopeo's
-# default when unset; zstd 1 is its fastest, for a push that is pulled once), TLS_VERIFY (true; false for a
+# Settings (environment): IMAGE (multinode:dev), COMPRESSION, TLS_VERIFY (true; false for a
 # registry on loopback without TLS), TMPDIR (/var/tmp; skopeo 1.9 reads only its --tmpdir,
 # which this passes). Log in first with `skopeo login REGISTRY`.
 set -euo pipefail
 IMAGE=${IMAGE:-multinode:dev}
 COMPRESSION=${COMPRESSION:-gzip}
-COMPRESSION_LEVEL=${COMPRESSION_LEVEL:-}
 TLS_VERIFY=${TLS_VERIFY:-true}
 dest=${1:-}
 [ -n "$dest" ] || { echo "usage: $0 REGISTRY/REPOSITORY:TAG (IMAGE=$IMAGE)" >&2; exit 2; }
@@ -31,12 +29,6 @@ case $COMPRESSION in
   zstd) format=oci ;;
   *) echo "push: COMPRESSION=$COMPRESSION: gzip or zstd" >&2; exit 2 ;;
 esac
-level=()
-if [ -n "$COMPRESSION_LEVEL" ]; then
-  [[ $COMPRESSION_LEVEL =~ ^[0-9]+$ ]] \
-    || { echo "push: COMPRESSION_LEVEL=$COMPRESSION_LEVEL: a whole number (zstd 1-20, gzip 1-9), or unset" >&2; exit 2; }
-  level=(--dest-compress-level "$COMPRESSION_LEVEL")
-fi
 tmp=${TMPDIR:-/var/tmp}
 size=$(docker image inspect --format '{{.Size}}' "$IMAGE" 2>/dev/null) \
   || { echo "push: IMAGE=$IMAGE: no such image here (make image, or set IMAGE)" >&2; exit 2; }
@@ -55,9 +47,9 @@ for where in "$tmp:$need_tmp" "$engine_tmp:$size"; do
     exit 2
   fi
 done
-echo "==> pushing $IMAGE to $dest ($COMPRESSION layers${COMPRESSION_LEVEL:+ at level $COMPRESSION_LEVEL}, $format manifest)" >&2
+echo "==> pushing $IMAGE to $dest ($COMPRESSION layers, $format manifest)" >&2
 skopeo --tmpdir "$tmp" copy --quiet --dest-tls-verify="$TLS_VERIFY" --format "$format" \
-  --dest-compress --dest-compress-format "$COMPRESSION" "${level[@]}" \
+  --dest-compress --dest-compress-format "$COMPRESSION" \
   "docker-daemon:$IMAGE" "docker://$dest"
 # skopeo 1.9 (Debian bookworm) reuses a layer that the registry holds in the other compression:
 # zstd after gzip silently ships gzip layers (checked here), gzip after zstd stops ("zstd
