@@ -219,7 +219,7 @@ def accelerate_adopted(layout: Layout, trainer: Sequence[str], adopted: Adopted)
         body, note = accelerate_config.for_node(
             adopted.config, _numbers(layout), layout.cuda_visible is None, adopted.config_file
         )
-    except accelerate_config.Refused as refused:
+    except accelerate_config.CannotRun as refused:
         raise ConfigError(*refused.args) from None
     head = f"# Written by the entrypoint for this node from {adopted.config_file or 'no file'}"
     return LaunchSpec(

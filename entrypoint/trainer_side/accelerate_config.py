@@ -16,7 +16,7 @@ PLATFORM_KEYS = ("num_machines", "machine_rank", "num_processes", "main_process_
                  "mpirun_hostfile")  # fmt: skip
 
 
-class Refused(Exception):
+class CannotRun(Exception):
     """The file cannot run on this node: (the setting, its value, why, the fix)."""
 
 
@@ -47,7 +47,7 @@ def for_node(
     (empty when nothing was). On CPU nodes a MULTI_CPU config (or none) runs accelerate's
     multi-process launcher, a process a worker with gloo (trainer_side/accelerate_cpu.py),
     where accelerate would start one process a machine; on GPU nodes a MULTI_CPU config is
-    refused (Refused)."""
+    refused (CannotRun)."""
     body = dict(config) | cluster_numbers(n) | {"same_network": True}
     body.pop("deepspeed_hostfile", None)  # pdsh's list of hosts: the platform starts the nodes
     body.pop("mpirun_hostfile", None)
@@ -66,7 +66,7 @@ def for_node(
     elif written is None:  # accelerate's own default is one process
         body["distributed_type"] = "MULTI_GPU"
     elif cpu_type:
-        raise Refused(
+        raise CannotRun(
             f"distributed_type in {config_file}",
             written,
             "asks accelerate for CPU processes, one per machine, but this node runs "

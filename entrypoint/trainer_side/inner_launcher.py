@@ -227,7 +227,7 @@ def accelerate(
     """`accelerate launch [--config_file F] [options] train.py ARGS` with the cluster's numbers:
     F's settings (read by `read`; None: unreadable) and the line's own, the platform's written
     into a file of the node's run directory, which the line names instead; the line's other
-    options kept. None without the numbers; accelerate_config.Refused for a file that cannot
+    options kept. None without the numbers; accelerate_config.CannotRun for a file that cannot
     run on this node."""
     ours = _ours(env)
     plan_file = env.get(PLAN_VARIABLE)
@@ -270,7 +270,7 @@ def accelerate(
 
 def _yaml(path: str, text: str | None) -> dict[str, Any]:
     if text is None:
-        raise accelerate_config.Refused(
+        raise accelerate_config.CannotRun(
             "--config_file",
             path,
             "cannot be read on this node",
@@ -281,13 +281,13 @@ def _yaml(path: str, text: str | None) -> dict[str, Any]:
     try:
         loaded = yaml.safe_load(text)
     except yaml.YAMLError:
-        raise accelerate_config.Refused(
+        raise accelerate_config.CannotRun(
             "--config_file", path, "is not valid YAML", "Fix the file (`accelerate config`)"
         ) from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
-        raise accelerate_config.Refused(
+        raise accelerate_config.CannotRun(
             "--config_file", path, "holds no settings", "Give accelerate's config file"
         )
     return loaded
@@ -481,7 +481,7 @@ def install(env: Mapping[str, str] = os.environ, argv: Sequence[str] | None = No
             adoption = deepspeed(words, env)
         else:
             adoption = adopt(name, words, env)
-    except accelerate_config.Refused as refused:
+    except accelerate_config.CannotRun as refused:
         setting, value, why, fix = refused.args
         written = _short(" ".join([name, *words]), 160)
         by = f", started by `{parent}`" if parent else ""

@@ -310,7 +310,7 @@ def test_an_accelerate_line_names_a_file_with_the_cluster_numbers(tmp_path):
     assert "machine_rank: 0 in cfg.yaml -> 1" in found.changes
     assert "one process per machine" in found.note
     # the same file on GPU nodes: refused, naming the setting
-    with pytest.raises(inner_launcher.accelerate_config.Refused, match="distributed_type"):
+    with pytest.raises(inner_launcher.accelerate_config.CannotRun, match="distributed_type"):
         inner_launcher.accelerate(
             words, WORKER | {"ENTRYPOINT_PLAN_FILE": "p"}, {"cfg.yaml": MULTI_CPU}.get
         )
