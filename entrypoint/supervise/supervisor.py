@@ -63,6 +63,7 @@ from entrypoint.supervise.own_etcd import OwnEtcd
 from entrypoint.supervise.rank_inbox import Inbox
 from entrypoint.supervise.worker_signals import FORWARDED, SignalRelay
 from entrypoint.trainer_side.inner_launcher import REFUSED as INNER_LAUNCHER
+from entrypoint.trainer_side.world_check import ELSEWHERE as MASTER_ELSEWHERE
 from entrypoint.trainer_side.world_check import MISMATCH as WORLD_MISMATCH
 
 # Seconds node 0 waits for the job's own etcd to answer (a quorum of its members started)
@@ -177,7 +178,7 @@ class Supervisor:
             # refusal from every rank) is not shown.
             if self.world_error is not None:
                 return
-            for marker in (WORLD_MISMATCH, INNER_LAUNCHER):
+            for marker in (WORLD_MISMATCH, MASTER_ELSEWHERE, INNER_LAUNCHER):
                 if marker in line:
                     self.world_error = line[line.index(marker) :]
                     break

@@ -22,6 +22,9 @@ from entrypoint.trainer_side.after_import import when_imported
 
 PLAN_VARIABLE = "ENTRYPOINT_PLAN_FILE"
 MISMATCH = "entrypoint: the trainer formed"  # how the node's entrypoint knows the line
+ELSEWHERE = "entrypoint: the trainer would wait for"  # ... and this one
+# The job's master as the trainer's process was given it, before the trainer's own code ran.
+_given: tuple[str, str] | None = None
 
 
 def planned(path: str | None) -> tuple[int, int, int, int] | None:
@@ -72,6 +75,39 @@ def _refuse_if(world: int, rank: int) -> None:
         os._exit(EXIT_CONFIG)
 
 
+def elsewhere(init_method: object, env: Any, given: tuple[str, str] | None) -> str | None:
+    """The one line when the group would rendezvous at a master that is not the one the
+    trainer's process was given (`given`: MASTER_ADDR and MASTER_PORT at its start): the
+    trainer set MASTER_ADDR or MASTER_PORT itself, or passed `init_method="tcp://old:29500"`.
+    Nobody of this job answers there: the group would wait for its timeout, 30 minutes by
+    default. None when it is the job's master, or when the trainer's start had none."""
+    if given is None or not all(given):
+        return None
+    if isinstance(init_method, str) and init_method.startswith("tcp://"):
+        host, _, port = init_method[len("tcp://") :].split("?")[0].rpartition(":")
+        how = f'init_method="{init_method}"'
+    elif init_method in (None, "env://"):
+        host, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
+        how = f"MASTER_ADDR={host} MASTER_PORT={port}, set by the trainer"
+    else:
+        return None  # a file:// rendezvous, or another of the trainer's own
+    if (host.strip("[]"), port) == (given[0].strip("[]"), given[1]):
+        return None
+    return (
+        f"{ELSEWHERE} a master that is not this job's ({how}; this job's is {given[0]}:"
+        f"{given[1]}): nobody of this job answers there, and the process group would wait for "
+        "its timeout. Leave the master to the launcher: drop the trainer's own MASTER_ADDR, "
+        'MASTER_PORT or init_method (init_process_group("nccl") reads the job\'s)'
+    )
+
+
+def _refuse_elsewhere(init_method: object) -> None:
+    line = elsewhere(init_method, os.environ, _given)
+    if line:
+        print(line, file=sys.stderr, flush=True)
+        os._exit(EXIT_CONFIG)
+
+
 def _at(args: tuple[Any, ...], i: int) -> Any:
     return args[i] if len(args) > i else None
 
@@ -88,6 +124,8 @@ def _wrap(c10d: ModuleType) -> None:
         given = [kwargs.get("world_size", _at(args, 3)), kwargs.get("rank", _at(args, 4))]
         if all(isinstance(v, int) and v >= 0 for v in given):
             _refuse_if(int(given[0]), int(given[1]))
+        if kwargs.get("store", _at(args, 5)) is None:
+            _refuse_elsewhere(kwargs.get("init_method", _at(args, 1)))
         result = original(*args, **kwargs)
         _check(c10d)
         return result
@@ -100,7 +138,9 @@ def _wrap(c10d: ModuleType) -> None:
 
 def install(env: os._Environ | dict[str, str] = os.environ) -> None:
     """Check the trainer's world once it forms, when the entrypoint planned one."""
+    global _given
     if env.get(PLAN_VARIABLE):
+        _given = (env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", ""))
         # torch.distributed re-exports init_process_group from here when it is imported: the
         # name it re-exports is this wrapper.
         when_imported("torch.distributed.distributed_c10d", _wrap)

@@ -5,12 +5,13 @@ plan, and every node stops with exit 2 and one line saying what to write instead
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from ports import free_ports
 
-from entrypoint.trainer_side.world_check import MISMATCH, mismatch
+from entrypoint.trainer_side.world_check import ELSEWHERE, MISMATCH, elsewhere, mismatch
 
 DDP = Path(__file__).parents[1] / "trainers" / "ddp_tutorial.py"
 
@@ -43,13 +44,33 @@ if __name__ == "__main__":
 """
 
 
-def test_a_trainer_that_starts_its_own_world_stops_every_node(tmp_path):
-    """No command line names a launcher (one that does, or torchrun's agent called from Python,
-    is adopted before it starts: test_inner_launcher.py), so the world it forms is what shows
-    it: node 1's processes formed ranks 0-1 of a world of 2, the ranks of node 0."""
-    script = tmp_path / "spawns.py"
-    script.write_text(SPAWNS)
-    port, own = free_ports(3), free_ports(2)
+@pytest.mark.parametrize(
+    ("init_method", "env", "wrong"),
+    [
+        (None, {"MASTER_ADDR": "w0", "MASTER_PORT": "29500"}, False),
+        ("env://", {"MASTER_ADDR": "old-host", "MASTER_PORT": "29500"}, True),
+        (None, {"MASTER_ADDR": "w0", "MASTER_PORT": "12355"}, True),
+        ("tcp://old-host:29500", {}, True),
+        ("tcp://w0:29500?timeout=9", {}, False),
+        ("file:///shared/rdzv", {}, False),  # the trainer's own way: not judged
+    ],
+)
+def test_a_master_the_trainer_set_itself_is_named(init_method, env, wrong):
+    line = elsewhere(init_method, env, ("w0", "29500"))
+    assert (line is not None) == wrong
+    if line:
+        assert line.startswith(ELSEWHERE) and "this job's is w0:29500" in line, line
+    assert elsewhere(init_method, env, None) is None  # no master given: nothing to compare
+
+
+STALE = """import os, torch.distributed as dist
+os.environ["MASTER_ADDR"] = "old-host.invalid"  # written for a cluster long gone
+dist.init_process_group("gloo")
+"""
+
+
+def _two_nodes(tmp_path: Path, *command: str) -> tuple[list[str], list[int], float]:
+    port = free_ports(3)
     env = {
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "HOME": os.environ.get("HOME", "/tmp"),
@@ -62,18 +83,44 @@ def test_a_trainer_that_starts_its_own_world_stops_every_node(tmp_path):
         "ENTRYPOINT_RUN_DIR": str(tmp_path / "run"),
         "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
     }
+    began = time.monotonic()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "entrypoint", "run", "--", "python", str(script),
-             str(own + rank)],
+            [sys.executable, "-m", "entrypoint", "run", "--", *command],
             env=env | {"NODE_RANK": str(rank)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
         for rank in (0, 1)
-    ]  # fmt: skip
+    ]
     outputs = [p.communicate(timeout=120)[0] for p in procs]
-    assert [p.returncode for p in procs] == [2, 2], outputs[0][-3000:] + outputs[1][-3000:]
+    return outputs, [p.returncode for p in procs], time.monotonic() - began
+
+
+def test_a_trainer_that_sets_a_stale_master_stops_every_node_at_once(tmp_path):
+    """MASTER_ADDR written over by the trainer: its group would wait 30 minutes for a master
+    nobody serves; every node stops with exit 2 and one line, within seconds."""
+    script = tmp_path / "stale.py"
+    script.write_text(STALE)
+    outputs, codes, took = _two_nodes(tmp_path, "python", str(script))
+    assert codes == [2, 2], outputs[0][-3000:] + outputs[1][-3000:]
+    assert took < 60, took
     stop = [line for line in outputs[0].splitlines() if "stopping every node (exit 2)" in line]
-    assert stop and MISMATCH in stop[0], outputs[0][-3000:]
+    assert stop and ELSEWHERE in stop[0], outputs[0][-3000:]
+    assert "MASTER_ADDR=old-host.invalid" in stop[0] and "this job's is 127.0.0.1:" in stop[0]
+
+
+def test_a_trainer_that_starts_its_own_world_stops_every_node(tmp_path):
+    """No command line names a launcher (one that does, or torchrun's agent called from Python,
+    is adopted before it starts: test_inner_launcher.py), so the world it forms is what shows
+    it: node 1's processes ask for ranks 0-1 of a world of 2, the ranks of node 0, and are refused
+    before their group forms."""
+    script = tmp_path / "spawns.py"
+    script.write_text(SPAWNS)
+    outputs, codes, _ = _two_nodes(tmp_path, "python", str(script), str(free_ports(2)))
+    assert codes == [2, 2], outputs[0][-3000:] + outputs[1][-3000:]
+    stop = [line for line in outputs[0].splitlines() if "stopping every node (exit 2)" in line]
+    # whichever process is refused first: another node's rank (MISMATCH), or rank 0 of node 0,
+    # whose rank is its own, at a master of its own (ELSEWHERE)
+    assert stop and (MISMATCH in stop[0] or ELSEWHERE in stop[0]), outputs[0][-3000:]
