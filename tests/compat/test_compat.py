@@ -388,7 +388,12 @@ LAUNCH_CASES = [
     ("accelerate launch multi-cpu", "pytorchjob"),
     ("python -m torch.distributed.launch", "slurm"),
     ("deepspeed", "slurm"),
-]
+] + (  # the full matrix: the older launcher and the MULTI_CPU file under every convention
+    [("python -m torch.distributed.launch", c) for c in ("commercial", "pytorchjob")]
+    + [("accelerate launch multi-cpu", c) for c in ("commercial", "slurm")]
+    if MATRIX == "full"
+    else []
+)
 
 
 @pytest.mark.parametrize(
@@ -423,14 +428,16 @@ def test_a_users_launch_line_forms_one_world(docker_client, image, form, convent
 # which conventions, and the trainer's shape (the CUDA 13 tier leaves them: Makefile's
 # CU13_LEAVE). The quick matrix leaves start.sh, whose form (a torchrun with no node values) the
 # loopback test runs (tests/unit/test_inner_launcher.py).
-START_SCRIPTS = [
-    ("outer.sh", "slurm", "ddp"),
-    ("start_accelerate.sh", "pytorchjob", "accelerate launch multi-cpu"),
-    ("start_deepspeed.sh", "commercial", "deepspeed"),
-] + (
-    [("start.sh", "commercial", "ddp"), ("outer.sh", "pytorchjob", "ddp")]
+SCRIPT_SHAPES = {"outer.sh": "ddp", "start.sh": "ddp", "start_accelerate.sh":
+                 "accelerate launch multi-cpu", "start_deepspeed.sh": "deepspeed"}  # fmt: skip
+START_SCRIPTS = (
+    [(s, c, t) for s, t in SCRIPT_SHAPES.items() for c in ("commercial", "slurm", "pytorchjob")]
     if MATRIX == "full"
-    else []
+    else [
+        ("outer.sh", "slurm", "ddp"),
+        ("start_accelerate.sh", "pytorchjob", "accelerate launch multi-cpu"),
+        ("start_deepspeed.sh", "commercial", "deepspeed"),
+    ]
 )
 
 
