@@ -16,18 +16,12 @@ Prints a Markdown table; asserts nothing but each job's exit 0.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import secrets
 import statistics
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from start_cost import TRAINERS, docker, when  # noqa: E402
+from start_cost import epoch, two_nodes, when  # noqa: E402
 
 W = "/workspace"
 FIRST = "made the job's first step"
@@ -59,52 +53,24 @@ FORMS = {
 }  # fmt: skip
 
 
-def finished_at(name: str) -> float:
-    state = json.loads(docker("inspect", "--format", "{{json .State}}", name))
-    if state["ExitCode"] != 0:
-        raise SystemExit(f"{name} exited {state['ExitCode']}")
-    stamp = state["FinishedAt"]
-    return datetime.datetime.fromisoformat(stamp[:26].rstrip("Z") + "+00:00").timestamp()
-
-
 def one(command: tuple[str, ...], image: str) -> tuple[float, float]:
-    """Seconds from the `docker run`s to node 0's first-step line, and to node 0's exit."""
-    tag = secrets.token_hex(3)
-    net = f"forms-{tag}"
-    names = [f"forms-{tag}-node-{r}" for r in range(2)]
-    docker("network", "create", net)
-    try:
-        began = time.time()
-        runs = [
-            threading.Thread(
-                target=docker,
-                args=(
-                    "run", "-d", "--name", names[r], "--hostname", names[r], "--network", net,
-                    "--shm-size=1g", "-v", f"{TRAINERS}:{W}:ro",
-                    "-e", "NNODES=2", "-e", f"NODE_RANK={r}", "-e", f"MASTER_ADDR={names[0]}",
-                    "-e", "MASTER_PORT=29500", "-e", "ENTRYPOINT_NPROC_PER_NODE=2",
-                    image, "run", "--", *command,
-                ),
-            )
-            for r in range(2)
-        ]  # fmt: skip
-        for t in runs:
-            t.start()
-        for t in runs:
-            t.join()
-        for name in names:
-            docker("wait", name)
-        out = subprocess.run(
-            ["docker", "logs", "--timestamps", names[0]], capture_output=True, text=True
-        )
-        first = when(out.stdout + out.stderr, FIRST)
-        if first is None:
-            tail = "\n".join((out.stdout + out.stderr).splitlines()[-30:])
-            raise SystemExit(f"{' '.join(command)}: node 0 never said {FIRST!r}:\n{tail}")
-        return first - began, max(finished_at(n) for n in names) - began
-    finally:
-        docker("rm", "-f", *names, check=False)
-        docker("network", "rm", net, check=False)
+    """Seconds from the `docker run`s to node 0's first-step line, and to the last node's exit."""
+    began, logs, states = two_nodes(
+        "forms",
+        W,
+        lambda r, master: [
+            "-e", "NNODES=2", "-e", f"NODE_RANK={r}", "-e", f"MASTER_ADDR={master}",
+            "-e", "MASTER_PORT=29500", "-e", "ENTRYPOINT_NPROC_PER_NODE=2",
+            image, "run", "--", *command,
+        ],
+    )  # fmt: skip
+    first = when(logs, FIRST)
+    failed = [s["ExitCode"] for s in states if s["ExitCode"] != 0]
+    if first is None or failed:
+        tail = "\n".join(logs.splitlines()[-30:])
+        raise SystemExit(f"{' '.join(command)}: exits {failed}, first step {first}:\n{tail}")
+    ended = max(epoch(s["FinishedAt"]) for s in states)
+    return first - began, ended - began
 
 
 def main() -> None:

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import secrets
 import statistics
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 TRAINERS = Path(__file__).resolve().parents[1] / "tests" / "trainers"
@@ -56,14 +58,25 @@ def when(logs: str, text: str) -> float | None:
     for line in logs.splitlines():
         stamp, _, rest = line.partition(" ")
         if text in rest:
-            return datetime.datetime.fromisoformat(stamp[:26] + "+00:00").timestamp()
+            return epoch(stamp)
     return None
 
 
-def start(way: str, image: str, timeout: float) -> tuple[float, float]:
+def epoch(stamp: str) -> float:
+    """A Docker timestamp (RFC 3339, nanoseconds, UTC) as epoch seconds."""
+    return datetime.datetime.fromisoformat(stamp[:26].rstrip("Z") + "+00:00").timestamp()
+
+
+def two_nodes(
+    prefix: str, mount: str, args_of: Callable[[int, str], list[str]]
+) -> tuple[float, str, list[dict]]:
+    """2 node containers on a Docker network of their own, started together with `docker run
+    -d` (node `r`'s arguments after the mount: `args_of(r, node 0's name)`), waited for and
+    removed: the epoch second they were started, node 0's output with the daemon's timestamps,
+    and each container's final State."""
     tag = secrets.token_hex(3)
-    net = f"start-{tag}"
-    names = [f"start-{tag}-node-{r}" for r in range(2)]
+    net = f"{prefix}-{tag}"
+    names = [f"{prefix}-{tag}-node-{r}" for r in range(2)]
     docker("network", "create", net)
     try:
         began = time.time()
@@ -72,8 +85,7 @@ def start(way: str, image: str, timeout: float) -> tuple[float, float]:
                 target=docker,
                 args=(
                     "run", "-d", "--name", names[r], "--hostname", names[r], "--network", net,
-                    "--shm-size=1g", "-v", f"{TRAINERS}:/trainers:ro",
-                    *node_args(way, image, r, names[0]),
+                    "--shm-size=1g", "-v", f"{TRAINERS}:{mount}:ro", *args_of(r, names[0]),
                 ),
             )
             for r in range(2)
@@ -82,19 +94,25 @@ def start(way: str, image: str, timeout: float) -> tuple[float, float]:
             t.start()
         for t in runs:
             t.join()
-        docker("wait", names[0])  # the job ends: the DDP tutorial is 5 steps
+        for name in names:
+            docker("wait", name)
         out = subprocess.run(
             ["docker", "logs", "--timestamps", names[0]], capture_output=True, text=True
         )
-        logs = out.stdout + out.stderr  # the container's stdout and stderr
-        formed, finished = when(logs, FORMED), when(logs, FINISHED)
-        if formed is None or finished is None:
-            tail = "\n".join(logs.splitlines()[-30:])
-            raise SystemExit(f"{way}: node 0 never finished:\n{tail}")
-        return formed - began, finished - began
+        states = [json.loads(docker("inspect", "--format", "{{json .State}}", n)) for n in names]
+        return began, out.stdout + out.stderr, states  # the container's stdout and stderr
     finally:
         docker("rm", "-f", *names, check=False)
         docker("network", "rm", net, check=False)
+
+
+def start(way: str, image: str) -> tuple[float, float]:
+    began, logs, _ = two_nodes("start", "/trainers", lambda r, m: node_args(way, image, r, m))
+    formed, finished = when(logs, FORMED), when(logs, FINISHED)
+    if formed is None or finished is None:
+        tail = "\n".join(logs.splitlines()[-30:])
+        raise SystemExit(f"{way}: node 0 never finished:\n{tail}")
+    return formed - began, finished - began
 
 
 def main() -> None:
@@ -103,13 +121,12 @@ def main() -> None:
     )
     parser.add_argument("--image", default="multinode:dev")
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--timeout", type=float, default=300)
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
     seen: dict[str, list[tuple[float, float]]] = {"torchrun": [], "entrypoint run": []}
     for i in range(args.runs):
         for way in seen:
-            formed, finished = start(way, args.image, args.timeout)
+            formed, finished = start(way, args.image)
             seen[way].append((formed, finished))
             print(
                 f"run {i + 1} {way:<15} process group {formed:5.2f} s, finished {finished:5.2f} s"

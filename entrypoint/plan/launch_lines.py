@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from entrypoint.plan.errors import ConfigError
+from entrypoint.trainer_side import accelerate_config
 from entrypoint.trainer_side.launcher_names import (
     ACCELERATE_FLAGS,
     ACCELERATE_PLATFORM,
@@ -224,7 +225,10 @@ def _accelerate(command: Sequence[str], config_text: str | None, nnodes: int) ->
     kept = [w for name, _, written in options if name not in own for w in written]
     trainer = _script(words, given, command, line)
     path = given.get("config-file")
-    config = _config(path, config_text, line) if path else {}
+    try:
+        config = accelerate_config.read(path, config_text, f"in your {line} line ") if path else {}
+    except accelerate_config.CannotRun as cannot:
+        raise ConfigError(*cannot.args) from None
     where = path or ""
     # The line's options win over the file's, as accelerate has it.
     machines = given.get("num-machines", config.get("num_machines"))
@@ -280,45 +284,6 @@ def _count(value: object, where: str, line: str) -> int | None:
             where, value, f"in your {line} line is not a count", "Give a whole number"
         )
     return int(str(value))
-
-
-def _config(path: str, text: str | None, line: str) -> dict[str, Any]:
-    """The config file's settings; a refusal naming the file when it cannot be read or is not
-    accelerate's YAML."""
-    if text is None:
-        raise ConfigError(
-            "--config_file",
-            path,
-            f"in your {line} line cannot be read on this node",
-            "Put the file in the image or on a volume every node mounts, at that path",
-        )
-    try:
-        import yaml  # accelerate's own dependency: the image has it
-
-        loaded = yaml.safe_load(text)
-    except ImportError:  # pragma: no cover - the image has PyYAML
-        raise ConfigError(
-            "--config_file", path, "needs PyYAML to be read", "pip install pyyaml"
-        ) from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(
-            "--config_file",
-            path,
-            f"in your {line} line is not valid YAML{at}",
-            "Fix the file (`accelerate config` writes one)",
-        ) from None
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(
-            "--config_file",
-            path,
-            "holds no settings (not a mapping)",
-            "Give accelerate's config file (`accelerate config` writes one)",
-        )
-    return loaded
 
 
 def _deepspeed(command: Sequence[str]) -> Adopted:

@@ -40,6 +40,46 @@ def cluster_numbers(n: Numbers) -> dict[str, object]:
     }
 
 
+def read(path: str, text: str | None, where: str = "") -> dict[str, Any]:
+    """The config file's settings, from its text (None: it could not be read on this node);
+    CannotRun naming the file when it cannot be read or is not accelerate's YAML. `where` goes
+    before what is wrong (`in your accelerate launch line `)."""
+    if text is None:
+        raise CannotRun(
+            "--config_file",
+            path,
+            f"{where}cannot be read on this node",
+            "Put the file in the image or on a volume every node mounts, at that path",
+        )
+    try:
+        import yaml  # accelerate's own dependency: the image has it
+
+        loaded = yaml.safe_load(text)
+    except ImportError:  # pragma: no cover - the image has PyYAML
+        raise CannotRun(
+            "--config_file", path, "needs PyYAML to be read", "pip install pyyaml"
+        ) from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise CannotRun(
+            "--config_file",
+            path,
+            f"{where}is not valid YAML{at}",
+            "Fix the file (`accelerate config` writes one)",
+        ) from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise CannotRun(
+            "--config_file",
+            path,
+            "holds no settings (not a mapping)",
+            "Give accelerate's config file (`accelerate config` writes one)",
+        )
+    return loaded
+
+
 def for_node(
     config: Mapping[str, Any], n: Numbers, on_cpu: bool, config_file: str | None
 ) -> tuple[dict[str, Any], str]:

@@ -238,7 +238,7 @@ def accelerate(
     kept = [w for key, _, option in options if key not in placing for w in option]
     given = {key: (value, option) for key, value, option in options}
     path = given["config-file"][0] if "config-file" in given else None
-    config = _yaml(path, read(path)) if path else {}
+    config = accelerate_config.read(path, read(path)) if path else {}
     numbers = accelerate_config.Numbers(
         int(ours["nnodes"]),
         int(ours["node-rank"]),
@@ -266,31 +266,6 @@ def accelerate(
         + accelerate_config.as_yaml(body)
     )
     return Adoption(["--config_file", written, *kept, *rest], changes, None, {written: text}, note)
-
-
-def _yaml(path: str, text: str | None) -> dict[str, Any]:
-    if text is None:
-        raise accelerate_config.CannotRun(
-            "--config_file",
-            path,
-            "cannot be read on this node",
-            "Put the file in the image or on a volume every node mounts, at that path",
-        )
-    import yaml  # accelerate's own dependency: the process is accelerate's
-
-    try:
-        loaded = yaml.safe_load(text)
-    except yaml.YAMLError:
-        raise accelerate_config.CannotRun(
-            "--config_file", path, "is not valid YAML", "Fix the file (`accelerate config`)"
-        ) from None
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise accelerate_config.CannotRun(
-            "--config_file", path, "holds no settings", "Give accelerate's config file"
-        )
-    return loaded
 
 
 AGENT_API = "torch.distributed.launcher.api"  # where torchrun's agent starts (launch_agent)
