@@ -2,10 +2,12 @@
 bootstrapped from the roster every node already shares (etcd's static bootstrap: each member is
 told the whole initial cluster), so no discovery service is needed. What to run is a pure
 function of the roster; starting, waiting and stopping the process is the edge. With a job token,
-etcd's own auth closes the client port to strangers: one user, its password derived from the
-token, so every member of the job knows it and nobody else does; and the members speak to each
-other over TLS, each certificate signed by a CA whose key every member derives from the token
-(`peer_tls`), each member admitting only peers with such a certificate."""
+the cluster is closed to strangers twice over, keyed from the token:
+- every port speaks TLS and admits only a certificate signed by the job's CA, whose key every
+  node derives from the token (`job_tls`): the members' peer ports, and their client ports,
+  where each node of the job presents a certificate of its own;
+- etcd's own auth: one user, its password derived from the token, so every node of the job
+  knows it and nobody else does."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import hmac
 import ipaddress
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -35,11 +38,12 @@ class EtcdMember:
     host: str
     client_port: int
     peer_port: int
-    secure: bool = False  # its peers speak TLS (a job with a token)
+    secure: bool = False  # its ports speak TLS (a job with a token)
 
     @property
     def client_url(self) -> str:
-        return f"http://{host_port(self.host, self.client_port)}"
+        scheme = "https" if self.secure else "http"
+        return f"{scheme}://{host_port(self.host, self.client_port)}"
 
     @property
     def peer_url(self) -> str:
@@ -48,8 +52,9 @@ class EtcdMember:
 
 
 @dataclass(frozen=True)
-class PeerTLS:
-    """A member's peer TLS files: the job's CA certificate, its own certificate and key."""
+class JobTLS:
+    """A node's TLS files: the job's CA certificate, the node's own certificate and key (a
+    member serves it on both its ports, and every node presents it as etcd's client)."""
 
     ca: Path
     cert: Path
@@ -68,7 +73,7 @@ def members_from(
     """The embedded cluster of a job whose members run on `hosts` (in member order): its first
     `cluster_size` members, member i on ports base_port + 2i (clients) and + 2i + 1 (peers), so
     that members sharing a host (one machine, several nodes) never share a port; `secure`:
-    their peers speak TLS."""
+    their ports speak TLS."""
     size = cluster_size(len(hosts))
     return tuple(
         EtcdMember(f"m{i}", hosts[i], base_port + 2 * i, base_port + 2 * i + 1, secure)
@@ -101,12 +106,12 @@ def command(
     data_dir: str,
     job: str,
     anywhere: str = "::",
-    tls: PeerTLS | None = None,
+    tls: JobTLS | None = None,
 ) -> list[str]:
     """etcd's command line for member `me` of `cluster`, bootstrapped statically; `job` names
     the cluster (etcd's initial-cluster-token), so two jobs' members never mix. A member whose
-    host is a name listens on `anywhere` (every address: `any_address()`). With `tls`, its
-    peers are admitted only with a certificate the job's CA signed."""
+    host is a name listens on `anywhere` (every address: `any_address()`). With `tls`, both its
+    ports admit only a certificate the job's CA signed: its peers', and its clients'."""
     initial = ",".join(f"{m.name}={m.peer_url}" for m in cluster)
     bind = _bind(me.host, anywhere)
     scheme = "https" if me.secure else "http"
@@ -116,6 +121,10 @@ def command(
             f"--peer-key-file={tls.key}",
             f"--peer-trusted-ca-file={tls.ca}",
             "--peer-client-cert-auth",
+            f"--cert-file={tls.cert}",
+            f"--key-file={tls.key}",
+            f"--trusted-ca-file={tls.ca}",
+            "--client-cert-auth",
         ]
         if tls is not None
         else []
@@ -124,7 +133,7 @@ def command(
         binary,
         f"--name={me.name}",
         f"--data-dir={data_dir}",
-        f"--listen-client-urls=http://{host_port(bind, me.client_port)}",
+        f"--listen-client-urls={scheme}://{host_port(bind, me.client_port)}",
         f"--advertise-client-urls={me.client_url}",
         f"--listen-peer-urls={scheme}://{host_port(bind, me.peer_port)}",
         f"--initial-advertise-peer-urls={me.peer_url}",
@@ -174,7 +183,8 @@ default_md = sha256
 policy = any
 unique_subject = no
 [any]
-commonName = supplied
+organizationName = supplied
+organizationalUnitName = optional
 [peer]
 basicConstraints = CA:FALSE
 keyUsage = digitalSignature
@@ -183,15 +193,16 @@ subjectAltName = {names}
 """
 
 
-def peer_tls(
-    directory: Path, token: str | bytes, me: EtcdMember, addresses: Iterable[str] = ()
-) -> PeerTLS:
-    """Member `me`'s peer TLS files in `directory` (emptied first), made with openssl: the
-    job's CA, its Ed25519 key derived from the token (every member derives the same, nobody
-    without the token can), and this member's certificate, signed by it, naming its host and
-    `addresses` (the ones it reaches the other members from: etcd checks a peer's address
-    against its certificate). The CA's key is deleted once it has signed. Valid from 2000 on,
-    so that no node's clock running behind another's rejects its certificate.
+def job_tls(directory: Path, token: str | bytes, name: str, hosts: Iterable[str]) -> JobTLS:
+    """A node's TLS files in `directory` (emptied first), made with openssl: the job's CA, its
+    Ed25519 key derived from the token (every node derives the same, nobody without the token
+    can), and the node's certificate `name`, signed by it, for serving and for clients alike.
+    It names `hosts`: a member's host and the addresses it reaches the other members from (etcd
+    checks a peer's address against its certificate, and a client the host it asked for), and
+    no common name (etcd's JSON gateway refuses a client certificate with one once auth is on:
+    it would not be the user, the password's token is). The
+    CA's key is deleted once it has signed. Valid from 2000 on, so that no node's clock running
+    behind another's rejects its certificate.
 
     Raises:
         OSError: openssl is missing or failed (its own words).
@@ -200,10 +211,7 @@ def peer_tls(
     seed = hmac.new(key, b"multinode etcd peer CA", hashlib.sha256).digest()
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True, mode=0o700)
-    names = [
-        _san(me.host),
-        *(f"IP:{a}" for a in sorted(set(addresses)) if _san(a) != _san(me.host)),
-    ]
+    names = list(dict.fromkeys(_san(h) for h in hosts)) or [f"DNS:{name}"]
     (directory / "ca.cnf").write_text(_CA_CONFIG.format(names=", ".join(names)))
     (directory / "index.txt").write_text("")
     (directory / "serial").write_text("01\n")
@@ -212,7 +220,7 @@ def peer_tls(
         "pkey -inform DER -in ca.der -out ca.key",
         f"req -x509 -new -key ca.key -subj {CA_SUBJECT} -days 36500 -out ca.crt",
         "req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout peer.key "
-        f"-subj /CN={me.name} -out peer.csr",
+        f"-subj /O=multinode-job/OU={name} -out peer.csr",
         "ca -batch -config ca.cnf -keyfile ca.key -cert ca.crt -in peer.csr -out peer.crt "
         "-startdate 20000101000000Z -enddate 21000101000000Z -extensions peer -notext",
     ]
@@ -226,7 +234,15 @@ def peer_tls(
     finally:
         for secret in ("ca.der", "ca.key"):
             (directory / secret).unlink(missing_ok=True)
-    return PeerTLS(directory / "ca.crt", directory / "peer.crt", directory / "peer.key")
+    return JobTLS(directory / "ca.crt", directory / "peer.crt", directory / "peer.key")
+
+
+def client_context(tls: JobTLS) -> ssl.SSLContext:
+    """What a node of the job speaks to its own etcd with: it trusts only the job's CA, checks
+    that the member is the host it asked for, and presents its own certificate."""
+    context = ssl.create_default_context(cafile=str(tls.ca))
+    context.load_cert_chain(str(tls.cert), str(tls.key))
+    return context
 
 
 def _san(host: str) -> str:
@@ -273,10 +289,10 @@ class Embedded:
         log: Path,
         path: str | None = None,
         wrap: Callable[[list[str]], list[str]] = list,
-        tls: PeerTLS | None = None,
+        tls: JobTLS | None = None,
     ) -> None:
         """`wrap`: the command line as started (the entrypoint's: one that dies with it);
-        `tls`: its peer TLS files (`peer_tls`)."""
+        `tls`: its TLS files (`job_tls`)."""
         found = path or binary()
         if not found:
             raise FileNotFoundError(

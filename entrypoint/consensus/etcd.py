@@ -1,14 +1,16 @@
 """etcd's v3 API through its JSON gateway (`/v3/kv/range`, `/v3/kv/txn`, `/v3/lease/grant`...):
-the few calls the job's state and node 0's election need, over plain HTTP on the standard
-library. No election or replication is written here: etcd's Raft does both; this module only
-asks it. A call that no endpoint answers within its deadline raises `EtcdUnreachable`; one that
-etcd refuses raises `EtcdRefused` with etcd's own words."""
+the few calls the job's state and node 0's election need, over HTTP or HTTPS (a client
+certificate, etcd's auth) on the standard library. No election or replication is written here:
+etcd's Raft does both; this module only asks it. A call that no endpoint answers within its
+deadline raises `EtcdUnreachable`; one that etcd refuses raises `EtcdRefused` with etcd's own
+words."""
 
 from __future__ import annotations
 
 import base64
 import http.client
 import json
+import ssl
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -19,8 +21,10 @@ NOT_FOUND = 5  # gRPC's NOT_FOUND: etcd's "requested lease not found"
 # etcd's refusals while it has no leader, which pass once it elects one (etcdserver/errors.go)
 TRANSIENT = ("leader changed", "no leader", "request timed out", "too many requests")
 # etcd's refusals of a call whose token it dropped (its simple tokens end after 5 idle
-# minutes), or that carried none yet (`credentials`, before auth was on)
-UNTOKENED = ("invalid auth token", "user name is empty")
+# minutes), or that carried none yet (`credentials`, before auth was on): "permission denied"
+# where a client certificate came instead (the job's own etcd's, whose certificates name no
+# user). The job's user holds etcd's root role: nothing else is denied to it.
+UNTOKENED = ("invalid auth token", "user name is empty", "permission denied")
 REELECTION = 5.0  # seconds a refusal of TRANSIENT is asked again (etcd elects within 1 to 2 s)
 
 
@@ -80,9 +84,16 @@ class Etcd:
     """A client of one etcd cluster's JSON gateway: its endpoints tried in turn, the one that
     answered last tried first."""
 
-    def __init__(self, endpoints: Sequence[tuple[str, int]], timeout: float = TIMEOUT) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[tuple[str, int]],
+        timeout: float = TIMEOUT,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        """`tls`: speak HTTPS with it (its trusted CAs, and the certificate this client shows)."""
         self.endpoints = list(endpoints)
         self.timeout = timeout
+        self.tls = tls
         self.token = ""  # etcd's auth token, once `login` has one
         self._credentials: tuple[str, str] | None = None
 
@@ -141,6 +152,8 @@ class Etcd:
         raise EtcdUnreachable(f"no etcd endpoint answered /v3/{path} ({where}): {last}")
 
     def _connection(self, host: str, port: int, timeout: float) -> http.client.HTTPConnection:
+        if self.tls is not None:
+            return http.client.HTTPSConnection(host, port, timeout=timeout, context=self.tls)
         return http.client.HTTPConnection(host, port, timeout=timeout)
 
     def _headers(self) -> dict[str, str]:
@@ -153,7 +166,13 @@ class Etcd:
         conn = self._connection(host, port, timeout)
         try:
             conn.request("POST", f"/v3/{path}", json.dumps(body), self._headers())
-            return json.loads(conn.getresponse().read() or b"{}")
+            response = conn.getresponse()
+            text = response.read()
+            try:
+                return json.loads(text or b"{}")
+            except ValueError:  # not etcd's gateway, or its refusal in words
+                said = text[:200].decode(errors="replace").strip()
+                raise ValueError(f"HTTP {response.status}, not etcd's JSON: {said!r}") from None
         finally:
             conn.close()
 

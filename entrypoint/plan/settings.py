@@ -264,12 +264,40 @@ class Settings(BaseModel):
     etcd: str | None = Field(
         None,
         description=(
-            "etcd endpoints (http://HOST:PORT, comma-separated) that hold node 0's seat and the "
+            "etcd endpoints (http[s]://HOST:PORT, comma-separated) that hold node 0's seat and the "
             "job's record: with spares or a minimum, a lost node 0 is replaced by a survivor "
             "elected there, and the job goes on. Unset: the job's own etcd, run by its first 3 "
             "(5 from 5) nodes, when it has 3 nodes or more and spares or a minimum; `off`: none "
             "(losing node 0 ends the job)."
         ),
+    )
+    etcd_cacert: Path | None = Field(
+        None,
+        description=(
+            "ENTRYPOINT_ETCD over https: the CA certificate(s), PEM, that signed etcd's "
+            "(etcdctl's --cacert); default: the system's CAs."
+        ),
+    )
+    etcd_cert: Path | None = Field(
+        None,
+        description=(
+            "A client certificate, PEM, for an ENTRYPOINT_ETCD that asks for one (etcd's "
+            "--client-cert-auth; etcdctl's --cert), with ENTRYPOINT_ETCD_KEY."
+        ),
+    )
+    etcd_key: Path | None = Field(
+        None, description="The key of ENTRYPOINT_ETCD_CERT, PEM (etcdctl's --key)."
+    )
+    etcd_user: str | None = Field(
+        None,
+        description=(
+            "ENTRYPOINT_ETCD's user where its auth is on (etcdctl's --user), with "
+            "ENTRYPOINT_ETCD_PASSWORD; the user needs read and write on the keys under "
+            "/multinode/."
+        ),
+    )
+    etcd_password: SecretStr | None = Field(
+        None, description="The password of ENTRYPOINT_ETCD_USER (masked like every secret)."
     )
     etcd_port: int | None = Field(
         None,
@@ -442,6 +470,9 @@ _PATHS = (
     "log_dir",
     "data_dir",
     "job_token_file",
+    "etcd_cacert",
+    "etcd_cert",
+    "etcd_key",
     "checkpoint_dir",
     "health_check",
 )
@@ -489,7 +520,7 @@ def check_text(name: str, variable: str, raw: str, field: FieldInfo) -> None:
                 variable,
                 raw[:300],
                 str(err),
-                f"Set {variable}=http://HOST:PORT[,http://...], or {variable}={ETCD_OFF}",
+                f"Set {variable}=http[s]://HOST:PORT[,...], or {variable}={ETCD_OFF}",
             ) from None
         return
     if name in _PATHS:

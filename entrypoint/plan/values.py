@@ -379,15 +379,16 @@ ETCD_OFF = "off"  # ENTRYPOINT_ETCD=off: no etcd, not even the job's own
 
 
 def endpoints_from(text: str) -> tuple[tuple[str, int], ...]:
-    """`http://a:2379,http://b:2379` (etcdctl's --endpoints) or `a:2379,b:2379`: (host, port)
-    pairs. ValueError names the entry that is not one."""
+    """`http://a:2379,http://b:2379` (etcdctl's --endpoints), `https://...` or `a:2379,b:2379`:
+    (host, port) pairs. ValueError names the entry that is not one, or says the entries mix
+    http and https (`etcd_https` tells which they are)."""
     found = []
     for entry in (x.strip() for x in text.split(",")):
         if not entry:
             continue
         url = urlsplit(entry if "://" in entry else f"http://{entry}")
-        if url.scheme != "http" or not url.hostname or url.path not in ("", "/"):
-            raise ValueError(f"{entry!r} is not http://HOST:PORT")
+        if url.scheme not in ("http", "https") or not url.hostname or url.path not in ("", "/"):
+            raise ValueError(f"{entry!r} is not http://HOST:PORT or https://HOST:PORT")
         try:
             port = url.port or 2379
         except ValueError:
@@ -395,4 +396,14 @@ def endpoints_from(text: str) -> tuple[tuple[str, int], ...]:
         found.append((url.hostname, port))
     if not found:
         raise ValueError("no endpoint given")
+    etcd_https(text)
     return tuple(found)
+
+
+def etcd_https(text: str) -> bool | None:
+    """Whether etcd's endpoints say https (True), http (False), or neither (None: HOST:PORT
+    alone). ValueError where they mix the two (one etcd speaks one or the other)."""
+    schemes = {e.strip().partition("://")[0].lower() for e in text.split(",") if "://" in e}
+    if len(schemes) > 1:
+        raise ValueError("the endpoints mix http:// and https:// (one etcd serves one of them)")
+    return None if not schemes else schemes == {"https"}

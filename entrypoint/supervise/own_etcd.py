@@ -41,40 +41,59 @@ class OwnEtcd:
 
     def start(self, entries: tuple[str, ...], control_port: int) -> None:
         """From join, at the first `go` that names the job's own etcd: where every node finds
-        it, and this node's member of it when node 0 chose this node."""
+        it, and this node's member of it when node 0 chose this node. With a job token, every
+        node speaks to it over TLS, with a certificate of its own the job's CA signed."""
         if self.etcd.endpoints:
             return
         base = embedded.base_port(self.settings.etcd_port, control_port)
         token = self.node.identity.token
         self.members, cluster = embedded.chosen(entries, base, secure=bool(token))
         ends = [(m.host, m.client_port) for m in cluster]
-        if token:
-            self.etcd.credentials(embedded.USER, embedded.password(token))
         # A node started again (its first `go` a restart's) runs no member: its old member's
         # data is gone, and a member back with none could undo what the others agreed.
+        mine = None
         if self.node.member in self.members and self.node.generation == 0:
-            mine = self.members.index(self.node.member)
-            ends.insert(0, ends.pop(mine))  # its own member first
-            self._start_member(cluster[mine], cluster)
+            mine = cluster[self.members.index(self.node.member)]
+            ends.insert(0, ends.pop(cluster.index(mine)))  # its own member first
+        tls = None
+        if token:
+            self.etcd.credentials(embedded.USER, embedded.password(token))
+            try:
+                tls = self._tls(token, mine, cluster)
+            except OSError as err:
+                self._log().warning(f"the job's etcd: this node's certificate failed: {err}")
+                return  # no endpoints: this node cannot take node 0's seat
+            self.etcd.tls = embedded.client_context(tls)
+        if mine is not None:
+            self._start_member(mine, cluster, tls)
         self.etcd.endpoints = ends
 
+    def _tls(
+        self,
+        token: str | bytes,
+        mine: embedded.EtcdMember | None,
+        cluster: tuple[embedded.EtcdMember, ...],
+    ) -> embedded.JobTLS:
+        """This node's certificate: its member's, naming the member's host and the addresses
+        it reaches the others from, or a client's."""
+        where = Path(self.settings.run_dir) / f"node{self.node.member}" / "etcd-tls"
+        if mine is None:
+            return embedded.job_tls(where, token, f"node{self.node.member}", ())
+        hosts = [mine.host, *embedded.sources(cluster, mine)]
+        return embedded.job_tls(where, token, mine.name, hosts)
+
     def _start_member(
-        self, me: embedded.EtcdMember, cluster: tuple[embedded.EtcdMember, ...]
+        self,
+        me: embedded.EtcdMember,
+        cluster: tuple[embedded.EtcdMember, ...],
+        tls: embedded.JobTLS | None,
     ) -> None:
+        """With a token, its ports speak TLS keyed from it (without one, the warning at the
+        start says etcd admits whoever reaches its ports)."""
         data = Path(self.settings.run_dir) / f"node{self.node.member}" / "etcd"
         shutil.rmtree(data, ignore_errors=True)  # an earlier job's: never this cluster's
         data.mkdir(parents=True)
-        token = self.node.identity.token
         try:
-            # With a token, its peers speak TLS keyed from it (without one, the warning at the
-            # start says etcd admits whoever reaches its ports).
-            tls = (
-                embedded.peer_tls(
-                    data.parent / "etcd-tls", token, me, embedded.sources(cluster, me)
-                )
-                if token
-                else None
-            )
             member = embedded.Embedded(
                 me,
                 cluster,

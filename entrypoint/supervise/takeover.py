@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from entrypoint.coordinator.job_record import NOT_ELASTIC, JobRecord, cannot_go_
 from entrypoint.coordinator.roster import Roster
 from entrypoint.plan.errors import EXIT_PEERS, ConfigError
 from entrypoint.plan.settings import PREFIX, Settings
-from entrypoint.plan.values import ETCD_OFF, endpoints_from
+from entrypoint.plan.values import ETCD_OFF, endpoints_from, etcd_https
 from entrypoint.supervise.node_exits import Node0Lost, NodeExit
 
 # Seconds a survivor waits for a lost node 0's seat to be free: its lease ends at most TTL after
@@ -65,12 +66,25 @@ def own_etcd(settings: Settings, roster: Roster) -> int:
 
 
 def connect(settings: Settings, identity: Identity) -> tuple[Etcd, str] | None:
-    """etcd and the job's key there when ENTRYPOINT_ETCD names one; None without it.
+    """etcd and the job's key there when ENTRYPOINT_ETCD names one, spoken to over TLS and
+    logged in as its settings say; None without it.
 
     Raises:
-        ConfigError: ENTRYPOINT_ETCD is set but the job has no name its keys could carry.
+        ConfigError: ENTRYPOINT_ETCD is set but the job has no name its keys could carry; a
+            TLS file cannot be used; a user without a password; TLS or auth settings given
+            for no ENTRYPOINT_ETCD.
     """
+    given = [n for n in _ACCESS if getattr(settings, n) is not None]
     if not settings.etcd or not external(settings):
+        if given:
+            variable = f"{PREFIX}{given[0].upper()}"
+            raise ConfigError(
+                variable,
+                "***" if given[0] == "etcd_password" else str(getattr(settings, given[0])),
+                f"is for an etcd named by {PREFIX}ETCD, and none is (the job's own etcd keys its "
+                "TLS and auth from the job token)",
+                f"Set {PREFIX}ETCD to the etcd's endpoints, or unset {variable}",
+            )
         return None
     if not identity.job:
         raise ConfigError(
@@ -79,7 +93,76 @@ def connect(settings: Settings, identity: Identity) -> tuple[Etcd, str] | None:
             "the job has no id to name its keys in etcd (the platform gives none)",
             f"Set {PREFIX}JOB_ID to the same value on every node of the job",
         )
-    return Etcd(endpoints_from(settings.etcd)), job_key(identity)
+    etcd = Etcd(endpoints_from(settings.etcd), tls=tls_of(settings))
+    if settings.etcd_user is not None:
+        if settings.etcd_password is None:
+            raise ConfigError(
+                f"{PREFIX}ETCD_USER",
+                settings.etcd_user,
+                "has no password",
+                f"Set {PREFIX}ETCD_PASSWORD to the password of etcd's user {settings.etcd_user}",
+            )
+        etcd.credentials(settings.etcd_user, settings.etcd_password.get_secret_value())
+    elif settings.etcd_password is not None:
+        raise ConfigError(
+            f"{PREFIX}ETCD_PASSWORD",
+            "***",
+            "names no user",
+            f"Set {PREFIX}ETCD_USER to etcd's user whose password it is",
+        )
+    return etcd, job_key(identity)
+
+
+_ACCESS = ("etcd_cacert", "etcd_cert", "etcd_key", "etcd_user", "etcd_password")
+
+
+def tls_of(settings: Settings) -> ssl.SSLContext | None:
+    """How to speak to ENTRYPOINT_ETCD: TLS where its endpoints say https, or where a CA or a
+    client certificate is given for `HOST:PORT` endpoints (as etcdctl does); None: plain HTTP.
+
+    Raises:
+        ConfigError: a file that is not what its variable says, or `http://` endpoints given
+            a CA or a certificate.
+    """
+    named = (settings.etcd_cacert, settings.etcd_cert, settings.etcd_key)
+    https = etcd_https(settings.etcd or "")
+    if https is False and any(named):
+        raise ConfigError(
+            f"{PREFIX}ETCD",
+            str(settings.etcd),
+            f"is http://, and {PREFIX}ETCD_CACERT, _CERT or _KEY is set for TLS",
+            f"Set {PREFIX}ETCD to https:// endpoints, or unset the TLS files",
+        )
+    if not https and not any(named):
+        return None
+    cacert, cert, key = named
+    if key is not None and cert is None:
+        raise ConfigError(
+            f"{PREFIX}ETCD_KEY",
+            str(key),
+            "is a key with no certificate",
+            f"Set {PREFIX}ETCD_CERT to the client certificate this key belongs to",
+        )
+    try:
+        context = ssl.create_default_context(cafile=str(cacert) if cacert else None)
+    except (OSError, ssl.SSLError) as err:
+        raise ConfigError(
+            f"{PREFIX}ETCD_CACERT",
+            str(cacert),
+            f"cannot be read as CA certificates ({err})",
+            f"Set {PREFIX}ETCD_CACERT to the PEM file of the CA that signed etcd's certificate",
+        ) from None
+    if cert is not None:
+        try:
+            context.load_cert_chain(str(cert), str(key) if key else None)
+        except (OSError, ssl.SSLError) as err:
+            raise ConfigError(
+                f"{PREFIX}ETCD_CERT",
+                str(cert),
+                f"cannot be read as a certificate and its key ({err})",
+                f"Set {PREFIX}ETCD_CERT and {PREFIX}ETCD_KEY to the client's PEM files",
+            ) from None
+    return context
 
 
 def survival(etcd: str | None, roster: Roster, nnodes: int, own: int = 0) -> str | None:

@@ -10,23 +10,33 @@ import threading
 import time
 from pathlib import Path
 
+from entrypoint.consensus.embedded import USER, JobTLS, client_context, job_tls, password, secure
+from entrypoint.consensus.etcd import Etcd
 from tests.unit.ports import free_ports
 
 
 class EtcdServer:
-    """One etcd member, its client port on 127.0.0.1."""
+    """One etcd member, its client port on 127.0.0.1; with `tls`, that port serves https with its
+    certificate and admits only clients with one its CA signed (etcd's --client-cert-auth)."""
 
-    def __init__(self, data: Path) -> None:
+    def __init__(self, data: Path, tls: JobTLS | None = None) -> None:
         binary = shutil.which("etcd")
         assert binary, "etcd is not installed: apt-get install etcd-server (.ci/run does)"
         self.port = free_ports(2)
-        client, peer = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.port + 1}"
+        scheme = "https" if tls else "http"
+        client, peer = f"{scheme}://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.port + 1}"
+        self.url = client
+        secured = (
+            [f"--cert-file={tls.cert}", f"--key-file={tls.key}", f"--trusted-ca-file={tls.ca}",
+             "--client-cert-auth"]
+            if tls else []
+        )  # fmt: skip
         self.log = data / "etcd.log"
         self.proc = subprocess.Popen(
             [binary, "--name", "t", "--data-dir", str(data / "etcd"),
              "--listen-client-urls", client, "--advertise-client-urls", client,
              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"t={peer}"],
+             "--initial-cluster", f"t={peer}", *secured],
             stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
         )  # fmt: skip
         deadline = time.monotonic() + 30
@@ -46,6 +56,30 @@ class EtcdServer:
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait()
+
+
+PLATFORM = "the platform's CA, not the job's 0123"  # seeds a CA (embedded.job_tls) and a password
+
+
+def secured(data: Path) -> tuple[EtcdServer, dict[str, str]]:
+    """A real etcd as a platform might give one: https with a certificate the platform's CA
+    signed, admitting only clients with one it signed too, its auth on (user `multinode`); and
+    the ENTRYPOINT_ETCD* settings a job needs to use it."""
+    server = EtcdServer(data, tls=job_tls(data / "server", PLATFORM, "etcd", ["127.0.0.1"]))
+    client = job_tls(data / "client", PLATFORM, "trainer", ())
+    try:
+        secure(Etcd([server.endpoint], tls=client_context(client)), PLATFORM)
+    except BaseException:
+        server.stop()
+        raise
+    return server, {
+        "ENTRYPOINT_ETCD": server.url,
+        "ENTRYPOINT_ETCD_CACERT": str(client.ca),
+        "ENTRYPOINT_ETCD_CERT": str(client.cert),
+        "ENTRYPOINT_ETCD_KEY": str(client.key),
+        "ENTRYPOINT_ETCD_USER": USER,
+        "ENTRYPOINT_ETCD_PASSWORD": password(PLATFORM),
+    }
 
 
 class Relay:

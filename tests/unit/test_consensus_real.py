@@ -12,9 +12,14 @@ from pathlib import Path
 import pytest
 
 from entrypoint.consensus.election import Holder, campaign, holder, publish, read_state, wait_vacant
-from entrypoint.consensus.etcd import Etcd, EtcdUnreachable
+from entrypoint.consensus.etcd import Etcd, EtcdRefused, EtcdUnreachable
 from entrypoint.consensus.lease import LeaseKeeper
+from entrypoint.control.identity import Identity
+from entrypoint.plan.errors import ConfigError
+from entrypoint.plan.settings import Settings
 from entrypoint.plan.values import endpoints_from
+from entrypoint.supervise.takeover import connect
+from tests.unit import etcd_server
 from tests.unit.etcd_server import EtcdServer, Relay
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,13 +163,81 @@ def test_no_endpoint_answering_is_one_error_naming_them():
         ("http://a:2379,http://b:2380", (("a", 2379), ("b", 2380))),  # etcdctl's --endpoints
         ("a:1, b", (("a", 1), ("b", 2379))),
         ("http://[fd00::1]:2379", (("fd00::1", 2379),)),
+        ("https://a:2379,https://b:2379", (("a", 2379), ("b", 2379))),
     ],
 )
 def test_endpoints_as_etcdctl_writes_them(text, endpoints):
     assert endpoints_from(text) == endpoints
 
 
-@pytest.mark.parametrize("text", ["", "https://a:2379", "a:port", "http://a:1/x"])
+@pytest.mark.parametrize(
+    "text", ["", "unix://a:2379", "a:port", "http://a:1/x", "http://a:1,https://b:1"]
+)
 def test_endpoints_that_are_not_refused(text):
     with pytest.raises(ValueError):
         endpoints_from(text)
+
+
+# -- an etcd as a platform gives it: https, a client certificate asked for, etcd's auth on ---------
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    server, env = etcd_server.secured(tmp_path_factory.mktemp("etcd-tls"))
+    yield env
+    server.stop()
+
+
+def _settings(env: dict[str, str], **changed: str) -> Settings:
+    return Settings.from_env({k: v for k, v in (env | changed).items() if v})
+
+
+IDENTITY = Identity(job="tls-job")
+
+
+def test_an_etcd_with_tls_and_auth_holds_the_seat_as_its_settings_say(secured):
+    """ENTRYPOINT_ETCD=https://..., its CA, a client certificate and a user: node 0's seat is
+    taken and the job's state written through it, as without TLS."""
+    found = connect(_settings(secured), IDENTITY)
+    assert found is not None
+    etcd, job = found
+    keeper = LeaseKeeper.grant(etcd, TTL, lambda why: None, MARGIN)
+    try:
+        seat = campaign(etcd, job, me(0), keeper.lease)
+        assert holder(etcd, job) == seat
+        assert publish(etcd, job, seat, {"generation": 1})
+        assert read_state(etcd, job) == {"generation": 1}
+    finally:
+        keeper.stop(revoke=True)
+
+
+def test_without_its_certificate_or_password_etcd_answers_nothing_of_the_job(secured):
+    no_certificate = {"ENTRYPOINT_ETCD_CERT": "", "ENTRYPOINT_ETCD_KEY": ""}
+    for unset in (no_certificate, {"ENTRYPOINT_ETCD_CACERT": ""}):  # or etcd's not trusted
+        found = connect(_settings(secured, **unset), IDENTITY)
+        assert found is not None
+        with pytest.raises(EtcdUnreachable):
+            found[0].get("/multinode/tls-job/node0")
+    wrong = connect(_settings(secured, ENTRYPOINT_ETCD_PASSWORD="not it"), IDENTITY)
+    assert wrong is not None
+    with pytest.raises(EtcdRefused, match="authentication failed"):
+        wrong[0].get("/multinode/tls-job/node0")
+
+
+@pytest.mark.parametrize(
+    ("changed", "variable"),
+    [
+        ({"ENTRYPOINT_ETCD_CACERT": "/nonexistent/ca.pem"}, "ENTRYPOINT_ETCD_CACERT"),
+        ({"ENTRYPOINT_ETCD_CERT": "/nonexistent/c.pem"}, "ENTRYPOINT_ETCD_CERT"),
+        ({"ENTRYPOINT_ETCD_CERT": ""}, "ENTRYPOINT_ETCD_KEY"),  # a key without its certificate
+        ({"ENTRYPOINT_ETCD_PASSWORD": ""}, "ENTRYPOINT_ETCD_USER"),
+        ({"ENTRYPOINT_ETCD_USER": ""}, "ENTRYPOINT_ETCD_PASSWORD"),
+        ({"ENTRYPOINT_ETCD": "http://127.0.0.1:2379"}, "ENTRYPOINT_ETCD"),  # TLS files, no https
+        ({"ENTRYPOINT_ETCD": ""}, "ENTRYPOINT_ETCD_CACERT"),  # for no etcd at all
+    ],
+)
+def test_etcd_access_settings_that_cannot_work_are_one_line(secured, changed, variable):
+    with pytest.raises(ConfigError) as caught:
+        connect(_settings(secured, **changed), IDENTITY)
+    assert caught.value.variable == variable
+    assert "\n" not in str(caught.value) and "not it" not in str(caught.value)

@@ -18,19 +18,20 @@ from entrypoint.consensus.election import campaign, holder, publish, read_state,
 from entrypoint.consensus.embedded import (
     Embedded,
     EtcdMember,
-    PeerTLS,
+    JobTLS,
     base_port,
     chosen,
+    client_context,
     cluster_size,
     command,
+    job_tls,
     members_from,
     password,
-    peer_tls,
     secure,
     sources,
     wait_ready,
 )
-from entrypoint.consensus.etcd import Etcd, EtcdRefused
+from entrypoint.consensus.etcd import Etcd, EtcdRefused, EtcdUnreachable
 from entrypoint.consensus.lease import LeaseKeeper
 from tests.unit.ports import free_ports
 
@@ -68,21 +69,26 @@ def test_each_member_is_told_the_whole_cluster_and_the_job_it_belongs_to():
     assert "--listen-peer-urls=http://0.0.0.0:29504" in command(
         "etcd", cluster[0], cluster, "d", "j", "0.0.0.0"
     )
-    # a job with a token: its peers speak TLS, each admitted by the job's CA alone
+    # a job with a token: its ports speak TLS, each admitting the job's CA's certificates alone
     _, tls_cluster = chosen(["0=worker-0", "1=worker-1", "3=fd00::2"], 29503, secure=True)
-    files = PeerTLS(Path("/t/ca.crt"), Path("/t/peer.crt"), Path("/t/peer.key"))
+    files = JobTLS(Path("/t/ca.crt"), Path("/t/peer.crt"), Path("/t/peer.key"))
     argv = command("etcd", tls_cluster[0], tls_cluster, "d", "j", "::", files)
     assert "--listen-peer-urls=https://[::]:29504" in argv
     assert "--initial-cluster=m0=https://worker-0:29504,m1=https://worker-1:29506," in " ".join(
         argv
     )
-    assert argv[-4:] == [
+    assert argv[-8:] == [
         "--peer-cert-file=/t/peer.crt",
         "--peer-key-file=/t/peer.key",
         "--peer-trusted-ca-file=/t/ca.crt",
         "--peer-client-cert-auth",
+        "--cert-file=/t/peer.crt",
+        "--key-file=/t/peer.key",
+        "--trusted-ca-file=/t/ca.crt",
+        "--client-cert-auth",
     ]
-    assert "--listen-client-urls=http://[::]:29503" in argv  # clients: etcd's auth (secure())
+    assert "--listen-client-urls=https://[::]:29503" in argv
+    assert "--advertise-client-urls=https://worker-0:29503" in argv
 
 
 @pytest.mark.parametrize(
@@ -98,7 +104,7 @@ def test_the_members_ports_start_two_above_the_control_port(stated, control, bas
 
 @pytest.fixture
 def cluster(tmp_path):
-    """3 members on loopback as a job with a token starts them: their peers speak TLS."""
+    """3 members on loopback as a job with a token starts them: their ports speak TLS."""
     port = free_ports(6)
     members = [
         EtcdMember(f"m{i}", "127.0.0.1", port + 2 * i, port + 2 * i + 1, secure=True)
@@ -111,7 +117,7 @@ def cluster(tmp_path):
             tmp_path / m.name,
             tmp_path.name,
             tmp_path / f"{m.name}.log",
-            tls=peer_tls(tmp_path / f"{m.name}-tls", TOKEN, m, sources(members, m)),
+            tls=job_tls(tmp_path / f"{m.name}-tls", TOKEN, m.name, [m.host, *sources(members, m)]),
         )
         for m in members
     ]
@@ -122,25 +128,32 @@ def cluster(tmp_path):
         each.stop()
 
 
+def _ours(tmp_path: Path) -> ssl.SSLContext:
+    """A node's of the job: its own certificate, signed by the CA it derives from the token."""
+    return client_context(job_tls(tmp_path / "node-tls", TOKEN, "node1", ()))
+
+
 def test_three_members_hold_the_job_lose_node_0s_and_a_stranger_gets_nothing(cluster, tmp_path):
     endpoints = [("127.0.0.1", m.me.client_port) for m in cluster]
     job = tmp_path.name
-    first = Etcd(endpoints[:1])
+    ours = _ours(tmp_path)
+    first = Etcd(endpoints[:1], tls=ours)
     wait_ready(first, 30)
     secure(first, TOKEN)  # member 0 of the cluster closes it, once
-    secure(Etcd(endpoints[1:2]), TOKEN)  # a second run only logs in
+    secure(Etcd(endpoints[1:2], tls=ours), TOKEN)  # a second run only logs in
 
-    for stranger in (Etcd(endpoints), Etcd(endpoints)):
+    # the job's certificate without the job's password (etcd's auth, the second lock)
+    for stranger in (Etcd(endpoints, tls=ours), Etcd(endpoints, tls=ours)):
         with pytest.raises(EtcdRefused):
             stranger.get("/multinode/x")
         with pytest.raises(EtcdRefused):
             stranger.put("/multinode/x", "mine")
     with pytest.raises(EtcdRefused, match="authentication failed"):
-        Etcd(endpoints).login("multinode", password("another job's token"))
+        Etcd(endpoints, tls=ours).login("multinode", password("another job's token"))
 
     node0 = SeatHolder(endpoints[0], job, 0, TOKEN)  # node 0 talks to its own member
     term = int(node0.line("holder 0 term", 30).split()[-1])
-    survivors = Etcd(endpoints[1:])
+    survivors = Etcd(endpoints[1:], tls=ours)
     survivors.login("multinode", password(TOKEN))
     assert holder(survivors, job).member == 0
     assert publish(survivors, job, holder(survivors, job), {"generation": 3})
@@ -169,11 +182,12 @@ def test_node_0_keeps_its_seat_when_etcd_loses_its_leader(cluster, tmp_path):
     """Another node's member, etcd's own leader, is lost: etcd elects another leader within a
     second, and node 0 (the product's lease) renews through it without fencing."""
     endpoints = [("127.0.0.1", m.me.client_port) for m in cluster]
-    client = Etcd(endpoints)
+    ours = _ours(tmp_path)
+    client = Etcd(endpoints, tls=ours)
     wait_ready(client, 30)
     secure(client, TOKEN)
     for _ in range(50):  # the leader etcd elected, by its member ID
-        statuses = [Etcd([e]).call("maintenance/status", {}) for e in endpoints]
+        statuses = [Etcd([e], tls=ours).call("maintenance/status", {}) for e in endpoints]
         if statuses[0].get("leader"):
             break
         time.sleep(0.1)
@@ -181,7 +195,7 @@ def test_node_0_keeps_its_seat_when_etcd_loses_its_leader(cluster, tmp_path):
         i for i, s in enumerate(statuses) if s["header"]["member_id"] == statuses[0]["leader"]
     )
     node0 = 1 if leader == 0 else 0  # node 0 is on another member's node, its own member first
-    mine = Etcd([endpoints[node0]] + [e for i, e in enumerate(endpoints) if i != node0])
+    mine = Etcd([endpoints[node0]] + [e for i, e in enumerate(endpoints) if i != node0], tls=ours)
     mine.login("multinode", password(TOKEN))
     fenced: list[str] = []
     keeper = LeaseKeeper.grant(mine, lease.TTL, fenced.append)
@@ -196,24 +210,28 @@ def test_node_0_keeps_its_seat_when_etcd_loses_its_leader(cluster, tmp_path):
         keeper.stop(revoke=True)
 
 
-def test_the_members_peer_ports_admit_only_the_jobs_certificates(cluster, tmp_path):
-    """A job with a token: its members speak TLS to each other, each certificate signed by the
-    CA every member derives from the token. On a member's peer port, a stranger with no
-    certificate, or with one another job's CA signed, gets nothing; the job's own is answered.
-    The CA's key is never left on disk."""
+def test_the_members_ports_admit_only_the_jobs_certificates(cluster, tmp_path):
+    """A job with a token: its members' ports speak TLS, and admit a certificate signed by the
+    CA every node derives from the token, no other. On a member's peer port and its client port
+    alike, a stranger with no certificate, or with one another job's CA signed, gets nothing,
+    even one that does not check whom it speaks to; the job's own is answered. To a stranger,
+    etcd is unreachable. The CA's key is never left on disk."""
     endpoints = [("127.0.0.1", m.me.client_port) for m in cluster]
-    wait_ready(Etcd(endpoints), 30)  # the 3 members formed a cluster over TLS
+    wait_ready(Etcd(endpoints, tls=_ours(tmp_path)), 30)  # the 3 members formed a cluster
     first, tls = cluster[0].me, cluster[0].tls
     assert tls is not None and "--peer-client-cert-auth" in cluster[0].argv
+    assert "--client-cert-auth" in cluster[0].argv
     assert sorted(p.name for p in tls.ca.parent.iterdir() if "key" in p.name) == ["peer.key"]
 
-    def members(cert: tuple[str, str] | None) -> bytes:
+    def asks(port: int, path: str, cert: JobTLS | None, checks: bool = True) -> bytes:
         context = ssl.create_default_context(cafile=str(tls.ca))
+        if not checks:
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
         if cert is not None:
-            context.load_cert_chain(*cert)
-        conn = http.client.HTTPSConnection("127.0.0.1", first.peer_port, timeout=5, context=context)
+            context.load_cert_chain(str(cert.cert), str(cert.key))
+        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=context)
         try:
-            conn.request("GET", "/members")
+            conn.request("GET", path)
             response = conn.getresponse()
             assert response.status == 200, response.status
             return response.read()
@@ -221,17 +239,31 @@ def test_the_members_peer_ports_admit_only_the_jobs_certificates(cluster, tmp_pa
             conn.close()
 
     stranger = EtcdMember("m9", "127.0.0.1", 1, 2, secure=True)
-    other = peer_tls(tmp_path / "other-job", "another job's token", stranger)
-    for cert in (None, (str(other.cert), str(other.key))):
-        with pytest.raises((ssl.SSLError, ConnectionError, http.client.HTTPException)):
-            members(cert)
-    plain = http.client.HTTPConnection("127.0.0.1", first.peer_port, timeout=5)
-    try:
-        plain.request("GET", "/members")
-        assert plain.getresponse().status != 200  # a TLS port's answer to plain HTTP
-    except (ConnectionError, http.client.HTTPException):
-        pass
-    finally:
-        plain.close()
-    own = peer_tls(tmp_path / "own-job", TOKEN, stranger)
-    assert first.peer_url.encode() in members((str(own.cert), str(own.key)))
+    other = job_tls(tmp_path / "other-job", "another job's token", stranger.name, ["127.0.0.1"])
+    own = job_tls(tmp_path / "own-job", TOKEN, stranger.name, ["127.0.0.1"])
+    for port, path in ((first.peer_port, "/members"), (first.client_port, "/version")):
+        for cert in (None, other):
+            with pytest.raises((ssl.SSLError, ConnectionError, http.client.HTTPException)):
+                asks(port, path, cert, checks=False)
+        plain = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            plain.request("GET", path)
+            assert plain.getresponse().status != 200  # a TLS port's answer to plain HTTP
+        except (ConnectionError, http.client.HTTPException):
+            pass
+        finally:
+            plain.close()
+        assert asks(port, path, own)
+    assert first.peer_url.encode() in asks(first.peer_port, "/members", own)
+    strangers = [ssl.create_default_context(), _unchecked(other)]
+    for stranger_tls in (None, *strangers):
+        with pytest.raises(EtcdUnreachable):
+            Etcd(endpoints, tls=stranger_tls).get("/multinode/x")
+
+
+def _unchecked(tls: JobTLS) -> ssl.SSLContext:
+    """A client that shows `tls`'s certificate and trusts any server."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    context.load_cert_chain(str(tls.cert), str(tls.key))
+    return context

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import ssl
 import time
 
 import pytest
@@ -16,8 +17,9 @@ from test_spares_real import _checkpointed, _finished, _signal_tree
 from test_supervise_real import ONE_PER_NODE, Nodes, nodes, started  # noqa: F401
 
 from entrypoint.consensus import embedded
-from entrypoint.consensus.etcd import Etcd, EtcdRefused
+from entrypoint.consensus.etcd import Etcd, EtcdRefused, EtcdUnreachable
 from entrypoint.consensus.lease import TTL
+from tests.unit import etcd_server
 from tests.unit.etcd_server import EtcdServer, Relay
 
 STEPS = "160"
@@ -44,8 +46,18 @@ def _events(log: str) -> list[str]:
     return [json.loads(x)["event"] for x in log.splitlines() if x.startswith("{")]
 
 
-def test_node_0_killed_a_survivor_takes_its_seat_and_the_spare_trains(cluster):
-    c = cluster(3, "takeover-spare", ENTRYPOINT_SPARES="1")
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    """An etcd over https that asks for a client certificate, its auth on: the settings."""
+    server, env = etcd_server.secured(tmp_path_factory.mktemp("etcd-tls"))
+    yield env
+    server.stop()
+
+
+@pytest.mark.parametrize("access", ["http", "https, certificate, user"])
+def test_node_0_killed_a_survivor_takes_its_seat_and_the_spare_trains(cluster, access, request):
+    tls = request.getfixturevalue("secured") if access != "http" else {}
+    c = cluster(3, f"takeover-spare-{len(tls)}", ENTRYPOINT_SPARES="1", **tls)
     _checkpointed(c, 2)
     assert "losing node 0 costs a restart, not the job" in c.log(0), c.log(0)[-3000:]
     killed, said = _node_0_killed_and_the_job_done(c)
@@ -63,13 +75,14 @@ def test_node_0_killed_a_survivor_takes_its_seat_and_the_spare_trains(cluster):
 
 
 TOKEN = "own-etcd-token-0123456789abcdef"
+FILES = ("ca.crt", "peer.crt", "peer.key")  # a node's TLS files (embedded.job_tls)
 
 
 def test_with_no_etcd_set_the_jobs_own_etcd_lets_a_survivor_take_node_0s_seat(started):  # noqa: F811
     """No ENTRYPOINT_ETCD: the job's first 3 nodes start its own etcd members (node 0 named them
-    in its `go`), closed by the job's token (clients by etcd's auth, peers by TLS from the job's
-    CA); node 0 and its member are killed together, the two
-    members left keep etcd's quorum, and a survivor takes the seat."""
+    in its `go`), closed by the job's token (every port by TLS from the job's CA, clients by
+    etcd's auth too); node 0 and its member are killed together, the two members left keep
+    etcd's quorum, and a survivor takes the seat."""
     c = started(
         3, FAULT_STEPS=STEPS, ENTRYPOINT_SPARES="1", ENTRYPOINT_JOB_TOKEN=TOKEN, **ONE_PER_NODE
     )
@@ -81,14 +94,19 @@ def test_with_no_etcd_set_the_jobs_own_etcd_lets_a_survivor_take_node_0s_seat(st
         assert (c.tmp / "run" / f"node{rank}" / "etcd.log").stat().st_size > 0
         tls = c.tmp / "run" / f"node{rank}" / "etcd-tls"
         assert (tls / "peer.crt").exists() and not (tls / "ca.key").exists()
-    # a stranger who knows the ports, not the token, reads and writes nothing
+    # a stranger who knows the ports, not the token, reads and writes nothing: without the job's
+    # certificate no port answers; with a node's, the password still lacks
     ports = [("127.0.0.1", c.port + 3 + 2 * i) for i in range(3)]
-    with pytest.raises(EtcdRefused):
+    with pytest.raises(EtcdUnreachable):
         Etcd(ports).get("/multinode/job/node0")
+    with pytest.raises(EtcdUnreachable):
+        Etcd(ports, tls=ssl.create_default_context()).put("/multinode/job/node0", "mine")
+    tls = c.tmp / "run" / "node1" / "etcd-tls"
+    node1 = embedded.client_context(embedded.JobTLS(*(tls / f for f in FILES)))
     with pytest.raises(EtcdRefused):
-        Etcd(ports).put("/multinode/job/node0", "mine")
+        Etcd(ports, tls=node1).put("/multinode/job/node0", "mine")
     with pytest.raises(EtcdRefused, match="authentication failed"):
-        Etcd(ports).login(embedded.USER, embedded.password("another job's token 0123"))
+        Etcd(ports, tls=node1).login(embedded.USER, embedded.password("another job's token 0"))
     killed, said = _node_0_killed_and_the_job_done(c)
     assert any("is node 0 from restart 1" in x for rank in (1, 2) for x in said[rank]), said
     print(f"MEASURED node 0 and its etcd member killed (the job's own etcd): job done in "
