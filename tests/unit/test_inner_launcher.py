@@ -136,7 +136,13 @@ def _two_nodes(tmp_path: Path, scripts: dict[str, str]) -> tuple[list[str], list
         )
         for rank in (0, 1)
     ]
-    outputs = [p.communicate(timeout=240)[0] for p in procs]  # 6 to 7 s idle, torch 6 times
+    try:
+        outputs = [p.communicate(timeout=240)[0] for p in procs]  # 6 to 7 s idle, torch 6 times
+    finally:  # a node still running at the timeout is not left behind (its trainers die with it)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     return outputs, [p.returncode for p in procs], time.monotonic() - began, port
 
 

@@ -94,7 +94,13 @@ def _two_nodes(tmp_path: Path, *command: str) -> tuple[list[str], list[int], flo
         )
         for rank in (0, 1)
     ]
-    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    try:
+        outputs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:  # a node still running at the timeout is not left behind (its trainers die with it)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     return outputs, [p.returncode for p in procs], time.monotonic() - began
 
 
