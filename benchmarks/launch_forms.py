@@ -20,37 +20,19 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "tests" / "trainers")]
 from start_cost import epoch, two_nodes, when  # noqa: E402
+from user_lines import LAUNCH_LINES, SCRIPTS  # noqa: E402
+from user_lines import WORKSPACE as W  # noqa: E402
 
-W = "/workspace"
 FIRST = "made the job's first step"
-DS = ("deepspeed_tutorial.py", "--deepspeed", "--deepspeed_config", f"{W}/ds_config_tutorial.json")
 # name: the command after `entrypoint run --`
 FORMS = {
     "python ddp_tutorial.py (the entrypoint's torchrun)": ("python", f"{W}/ddp_tutorial.py"),
-    "torchrun --nproc-per-node=2": ("torchrun", "--nproc-per-node=2", f"{W}/ddp_tutorial.py"),
-    "python -m torch.distributed.run --nproc_per_node 2": (
-        "python", "-m", "torch.distributed.run", "--nproc_per_node", "2", f"{W}/ddp_tutorial.py",
-    ),
-    "python -m torch.distributed.launch --nproc_per_node=2 --use-env": (
-        "python", "-m", "torch.distributed.launch", "--nproc_per_node=2", "--use-env",
-        f"{W}/ddp_tutorial.py",
-    ),
-    "accelerate launch (machine 0's file, DeepSpeed ZeRO-2)": (
-        "accelerate", "launch", "--config_file", f"{W}/accelerate_machine0.yaml",
-        f"{W}/accelerate_quicktour.py",
-    ),
-    "accelerate launch (MULTI_CPU file)": (
-        "accelerate", "launch", "--config_file", f"{W}/accelerate_multi_cpu.yaml",
-        f"{W}/accelerate_quicktour.py",
-    ),
-    "deepspeed --num_gpus 2": ("deepspeed", "--num_gpus", "2", f"{W}/{DS[0]}", *DS[1:]),
-    "bash start.sh (torchrun --standalone)": ("bash", f"{W}/start.sh"),
-    "bash outer.sh -> start_machine0.sh (torchrun, old master)": ("bash", f"{W}/outer.sh"),
-    "bash start_accelerate.sh (accelerate, MULTI_CPU file)": ("bash", f"{W}/start_accelerate.sh"),
-    "bash start_deepspeed.sh (deepspeed, a hostfile)": ("bash", f"{W}/start_deepspeed.sh"),
-}  # fmt: skip
+    **LAUNCH_LINES,
+    **{f"bash {script}": ("bash", f"{W}/{script}") for script in SCRIPTS},
+}
 
 
 def one(command: tuple[str, ...], image: str) -> tuple[float, float]:

@@ -44,10 +44,10 @@ from cluster.test_cluster import STYLES, TWO_WORKERS
 from cluster.test_slurm import _ca_bundle, _docker_cli
 from entrypoint.local.cluster import LABEL, ClusterRun, Node
 from faulty_cluster import Fault, FaultyCluster
+from trainers.user_lines import LAUNCH_LINES, SCRIPTS, WORKSPACE
 
 ROOT = Path(__file__).parents[2]
 TRAINERS = ROOT / "tests" / "trainers"
-WORKSPACE = "/workspace"
 TIMEOUT = 300  # per cluster: a case takes ~30-90 s on 2 shared cores
 
 
@@ -333,34 +333,6 @@ def test_a_hang_inside_a_users_trainer_is_named(docker_client, image, shape):
 
 
 # Users' launch lines as they write them (docs/your-trainer.md, "Your launch line").
-LAUNCH_LINES = {
-    "torchrun": ("torchrun", "--nproc-per-node=2", f"{WORKSPACE}/ddp_tutorial.py"),
-    "python -m torch.distributed.run": (
-        "python", "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        f"{WORKSPACE}/ddp_tutorial.py",
-    ),
-    # the older launcher, as tutorials still write it
-    "python -m torch.distributed.launch": (
-        "python", "-m", "torch.distributed.launch", "--nproc_per_node=2", "--use-env",
-        f"{WORKSPACE}/ddp_tutorial.py",
-    ),
-    # DeepSpeed's getting-started line, run per node: its script reads --local_rank
-    "deepspeed": (
-        "deepspeed", "--num_gpus", "2", f"{WORKSPACE}/deepspeed_tutorial.py", "--deepspeed",
-        "--deepspeed_config", f"{WORKSPACE}/ds_config_tutorial.json",
-    ),
-    # seed 004's line: a config file written for machine 0, its main_process_ip not this cluster's
-    "accelerate launch": (
-        "accelerate", "launch", "--config_file", f"{WORKSPACE}/accelerate_machine0.yaml",
-        f"{WORKSPACE}/accelerate_quicktour.py",
-    ),
-    # the CPU form of the same file (MULTI_CPU, 4 processes): accelerate alone would start one
-    # process per machine
-    "accelerate launch multi-cpu": (
-        "accelerate", "launch", "--config_file", f"{WORKSPACE}/accelerate_multi_cpu.yaml",
-        f"{WORKSPACE}/accelerate_quicktour.py",
-    ),
-}  # fmt: skip
 # DeepSpeed's getting started, launched by a user's `deepspeed` line (LAUNCH_LINES) only: it
 # reads --local_rank, which DeepSpeed's launcher gives
 DEEPSPEED_TUTORIAL = Trainer(
@@ -421,15 +393,11 @@ def test_a_users_launch_line_forms_one_world(docker_client, image, form, convent
         print(f"launch line {form} x {convention}: {run.seconds:.1f} s")
 
 
-# A start script with its own launcher, run as `entrypoint run -- bash SCRIPT`: torchrun written
-# for one machine (start.sh), or for machine 0 of an old cluster and started from a wrapper, two
-# shells deep (outer.sh -> start_machine0.sh); accelerate with seed 004's file in its CPU form
-# (start_accelerate.sh); DeepSpeed's launcher with a hostfile (start_deepspeed.sh); each under
-# which conventions, and the trainer's shape (the CUDA 13 tier leaves them: Makefile's
-# CU13_LEAVE). The quick matrix leaves start.sh, whose form (a torchrun with no node values) the
-# loopback test runs (tests/unit/test_inner_launcher.py).
-SCRIPT_SHAPES = {"outer.sh": "ddp", "start.sh": "ddp", "start_accelerate.sh":
-                 "accelerate launch multi-cpu", "start_deepspeed.sh": "deepspeed"}  # fmt: skip
+# A start script with its own launcher (trainers/user_lines.py's SCRIPTS), run as `entrypoint
+# run -- bash SCRIPT`; each under which conventions, and the trainer's shape (the CUDA 13 tier
+# leaves them: Makefile's CU13_LEAVE). The quick matrix leaves start.sh, whose form (a torchrun
+# with no node values) the loopback test runs (tests/unit/test_inner_launcher.py).
+SCRIPT_SHAPES = dict(zip(SCRIPTS, ("ddp", "ddp", "accelerate launch multi-cpu", "deepspeed")))
 START_SCRIPTS = (
     [(s, c, t) for s, t in SCRIPT_SHAPES.items() for c in ("commercial", "slurm", "pytorchjob")]
     if MATRIX == "full"
