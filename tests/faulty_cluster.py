@@ -67,6 +67,7 @@ class FaultyCluster(Cluster):
         self._fired: dict[str, float] = {}
         self._errors: dict[str, str] = {}
         self.live: Mapping[str, NodeRun] = {}  # the current run's nodes so far, for an action
+        self._again: list[tuple[str, float]] = []  # nodes started again, and since when
 
     def run(
         self, nodes: Sequence[Node], *, faults: Sequence[Fault] = (), **kwargs: Any
@@ -135,6 +136,28 @@ class FaultyCluster(Cluster):
 
     def unpause(self, name: str) -> None:
         self.containers[name].unpause()
+
+    def start_again(self, name: str) -> None:
+        """`docker start` of a node's exited container, as a platform starts a failed node again
+        (its name, address and options kept): the run follows it anew, its exit code the new
+        start's, its log the old one's and the new one's."""
+        since = time.time()
+        self.containers[name].start()
+        self._again.append((name, since))
+
+    def _read_exits(self, state: Any, runs: dict[str, NodeRun], now: float) -> None:
+        while self._again:
+            name, since = self._again.pop(0)
+            runs[name].exit_code = None
+            state.running.add(name)
+            thread = threading.Thread(
+                target=self._follow,
+                args=(name, self.containers[name], runs[name], since),
+                daemon=True,
+            )
+            thread.start()
+            state.threads.append(thread)
+        super()._read_exits(state, runs, now)
 
     def disconnect(self, name: str) -> None:
         """`docker network disconnect`: the node is cut off, its connections never close."""

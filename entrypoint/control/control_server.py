@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from entrypoint.control import messages as m
 from entrypoint.control import sockets
@@ -63,6 +64,11 @@ class Peer:
         return f"node {self.hello.member} ({self.hello.host}, {self.address})"
 
 
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+    def join(self, timeout: float | None = None) -> None: ...
+
+
 class Server(threading.Thread):
     """Node 0's side: accepts every node's connection and carries out its mind's actions."""
 
@@ -104,6 +110,8 @@ class Server(threading.Thread):
         self.pending: Pending[Peer] = Pending()  # the peers not yet through their hello
         self.finished = threading.Event()
         self._halt = threading.Event()  # not `_stop`: threading.Thread has a method of that name
+        # What node 0 serves beside it (its /metrics): asked to stop with it.
+        self.beside: list[Stoppable] = []
         self.warnings = Warnings(log, refusal_window)
         self.clock = AwakeClock(slack=HELD_UP)
 
@@ -127,6 +135,8 @@ class Server(threading.Thread):
 
     def stop(self) -> None:
         self._halt.set()
+        for other in self.beside:
+            other.stop()
 
     def _loop(self) -> None:
         last_beat = last_tick = self.clock.round()

@@ -50,6 +50,8 @@ from entrypoint.control.rank_records import (
 PROTOCOL = 2
 MAX_LINE = 1 << 20  # a hello with every package listed is 10-20 kB; nothing needs more
 _ETCD_MEMBER = re.compile(r"[0-9]{1,6}=[^\s=,]{1,255}")  # a Go's etcd entry: MEMBER=HOST
+# Node 0's seat as a new node 0 holds it: "MEMBER HOST HOST:PORT" (its control address)
+_HOLDS = re.compile(r"[0-9]{1,6} [^\s]{1,255} [^\s]{1,300}")
 STATS_EVERY = 10.0  # seconds: a beat carries the GPU figures at most this often (node 0's CPU)
 AUTH_NONE, AUTH_HMAC = "none", "hmac-sha256"
 
@@ -92,6 +94,9 @@ class Hello(Message):
     proof: str = ""
     unhealthy: str = ""  # the checks this node failed before this start (supervise/health.py)
     domain: str = ""  # the NVLink domain of its GPUs (NVML's fabric cluster and clique), or ""
+    # Not a join: a node that took node 0's seat, knocking at the lost node 0's address for a
+    # node 0 its platform started again there (`holds`: "MEMBER HOST HOST:PORT")
+    holds: str = ""
 
     @classmethod
     def from_wire(cls, raw: dict) -> Hello:
@@ -117,10 +122,21 @@ class Hello(Message):
             proof=hex_field(raw, "proof", 64, allow_empty=True),
             unhealthy=str_field(raw, "unhealthy", 4096, ""),
             domain=str_field(raw, "domain", 100, ""),
+            holds=holds_field(raw),
         )
 
     def to_wire(self) -> dict:
-        return super().to_wire() | {"fingerprint": self.fingerprint.to_wire()}
+        wire = super().to_wire() | {"fingerprint": self.fingerprint.to_wire()}
+        if not self.holds:
+            wire.pop("holds")
+        return wire
+
+
+def holds_field(raw: dict) -> str:
+    holds = str_field(raw, "holds", 600, "")
+    if holds and not _HOLDS.fullmatch(holds):
+        raise BadMessage("holds must be MEMBER HOST HOST:PORT")
+    return holds
 
 
 @dataclass(frozen=True)
@@ -290,6 +306,22 @@ class Go(Message):
 
 
 @dataclass(frozen=True)
+class Elsewhere(Message):
+    """To a node 0 its platform started again, from its own server: another node holds node 0's
+    seat (`holds`: "MEMBER HOST HOST:PORT", as it said in its hello): join it, serve nothing."""
+
+    kind: ClassVar[str] = "elsewhere"
+    holds: str
+
+    @classmethod
+    def from_wire(cls, raw: dict) -> Elsewhere:
+        holds = holds_field(raw)
+        if not holds:
+            raise BadMessage("holds missing")
+        return cls(holds)
+
+
+@dataclass(frozen=True)
 class Stop(Message):
     """The job ends with `code`; `signal`: a node received it, the others pass it on."""
 
@@ -362,11 +394,37 @@ class Done(Message):
 
 KINDS: dict[str, type[Message]] = {
     m.kind: m
-    for m in (Hello, Beat, Exit, Signal, Challenge, Welcome, Refuse, Go, Stop, Restart, Done, Dump)
+    for m in (
+        Hello,
+        Beat,
+        Exit,
+        Signal,
+        Challenge,
+        Welcome,
+        Refuse,
+        Go,
+        Stop,
+        Restart,
+        Done,
+        Dump,
+        Elsewhere,
+    )
 } | {"stacks": Stacks, "health": Health}
 FROM_NODES = frozenset({"hello", "beat", "exit", "signal", "stacks", "health"})
 FROM_NODE_0 = frozenset(
-    {"challenge", "welcome", "refuse", "go", "stop", "restart", "signal", "beat", "done", "dump"}
+    {
+        "challenge",
+        "welcome",
+        "refuse",
+        "go",
+        "stop",
+        "restart",
+        "signal",
+        "beat",
+        "done",
+        "dump",
+        "elsewhere",
+    }
 )
 
 

@@ -35,6 +35,7 @@ from entrypoint.control.messages import (
     STATS_EVERY,
     Beat,
     Done,
+    Elsewhere,
     Exit,
     Health,
     Hello,
@@ -126,6 +127,8 @@ class Conductor:
     def hello(self, member: int, message: Hello, now: float, wall_now: float) -> list[Action]:
         """A node of this job (the handshake passed) says hello: join, or join again."""
         host = message.host
+        if message.holds:
+            return self._knocked(member, message.holds)
         if not 0 <= member < self.job.expected:
             return seating.not_planned(self.job, member, host)
         old = self.job.members.get(member)
@@ -183,6 +186,25 @@ class Conductor:
         )
         self.job.lost.pop(member, None)
         return seating.maybe_go(self.job, now)
+
+    def _knocked(self, member: int, holds: str) -> list[Action]:
+        """A node of this job that holds node 0's seat (it proved the job's token) knocks at this
+        node 0's port: this node 0 is one its platform started again after a survivor took its
+        seat. Before its job formed (the first join: no `go` yet), it joins that node 0 instead
+        of serving a job nobody else joins; a job that formed here is this node 0's own, and
+        the knock is only said."""
+        holder, host, _ = holds.split()
+        who = f"node {holder} ({host})"
+        if self.job.phase == JOIN and self.job.generation == 0:
+            return [
+                Log("info", f"{who} knocked at this port: it holds node 0's seat"),
+                Send(0, Elsewhere(holds)),
+                Close(member),
+            ]
+        self.job.knocks += 1  # said once: it knocks again every few seconds
+        said = f"{who} says it holds node 0's seat; this job runs here"
+        actions: list[Action] = [Log("warning", said)] if self.job.knocks == 1 else []
+        return [*actions, Close(member)]
 
     def beat(self, member: int, message: Beat, now: float) -> list[Action]:
         """A member is alive: its GPUs' figures and its ranks' steps (hangs are judged here)."""

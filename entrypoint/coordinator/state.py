@@ -118,6 +118,7 @@ class JobState:
     unit: str = "node"  # "node", or "process" when the platform started one per GPU
     address: str = "?"  # where node 0 listens, for messages
     head: int = 0  # the member serving the job: 0, or node 0's seat holder after a takeover
+    knocks: int = 0  # knocks of a node that holds node 0's seat elsewhere (conductor._knocked)
     # The job's own etcd (entrypoint.consensus.embedded): how many members run one (0: none),
     # and, from the first `go`, which: "MEMBER=HOST" in the cluster's order.
     etcd_members: int = 0

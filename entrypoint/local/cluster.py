@@ -447,14 +447,19 @@ class Cluster:
         if self.echo is not None and not self._closing:
             self.echo(text)
 
-    def _follow(self, name: str, container: Container, node_run: NodeRun) -> None:
+    def _follow(
+        self, name: str, container: Container, node_run: NodeRun, since: float | None = None
+    ) -> None:
         """Stream one container's stdout and stderr, line by line (a progress bar's carriage
-        returns end a line too)."""
+        returns end a line too); `since` (Unix time): only what it wrote from then on (a
+        container started again)."""
         from docker.errors import APIError, NotFound
 
         buffer = b""
         try:
-            for chunk in container.logs(stream=True, follow=True, stdout=True, stderr=True):
+            for chunk in container.logs(
+                stream=True, follow=True, stdout=True, stderr=True, since=since
+            ):
                 buffer += chunk.replace(b"\r", b"\n")
                 *complete, buffer = buffer.split(b"\n")
                 for raw in complete:

@@ -28,7 +28,7 @@ from entrypoint.plan.settings import Settings
 from entrypoint.plan.values import host_port
 from entrypoint.supervise import health, probe
 from entrypoint.supervise.gpu_stats import Stats
-from entrypoint.supervise.node_exits import Interrupted, Node0Lost, NodeExit
+from entrypoint.supervise.node_exits import HeadElsewhere, Interrupted, Node0Lost, NodeExit
 from entrypoint.supervise.node_state import NodeState
 
 if TYPE_CHECKING:
@@ -138,7 +138,9 @@ def serve(
             return _started(server, host, port)
         name = identity.job.partition("=")[2] or "-"  # ENTRYPOINT_JOB_ID=train: train
         job = metrics.Job(name, plan.platform, plan.nproc_per_node)
-        if metrics.serve(conductor, job, plan.metrics_port, bind, log, server.clock.now):
+        served = metrics.serve(conductor, job, plan.metrics_port, bind, log, server.clock.now)
+        if served is not None:
+            server.beside.append(served)
             where = host_port(host, plan.metrics_port)
             log("info", f"metrics of every node at http://{where}/metrics (entrypoint status)")
     return _started(server, host, port)
@@ -268,6 +270,11 @@ class Join:
             log.error(head, traceback=[line.removeprefix("    ") for line in lines])
             return
         getattr(log, level)(text)
+
+    @property
+    def fingerprint(self) -> Fingerprint:
+        """This node's fingerprint as its last hello gave it (empty before the first)."""
+        return self._fp
 
     def start(self) -> None:
         """The first join: serve node 0 (on node 0), check this node, connect, hello, go."""
@@ -452,6 +459,8 @@ class Join:
                         return
                     case m.Stop(code=code, reason=reason):
                         raise NodeExit(code, self.from_node0(reason))
+                    case m.Elsewhere(holds=holds):
+                        raise HeadElsewhere(holds)
             self.check_node0(deadline_silent)
 
     def _take_seat(self, seat: int | None, nnodes: int) -> None:

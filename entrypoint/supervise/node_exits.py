@@ -31,6 +31,17 @@ class Node0Lost(NodeExit):
     its running workers given LOST_PEER_GRACE first (entrypoint.supervise.supervisor)."""
 
 
+class HeadElsewhere(Exception):
+    """Node 0, started again by its platform, heard from its own server before its job formed:
+    another node of the job holds node 0's seat (`holds`: "MEMBER HOST HOST:PORT"). It joins
+    that one instead of serving a job of its own (entrypoint.supervise.supervisor)."""
+
+    def __init__(self, holds: str) -> None:
+        member, self.host, self.address = holds.split()
+        self.member = int(member)
+        super().__init__(holds)
+
+
 class Interrupted(Exception):
     """A stopping signal while this node waits for node 0 (raised by the signal handler)."""
 

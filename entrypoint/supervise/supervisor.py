@@ -47,12 +47,14 @@ from entrypoint.plan.settings import Settings
 from entrypoint.plan.values import host_port
 from entrypoint.supervise import failures, health, join, logs, procs, takeover
 from entrypoint.supervise.gpu_stats import Stats
+from entrypoint.supervise.knock import Knocker
 from entrypoint.supervise.launcher_process import LauncherProcess, exit_status, start
 from entrypoint.supervise.logs import Logger
 from entrypoint.supervise.node_exits import (
     LOST_PEER_GRACE,
     PEER_STOP_GRACE,
     RESTART_GRACE,
+    HeadElsewhere,
     Interrupted,
     Node0Lost,
     NodeExit,
@@ -231,6 +233,9 @@ class Supervisor:
         self.beats: Beats | None = None  # the heartbeat while a launch runs
         self.health: health.HealthWatch | None = None  # GPU and link events, from the join on
         self.signpost: MetricsServer | None = None  # not node 0: its metrics port points at it
+        # Where the platform starts node 0 (again): a new node 0 knocks there (supervise/knock.py)
+        self.platform_node0 = (plan.master_addr, plan.control_port)
+        self.knocker: Knocker | None = None
 
     @property
     def plan(self) -> Plan:
@@ -265,7 +270,7 @@ class Supervisor:
         early_signals.clear()
         try:
             self._find_head()
-            self.join.start()
+            self._join_first()
             self._hold_seat()
             self._signpost()
             if self.settings.health_checks:
@@ -561,6 +566,28 @@ class Supervisor:
         )
         self.node.head, self.node.master = held.member, held.host
 
+    def _join_first(self) -> None:
+        """The first join. A node 0 its platform started again, before its job formed, may hear
+        at its own port from the node that took its seat (supervise/knock.py): it stops serving
+        and joins that one, as `_find_head` does where etcd's endpoints are known."""
+        try:
+            self.join.start()
+        except HeadElsewhere as found:
+            self.log.warning(
+                f"node {found.member} ({found.host}) holds node 0's seat (it knocked at this "
+                "node's control port): this node, started again, joins it"
+            )
+            server, self.node.server = self.node.server, None
+            if server is not None:
+                server.stop()
+                server.finished.wait(timeout=2)
+                for other in server.beside:
+                    other.join(timeout=2)  # its /metrics port free for the signpost
+            if self.node.channel is not None:
+                self.node.channel.close()
+            self.node.head, self.node.master = found.member, found.host
+            self.join.start()
+
     def _nobody_else(self) -> str | None:
         """Asked by node 0's lease keeper when no renewal answered: why no other node could take
         node 0's seat now, or None (then it fences). On the job's own etcd, once the members
@@ -601,6 +628,8 @@ class Supervisor:
         seat; its control server stops and its trainers are killed now (well within the
         lease's MARGIN), and its loop ends the node."""
         self.fencing = why  # this node's own channel closing now is no lost node 0
+        if self.knocker is not None:
+            self.knocker.stop()
         server = self.node.server
         if server is not None:  # first: node 0's mind must not judge its own trainers' end
             server.stop()  # the others see node 0 gone, with no verdict, and elect another
@@ -658,6 +687,14 @@ class Supervisor:
                     address=me.address,
                     why=lost.reason,
                 )
+                if self.platform_node0[1] and me.member != 0:
+                    self.knocker = Knocker(
+                        (self.platform_node0[0], self.platform_node0[1]),
+                        me,
+                        self.node.identity,
+                        self.join.fingerprint,
+                    )
+                    self.knocker.start()
                 self.node.server, _, _ = join.serve(
                     self.plan,
                     self.settings,
@@ -710,6 +747,8 @@ class Supervisor:
         procs.kill_leftovers(self.log, guard, launcher, keep=keep)
 
     def _cleanup(self) -> None:
+        if self.knocker is not None:
+            self.knocker.stop()
         if self.health is not None:
             self.health.stop()
         if self.signpost is not None:

@@ -1,13 +1,15 @@
 """Losing node 0 across real containers (issue 50): 3 node containers of the image (2 workers
 each, through torchrun, hand-started with a spare), no etcd named: the job's own etcd runs on
-its 3 nodes (the image's etcd, started by each entrypoint). Node 0 is `docker kill`ed, or cut off
-by `docker network disconnect`, while the job trains: a survivor takes its seat in etcd, serves
-the job, and every rank trains again in one world with the trainers' rendezvous on the new node
-0's host (MASTER_ADDR moved), resumed from the checkpoint on the shared volume. The cut-off node 0
-cannot renew its seat (its etcd member is alone): it kills its trainers and exits 75 before its
-seat could be taken. After the takeover, `entrypoint status` on node 2 finds the new node 0
-from node 1's host (node 0's port, or a node's that points at it) and with no address at all
-(MASTER_ADDR names the lost node 0).
+its 3 nodes (the image's etcd, started by each entrypoint). Node 0 is `docker kill`ed, or cut
+off by `docker network disconnect`, while the job trains: a survivor takes its seat in etcd,
+serves the job, and every rank trains again in one world with the trainers' rendezvous on the
+new node 0's host (MASTER_ADDR moved), resumed from the checkpoint on the shared volume. The
+killed node 0's container is started again after the takeover, as its platform would: it knows
+no survivor and not where etcd is, the new node 0 knocks at its address, and it joins as a
+standby and ends with the job. The cut-off node 0 cannot renew its seat (its etcd member is
+alone): it kills its trainers and exits 75 before its seat could be taken. After the takeover,
+`entrypoint status` on node 2 finds the new node 0 from node 1's host (node 0's port, or a
+node's that points at it) and with no address at all (MASTER_ADDR names the lost node 0).
 
 The workers run tests/fault_trainer.py (the entrypoint's handling is the subject, and its
 collective is served by rank 0 at MASTER_ADDR: a rank left on the old master would not step).
@@ -24,7 +26,9 @@ from faulty_cluster import Fault, FaultyCluster, lightened
 from .test_spares import OUTPUT, TIMEOUT, at_step, cluster, measured, nodes
 
 TOKEN = "takeover-token-0123456789abcdef"
-FAULTS = {"kill": (FaultyCluster.kill, 137), "disconnect": (FaultyCluster.disconnect, 75)}
+# how node 0 is lost, and its container's last exit code: killed, it is started again by its
+# platform after the takeover (it joins the new node 0 as a standby, and ends with the job)
+FAULTS = {"kill": (FaultyCluster.kill, 0), "disconnect": (FaultyCluster.disconnect, 75)}
 
 
 @pytest.mark.parametrize("fault", FAULTS)
@@ -50,6 +54,9 @@ def test_node_0_lost_a_survivor_takes_its_seat_and_every_rank_trains_again(
             for name, words in (("node 1", [n[1]]), ("no address", [])):
                 asked[name] = c.exec(n[2], ["entrypoint", "status", "--json", *words])
 
+        def again(c: FaultyCluster) -> None:
+            c.start_again(n[0])
+
         run = c.run(
             lightened(job, steps, out=f"{OUTPUT}/results"),
             timeout=TIMEOUT,
@@ -57,6 +64,11 @@ def test_node_0_lost_a_survivor_takes_its_seat_and_every_rank_trains_again(
             faults=[
                 at_step(c, "lose0", lambda c: act(c, n[0]), line="[fault] step 20/"),
                 Fault("status", status, node=n[2], line="(restart 1)", delay=1),
+                *(  # after `status` saw node 0 lost (degraded)
+                    [Fault("again", again, node=n[2], line="(restart 1)", delay=6)]
+                    if fault == "kill"
+                    else []
+                ),
             ],
         )
         assert run.exit_codes == {n[0]: code, n[1]: 0, n[2]: 0}, run.log(120)
@@ -93,6 +105,13 @@ def test_node_0_lost_a_survivor_takes_its_seat_and_every_rank_trains_again(
         lost = run.faults["lose0"]
         assert back is not None, run.log(80)
         measured(f"node 0 {fault}: a survivor node 0, every rank training again", back - lost)
+        if fault == "kill":  # started again: it knows no survivor, and not where etcd is
+            assert "again" in run.faults, run.fault_errors
+            assert (
+                "(it knocked at this node's control port): this node, started again, joins it"
+                in log0
+            ), log0[-3000:]
+            assert "standing by" in log0.split("started again, joins it")[1], log0[-3000:]
         if fault == "disconnect":  # fenced: its trainers stopped before a new node 0 trained
             fenced = run.node(n[0]).when("this node lost node 0's seat in etcd")
             assert fenced is not None and fenced < back, (fenced, back)

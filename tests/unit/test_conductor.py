@@ -4,8 +4,18 @@
 import pytest
 from fingerprints import fingerprint
 
-from entrypoint.control.actions import ALL, Log, Send
-from entrypoint.control.messages import Beat, Done, Exit, Go, Hello, Restart, Signal, Stop
+from entrypoint.control.actions import ALL, Close, Log, Send
+from entrypoint.control.messages import (
+    Beat,
+    Done,
+    Elsewhere,
+    Exit,
+    Go,
+    Hello,
+    Restart,
+    Signal,
+    Stop,
+)
 from entrypoint.control.node_stats import NodeStats
 from entrypoint.control.rank_records import Failure
 from entrypoint.coordinator.conductor import Conductor
@@ -332,3 +342,20 @@ def test_usr1_is_noted_but_not_passed_on():
     actions = c.signalled(0, Signal(10), now=5)
     assert [a for a in actions if isinstance(a, Send)] == []
     assert "node 0 (worker-0) received SIGUSR1" in actions[0].text
+
+
+def test_a_node_0_started_again_before_its_job_formed_joins_the_node_that_knocks():
+    """A node of this job that holds node 0's seat knocks at node 0's port (supervise/knock.py):
+    a node 0 still at its first join is told to join it (its own connection, member 0); a job
+    that formed here says so once, and every knock is closed."""
+    knock = Hello(2, "worker-2", 1000.0, fingerprint(FP), holds="2 worker-2 worker-2:29501")
+    c = Conductor(3, LIMITS, now=0.0)
+    c.hello(0, hello(0), now=1.0, wall_now=1000.0)
+    actions = c.hello(2, knock, now=2.0, wall_now=1000.0)
+    assert actions[1:] == [Send(0, Elsewhere("2 worker-2 worker-2:29501")), Close(2)]
+    assert 2 not in c.job.members  # a knock is no join
+    formed = joined(2)
+    said = formed.hello(1, knock, now=2.0, wall_now=1000.0)
+    assert [type(a) for a in said] == [Log, Close]
+    assert "says it holds node 0's seat; this job runs here" in said[0].text
+    assert formed.hello(1, knock, now=3.0, wall_now=1000.0) == [Close(1)]

@@ -56,6 +56,10 @@ EVERY_KIND = [
         nonce="a" * 32,
         proof="b" * 64,
     ),
+    m.Hello(
+        2, "node-2", Fingerprint.from_wire(FP), 1000.5, nonce="e" * 32, holds="2 node-2 node-2:1"
+    ),
+    m.Elsewhere("1 fd00::2 [fd00::2]:29501"),
     m.Beat(NodeStats((GpuFigures(90.0, 1, 2),))),
     m.Beat(NodeStats(load=1.5)),
     m.Beat(),
@@ -127,6 +131,20 @@ def test_what_the_schema_refuses(wire, why):
 def test_a_go_names_the_jobs_etcd_members_only_as_member_and_host(etcd, why):
     with pytest.raises(m.BadMessage, match=why):
         m.decode(json.dumps({"t": "go", "etcd": etcd}).encode(), m.FROM_NODE_0)
+
+
+@pytest.mark.parametrize(
+    "holds", ["node-2", "2 node-2", "x node-2 node-2:1", "2 node 2 h:1", "2 h " + "p" * 301]
+)
+def test_a_knock_names_node_0s_seat_only_as_member_host_and_address(holds):
+    hello = m.Hello(2, "h", Fingerprint.from_wire(FP), 1.0, nonce="e" * 32, holds=holds).to_wire()
+    with pytest.raises(m.BadMessage, match="holds must be"):
+        m.decode(json.dumps(hello).encode())
+    with pytest.raises(m.BadMessage, match="holds must be"):
+        m.decode(json.dumps({"t": "elsewhere", "holds": holds}).encode(), m.FROM_NODE_0)
+    with pytest.raises(m.BadMessage, match="holds missing"):
+        m.decode(json.dumps({"t": "elsewhere"}).encode(), m.FROM_NODE_0)
+    assert "holds" not in m.Hello(2, "h", Fingerprint(), 1.0).to_wire()  # a join's hello
 
 
 def test_another_protocol_version_is_read_only_as_far_as_its_number():

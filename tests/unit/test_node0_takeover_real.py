@@ -13,12 +13,17 @@ import ssl
 import time
 
 import pytest
+from test_messages import FP
 from test_spares_real import _checkpointed, _finished, _signal_tree
 from test_supervise_real import ONE_PER_NODE, Nodes, nodes, started  # noqa: F401
 
 from entrypoint.consensus import embedded
+from entrypoint.consensus.election import Holder
 from entrypoint.consensus.etcd import Etcd, EtcdRefused, EtcdUnreachable
 from entrypoint.consensus.lease import TTL
+from entrypoint.control.identity import Identity
+from entrypoint.control.node_fingerprint import Fingerprint
+from entrypoint.supervise.knock import Knocker
 from tests.unit import etcd_server
 from tests.unit.etcd_server import EtcdServer, Relay
 
@@ -229,6 +234,39 @@ def test_node_0_started_again_joins_the_new_node_0_and_stands_by(cluster):
     said = _events(c.log(0))
     assert any("holds node 0's seat in etcd: this node, started again, joins it" in x for x in said)
     assert any("standing by" in x for x in said), said
+
+
+def test_a_node_0_started_again_joins_the_node_that_knocks_with_the_jobs_token(nodes):  # noqa: F811
+    """The knock (supervise/knock.py) at a real node 0 that its platform started again, still at
+    its first join: a knock with another job's token is refused and changes nothing; the job's
+    own makes it stop serving and join the knocker's node 0 (on loopback that is its own host
+    and port, which nobody serves then: it waits, and its join times out). Whole, with the job's
+    own etcd and a standby at the end: tests/cluster/test_node0_takeover.py (one host cannot
+    hold the new node 0's port and node 0's both)."""
+    c = nodes(
+        n=3,
+        ENTRYPOINT_SPARES="1",
+        ENTRYPOINT_JOB_TOKEN=TOKEN,
+        ENTRYPOINT_JOIN_TIMEOUT="15",
+        **ONE_PER_NODE,
+    )
+    c.start(0)
+    address = ("127.0.0.1", c.port + 1)
+    holder = Holder(2, "127.0.0.1", f"127.0.0.1:{c.port + 1}")
+    fp = Fingerprint.from_wire(FP)
+    end = time.monotonic() + 30
+    while "metrics of every node at" not in c.log(0):  # it serves (and has said hello)
+        assert time.monotonic() < end and c.procs[0].poll() is None, c.log(0)[-3000:]
+        time.sleep(0.1)
+    other = Knocker(address, holder, Identity("", b"another job's token 0123456789ab"), fp)
+    assert not other.knock()
+    assert "wrong job token" in c.log(0) and "knocked" not in c.log(0), c.log(0)[-3000:]
+    assert Knocker(address, holder, Identity("", TOKEN.encode()), fp).knock()
+    assert c.procs[0].wait(timeout=60) == 75, c.log(0)[-3000:]
+    said = _events(c.log(0))
+    joins = [i for i, x in enumerate(said) if "(it knocked at this node's control port)" in x]
+    assert joins and said[joins[0]].startswith("node 2 (127.0.0.1) holds node 0's seat"), said
+    assert any("knocked at this port: it holds node 0's seat" in x for x in said), said
 
 
 def _taken_over(c: Nodes) -> None:
