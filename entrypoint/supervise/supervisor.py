@@ -233,9 +233,8 @@ class Supervisor:
         self.beats: Beats | None = None  # the heartbeat while a launch runs
         self.health: health.HealthWatch | None = None  # GPU and link events, from the join on
         self.signpost: MetricsServer | None = None  # not node 0: its metrics port points at it
-        # Where the platform starts node 0 (again): a new node 0 knocks there (supervise/knock.py)
-        self.platform_node0 = (plan.master_addr, plan.control_port)
-        self.knocker: Knocker | None = None
+        self.platform_node0 = (plan.master_addr, plan.control_port)  # where node 0 starts again
+        self.knocker: Knocker | None = None  # a new node 0's, knocking there (supervise/knock.py)
 
     @property
     def plan(self) -> Plan:
