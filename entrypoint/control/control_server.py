@@ -302,6 +302,14 @@ class Server(threading.Thread):
             if not peer.out:
                 self._drop(peer)
             return
+        if hello.holds:  # a knock (supervise/knock.py): answered, closed, never a member
+            self.pending.discard(peer)
+            self._apply(self.mind.hello(hello.member, hello, now, time.time()))
+            peer.closing = True
+            self._flush(peer)
+            if not peer.out:
+                self._drop(peer)
+            return
         first = peer.member is None
         peer.member, peer.hello = hello.member, hello
         self.pending.discard(peer)

@@ -189,22 +189,23 @@ class Conductor:
 
     def _knocked(self, member: int, holds: str) -> list[Action]:
         """A node of this job that holds node 0's seat (it proved the job's token) knocks at this
-        node 0's port: this node 0 is one its platform started again after a survivor took its
-        seat. Before its job formed (the first join: no `go` yet), it joins that node 0 instead
-        of serving a job nobody else joins; a job that formed here is this node 0's own, and
-        the knock is only said."""
+        node 0's port (the server closes the knock; it is never a member): this node 0 is one
+        its platform started again after a survivor took its seat. Before its job formed (the
+        first join: no `go` yet), it joins that node 0 instead of serving a job nobody else
+        joins. A job that formed here is this node 0's own, and the knock is only said, once;
+        this node 0's own knock (its host is the platform's node 0 address) is not."""
         holder, host, _ = holds.split()
         who = f"node {holder} ({host})"
+        if int(holder) == self.job.head:
+            return []
         if self.job.phase == JOIN and self.job.generation == 0:
             return [
                 Log("info", f"{who} knocked at this port: it holds node 0's seat"),
                 Send(0, Elsewhere(holds)),
-                Close(member),
             ]
         self.job.knocks += 1  # said once: it knocks again every few seconds
         said = f"{who} says it holds node 0's seat; this job runs here"
-        actions: list[Action] = [Log("warning", said)] if self.job.knocks == 1 else []
-        return [*actions, Close(member)]
+        return [Log("warning", said)] if self.job.knocks == 1 else []
 
     def beat(self, member: int, message: Beat, now: float) -> list[Action]:
         """A member is alive: its GPUs' figures and its ranks' steps (hangs are judged here)."""

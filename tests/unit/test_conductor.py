@@ -4,7 +4,7 @@
 import pytest
 from fingerprints import fingerprint
 
-from entrypoint.control.actions import ALL, Close, Log, Send
+from entrypoint.control.actions import ALL, Log, Send
 from entrypoint.control.messages import (
     Beat,
     Done,
@@ -345,17 +345,19 @@ def test_usr1_is_noted_but_not_passed_on():
 
 
 def test_a_node_0_started_again_before_its_job_formed_joins_the_node_that_knocks():
-    """A node of this job that holds node 0's seat knocks at node 0's port (supervise/knock.py):
-    a node 0 still at its first join is told to join it (its own connection, member 0); a job
-    that formed here says so once, and every knock is closed."""
+    """A node of this job that holds node 0's seat knocks at node 0's port (supervise/knock.py;
+    the server closes the knock): a node 0 still at its first join is told to join it (its own
+    connection, member 0); a job that formed here says so once; its own knock, nothing."""
     knock = Hello(2, "worker-2", 1000.0, fingerprint(FP), holds="2 worker-2 worker-2:29501")
     c = Conductor(3, LIMITS, now=0.0)
     c.hello(0, hello(0), now=1.0, wall_now=1000.0)
     actions = c.hello(2, knock, now=2.0, wall_now=1000.0)
-    assert actions[1:] == [Send(0, Elsewhere("2 worker-2 worker-2:29501")), Close(2)]
+    assert actions[1:] == [Send(0, Elsewhere("2 worker-2 worker-2:29501"))]
     assert 2 not in c.job.members  # a knock is no join
     formed = joined(2)
     said = formed.hello(1, knock, now=2.0, wall_now=1000.0)
-    assert [type(a) for a in said] == [Log, Close]
+    assert [type(a) for a in said] == [Log]
     assert "says it holds node 0's seat; this job runs here" in said[0].text
-    assert formed.hello(1, knock, now=3.0, wall_now=1000.0) == [Close(1)]
+    assert formed.hello(1, knock, now=3.0, wall_now=1000.0) == []
+    own = Hello(0, "worker-0", 1000.0, fingerprint(FP), holds="0 worker-0 worker-0:29501")
+    assert joined(2).hello(0, own, now=2.0, wall_now=1000.0) == []
