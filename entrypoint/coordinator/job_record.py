@@ -113,6 +113,9 @@ def resumed(
     job.restarts_left = record.restarts_left
     job.seats = dict(record.seats)
     job.lost = dict(record.lost) | {record.head: why or "node 0 was lost"}
+    # The old node 0 has ended, its etcd member with it: killed, or fenced (its lease lost) and
+    # out. Started again, it runs none (supervise/own_etcd.py): its member counts as gone.
+    job.gone = {record.head}
     job.sick = dict(record.sick)
     job.next_start(sorted(set(alive) | {head}), now)
     return job

@@ -26,7 +26,7 @@ from entrypoint.plan.node_plan import Plan
 from entrypoint.plan.secrets import TOKEN_FILE_VARIABLE, TOKEN_VARIABLE
 from entrypoint.plan.settings import Settings
 from entrypoint.plan.values import host_port
-from entrypoint.supervise import health, probe
+from entrypoint.supervise import health, knock, probe
 from entrypoint.supervise.gpu_stats import Stats
 from entrypoint.supervise.node_exits import HeadElsewhere, Interrupted, Node0Lost, NodeExit
 from entrypoint.supervise.node_state import NodeState
@@ -229,6 +229,8 @@ class Join:
         self._rejoins = 0
         self._unhealthy = ""  # the checks this node failed before this start, one line
         self._domain = ""  # this node's NVLink domain (supervise/health.py), "" without one
+        # node 0 started again after a takeover: its port, pointing at the seat's holder
+        self.pointing: tuple[knock.Pointer, control_server.Server] | None = None
 
     @property
     def node0(self) -> control_channel.Channel:
@@ -277,7 +279,56 @@ class Join:
         return self._fp
 
     def start(self) -> None:
-        """The first join: serve node 0 (on node 0), check this node, connect, hello, go."""
+        """The first join: serve node 0 (on node 0), check this node, connect, hello, go. A node
+        0 its platform started again, before its job formed, may hear at its own port from the
+        node that took its seat (supervise/knock.py), and any node that joins node 0's address
+        may be told there: it stops serving and joins that one, as the supervisor's
+        `_find_head` does where etcd's endpoints are known. Node 0 then keeps its port pointing
+        at the seat's holder (`pointing`), for the nodes started again after it."""
+        try:
+            self._start()
+        except HeadElsewhere as found:
+            how = (
+                "it knocked at this node's control port"
+                if self.node.server is not None
+                else f"node 0's address {self.node.plan.master_addr} says so"
+            )
+            self.node.log.warning(
+                f"node {found.member} ({found.host}) holds node 0's seat ({how}): this node, "
+                "started again, joins it"
+            )
+            self._stop_serving()
+            self.node.head, self.node.master = found.member, found.host
+            self._start()
+            plan = self.node.plan
+            if self.node.member == 0 and plan.control_port:
+                self.pointing = knock.pointing(
+                    str(found),
+                    self.node.expected,
+                    plan.control_port,
+                    self.node.settings.heartbeat_interval,
+                    self.server_log,
+                    self.node.identity,
+                )
+
+    def _stop_serving(self) -> None:
+        """Node 0's control server and /metrics stopped (their ports freed), its own
+        connection closed."""
+        server, self.node.server = self.node.server, None
+        if server is not None:
+            server.stop()
+            server.finished.wait(timeout=2)
+            for other in server.beside:
+                other.join(timeout=2)  # its /metrics port free for the signpost
+        if self.node.channel is not None:
+            self.node.channel.close()
+
+    def close(self) -> None:
+        """At the node's end: the port that points at node 0, if this node serves one."""
+        if self.pointing is not None:
+            self.pointing[1].stop()
+
+    def _start(self) -> None:
         host, port = self.node.plan.master_addr, self.node.plan.control_port
         if self.node.member != self.node.head and self.node.master is not None:
             host = self.node.master  # node 0 started again: a survivor holds its seat now

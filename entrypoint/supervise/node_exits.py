@@ -41,6 +41,9 @@ class HeadElsewhere(Exception):
         self.member = int(member)
         super().__init__(holds)
 
+    def __str__(self) -> str:
+        return f"{self.member} {self.host} {self.address}"
+
 
 class Interrupted(Exception):
     """A stopping signal while this node waits for node 0 (raised by the signal handler)."""

@@ -54,7 +54,6 @@ from entrypoint.supervise.node_exits import (
     LOST_PEER_GRACE,
     PEER_STOP_GRACE,
     RESTART_GRACE,
-    HeadElsewhere,
     Interrupted,
     Node0Lost,
     NodeExit,
@@ -269,7 +268,7 @@ class Supervisor:
         early_signals.clear()
         try:
             self._find_head()
-            self._join_first()
+            self.join.start()
             self._hold_seat()
             self._signpost()
             if self.settings.health_checks:
@@ -565,28 +564,6 @@ class Supervisor:
         )
         self.node.head, self.node.master = held.member, held.host
 
-    def _join_first(self) -> None:
-        """The first join. A node 0 its platform started again, before its job formed, may hear
-        at its own port from the node that took its seat (supervise/knock.py): it stops serving
-        and joins that one, as `_find_head` does where etcd's endpoints are known."""
-        try:
-            self.join.start()
-        except HeadElsewhere as found:
-            self.log.warning(
-                f"node {found.member} ({found.host}) holds node 0's seat (it knocked at this "
-                "node's control port): this node, started again, joins it"
-            )
-            server, self.node.server = self.node.server, None
-            if server is not None:
-                server.stop()
-                server.finished.wait(timeout=2)
-                for other in server.beside:
-                    other.join(timeout=2)  # its /metrics port free for the signpost
-            if self.node.channel is not None:
-                self.node.channel.close()
-            self.node.head, self.node.master = found.member, found.host
-            self.join.start()
-
     def _nobody_else(self) -> str | None:
         """Asked by node 0's lease keeper when no renewal answered: why no other node could take
         node 0's seat now, or None (then it fences). On the job's own etcd, once the members
@@ -706,6 +683,8 @@ class Supervisor:
                     host=me.host,
                 )
             self.node.head, self.node.master = holder.member, holder.host
+            if self.join.pointing is not None:  # node 0 started again: its port points on
+                self.join.pointing[0].moved(holder)
             host, _, port = holder.address.rpartition(":")
             try:
                 self.join.rejoin(host.strip("[]"), int(port))
@@ -748,6 +727,7 @@ class Supervisor:
     def _cleanup(self) -> None:
         if self.knocker is not None:
             self.knocker.stop()
+        self.join.close()
         if self.health is not None:
             self.health.stop()
         if self.signpost is not None:

@@ -34,6 +34,7 @@ def test_the_jobs_own_etcd_members_go_on_with_the_new_node_0():
     record = JobRecord.from_json(record_of(c.job).to_json())
     assert record.etcd == ("0=worker-0", "1=worker-1", "2=worker-2")
     job = resumed(record, 1, [1, 2], expected=3, limits=LIMITS, roster=Roster(3, 2, 2), now=50.0)
+    assert job.gone == {0}  # the old node 0 ended, its etcd member with it (started again: none)
     successor = Conductor.resume(job)
     actions = []
     for member in (1, 2):
