@@ -540,9 +540,11 @@ class Supervisor:
         return "another node of this job's id holds it" if held is None else None
 
     def _find_head(self) -> None:
-        """Node 0 started again by its platform after a survivor took its seat in etcd: it joins
-        that node 0 (and stands by, or takes a rank), never serves a second job beside it."""
-        if self.seat is None or self.node.member != 0:
+        """A node started again by its platform after a survivor took node 0's seat in etcd: it
+        joins that node 0 (and stands by, or takes a rank); node 0 never serves a second job
+        beside it, and no node waits at the lost node 0's address. (On the job's own etcd, whose
+        endpoints it does not know yet, the knock and node 0's port tell it: `Join.start`.)"""
+        if self.seat is None:
             return
         etcd, job = self.seat.etcd, self.seat.job
         try:

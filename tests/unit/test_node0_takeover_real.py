@@ -223,17 +223,29 @@ def test_node_0_cut_off_from_etcd_fences_itself_and_a_survivor_goes_on(tmp_path,
 
 def test_node_0_started_again_joins_the_new_node_0_and_stands_by(cluster):
     """After the takeover, node 0's platform starts it again (a pod restarted): it finds its seat
-    held in etcd, joins that node 0 instead of serving a job of its own, and stands by."""
-    c = cluster(3, "takeover-back", ENTRYPOINT_SPARES="1", FAULT_STEPS="400")
+    held in etcd, joins that node 0 instead of serving a job of its own, and stands by. Then the
+    third node is killed and started again: it too reads the holder in etcd and joins it (not
+    the lost node 0's address). Every node exits 0."""
+    c = cluster(3, "takeover-back", ENTRYPOINT_SPARES="1", FAULT_STEPS="900")
     _checkpointed(c, 2)
     _signal_tree(c, 0, signal.SIGKILL)
     c.procs[0].wait()
     _taken_over(c)
     c.start(0)
-    assert c.wait(180) == {0: 0, 1: 0, 2: 0}, c.log(0)[-3000:]
-    said = _events(c.log(0))
-    assert any("holds node 0's seat in etcd: this node, started again, joins it" in x for x in said)
-    assert any("standing by" in x for x in said), said
+    joined = "holds node 0's seat in etcd: this node, started again, joins it"
+    end = time.monotonic() + 60
+    while not any("standing by" in x for x in _events(c.log(0))):
+        assert time.monotonic() < end and c.procs[0].poll() is None, c.log(0)[-3000:]
+        time.sleep(0.2)
+    assert any(joined in x for x in _events(c.log(0))), c.log(0)[-3000:]
+    (line,) = {x for r in (1, 2) for x in _events(c.log(r)) if "is node 0 from restart 1" in x}
+    other = 3 - int(line.split("lost; node ")[1].split()[0])  # neither node 0 nor the holder
+    _signal_tree(c, other, signal.SIGKILL)
+    c.procs[other].wait()
+    time.sleep(2)  # the holder restarts the job without it
+    c.start(other)  # its log anew
+    assert c.wait(180) == {0: 0, 1: 0, 2: 0}, c.log(other)[-3000:]
+    assert any(joined in x for x in _events(c.log(other))), c.log(other)[-3000:]
 
 
 def test_a_node_0_started_again_joins_the_node_that_knocks_with_the_jobs_token(nodes):  # noqa: F811
