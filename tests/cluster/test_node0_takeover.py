@@ -59,6 +59,16 @@ def test_node_0_lost_a_survivor_takes_its_seat_and_every_rank_trains_again(
             for name, words in (("node 1", [n[1]]), ("no address", [])):
                 asked[name] = c.exec(n[2], ["entrypoint", "status", "--json", *words])
 
+        lost: list[float] = []
+
+        def lose0(c: FaultyCluster) -> None:
+            end = c.seconds() + 60
+            while not any("[fault] step 25/" in x for x in c.live[n[0]].lines):
+                assert c.seconds() < end, "node 0's rank 0 did not reach step 25 in 60 s"
+                time.sleep(0.1)
+            lost.append(c.seconds())
+            act(c, n[0])
+
         def again(c: FaultyCluster) -> None:
             c.start_again(n[0])
 
@@ -85,8 +95,8 @@ def test_node_0_lost_a_survivor_takes_its_seat_and_every_rank_trains_again(
             grace=float("inf"),
             faults=[
                 # once node 0 holds its seat (a node 0 lost before then ends the job, as it
-                # did before the takeover existed), past step 20's checkpoint
-                at_step(c, "lose0", lambda c: act(c, n[0]), line=SEATED, delay=1.5),
+                # did before the takeover existed), and past step 20's checkpoint
+                at_step(c, "lose0", lose0, line=SEATED),
                 Fault("status", status, node=n[2], line="(restart 1)", delay=1),
                 *(  # after `status` saw node 0 lost (degraded)
                     [
@@ -130,9 +140,10 @@ def test_node_0_lost_a_survivor_takes_its_seat_and_every_rank_trains_again(
             job_seen = json.loads(out.splitlines()[-1])
             assert len(job_seen["nodes"]) >= 2, (name, job_seen)
         back = run.node(new).when("(restart 1)")
-        lost = run.faults["lose0"]
+        assert lost, run.fault_errors
+        lost_at = lost[0]
         assert back is not None, run.log(80)
-        measured(f"node 0 {fault}: a survivor node 0, every rank training again", back - lost)
+        measured(f"node 0 {fault}: a survivor node 0, every rank training again", back - lost_at)
         if fault == "kill":  # started again: it knows no survivor, and not where etcd is
             assert "again" in run.faults, run.fault_errors
             assert (
@@ -150,4 +161,4 @@ def test_node_0_lost_a_survivor_takes_its_seat_and_every_rank_trains_again(
         if fault == "disconnect":  # fenced: its trainers stopped before a new node 0 trained
             fenced = run.node(n[0]).when("this node lost node 0's seat in etcd")
             assert fenced is not None and fenced < back, (fenced, back)
-            measured("node 0 cut off: its trainers stopped, it is out", fenced - lost)
+            measured("node 0 cut off: its trainers stopped, it is out", fenced - lost_at)
