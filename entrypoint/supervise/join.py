@@ -303,7 +303,7 @@ class Join:
             plan = self.node.plan
             if self.node.member == 0 and plan.control_port:
                 self.pointing = knock.pointing(
-                    str(found),
+                    found.holds,
                     self.node.expected,
                     plan.control_port,
                     self.node.settings.heartbeat_interval,

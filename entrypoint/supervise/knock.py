@@ -24,6 +24,11 @@ HEARD = 5.0  # seconds between knocks once one was heard (its own hello may have
 ANSWER = 3.0  # seconds a node 0 that took the knock has to answer and close
 
 
+def holds_of(holder: Holder) -> str:
+    """Node 0's seat as a knock and `Elsewhere` name it: "MEMBER HOST HOST:PORT"."""
+    return f"{holder.member} {holder.host} {holder.address}"
+
+
 class Knocker(threading.Thread):
     """Knocks at `address` (host, control port) every EVERY seconds until stopped; its hello
     carries this node's fingerprint (`fp`: a node 0's server reads every hello whole)."""
@@ -33,7 +38,6 @@ class Knocker(threading.Thread):
     ) -> None:
         super().__init__(name="entrypoint-knock", daemon=True)
         self.address, self.holder, self.identity, self.fp = address, holder, identity, fp
-        self.heard = 0  # knocks a node 0 there took
         self._halt = threading.Event()
 
     def stop(self) -> None:
@@ -64,13 +68,12 @@ class Knocker(threading.Thread):
                     host=holder.host,
                     fingerprint=self.fp,
                     time=time.time(),
-                    holds=f"{holder.member} {holder.host} {holder.address}",
+                    holds=holds_of(holder),
                 )
             )
             end = time.monotonic() + ANSWER
             while not channel.closed and time.monotonic() < end:
                 channel.receive(0.2)
-            self.heard += 1
             return True
         except Exception:  # refused (another job's, another token): it is not ours to tell
             return False
@@ -89,7 +92,7 @@ class Pointer:
         self.holds, self._expected = holds, expected
 
     def moved(self, holder: Holder) -> None:
-        self.holds = f"{holder.member} {holder.host} {holder.address}"
+        self.holds = holds_of(holder)
 
     @property
     def expected(self) -> int:

@@ -37,12 +37,9 @@ class HeadElsewhere(Exception):
     that one instead of serving a job of its own (entrypoint.supervise.supervisor)."""
 
     def __init__(self, holds: str) -> None:
-        member, self.host, self.address = holds.split()
-        self.member = int(member)
+        member, self.host, _ = holds.split()
+        self.member, self.holds = int(member), holds
         super().__init__(holds)
-
-    def __str__(self) -> str:
-        return f"{self.member} {self.host} {self.address}"
 
 
 class Interrupted(Exception):
