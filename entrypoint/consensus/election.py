@@ -41,6 +41,37 @@ def state_key(job: str) -> str:
     return f"/multinode/{job}/state"
 
 
+def hangups_key(job: str, term: int) -> str:
+    """Where the members that node 0 of `term` hung up on say so, a key each."""
+    return f"/multinode/{job}/hungup/{term}/"
+
+
+def hung_up(etcd: Etcd, job: str, term: int, member: int) -> frozenset[int]:
+    """Say that node 0 of `term` hung up on `member`; every member that has said so."""
+    etcd.put(f"{hangups_key(job, term)}{member}", "")
+    return hung_up_on(etcd, job, term)
+
+
+def hung_up_on(etcd: Etcd, job: str, term: int) -> frozenset[int]:
+    """The members that node 0 of `term` hung up on, as they said."""
+    return frozenset(int(k.rsplit(b"/", 1)[1]) for k in etcd.keys(hangups_key(job, term)))
+
+
+def forget_hangups(etcd: Etcd, job: str) -> None:
+    """The hang-ups said of every node 0 before the one that holds the seat now."""
+    etcd.delete(f"/multinode/{job}/hungup/", prefix=True)
+
+
+def depose(etcd: Etcd, job: str, term: int) -> bool:
+    """End the lease of node 0 of `term` now, if it still holds the seat: the seat is free.
+    True if it did."""
+    value = etcd.get(seat_key(job))
+    if value is None or value.created != term or not value.lease:
+        return False
+    etcd.revoke(value.lease)
+    return True
+
+
 def campaign(etcd: Etcd, job: str, me: Holder, lease: int) -> Holder:
     """Take node 0's seat if it is free; the holder either way (me, with my term, if I won)."""
     _, value = etcd.create(seat_key(job), me.record(), lease)

@@ -54,6 +54,9 @@ class Channel:
         # called every round of whichever loop runs (0.2 to 0.5 s of waiting, and its work).
         self._awake = AwakeClock(slack=1.5)
         self.closed = False
+        # closed by node 0's host (an end of stream or a reset): its process ended or closed
+        # it; an error of this node's own network (unreachable, timed out) is no hang-up
+        self.hung_up = False
         self.welcomed = False
         self.stats_sent = float("-inf")
         # Two threads send (the heartbeat's and the supervising loop): one message at a time,
@@ -153,8 +156,12 @@ class Channel:
             return []
         except ValueError:  # closed meanwhile
             data = b""
+        except (ConnectionResetError, BrokenPipeError):
+            data, self.hung_up = b"", True
         except OSError:
             data = b""
+        else:
+            self.hung_up = not data
         if not data:
             self.closed = True
             return []

@@ -246,6 +246,7 @@ class Join:
                 EXIT_PEERS,
                 f"lost node 0 ({self.node.plan.master_addr}): its connection "
                 "closed (container killed, node crashed or rebooted)",
+                hung_up=self.node0.hung_up,
             )
         return messages
 

@@ -28,7 +28,13 @@ class NodeExit(Exception):
 
 class Node0Lost(NodeExit):
     """Node 0 is lost (its connection closed, or it went silent): the node ends with EXIT_PEERS,
-    its running workers given LOST_PEER_GRACE first (entrypoint.supervise.supervisor)."""
+    its running workers given LOST_PEER_GRACE first (entrypoint.supervise.supervisor), unless a
+    survivor takes node 0's seat. `hung_up`: node 0's own host closed the connection (its
+    process ended), which a cut network or a paused node 0 never does."""
+
+    def __init__(self, code: int, reason: str = "", hung_up: bool = False) -> None:
+        super().__init__(code, reason)
+        self.hung_up = hung_up
 
 
 class HeadElsewhere(Exception):

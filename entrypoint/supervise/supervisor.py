@@ -337,7 +337,8 @@ class Supervisor:
                     procs.reap(exclude=launch.process.pid)
                     turn.mark("reaping orphans")
         except Node0Lost:  # the workers hang in their next collective: a moment to flush, then go
-            self._end_workers(LOST_PEER_GRACE)
+            # (at once where a survivor takes node 0's seat: the job's next start waits on them)
+            self._end_workers(RESTART_GRACE if self.seat is not None else LOST_PEER_GRACE)
             raise
         finally:
             beats.stop()

@@ -17,6 +17,7 @@ import json
 import re
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,6 +40,11 @@ from entrypoint.supervise.node_exits import Node0Lost, NodeExit
 # its last renewal, and etcd's own clock ticks it out a moment later.
 SEAT_WAIT = TTL + 3.0
 RETRY = 0.5  # seconds between tries of a record etcd did not take
+# Seconds the survivors of a node 0 that hung up on them have to say so, each, before its seat
+# is freed at once (every member connected to node 0 hears its end within a fraction of a
+# second); and how often each looks.
+HANGUP_WAIT = 3.0
+HANGUP_POLL = 0.1
 
 
 def job_key(identity: Identity) -> str:
@@ -416,6 +422,10 @@ class Node0Seat:
         if why is not None:
             raise NodeExit(EXIT_PEERS, f"{lost.reason}; the job cannot go on without it: {why}")
         try:
+            if lost.hung_up and held is not None and held.member == gone:
+                held = self._hung_up(held.term, me.member, alive)
+                if held is not None and held.member not in (gone, me.member):
+                    return Election(held, record, alive, None, restart)  # another was quicker
             if not election.wait_vacant(self.etcd, self.job, SEAT_WAIT):
                 held = election.holder(self.etcd, self.job)
                 if held is not None and held.member == gone:
@@ -435,9 +445,30 @@ class Node0Seat:
         if (holder.member, holder.host) == (me.member, me.host):
             self.keeper = keeper
             self.publisher.hold(holder)
+            try:
+                election.forget_hangups(self.etcd, self.job)
+            except EtcdError:
+                pass  # a few bytes under a term that has ended
             return Election(holder, record, alive, keeper, restart)
         keeper.stop(revoke=True)
         return Election(holder, record, alive, None, restart)
+
+    def _hung_up(self, term: int, me: int, alive: frozenset[int]) -> Holder | None:
+        """Node 0 of `term` hung up on this node: said in etcd. Once every member alive has said
+        so, within HANGUP_WAIT, node 0's process has ended (only its end closes every
+        connection at once; a node 0 that stops serving stops its trainers first, and a cut
+        network or a paused node 0 closes nothing), and its lease is ended now, not at its TTL.
+        Short of that, the lease ends by itself. The seat's holder then (None: free)."""
+        deadline = time.monotonic() + HANGUP_WAIT
+        said = election.hung_up(self.etcd, self.job, term, me)
+        while not alive <= said:
+            held = election.holder(self.etcd, self.job)
+            if held is None or held.term != term or time.monotonic() >= deadline:
+                return held  # free already, taken, or not every member heard node 0 end
+            time.sleep(HANGUP_POLL)
+            said = election.hung_up_on(self.etcd, self.job, term)
+        election.depose(self.etcd, self.job, term)
+        return election.holder(self.etcd, self.job)
 
     def close(self, revoke: bool = True) -> None:
         """The job's end: the seat freed at once (a later job of the same id takes it); not

@@ -93,6 +93,8 @@ class Relay:
         self.port = self.listener.getsockname()[1]
         self.held: list[socket.socket] = []
         self.cut_at: float | None = None
+        self.hung_up_at: float | None = None
+        self.open: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -102,9 +104,23 @@ class Relay:
     def cut(self) -> None:
         self.cut_at = time.monotonic()
 
+    def hang_up(self) -> None:
+        """Close both ends of every connection across it, and each new one at once: what a node
+        sees when the other end's process ends (or a box between them resets the connection)."""
+        self.hung_up_at = time.monotonic()
+        for sock in self.open:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
     def _accept(self) -> None:
         while True:
             inner, _ = self.listener.accept()
+            if self.hung_up_at is not None:
+                inner.close()
+                continue
             if self.cut_at is not None:
                 self.held.append(inner)  # accepted, never answered
                 continue
@@ -114,6 +130,7 @@ class Relay:
                 inner.close()
                 continue
             outer.settimeout(None)  # a quiet stretch is no cut: only `cut()` stops it
+            self.open += [inner, outer]
             for a, b in ((inner, outer), (outer, inner)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 

@@ -11,9 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.consensus.election import Holder, campaign, holder, publish, read_state, wait_vacant
+from entrypoint.consensus.election import (
+    Holder,
+    campaign,
+    depose,
+    forget_hangups,
+    holder,
+    hung_up,
+    hung_up_on,
+    publish,
+    read_state,
+    wait_vacant,
+)
 from entrypoint.consensus.etcd import Etcd, EtcdRefused, EtcdUnreachable
-from entrypoint.consensus.lease import LeaseKeeper
+from entrypoint.consensus.lease import RENEWALS, LeaseKeeper
 from entrypoint.control.identity import Identity
 from entrypoint.plan.errors import ConfigError
 from entrypoint.plan.settings import Settings
@@ -111,6 +122,33 @@ def test_a_killed_node_0_frees_its_seat_within_its_lease_and_no_live_one_is_repl
     finally:
         node0.kill()
         mine.stop(revoke=True)
+
+
+def test_a_node_0_said_by_every_member_to_have_hung_up_is_deposed_at_once(etcd, tmp_path):
+    """Node 0's seat is freed before its lease ends only by `depose`, which the survivors call
+    once every member alive has said in etcd that node 0 hung up on it. A node 0 still alive
+    (here: a live holder) then finds its lease ended at its next renewal and fences."""
+    client, job = Etcd([etcd.endpoint]), tmp_path.name
+    node0 = SeatHolder(etcd.endpoint, job, 0)
+    term = int(node0.line("holder 0 term", 30).split()[-1])
+    try:
+        assert hung_up(client, job, term, 1) == {1}  # one member's word: the seat stays
+        assert hung_up(client, job, term - 1, 2) == {2}  # an older term's hang-up is its own
+        assert hung_up_on(client, job, term) == {1}
+        assert not depose(client, job, term - 1)  # not the holder's term: nothing ended
+        assert not wait_vacant(client, job, TTL + 1)  # renewed on
+        assert hung_up(client, job, term, 2) == {1, 2}
+        deposed = time.monotonic()
+        assert depose(client, job, term)
+        assert holder(client, job) is None
+        fenced = node0.line("fenced", TTL)
+        assert "etcd says its lease has ended" in fenced, fenced
+        assert float(fenced.split()[1]) - deposed < TTL / RENEWALS + 0.5  # its next renewal
+        forget_hangups(client, job)
+        assert hung_up_on(client, job, term) == frozenset() == hung_up_on(client, job, term - 1)
+        assert not depose(client, job, term)  # free already
+    finally:
+        node0.kill()
 
 
 def test_a_node_0_cut_off_from_etcd_fences_itself_before_another_can_take_its_seat(etcd, tmp_path):

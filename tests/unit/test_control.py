@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import selectors
 import socket
+import struct
 import threading
 import time
 
@@ -750,3 +751,25 @@ def test_the_join_timeout_named_is_the_setting_not_the_time_left():
         err.value
     )
     assert lines and all(line.endswith("giving up after 1 s") for line in lines), lines
+
+
+@pytest.mark.parametrize("end", ["closed", "reset", "this node's own close", "silence"])
+def test_a_hang_up_is_only_node_0s_host_closing_the_connection(end):
+    """`hung_up` (which lets the survivors free a lost node 0's seat before its lease ends) is
+    set only by what node 0's own host sends when its process ends: the end of the stream, or
+    a reset. This node closing its own socket, or node 0 falling silent, is no hang-up."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    mine = socket.create_connection(listener.getsockname())
+    theirs, _ = listener.accept()
+    channel = control_channel.Channel(mine, "127.0.0.1")
+    if end == "reset":
+        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    if end in ("closed", "reset"):
+        theirs.close()
+    elif end == "this node's own close":
+        channel.close()
+    assert channel.receive(0.5) == []
+    assert channel.closed == (end != "silence")
+    assert channel.hung_up == (end in ("closed", "reset"))
+    theirs.close()
+    listener.close()

@@ -11,6 +11,7 @@ import signal
 import socket
 import ssl
 import time
+from datetime import datetime
 
 import pytest
 from test_messages import FP
@@ -65,18 +66,22 @@ def test_node_0_killed_a_survivor_takes_its_seat_and_the_spare_trains(cluster, a
     c = cluster(3, f"takeover-spare-{len(tls)}", ENTRYPOINT_SPARES="1", **tls)
     _checkpointed(c, 2)
     assert "losing node 0 costs a restart, not the job" in c.log(0), c.log(0)[-3000:]
-    killed, said = _node_0_killed_and_the_job_done(c)
+    killed, killed_at, said = _node_0_killed_and_the_job_done(c)
     for rank in (1, 2):
         assert any("electing a new node 0 through etcd" in x for x in said[rank]), said[rank]
     (line,) = {x for rank in (1, 2) for x in said[rank] if "is node 0 from restart 1" in x}
+    # node 0's process ended, so it hung up on both survivors: its seat freed at once, not at
+    # its lease's end
+    seated = min(_said_at(c, rank, "is node 0 from restart 1") for rank in (1, 2)) - killed_at
+    assert seated < TTL / 2, f"the seat taken {seated:.1f} s after the kill"
     assert line.startswith(f"node 0 ({HOST}) lost; node ") and f"({HOST}) is node 0" in line
     new = int(line.split("lost; node ")[1].split()[0])
     # the new node 0 speaks as node 0, and takes node rank 0 (the spare, if it won, stands by no
     # more; node 1, if it won, leaves rank 1 to the spare)
     assert any(x.startswith("restart 1: ") for x in said[new]), said[new]
     assert any(x.startswith("node 0 seated this node in node rank 0 of 2") for x in said[new])
-    print(f"MEASURED node 0 killed: a survivor took its seat, the job done in "
-          f"{time.monotonic() - killed:.1f} s")  # fmt: skip
+    print(f"MEASURED node 0 killed: a survivor took its seat {seated:.1f} s later, the job "
+          f"done in {time.monotonic() - killed:.1f} s")  # fmt: skip
 
 
 TOKEN = "own-etcd-token-0123456789abcdef"
@@ -112,7 +117,7 @@ def test_with_no_etcd_set_the_jobs_own_etcd_lets_a_survivor_take_node_0s_seat(st
         Etcd(ports, tls=node1).put("/multinode/job/node0", "mine")
     with pytest.raises(EtcdRefused, match="authentication failed"):
         Etcd(ports, tls=node1).login(embedded.USER, embedded.password("another job's token 0"))
-    killed, said = _node_0_killed_and_the_job_done(c)
+    killed, _, said = _node_0_killed_and_the_job_done(c)
     assert any("is node 0 from restart 1" in x for rank in (1, 2) for x in said[rank]), said
     print(f"MEASURED node 0 and its etcd member killed (the job's own etcd): job done in "
           f"{time.monotonic() - killed:.1f} s")  # fmt: skip
@@ -168,15 +173,24 @@ def test_node_0_stopped_while_a_survivor_took_its_seat_fences_once_it_runs_again
     c.kill_everything()
 
 
-def _node_0_killed_and_the_job_done(c: Nodes) -> tuple[float, dict[int, list[str]]]:
+def _said_at(c: Nodes, rank: int, text: str) -> float:
+    """When (time.time()) node `rank` first logged a line with `text`."""
+    for line in c.log(rank).splitlines():
+        if line.startswith("{") and text in (event := json.loads(line))["event"]:
+            return datetime.fromisoformat(event["timestamp"]).timestamp()
+    raise AssertionError(f"node {rank} never said {text!r}: {c.log(rank)[-3000:]}")
+
+
+def _node_0_killed_and_the_job_done(c: Nodes) -> tuple[float, float, dict[int, list[str]]]:
     """Node 0's tree killed; nodes 1 and 2 finish the job, resumed from the checkpoint: when
-    node 0 was killed, and what each survivor said."""
+    node 0 was killed (time.monotonic() and time.time()), and what each survivor said."""
+    killed_at = time.time()
     _signal_tree(c, 0, signal.SIGKILL)
     killed = time.monotonic()
     codes = {rank: c.procs[rank].wait(timeout=120) for rank in (1, 2)}
     assert codes == {1: 0, 2: 0}, c.log(1)[-3000:] + c.log(2)[-3000:]
     _finished(c, 2, 1)
-    return killed, {rank: _events(c.log(rank)) for rank in (1, 2)}
+    return killed, killed_at, {rank: _events(c.log(rank)) for rank in (1, 2)}
 
 
 def _url(endpoint: tuple[str, int]) -> str:
@@ -272,7 +286,11 @@ def test_a_node_0_started_again_joins_the_node_that_knocks_with_the_jobs_token(n
         time.sleep(0.1)
     other = Knocker(address, holder, Identity("", b"another job's token 0123456789ab"), fp)
     assert not other.knock()
-    assert "wrong job token" in c.log(0) and "knocked" not in c.log(0), c.log(0)[-3000:]
+    end = time.monotonic() + 10  # node 0 logs the refusal from its log writer's thread
+    while "wrong job token" not in c.log(0):
+        assert time.monotonic() < end, c.log(0)[-3000:]
+        time.sleep(0.1)
+    assert "knocked" not in c.log(0), c.log(0)[-3000:]
     assert Knocker(address, holder, Identity("", TOKEN.encode()), fp).knock()
     assert c.procs[0].wait(timeout=60) == 75, c.log(0)[-3000:]
     said = _events(c.log(0))
@@ -330,21 +348,24 @@ def test_etcd_set_without_a_job_id_is_refused_in_one_line(tmp_path):
     assert "Set ENTRYPOINT_JOB_ID" in line and "Traceback" not in c.log(0), c.log(0)
 
 
-def test_a_cut_between_node_0_and_another_node_elects_nobody(tmp_path, etcd):
+@pytest.mark.parametrize("cut", ["silence", "hang-up"])
+def test_a_cut_between_node_0_and_another_node_elects_nobody(tmp_path, etcd, cut):
     """Node 1 reaches node 0's control port through a relay that is cut (silence, as a network
-    cut between the two is), while both still reach etcd. Node 0 renews its seat all along, so
-    node 1, which takes node 0 for lost, finds node 0 still holding it and exits 75 naming the
-    network between them (or, if node 0 has finished the job meanwhile and freed the seat, reads
-    in node 0's record that node 0 went on without it); node 0 takes node 1 for lost and goes on
-    with the spare in its rank. No node is ever node 0 but node 0."""
-    c = _unstarted(tmp_path, etcd, "takeover-cut")
+    cut between the two is; or a hang-up, as a box between them that resets the connection),
+    while both still reach etcd. Node 0 renews its seat all along (node 1's word in etcd that
+    node 0 hung up on it frees nothing: node 2 never says so), so node 1, which takes node 0
+    for lost, finds node 0 still holding it and exits 75 naming the network between them (or,
+    if node 0 has finished the job meanwhile and freed the seat, reads in node 0's record that
+    node 0 went on without it); node 0 takes node 1 for lost and goes on with the spare in its
+    rank. No node is ever node 0 but node 0."""
+    c = _unstarted(tmp_path, etcd, f"takeover-{cut}")
     c.start(0)
     relay = Relay(("127.0.0.1", c.port + 1))  # node 0's control port, as node 1 reaches it
     c.start(1, ENTRYPOINT_CONTROL_PORT=str(relay.port))
     c.start(2)
     try:
         _checkpointed(c, 2)
-        relay.cut()
+        relay.cut() if cut == "silence" else relay.hang_up()
         assert c.procs[1].wait(timeout=90) == 75, c.log(1)[-3000:]
         # node 1 saw node 0 hold its seat past the wait, or, once node 0 finished the job and
         # freed it, read in node 0's record that node 0 went on without it
@@ -356,5 +377,6 @@ def test_a_cut_between_node_0_and_another_node_elects_nobody(tmp_path, etcd):
         assert codes == {0: 0, 2: 0}, c.log(0)[-3000:] + c.log(2)[-3000:]
         assert "lost node 1" in c.log(0), c.log(0)[-3000:]
         assert not any("is node 0 from" in c.log(rank) for rank in range(3))
+        assert "lost node 0's seat" not in c.log(0), c.log(0)[-3000:]  # never fenced
     finally:
         c.kill_everything()
