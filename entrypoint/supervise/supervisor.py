@@ -628,12 +628,19 @@ class Supervisor:
         """Node 0 was lost: elect a new one through etcd, serve the job from its record if this
         node won, and join it; NodeExit when the job cannot go on (no etcd: `lost` itself)."""
         while True:
+            if self.seat is not None and self.seat.keeper is not None:
+                # Node 0 lost its own channel to its own server: cut off from the network (its
+                # interface gone), it is the one lost. Its lease keeper decides: the fence, once
+                # no renewal answers, or the loss as it is while renewals do.
+                deadline = time.monotonic() + self.seat.ttl
+                while self.fencing is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
             if self.fencing is not None:  # its own control server stopped: no lost node 0
                 deadline = time.monotonic() + 2
                 while not self.fenced and time.monotonic() < deadline:
                     time.sleep(0.05)  # the trainers killed first
                 raise self._fenced()
-            if self.seat is None or self.node.stop_signal is not None:
+            if self.seat is None or self.seat.keeper is not None or self.node.stop_signal:
                 raise lost
             self._farewell()
             self.log.warning(f"{lost.reason}; electing a new node 0 through etcd")

@@ -160,5 +160,5 @@ def test_node_0_lost_a_survivor_takes_its_seat_and_every_rank_trains_again(
             assert "so no node can take node 0's seat: the job goes on" in held, held[-3000:]
         if fault == "disconnect":  # fenced: its trainers stopped before a new node 0 trained
             fenced = run.node(n[0]).when("this node lost node 0's seat in etcd")
-            assert fenced is not None and fenced < back, (fenced, back)
+            assert fenced is not None and fenced < back, (fenced, back, log0[-4000:])
             measured("node 0 cut off: its trainers stopped, it is out", fenced - lost_at)
