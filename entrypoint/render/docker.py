@@ -26,8 +26,13 @@ ULIMITS = ("--ulimit memlock=-1", "--ulimit stack=67108864")
 def _command(request: Request, rank: int) -> list[str]:
     port = request.master_port or DEFAULT_MASTER_PORT
     master = request.master_addr or "127.0.0.1"
-    # With spares, docker starts a failed node's container again: it rejoins as a standby.
-    again = "--restart on-failure" if request.elastic and rank else "--rm"
+    # With spares, docker starts a failed node's container again: it rejoins as a standby;
+    # node 0's too where a survivor takes its seat (it joins the new node 0 then).
+    again = (
+        "--restart on-failure"
+        if request.elastic and (rank or text.node0_survives(request))
+        else "--rm"
+    )
     lines = [f"docker run {again} --name {request.name}-node{rank}"]
     lines.append(
         " ".join(["--gpus all"] * bool(request.gpus_per_node) + ["--network host", "--ipc host"])
@@ -82,7 +87,9 @@ def render(request: Request) -> str:
             ),
             f"  export {text.JOB_TOKEN}=<the output of `{text.TOKEN_COMMAND}`, run once>",
             *text.when_a_node_dies(
-                request, "docker starts a failed node's container again, a standby then;"
+                request,
+                "docker starts a failed node's container again, a standby then;",
+                "node 0's container, started again, joins the new node 0 as a standby.",
             ),
             *scrape.script_lines(scrape.port(request, port), request.master_addr or "127.0.0.1"),
             *(

@@ -102,6 +102,7 @@ def _opening(request: Request) -> list[str]:
                 request,
                 f"the Job starts a new pod for the lost index (up to {RESTARTS_PER_INDEX} times "
                 "each; Kubernetes 1.29 or newer), which rejoins as a standby;",
+                "the new pod 0 joins the new node 0 as a standby.",
             ),
             *scrape.kube_lines(
                 request,

@@ -87,6 +87,7 @@ def _opening(request: Request) -> list[str]:
                 request,
                 f"the operator restarts the failed pod (OnFailure, {RESTARTS} times in all), "
                 "which rejoins as a standby;",
+                "the Master pod, restarted, joins the new node 0 as a standby.",
             ),
             *scrape.kube_lines(
                 request,

@@ -166,6 +166,7 @@ def render(request: Request) -> str:
             *text.when_a_node_dies(
                 request,
                 "SLURM cannot add a node to a running allocation: the spares are all there is;",
+                "SLURM starts no node in its place.",
             ),
             *scrape.script_lines(scrape.port(request, request.master_port), "<first node>"),
         ],

@@ -12,6 +12,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from entrypoint.plan.values import ETCD_OFF, PREFIX
 from entrypoint.render import quote
 
 if TYPE_CHECKING:
@@ -41,8 +42,26 @@ def shape(request: Request, noun: str = "node") -> str:
     return count(request.nodes, f"CPU {noun}") + spares
 
 
-def when_a_node_dies(request: Request, platform_part: str) -> list[str]:
-    """The header's lines on a lost node, with spares or a minimum (none without them)."""
+OWN_ETCD_NODES = 3  # the job's own etcd needs so many nodes (entrypoint.consensus.embedded)
+
+
+def node0_survives(request: Request) -> str | None:
+    """Where node 0's seat lives when a survivor can take it over (ENTRYPOINT_ETCD, or the
+    job's own etcd on 3 of its nodes, with spares or a minimum); None: node 0's loss ends the
+    job (entrypoint.supervise.takeover.survival says the same at the start)."""
+    etcd = (dict(request.env).get(f"{PREFIX}ETCD") or "").strip()
+    if not request.elastic or etcd.lower() == ETCD_OFF:
+        return None
+    if etcd:
+        return f"the etcd {PREFIX}ETCD names"
+    if request.machines >= OWN_ETCD_NODES:
+        return f"the job's own etcd, on {OWN_ETCD_NODES} of its nodes"
+    return None
+
+
+def when_a_node_dies(request: Request, platform_part: str, node0_back: str) -> list[str]:
+    """The header's lines on a lost node, with spares or a minimum (none without them);
+    `node0_back`: what the platform does with a lost node 0 once a survivor took its seat."""
     if not request.elastic:
         return []
     lines = ["When a node dies:"]
@@ -56,11 +75,18 @@ def when_a_node_dies(request: Request, platform_part: str) -> list[str]:
             f"  with no standby left, the job restarts on the survivors while {request.min_nodes} "
             "or more are alive;"
         )
-    return [
-        *lines,
-        f"  {platform_part}",
-        "  node 0's loss ends the job on every node (75): it holds the rendezvous.",
-    ]
+    seat = node0_survives(request)
+    if seat is None:
+        node0 = [
+            "  node 0's loss ends the job on every node (75): it holds the rendezvous (3 "
+            f"nodes, or {PREFIX}ETCD, would let a survivor take its place)."
+        ]
+    else:
+        node0 = [
+            f"  node 0's loss costs a restart: a survivor takes its seat ({seat});",
+            f"  {node0_back}",
+        ]
+    return [*lines, f"  {platform_part}", *node0]
 
 
 def header(request: Request, title: str, lines: Sequence[str] = ()) -> list[str]:

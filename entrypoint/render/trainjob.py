@@ -98,6 +98,7 @@ def _opening(request: Request) -> list[str]:
                 request,
                 "the runtime's JobSet decides pod restarts (its failurePolicy restarts the whole "
                 "job, which resumes from its checkpoint);",
+                "the JobSet may still restart the whole job.",
             ),
             *scrape.kube_lines(
                 request,

@@ -51,14 +51,13 @@ def _task(request: Request, name: str, replicas: int, **more: Any) -> dict:
 
 
 def _tasks(request: Request) -> list[dict]:
-    """The master task (node 0) and the workers; with spares a failed worker restarts alone."""
-    tasks = [
-        _task(request, MASTER, 1, policies=[{"event": "TaskCompleted", "action": "CompleteJob"}])
-    ]
+    """The master task (node 0) and the workers; with spares a failed worker restarts alone,
+    and the master too where a survivor takes node 0's seat (it joins the new node 0)."""
+    restart = [{"event": event, "action": "RestartTask"} for event in ("PodFailed", "PodEvicted")]
+    done = [{"event": "TaskCompleted", "action": "CompleteJob"}]
+    again = restart if text.node0_survives(request) else []
+    tasks = [_task(request, MASTER, 1, policies=done + again)]
     if request.machines > 1:
-        restart = [
-            {"event": event, "action": "RestartTask"} for event in ("PodFailed", "PodEvicted")
-        ]
         more = {"policies": restart} if request.elastic else {}
         tasks.append(_task(request, WORKER, request.machines - 1, **more))
     return tasks
@@ -100,7 +99,9 @@ def _opening(request: Request) -> list[str]:
                 f"i + 1."
             ),
             *text.when_a_node_dies(
-                request, "Volcano starts a failed worker's pod again (RestartTask), a standby then;"
+                request,
+                "Volcano starts a failed worker's pod again (RestartTask), a standby then;",
+                "the master's pod, started again (RestartTask), joins the new node 0 as a standby.",
             ),
             *scrape.kube_lines(
                 request,

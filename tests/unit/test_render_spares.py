@@ -41,7 +41,46 @@ def test_every_platform_starts_the_spares_and_they_plan_as_standbys(target):
         (3, 2, True),
     ]
     assert {(p.nnodes, p.spares, p.min_nodes, p.world_size) for p in plans} == {(2, 1, 1, 16)}
-    assert "When a node dies:" in spec and "node 0's loss ends the job" in spec
+    # 3 nodes: the job's own etcd holds node 0's seat, and a survivor takes it over
+    assert "When a node dies:" in spec and "node 0's loss costs a restart" in spec
+
+
+@pytest.mark.parametrize(
+    "nodes, spares, env, survives",
+    [
+        ("2", "1", (), True),  # the job's own etcd, on 3 nodes
+        ("1", "1", (), False),  # 2 nodes: no etcd of its own
+        ("1", "1", ("ENTRYPOINT_ETCD=http://etcd.example:2379",), True),
+        ("2", "1", ("ENTRYPOINT_ETCD=off",), False),
+    ],
+)
+@pytest.mark.parametrize("target", sorted(PLATFORMS))
+def test_where_a_survivor_takes_node_0s_seat_the_platform_brings_node_0_back_as_a_standby(
+    target, nodes, spares, env, survives
+):
+    """A spec says what losing node 0 costs, as node 0 itself says at the start; where a
+    survivor takes the seat, the platforms that restart a pod restart node 0's too (it joins
+    the new node 0 as a standby, told by its knock), and the others say what they do."""
+    platform, _, runtime = target.partition("-")
+    request = build(
+        platform,
+        nodes=nodes,
+        spares=spares,
+        gpus_per_node="8",
+        image=IMAGE,
+        master_addr="10.0.0.1" if platform == "docker" else None,
+        runtime=runtime or None,
+        env=env,
+    )
+    spec = render(request)
+    assert ("node 0's loss costs a restart" in spec) == survives, spec
+    assert ("node 0's loss ends the job on every node (75)" in spec) != survives, spec
+    if platform == "docker":
+        assert ("docker run --restart on-failure --name train-node0" in spec) == survives
+    if platform == "volcano":
+        master = yaml.safe_load(spec)["spec"]["tasks"][0]
+        restarts = [p for p in master["policies"] if p["action"] == "RestartTask"]
+        assert bool(restarts) == survives, master
 
 
 def test_without_spares_the_specs_fail_fast_as_before():

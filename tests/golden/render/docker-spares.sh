@@ -13,12 +13,13 @@
 #   a standby (of 1) takes its rank and every node's trainer restarts from its last checkpoint;
 #   with no standby left, the job restarts on the survivors while 1 or more are alive;
 #   docker starts a failed node's container again, a standby then;
-#   node 0's loss ends the job on every node (75): it holds the rendezvous.
+#   node 0's loss costs a restart: a survivor takes its seat (the job's own etcd, on 3 of its nodes);
+#   node 0's container, started again, joins the new node 0 as a standby.
 # Metrics: node 0 serves every node's health at http://10.0.0.1:29502/metrics. Live table: entrypoint status 10.0.0.1:29502; Prometheus: a static target.
 # HF_TOKEN: secret, never written here: docker takes it from the shell (export it there first).
 
 # Machine 0 (node 0, the master)
-docker run --rm --name train-node0 \
+docker run --restart on-failure --name train-node0 \
     --gpus all --network host --ipc host \
     --ulimit memlock=-1 --ulimit stack=67108864 \
     -e NNODES=3 -e NODE_RANK=0 -e MASTER_ADDR=10.0.0.1 -e MASTER_PORT=29500 -e ENTRYPOINT_JOB_ID=train -e ENTRYPOINT_JOB_TOKEN -e GPUS_PER_NODE=8 \
