@@ -456,8 +456,9 @@ class Node0Seat:
     def _hung_up(self, term: int, me: int, alive: frozenset[int]) -> Holder | None:
         """Node 0 of `term` hung up on this node: said in etcd. Once every member alive has said
         so, within HANGUP_WAIT, node 0's process has ended (only its end closes every
-        connection at once; a node 0 that stops serving stops its trainers first, and a cut
-        network or a paused node 0 closes nothing), and its lease is ended now, not at its TTL.
+        connection without a word; a node 0 that stops serving so has fenced, its trainers
+        killed; a cut network or a paused node 0 closes nothing), and its lease is ended now,
+        not at its TTL.
         Short of that, the lease ends by itself. The seat's holder then (None: free)."""
         deadline = time.monotonic() + HANGUP_WAIT
         said = election.hung_up(self.etcd, self.job, term, me)
