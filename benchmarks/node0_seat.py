@@ -15,7 +15,9 @@ Figures:
   touch etcd);
 - loss: from the lease's end to the first survivor holding the seat, and to every survivor
   knowing the holder; the requests it took; etcd's CPU seconds for it. Add the lease's TTL
-  (5 s) for a node 0 that died without a word.
+  (8 s) for a node 0 that went silent (cut off, paused);
+- the same from node 0's hang-up (its process ended, every survivor's connection closed): each
+  survivor says so in etcd, the lowest reads their count every 0.1 s and ends node 0's lease.
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from benchmarks.loopback import free_ports  # noqa: E402
-from entrypoint.consensus.election import Holder, campaign, seat_key  # noqa: E402
+from entrypoint.consensus.election import Holder, campaign, hangups_key, seat_key  # noqa: E402
 from entrypoint.consensus.etcd import Etcd  # noqa: E402
 from entrypoint.consensus.lease import RENEWALS, TTL, LeaseKeeper  # noqa: E402
+from entrypoint.supervise.takeover import HANGUP_POLL  # noqa: E402
 
 
 def b64(text: str) -> str:
@@ -102,6 +105,29 @@ def dechunk(data: bytes) -> bytes:
         i = end + 2 + size + 2
 
 
+async def say_hung_up(port: int, job: str, member: int, term: int, stats: dict) -> None:
+    """As a survivor that node 0 hung up on: say so (election.hang_up)."""
+    await post(port, "kv/put", {"key": b64(f"{hangups_key(job, term)}{member}"), "value": ""})
+    stats["requests"] += 1
+
+
+async def decide(port: int, job: str, term: int, nodes: int, lease: int, stats: dict) -> None:
+    """As the lowest survivor: once every survivor has said node 0 hung up, end its lease
+    (election.depose), reading the others' word every HANGUP_POLL."""
+    prefix = hangups_key(job, term)
+    end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    while True:
+        answer = await post(port, "kv/range", {
+            "key": b64(prefix), "range_end": b64(end), "count_only": True,
+        })  # fmt: skip
+        stats["requests"] += 1
+        if int(answer.get("count", 0)) >= nodes - 1:
+            break
+        await asyncio.sleep(HANGUP_POLL)
+    await post(port, "lease/revoke", {"ID": str(lease)})
+    stats["requests"] += 1
+
+
 async def survivor(port: int, job: str, member: int, since: int, stats: dict) -> None:
     """Watch the seat until it is free, campaign for it, know its holder (the winner's
     transaction answers with the holder; a loser's too)."""
@@ -141,7 +167,7 @@ async def survivor(port: int, job: str, member: int, since: int, stats: dict) ->
     stats["last"] = now
 
 
-async def loss(port: int, nodes: int, job: str, etcd_pid: int) -> dict:
+async def loss(port: int, nodes: int, job: str, etcd_pid: int, hung_up: bool) -> dict:
     etcd = Etcd([("127.0.0.1", port)])
     keeper = LeaseKeeper.grant(etcd, TTL, lambda why: None)
     seat = campaign(etcd, job, Holder(0, "node-0", "x:1"), keeper.lease)
@@ -157,7 +183,13 @@ async def loss(port: int, nodes: int, job: str, etcd_pid: int) -> dict:
     await asyncio.sleep(1.0)  # every watch created inside etcd
     cpu = cpu_seconds(etcd_pid)
     ended = time.monotonic()
-    await asyncio.to_thread(keeper.stop, True)  # node 0's lease ends: its seat is free
+    if hung_up:  # node 0's process ended: every survivor says so, the lowest ends its lease
+        await asyncio.to_thread(keeper.stop)
+        ended = time.monotonic()
+        said = [say_hung_up(port, job, m, seat.term, stats) for m in range(1, nodes)]
+        await asyncio.gather(*said, decide(port, job, seat.term, nodes, keeper.lease, stats))
+    else:  # node 0's lease ends: its seat is free
+        await asyncio.to_thread(keeper.stop, True)
     await asyncio.gather(*tasks)
     stats["cpu"] = cpu_seconds(etcd_pid) - cpu
     stats["first"] -= ended
@@ -183,13 +215,17 @@ def main() -> None:
             keeper.stop(revoke=True)
             print(f"steady: node 0 renewing its {TTL} s lease every {TTL / RENEWALS:.2f} s: etcd "
                   f"{100 * share:.2f}% of one core over {args.steady:g} s")  # fmt: skip
-            print(f"{'nodes':>6} {'loss->first holder':>19} {'loss->all know it':>18} "
-                  f"{'requests':>9} {'etcd CPU s':>10} {'holders':>8}")  # fmt: skip
+            print(f"{'nodes':>6} {'loss':>8} {'loss->first holder':>19} "
+                  f"{'loss->all know it':>18} {'requests':>9} {'etcd CPU s':>10} "
+                  f"{'holders':>8}")  # fmt: skip
             for nodes in (int(x) for x in args.nodes.split(",")):
-                got = asyncio.run(loss(port, nodes, f"bench-{nodes}", proc.pid))
-                holders = len(got["holders"])
-                print(f"{nodes:>6} {got['first']:>17.2f} s {got['last']:>16.2f} s "
-                      f"{got['requests']:>9} {got['cpu']:>10.2f} {holders:>8}")  # fmt: skip
+                for hung_up in (False, True):
+                    job = f"bench-{nodes}-{int(hung_up)}"
+                    got = asyncio.run(loss(port, nodes, job, proc.pid, hung_up))
+                    holders = len(got["holders"])
+                    how = "hang-up" if hung_up else "lease"
+                    print(f"{nodes:>6} {how:>8} {got['first']:>17.2f} s {got['last']:>16.2f} s "
+                          f"{got['requests']:>9} {got['cpu']:>10.2f} {holders:>8}")  # fmt: skip
         finally:
             proc.kill()
             proc.wait()

@@ -46,10 +46,9 @@ def hangups_key(job: str, term: int) -> str:
     return f"/multinode/{job}/hungup/{term}/"
 
 
-def hung_up(etcd: Etcd, job: str, term: int, member: int) -> frozenset[int]:
-    """Say that node 0 of `term` hung up on `member`; every member that has said so."""
+def hang_up(etcd: Etcd, job: str, term: int, member: int) -> None:
+    """Say that node 0 of `term` hung up on `member`."""
     etcd.put(f"{hangups_key(job, term)}{member}", "")
-    return hung_up_on(etcd, job, term)
 
 
 def hung_up_on(etcd: Etcd, job: str, term: int) -> frozenset[int]:

@@ -16,8 +16,8 @@ from entrypoint.consensus.election import (
     campaign,
     depose,
     forget_hangups,
+    hang_up,
     holder,
-    hung_up,
     hung_up_on,
     publish,
     read_state,
@@ -132,12 +132,14 @@ def test_a_node_0_said_by_every_member_to_have_hung_up_is_deposed_at_once(etcd, 
     node0 = SeatHolder(etcd.endpoint, job, 0)
     term = int(node0.line("holder 0 term", 30).split()[-1])
     try:
-        assert hung_up(client, job, term, 1) == {1}  # one member's word: the seat stays
-        assert hung_up(client, job, term - 1, 2) == {2}  # an older term's hang-up is its own
+        hang_up(client, job, term, 1)  # one member's word: the seat stays
+        hang_up(client, job, term - 1, 2)  # an older term's hang-up is its own
         assert hung_up_on(client, job, term) == {1}
+        assert hung_up_on(client, job, term - 1) == {2}
         assert not depose(client, job, term - 1)  # not the holder's term: nothing ended
         assert not wait_vacant(client, job, TTL + 1)  # renewed on
-        assert hung_up(client, job, term, 2) == {1, 2}
+        hang_up(client, job, term, 2)
+        assert hung_up_on(client, job, term) == {1, 2}
         deposed = time.monotonic()
         assert depose(client, job, term)
         assert holder(client, job) is None
