@@ -12,6 +12,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from entrypoint.consensus.embedded import cluster_size
 from entrypoint.plan.values import ETCD_OFF, PREFIX
 from entrypoint.render import quote
 
@@ -42,9 +43,6 @@ def shape(request: Request, noun: str = "node") -> str:
     return count(request.nodes, f"CPU {noun}") + spares
 
 
-OWN_ETCD_NODES = 3  # the job's own etcd needs so many nodes (entrypoint.consensus.embedded)
-
-
 def node0_survives(request: Request) -> str | None:
     """Where node 0's seat lives when a survivor can take it over (ENTRYPOINT_ETCD, or the
     job's own etcd on 3 of its nodes, with spares or a minimum); None: node 0's loss ends the
@@ -54,9 +52,8 @@ def node0_survives(request: Request) -> str | None:
         return None
     if etcd:
         return f"the etcd {PREFIX}ETCD names"
-    if request.machines >= OWN_ETCD_NODES:
-        return f"the job's own etcd, on {OWN_ETCD_NODES} of its nodes"
-    return None
+    own = cluster_size(request.machines)
+    return f"the job's own etcd, on {own} of its nodes" if own else None
 
 
 def when_a_node_dies(request: Request, platform_part: str, node0_back: str) -> list[str]:

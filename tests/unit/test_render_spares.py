@@ -49,6 +49,7 @@ def test_every_platform_starts_the_spares_and_they_plan_as_standbys(target):
     "nodes, spares, env, survives",
     [
         ("2", "1", (), True),  # the job's own etcd, on 3 nodes
+        ("4", "1", (), True),  # on 5 of them
         ("1", "1", (), False),  # 2 nodes: no etcd of its own
         ("1", "1", ("ENTRYPOINT_ETCD=http://etcd.example:2379",), True),
         ("2", "1", ("ENTRYPOINT_ETCD=off",), False),
@@ -74,6 +75,8 @@ def test_where_a_survivor_takes_node_0s_seat_the_platform_brings_node_0_back_as_
     )
     spec = render(request)
     assert ("node 0's loss costs a restart" in spec) == survives, spec
+    if survives and not env:
+        assert f"the job's own etcd, on {3 if nodes == '2' else 5} of its nodes" in spec, spec
     assert ("node 0's loss ends the job on every node (75)" in spec) != survives, spec
     if platform == "docker":
         assert ("docker run --restart on-failure --name train-node0" in spec) == survives
