@@ -85,9 +85,13 @@ class Server(threading.Thread):
         hello_timeout: float = HELLO_TIMEOUT,
         max_pending: int | None = None,
         refusal_window: float = REFUSAL_WINDOW,
+        failed: Callable[[], None] | None = None,
     ) -> None:
+        """failed: called when this server fails, before it closes its connections (node 0's
+        trainers killed: the survivors then take its seat, supervise/takeover.py)."""
         super().__init__(name="entrypoint-control", daemon=True)
         self.mind = mind
+        self.failed = failed
         self.interval = heartbeat_interval
         self.log = log
         self.identity = identity
@@ -124,6 +128,8 @@ class Server(threading.Thread):
                 f"node 0's control server failed: {err!r}; every node will stop "
                 "when its heartbeat times out",
             )
+            if self.failed is not None:
+                self.failed()
         finally:
             self.warnings.summaries(float("inf"))  # the counts not yet said
             for peer in list(self.peers.values()):

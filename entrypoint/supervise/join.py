@@ -89,11 +89,13 @@ def serve(
     recorded: Callable[[Conductor], Mind] | None = None,
     host: str | None = None,
     etcd_members: int = 0,
+    failed: Callable[[], None] | None = None,
 ) -> tuple[control_server.Server, str, int | None]:
     """Node 0: start the control server; it, and the address every member connects to.
     `resumed`: a new node 0's Conductor, going on from the job's record (supervise/takeover.py)
     on `host`, this node; `recorded`: the Conductor as the server sees it, whose state is written
-    to etcd (takeover.Recorder); `etcd_members`: how many members run the job's own etcd."""
+    to etcd (takeover.Recorder); `etcd_members`: how many members run the job's own etcd;
+    `failed`: what this node does if the server fails (control_server.Server)."""
     s = settings
     host, port = host or plan.master_addr, plan.control_port
     limits = limits_of(s, expected)
@@ -123,6 +125,7 @@ def serve(
         log=log,
         bind=bind,
         identity=identity,
+        failed=failed,
     )
     server.start()
     if expected > 1 and not identity.token:
@@ -343,6 +346,7 @@ class Join:
                 self.node.identity,
                 recorded=self.node.recorded,
                 etcd_members=self.node.etcd_members,
+                failed=self.node.server_failed,
             )
         if port is None:  # the plan leaves it open only for a single node, which serves it
             raise RuntimeError("no control port to connect to: node 0 did not serve one")

@@ -47,6 +47,8 @@ class NodeState:
     # restart may start it again.
     stop_signal: int | None = None
     server: control_server.Server | None = None  # node 0's control server, on node 0
+    # What node 0 does when its control server fails, before its connections close
+    server_failed: Callable[[], None] | None = None
     channel: control_channel.Channel | None = None  # this node's channel to node 0
     connecting: bool = False  # in a blocking connect, which a stopping signal ends at once
     # The member serving the job (node 0): 0, or node 0's seat holder in etcd after a takeover,

@@ -198,6 +198,7 @@ class Supervisor:
             signals=SignalRelay(log, settings.grace_period),
             replan=replan,
             standing_by=plan.standby,  # a spare: no trainer until node 0 seats it
+            server_failed=self._server_failed,
         )
         self.join = join.Join(self.node)
         self.settings, self.log = settings, log
@@ -617,6 +618,13 @@ class Supervisor:
             self.launch.kill_all()
         self.fenced = True
 
+    def _server_failed(self) -> None:
+        """From node 0's control server's thread, when it fails (a bug): its trainers are killed
+        before its connections close. Every survivor then hears node 0 hang up and takes its
+        seat (supervise/takeover.py); this node finds its lease ended and fences."""
+        if self.launch is not None and self.launch.running():
+            self.launch.kill_all()
+
     def _fenced(self) -> NodeExit:
         return NodeExit(
             EXIT_PEERS,
@@ -691,6 +699,7 @@ class Supervisor:
                     resumed=Conductor.resume(job),
                     recorded=self.node.recorded,
                     host=me.host,
+                    failed=self.node.server_failed,
                 )
             self.node.head, self.node.master = holder.member, holder.host
             if self.join.pointing is not None:  # node 0 started again: its port points on

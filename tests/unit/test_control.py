@@ -773,3 +773,42 @@ def test_a_hang_up_is_only_node_0s_host_closing_the_connection(end):
     assert channel.hung_up == (end in ("closed", "reset"))
     theirs.close()
     listener.close()
+
+
+def test_a_failed_server_calls_its_hook_before_it_closes_a_connection():
+    """A bug in node 0's server: `failed` runs (node 0's trainers killed) while every member's
+    connection is still open, so the hang-up the survivors then hear, which frees node 0's seat,
+    comes after node 0's trainers are gone."""
+
+    class Broken(Conductor):
+        def tick(self, now):
+            raise RuntimeError("a bug")
+
+    seen: list[bool] = []
+    mine: list[socket.socket] = []
+
+    def failed() -> None:  # the member's end: no end of stream yet (the challenge, or nothing)
+        mine[0].setblocking(False)
+        try:
+            seen.append(mine[0].recv(65536) != b"")
+        except BlockingIOError:
+            seen.append(True)
+
+    logged: list[str] = []
+    server = control_server.Server(
+        Broken(2, Limits(), time.monotonic()),
+        0,
+        heartbeat_interval=60,
+        log=lambda level, text: logged.append(text),
+        failed=failed,
+    )
+    mine.append(socket.create_connection(("127.0.0.1", server.port)))
+    time.sleep(0.2)  # accepted before the first tick
+    server.start()
+    assert server.finished.wait(5)
+    assert seen == [True], seen
+    assert any("node 0's control server failed: RuntimeError('a bug')" in x for x in logged)
+    mine[0].settimeout(5)
+    while mine[0].recv(65536):  # what the server queued, then the end of stream: after the hook
+        pass
+    mine[0].close()
