@@ -198,7 +198,6 @@ class Supervisor:
             signals=SignalRelay(log, settings.grace_period),
             replan=replan,
             standing_by=plan.standby,  # a spare: no trainer until node 0 seats it
-            server_failed=self._server_failed,
         )
         self.join = join.Join(self.node)
         self.settings, self.log = settings, log
@@ -269,6 +268,7 @@ class Supervisor:
         early_signals.clear()
         try:
             self._find_head()
+            self.node.server_failed = self._server_failed
             self.join.start()
             self._hold_seat()
             self._signpost()
