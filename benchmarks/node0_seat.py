@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from benchmarks.loopback import free_ports  # noqa: E402
 from entrypoint.consensus.election import Holder, campaign, hangups_key, seat_key  # noqa: E402
-from entrypoint.consensus.etcd import Etcd  # noqa: E402
+from entrypoint.consensus.etcd import Etcd, range_end  # noqa: E402
 from entrypoint.consensus.lease import RENEWALS, TTL, LeaseKeeper  # noqa: E402
 from entrypoint.supervise.takeover import HANGUP_POLL  # noqa: E402
 
@@ -115,10 +115,10 @@ async def decide(port: int, job: str, term: int, nodes: int, lease: int, stats: 
     """As the lowest survivor: once every survivor has said node 0 hung up, end its lease
     (election.depose), reading the others' word every HANGUP_POLL."""
     prefix = hangups_key(job, term)
-    end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    end = base64.b64encode(range_end(prefix)).decode()
     while True:
         answer = await post(port, "kv/range", {
-            "key": b64(prefix), "range_end": b64(end), "count_only": True,
+            "key": b64(prefix), "range_end": end, "count_only": True,
         })  # fmt: skip
         stats["requests"] += 1
         if int(answer.get("count", 0)) >= nodes - 1:

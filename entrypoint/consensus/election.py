@@ -41,9 +41,14 @@ def state_key(job: str) -> str:
     return f"/multinode/{job}/state"
 
 
+def hangups_root(job: str) -> str:
+    """Where the members that a node 0 hung up on say so, under its term."""
+    return f"/multinode/{job}/hungup/"
+
+
 def hangups_key(job: str, term: int) -> str:
     """Where the members that node 0 of `term` hung up on say so, a key each."""
-    return f"/multinode/{job}/hungup/{term}/"
+    return f"{hangups_root(job)}{term}/"
 
 
 def hang_up(etcd: Etcd, job: str, term: int, member: int) -> None:
@@ -58,7 +63,7 @@ def hung_up_on(etcd: Etcd, job: str, term: int) -> frozenset[int]:
 
 def forget_hangups(etcd: Etcd, job: str) -> None:
     """The hang-ups said of every node 0 before the one that holds the seat now."""
-    etcd.delete(f"/multinode/{job}/hungup/", prefix=True)
+    etcd.delete(hangups_root(job), prefix=True)
 
 
 def depose(etcd: Etcd, job: str, term: int) -> bool:

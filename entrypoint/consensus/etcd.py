@@ -67,7 +67,7 @@ class Change:
     revision: int
 
 
-def _after(prefix: str) -> bytes:
+def range_end(prefix: str) -> bytes:
     """The end of etcd's range of every key that starts with `prefix` (its last byte plus 1)."""
     data = prefix.encode()
     return data[:-1] + bytes([data[-1] + 1])
@@ -217,12 +217,12 @@ class Etcd:
     def delete(self, key: str, prefix: bool = False) -> int:
         """Remove key (nothing if absent), or every key under it if `prefix`; the revision of
         etcd's answer."""
-        body = {"key": _b64(key)} | ({"range_end": _b64(_after(key))} if prefix else {})
+        body = {"key": _b64(key)} | ({"range_end": _b64(range_end(key))} if prefix else {})
         return int(self.call("kv/deleterange", body)["header"]["revision"])
 
     def keys(self, prefix: str) -> list[bytes]:
         """The names of the keys under `prefix` (their values left out)."""
-        body = {"key": _b64(prefix), "range_end": _b64(_after(prefix)), "keys_only": True}
+        body = {"key": _b64(prefix), "range_end": _b64(range_end(prefix)), "keys_only": True}
         return [base64.b64decode(kv["key"]) for kv in self.call("kv/range", body).get("kvs") or []]
 
     def create(self, key: str, data: bytes | str, lease: int = 0) -> tuple[bool, Value | None]:
