@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 TIMEOUT = 2.0  # seconds one request may take on one endpoint before the next is tried
+# etcd checks a password with bcrypt, whose CPU a loaded node's etcd may take seconds to find
+# (2 s timed out beside stress-ng and 4 test processes on 2 cores)
+AUTH_TIMEOUT = 8.0
 NOT_FOUND = 5  # gRPC's NOT_FOUND: etcd's "requested lease not found"
 # etcd's refusals while it has no leader, which pass once it elects one (etcdserver/errors.go)
 TRANSIENT = ("leader changed", "no leader", "request timed out", "too many requests")
@@ -198,7 +201,9 @@ class Etcd:
     def _authenticate(self) -> None:
         user, password = self._credentials or ("", "")
         self.token = ""
-        answer = self.call("auth/authenticate", {"name": user, "password": password})
+        answer = self.call(
+            "auth/authenticate", {"name": user, "password": password}, timeout=AUTH_TIMEOUT
+        )
         self.token = str(answer["token"])
 
     # -- keys -----------------------------------------------------------------------------
